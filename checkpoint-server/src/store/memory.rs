@@ -1,0 +1,60 @@
+//! An in-memory store: a sorted map behind a mutex. Durable for the life of the process only.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::{Store, StoreError};
+
+/// A store in RAM (tests, and runs with nothing to survive).
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl MemoryStore {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>> {
+        // A poisoned lock only means another thread panicked mid-call; the map itself is
+        // always left consistent (each call does one insert/remove), so keep going.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for MemoryStore {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.map().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        let mut m = self.map();
+        for (k, v) in pairs {
+            m.insert(k.clone(), v.clone());
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.map().get(key).cloned())
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        let m = self.map();
+        Ok(m.range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
+        self.map().remove(key);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_string()
+    }
+}

@@ -1,0 +1,102 @@
+//! The [`Store`] trait and its implementations (rules in the crate docs).
+
+mod memory;
+mod sled_store;
+
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
+
+use std::path::PathBuf;
+
+/// What can go wrong in a store, grouped by what the caller should do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store's directory could not be opened (missing, not a store, locked by another
+    /// process, or unreadable). Fatal for this run; nothing was written.
+    #[error("cannot open store at {path}: {reason}")]
+    Open {
+        /// The directory that was asked for.
+        path: PathBuf,
+        /// What the underlying engine said.
+        reason: String,
+    },
+    /// A read or write failed at the I/O level. Data flushed before is still there.
+    #[error("store I/O error: {0}")]
+    Io(String),
+    /// The engine found its own files corrupt.
+    #[error("store is corrupt: {0}")]
+    Corruption(String),
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        match e {
+            sled::Error::Corruption { .. } => StoreError::Corruption(e.to_string()),
+            other => StoreError::Io(other.to_string()),
+        }
+    }
+}
+
+/// A key-value store of opaque byte records (rules 1-3 in the crate docs).
+pub trait Store: Send + Sync + 'static {
+    /// Stores `value` under `key`, replacing any previous value; durable after [`Store::flush`].
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+    /// Stores all pairs atomically; durable after [`Store::flush`].
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError>;
+    /// The value under `key`, if any.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Every pair whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    /// Removes `key`; durable after [`Store::flush`].
+    fn delete(&self, key: &[u8]) -> Result<(), StoreError>;
+    /// Returns once everything written before is on stable storage.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// A short human description ("local:/tmp/x", "memory").
+    fn describe(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exercise(store: &dyn Store) {
+        store.put(b"a/1", b"one").unwrap();
+        store
+            .put_batch(&[(b"a/2".to_vec(), b"two".to_vec()), (b"b/1".to_vec(), b"x".to_vec())])
+            .unwrap();
+        store.flush().unwrap();
+        assert_eq!(store.get(b"a/1").unwrap().as_deref(), Some(&b"one"[..]));
+        let a = store.scan_prefix(b"a/").unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[1], (b"a/2".to_vec(), b"two".to_vec()));
+        store.delete(b"a/1").unwrap();
+        assert_eq!(store.get(b"a/1").unwrap(), None);
+        assert_eq!(store.scan_prefix(b"a/").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn memory_store_keeps_rules() {
+        exercise(&MemoryStore::default());
+    }
+
+    #[test]
+    fn sled_store_keeps_rules_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            exercise(&s);
+        }
+        let s = SledStore::open(dir.path()).unwrap();
+        assert_eq!(s.get(b"a/2").unwrap().as_deref(), Some(&b"two"[..]));
+        assert_eq!(s.get(b"a/1").unwrap(), None);
+    }
+
+    #[test]
+    fn opening_a_file_as_a_store_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("plain");
+        std::fs::write(&f, b"not a database").unwrap();
+        let err = SledStore::open(&f).err().expect("must fail");
+        assert!(matches!(err, StoreError::Open { .. }), "{err}");
+    }
+}

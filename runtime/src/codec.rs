@@ -1,0 +1,248 @@
+//! The one place where records are encoded and decoded (postcard + a framed header).
+//!
+//! Rules:
+//!
+//! 1. Every stored record is a *frame*: `magic (4) | version (u16 LE) | flags (u16, 0) |
+//!    payload length (u32 LE) | blake3 digest (32) of everything before it and the payload |
+//!    payload`. [`unframe`] checks them in that order and says which failed.
+//! 2. Lengths are checked against a limit and against the bytes actually there *before*
+//!    anything is allocated; a payload shorter than its header says is [`FrameError::Truncated`]
+//!    (a torn write), distinct from a digest mismatch (corruption).
+//! 3. Values inside payloads are postcard (serde), whose format is stable and documented.
+//!    Nothing else in the workspace calls postcard directly.
+//!
+//! ```
+//! use veriflow_runtime::codec;
+//! let frame = codec::frame(*b"TEST", b"hello");
+//! assert_eq!(codec::unframe(*b"TEST", &frame, 1 << 20).unwrap(), b"hello");
+//! assert!(codec::unframe(*b"TEST", &frame[..frame.len() - 1], 1 << 20).is_err());
+//! ```
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Current format version of every frame this build writes (rule 1).
+pub const FORMAT_VERSION: u16 = 1;
+/// Bytes of a frame header (rule 1).
+pub const HEADER_LEN: usize = 4 + 2 + 2 + 4 + 32;
+
+/// A blake3 digest of a value's encoded bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// All 64 hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex()[..16])
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{self}")
+    }
+}
+
+/// Why a frame was refused (rule 1 order).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Fewer bytes than a header: a torn write.
+    #[error("torn frame: {available} bytes, shorter than the {HEADER_LEN}-byte header")]
+    TooShort {
+        /// Bytes present.
+        available: usize,
+    },
+    /// The first four bytes are not the expected magic: not a record of this kind.
+    #[error("wrong magic {found:?} (expected {expected:?})")]
+    BadMagic {
+        /// Magic found.
+        found: [u8; 4],
+        /// Magic expected.
+        expected: [u8; 4],
+    },
+    /// Written by a format version this build does not read.
+    #[error("unsupported format version {found} (this build reads {FORMAT_VERSION})")]
+    Version {
+        /// Version found.
+        found: u16,
+    },
+    /// The header declares a payload over the limit: refused before allocating.
+    #[error("declared payload of {declared} bytes exceeds the limit of {limit}")]
+    TooLarge {
+        /// Declared length.
+        declared: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Fewer payload bytes than declared: a torn write.
+    #[error("torn frame: header declares {declared} payload bytes, {available} present")]
+    Truncated {
+        /// Declared length.
+        declared: u64,
+        /// Bytes present.
+        available: u64,
+    },
+    /// The digest does not match: the bytes were changed after they were written.
+    #[error("digest mismatch (the record was corrupted after it was written)")]
+    DigestMismatch,
+}
+
+impl FrameError {
+    /// Whether this is what a crash in the middle of a write leaves (rule 2).
+    pub fn is_torn(&self) -> bool {
+        matches!(self, FrameError::TooShort { .. } | FrameError::Truncated { .. })
+    }
+}
+
+/// Encoding or decoding a value failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct CodecError(String);
+
+impl From<postcard::Error> for CodecError {
+    fn from(e: postcard::Error) -> Self {
+        CodecError(e.to_string())
+    }
+}
+
+/// Frames `payload` under `magic` (rule 1).
+pub fn frame(magic: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.resize(HEADER_LEN, 0);
+    out.extend_from_slice(payload);
+    seal_frame(magic, &mut out);
+    out
+}
+
+/// Fills in the header of `buf`, whose first [`HEADER_LEN`] bytes were reserved and whose rest
+/// is the payload. Lets a writer build a payload in place without copying it.
+pub fn seal_frame(magic: [u8; 4], buf: &mut [u8]) {
+    let payload_len = u32::try_from(buf.len() - HEADER_LEN).expect("frames are under 4 GiB");
+    buf[0..4].copy_from_slice(&magic);
+    buf[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    buf[6..8].copy_from_slice(&0u16.to_le_bytes());
+    buf[8..12].copy_from_slice(&payload_len.to_le_bytes());
+    let digest = frame_digest(&buf[..12], &buf[HEADER_LEN..]);
+    buf[12..HEADER_LEN].copy_from_slice(&digest);
+}
+
+fn frame_digest(head: &[u8], payload: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(head);
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+/// Checks a frame (rules 1-2) and returns its payload.
+pub fn unframe(magic: [u8; 4], bytes: &[u8], limit: u64) -> Result<&[u8], FrameError> {
+    if bytes.len() < HEADER_LEN {
+        // A torn header that still starts with a wrong magic is not ours at all.
+        if bytes.len() >= 4 && bytes[..4] != magic {
+            return Err(FrameError::BadMagic { found: first4(bytes), expected: magic });
+        }
+        return Err(FrameError::TooShort { available: bytes.len() });
+    }
+    if bytes[..4] != magic {
+        return Err(FrameError::BadMagic { found: first4(bytes), expected: magic });
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != FORMAT_VERSION {
+        return Err(FrameError::Version { found: version });
+    }
+    let declared = u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]));
+    if declared > limit {
+        return Err(FrameError::TooLarge { declared, limit });
+    }
+    let available = (bytes.len() - HEADER_LEN) as u64;
+    if available < declared {
+        return Err(FrameError::Truncated { declared, available });
+    }
+    let end = HEADER_LEN + declared as usize;
+    let digest = frame_digest(&bytes[..12], &bytes[HEADER_LEN..end]);
+    if digest[..] != bytes[12..HEADER_LEN] || available != declared {
+        return Err(FrameError::DigestMismatch);
+    }
+    Ok(&bytes[HEADER_LEN..end])
+}
+
+fn first4(bytes: &[u8]) -> [u8; 4] {
+    let mut m = [0u8; 4];
+    m.copy_from_slice(&bytes[..4]);
+    m
+}
+
+/// Encodes a value (rule 3).
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
+    Ok(postcard::to_stdvec(value)?)
+}
+
+/// Appends a value's encoding to `buf` (rule 3).
+pub fn encode_into<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> Result<(), CodecError> {
+    let taken = std::mem::take(buf);
+    *buf = postcard::to_extend(value, taken)?;
+    Ok(())
+}
+
+/// Decodes a value that must fill `bytes` exactly (rule 3).
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (value, rest) = postcard::take_from_bytes(bytes)?;
+    if !rest.is_empty() {
+        return Err(CodecError(format!("{} trailing bytes after the value", rest.len())));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: [u8; 4] = *b"TEST";
+
+    #[test]
+    fn frames_round_trip_and_each_fault_is_named() {
+        let f = frame(M, b"payload bytes");
+        assert_eq!(unframe(M, &f, 100).unwrap(), b"payload bytes");
+        assert!(matches!(unframe(*b"XXXX", &f, 100), Err(FrameError::BadMagic { .. })));
+        assert!(matches!(unframe(M, &f, 5), Err(FrameError::TooLarge { .. })));
+        let torn = unframe(M, &f[..f.len() - 3], 100).unwrap_err();
+        assert!(torn.is_torn(), "{torn}");
+        assert!(unframe(M, &f[..10], 100).unwrap_err().is_torn());
+        for i in 0..f.len() {
+            if (4..8).contains(&i) {
+                continue; // version bytes: a different error, checked below
+            }
+            let mut bad = f.clone();
+            bad[i] ^= 0x40;
+            let e = unframe(M, &bad, 100).unwrap_err();
+            assert!(!matches!(e, FrameError::TooShort { .. }), "byte {i}: {e}");
+        }
+        let mut v2 = f.clone();
+        v2[4] = 2;
+        assert_eq!(unframe(M, &v2, 100), Err(FrameError::Version { found: 2 }));
+        let mut longer = f.clone();
+        longer.push(0);
+        assert_eq!(unframe(M, &longer, 100), Err(FrameError::DigestMismatch));
+    }
+
+    #[test]
+    fn decode_refuses_trailing_bytes_and_garbage() {
+        let mut b = encode(&(7u64, "x".to_string())).unwrap();
+        assert_eq!(decode::<(u64, String)>(&b).unwrap(), (7, "x".to_string()));
+        b.push(1);
+        assert!(decode::<(u64, String)>(&b).is_err());
+        assert!(decode::<Vec<u64>>(&[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
+    }
+}

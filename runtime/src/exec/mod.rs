@@ -1,0 +1,474 @@
+//! Running a program: the [`Runtime`], its builder, and the drivers that step the vnodes.
+//!
+//! Rules:
+//!
+//! 1. A run has V vnodes (default: one per thread) and a rayon pool of T threads. Each of
+//!    min(T, V) drivers owns a fixed share of the vnodes (vnode v goes to driver v mod T) and
+//!    steps them in turn, so a vnode is only ever touched by one thread and its graph needs no
+//!    lock. Threads beyond V stay in the pool for rayon work inside task bodies.
+//! 2. The root task is declared on vnode 0 by the program (parent `None`), after the program
+//!    inputs are logged there as `Input` events. Its outputs are the terminal outputs S, pinned
+//!    on vnode 0; any vnode may steal the root, and its outputs then come home as `Returned`.
+//! 3. Vnodes talk only through the [`Transport`](crate::transport::Transport); each has its
+//!    own seeded RNG (from the run seed and its id) and reads time from the run's
+//!    [`Clock`](crate::Clock).
+//! 4. The run ends when every task has completed: each vnode keeps a work counter (live tasks
+//!    plus obligations: grants not yet acknowledged, outputs not yet returned or acknowledged),
+//!    raised before the matching decrease happens anywhere. An idle driver scans all counters
+//!    twice; all zero and unchanged means the run is over (`shared.rs`).
+//! 5. The first error (a task's, the log's, or an internal one) stops every driver; the run
+//!    returns it. A panic in a task is caught where it runs (rayon's pool stays healthy); a
+//!    panic in the runtime itself is caught per driver and reported as an internal error.
+//! 6. At the end every vnode's log is synced, so the log holds every event of the run, and the
+//!    manifest records the outcome.
+
+pub(crate) mod core;
+mod shared;
+mod vnode;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use veriflow_checkpoint::Store;
+
+use self::core::{Core, TaskSpec};
+use self::shared::RunShared;
+pub use self::vnode::{VnodeStats, RESEND_AFTER, STEAL_TIMEOUT};
+use self::vnode::Vnode;
+use crate::clock::{Clock, SystemClock};
+use crate::codec::{self, Digest};
+use crate::error::{panic_message, RunError};
+use crate::ids::{DataId, TaskId, VnodeId};
+use crate::log::{CommitPolicy, Event, LogWriter, Manifest, Output, RunStatus};
+use crate::task::{Boxed, InputSet, OutputSet, Registry, Task};
+use crate::transport::InProcTransport;
+
+/// Tasks a vnode runs before its driver looks at its other vnodes and the termination test.
+const STEP_BUDGET: usize = 256;
+/// How long an idle driver with one vnode blocks on its inbox before looking again.
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// How long an idle driver with several vnodes sleeps: it cannot block on one inbox.
+const IDLE_WAIT_SHARED: Duration = Duration::from_micros(50);
+/// Most vnodes a run may have: far above any useful count in one process, low enough that a
+/// typo (`--vnodes 1000000`) is an error instead of a memory hog.
+pub const MAX_VNODES: u32 = 4096;
+
+/// Progress callback: called with the number of tasks completed so far.
+pub type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Builds a [`Runtime`] (validated by [`RuntimeBuilder::build`]).
+pub struct RuntimeBuilder {
+    registry: Registry,
+    program: String,
+    threads: Option<usize>,
+    vnodes: Option<u32>,
+    seed: u64,
+    store: Option<Arc<dyn Store>>,
+    checkpoint: bool,
+    policy: CommitPolicy,
+    clock: Option<Arc<dyn Clock>>,
+    progress: Option<ProgressFn>,
+}
+
+impl RuntimeBuilder {
+    /// A builder for programs made of the tasks in `registry`.
+    pub fn new(registry: Registry) -> Self {
+        RuntimeBuilder {
+            registry,
+            program: "veriflow".to_string(),
+            threads: None,
+            vnodes: None,
+            seed: 0,
+            store: None,
+            checkpoint: true,
+            policy: CommitPolicy::default(),
+            clock: None,
+            progress: None,
+        }
+    }
+
+    /// Program name (part of the root's id and of the manifest).
+    pub fn program(mut self, name: impl Into<String>) -> Self {
+        self.program = name.into();
+        self
+    }
+
+    /// Worker threads (default: available parallelism).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// Virtual nodes (default: one per thread).
+    pub fn vnodes(mut self, n: u32) -> Self {
+        self.vnodes = Some(n);
+        self
+    }
+
+    /// Seed of the vnodes' RNGs (victim choice).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Stable storage for the event logs. Without one, nothing is logged.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Whether to log at all (`false`: the S0 baseline, even with a store).
+    pub fn checkpoint(mut self, on: bool) -> Self {
+        self.checkpoint = on;
+        self
+    }
+
+    /// Group-commit policy of the logs.
+    pub fn commit_policy(mut self, policy: CommitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The clock (default: the system's monotonic clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Called about every 100 ms during a run with the tasks completed so far.
+    pub fn on_progress(mut self, f: ProgressFn) -> Self {
+        self.progress = Some(f);
+        self
+    }
+
+    /// Checks the settings and starts the thread pool.
+    pub fn build(self) -> Result<Runtime, RunError> {
+        let threads = match self.threads {
+            Some(0) => return Err(RunError::Config("threads must be at least 1".to_string())),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let vnodes = match self.vnodes {
+            Some(0) => return Err(RunError::Config("vnodes must be at least 1".to_string())),
+            Some(v) if v > MAX_VNODES => {
+                return Err(RunError::Config(format!("vnodes must be at most {MAX_VNODES}")))
+            }
+            Some(v) => v,
+            None => u32::try_from(threads).unwrap_or(MAX_VNODES).min(MAX_VNODES),
+        };
+        if self.policy.max_bytes == 0 {
+            return Err(RunError::Config("commit batch size must be positive".to_string()));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("veriflow-{i}"))
+            .build()
+            .map_err(|e| RunError::Config(format!("cannot start {threads} threads: {e}")))?;
+        Ok(Runtime {
+            registry: Arc::new(self.registry),
+            program: self.program,
+            threads,
+            vnodes,
+            seed: self.seed,
+            store: if self.checkpoint { self.store } else { None },
+            policy: self.policy,
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::default())),
+            progress: self.progress,
+            pool,
+        })
+    }
+}
+
+/// What a finished run produced.
+#[derive(Debug, Clone)]
+pub struct RunReport<O> {
+    /// The root's outputs: the terminal outputs S.
+    pub outputs: O,
+    /// Root task id.
+    pub root: TaskId,
+    /// Ids of the terminal outputs.
+    pub terminal: Vec<DataId>,
+    /// Tasks completed.
+    pub tasks: u64,
+    /// Events logged (0 without a log).
+    pub events: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Per-vnode counts.
+    pub vnodes: Vec<VnodeStats>,
+}
+
+/// A configured runtime: runs programs, one at a time.
+pub struct Runtime {
+    registry: Arc<Registry>,
+    program: String,
+    threads: usize,
+    vnodes: u32,
+    seed: u64,
+    store: Option<Arc<dyn Store>>,
+    policy: CommitPolicy,
+    clock: Arc<dyn Clock>,
+    progress: Option<ProgressFn>,
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("program", &self.program)
+            .field("threads", &self.threads)
+            .field("vnodes", &self.vnodes)
+            .field("store", &self.store.as_ref().map(|s| s.describe()))
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder.
+    pub fn builder(registry: Registry) -> RuntimeBuilder {
+        RuntimeBuilder::new(registry)
+    }
+
+    /// Number of vnodes.
+    pub fn vnodes(&self) -> u32 {
+        self.vnodes
+    }
+
+    /// Number of threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Runs `root` on `inputs` to completion and returns its outputs (rules 2-6).
+    pub fn run<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+    ) -> Result<RunReport<T::Outputs>, RunError> {
+        if !self.registry.contains::<T>() {
+            return Err(RunError::UnregisteredTask { name: T::NAME.to_string() });
+        }
+        let started = Instant::now();
+        let root_args = codec::encode(&root).map_err(|e| RunError::Encode {
+            what: format!("arguments of root task {}", T::NAME),
+            reason: e.to_string(),
+        })?;
+        let root_id = TaskId::root(&self.program, &root_args);
+        let input_values = inputs.into_values();
+        let input_ids: Vec<DataId> = (0..input_values.len())
+            .map(|i| DataId::program_input(root_id, index_u32(i)))
+            .collect();
+        let terminal: Vec<DataId> =
+            (0..T::Outputs::LEN).map(|i| DataId::output(root_id, index_u32(i))).collect();
+
+        let mut manifest = Manifest {
+            program: self.program.clone(),
+            root: root_id,
+            root_name: T::NAME.to_string(),
+            root_args: root_args.clone(),
+            inputs: input_ids.clone(),
+            terminal: terminal.clone(),
+            vnodes: self.vnodes,
+            seed: self.seed,
+            status: RunStatus::Running,
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let writer = match &self.store {
+            Some(store) => {
+                if Manifest::load(&**store)?.is_some() {
+                    return Err(RunError::Config(format!(
+                        "{} already holds a run: give a fresh log directory",
+                        store.describe()
+                    )));
+                }
+                manifest.store(&**store)?;
+                Some(LogWriter::start(store.clone(), self.vnodes, self.policy)?)
+            }
+            None => None,
+        };
+
+        let shared = Arc::new(RunShared::new(self.vnodes));
+        let transport = InProcTransport::new(self.vnodes);
+        let mut vnodes = Vec::with_capacity(self.vnodes as usize);
+        for v in 0..self.vnodes {
+            let id = VnodeId(v);
+            let log = writer.as_ref().map(|w| w.vnode_log(id)).transpose()?;
+            let core = Core::new(id, self.registry.clone(), log, shared.clone());
+            let endpoint = crate::transport::Transport::endpoint(&transport, id)
+                .map_err(|e| RunError::Internal { vnode: id, message: e.to_string() })?;
+            let rng = ChaCha8Rng::seed_from_u64(
+                self.seed ^ u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+            vnodes.push(Vnode::new(core, endpoint, self.clock.clone(), rng, self.vnodes));
+        }
+
+        // Rule 2: program inputs, then the root, on vnode 0.
+        let home = &mut vnodes[0].core;
+        for (&id, value) in input_ids.iter().zip(input_values) {
+            home.create_data(id);
+            let mut digest = None;
+            if home.logging() {
+                let bytes = value.encode().map_err(|e| RunError::Encode {
+                    what: format!("program input {id}"),
+                    reason: e.to_string(),
+                })?;
+                let d = Digest::of(&bytes);
+                home.append(&Event::Input { output: Output { data: id, value: bytes, digest: d } })?;
+                digest = Some(d);
+            }
+            home.write(id, value, digest, None, 0)?;
+        }
+        for &o in &terminal {
+            home.create_pinned(o);
+        }
+        home.declare(TaskSpec {
+            id: root_id,
+            parent: None,
+            index: 0,
+            body: Box::new(Boxed(root)),
+            inputs: input_ids.iter().copied().collect(),
+            outputs: terminal.iter().copied().collect(),
+            args: Some(root_args),
+        })?;
+        home.close(&input_ids);
+
+        self.drive(&mut vnodes, &shared);
+
+        let mut error = shared.take_error();
+        let mut stats = Vec::with_capacity(vnodes.len());
+        for v in &mut vnodes {
+            if error.is_none() {
+                if let Err(e) = v.finish() {
+                    error = Some(e);
+                }
+            }
+            stats.push(v.stats.clone());
+        }
+        let mut outputs = Vec::with_capacity(terminal.len());
+        if error.is_none() {
+            for &o in &terminal {
+                match vnodes[0].core.value(o) {
+                    Some(v) => outputs.push(v.clone()),
+                    None => {
+                        error = Some(RunError::Internal {
+                            vnode: VnodeId(0),
+                            message: format!("run ended without terminal output {o}"),
+                        });
+                        break;
+                    }
+                }
+            }
+        }
+        drop(vnodes);
+        if let Some(w) = writer {
+            if let Err(e) = w.shutdown() {
+                error.get_or_insert(RunError::Log(e));
+            }
+        }
+        if let Some(store) = &self.store {
+            manifest.status = match &error {
+                None => RunStatus::Finished,
+                Some(e) => RunStatus::Failed(e.to_string()),
+            };
+            let stored = manifest.store(&**store);
+            if let (None, Err(e)) = (&error, stored) {
+                error = Some(RunError::Log(e));
+            }
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let outputs = T::Outputs::from_values(outputs).map_err(|e| RunError::InputDecode {
+            task: T::NAME.to_string(),
+            id: root_id,
+            input: e.index,
+            reason: format!("terminal output: {}", e.reason),
+        })?;
+        Ok(RunReport {
+            outputs,
+            root: root_id,
+            terminal,
+            tasks: stats.iter().map(|s| s.tasks).sum(),
+            events: stats.iter().map(|s| s.events).sum(),
+            elapsed: started.elapsed(),
+            vnodes: stats,
+        })
+    }
+
+    /// Rule 1: min(T, V) drivers on the pool, plus the progress reporter.
+    fn drive(&self, vnodes: &mut [Vnode], shared: &Arc<RunShared>) {
+        let drivers = self.threads.min(vnodes.len());
+        let mut shares: Vec<Vec<&mut Vnode>> = (0..drivers).map(|_| Vec::new()).collect();
+        for (i, v) in vnodes.iter_mut().enumerate() {
+            shares[i % drivers].push(v);
+        }
+        let reporter = self.progress.clone().map(|f| {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                while !shared.stopped() {
+                    f(shared.completed());
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                f(shared.completed());
+            })
+        });
+        self.pool.scope(|s| {
+            for share in shares {
+                s.spawn(move |_| {
+                    let result = catch_unwind(AssertUnwindSafe(|| drive_share(share, shared)));
+                    if let Err(payload) = result {
+                        shared.fail(RunError::Internal {
+                            vnode: VnodeId(u32::MAX),
+                            message: format!("driver panicked: {}", panic_message(&*payload)),
+                        });
+                    }
+                });
+            }
+        });
+        shared.stop();
+        if let Some(r) = reporter {
+            let _ = r.join();
+        }
+    }
+}
+
+fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared) {
+    while !shared.stopped() {
+        let mut worked = false;
+        for v in share.iter_mut() {
+            match v.step(STEP_BUDGET) {
+                Ok(w) => worked |= w,
+                Err(e) => {
+                    shared.fail(e);
+                    return;
+                }
+            }
+        }
+        if !worked {
+            if shared.quiescent() {
+                shared.stop();
+                return;
+            }
+            if share.len() == 1 {
+                share[0].wait(IDLE_WAIT);
+            } else {
+                std::thread::sleep(IDLE_WAIT_SHARED);
+            }
+        }
+    }
+}
+
+fn index_u32(i: usize) -> u32 {
+    u32::try_from(i).expect("fewer than 2^32 inputs and outputs")
+}
+
+#[cfg(test)]
+mod tests;

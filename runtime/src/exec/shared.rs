@@ -1,0 +1,87 @@
+//! State shared by the vnodes of one run in this process: work counters for termination
+//! detection (rule 4 of `exec/mod.rs`), progress counters, the stop flag and the first error.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::error::RunError;
+use crate::ids::VnodeId;
+use crate::util::Padded;
+
+/// Low 32 bits: outstanding work units. High 32 bits: number of changes (wrapping).
+/// Adding `UP` raises both; adding `DOWN` (= 2^32 - 1) lowers the low half by one and, through
+/// the carry, still raises the change count by one: one atomic add per change.
+const UP: u64 = (1 << 32) + 1;
+const DOWN: u64 = (1 << 32) - 1;
+const LOW: u64 = 0xffff_ffff;
+
+pub(crate) struct RunShared {
+    work: Vec<Padded<AtomicU64>>,
+    completed: Vec<Padded<AtomicU64>>,
+    stop: AtomicBool,
+    error: Mutex<Option<RunError>>,
+}
+
+impl RunShared {
+    pub(crate) fn new(vnodes: u32) -> Self {
+        RunShared {
+            work: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            completed: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            stop: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn work_add(&self, v: VnodeId) {
+        self.work[v.0 as usize].0.fetch_add(UP, Ordering::SeqCst);
+    }
+
+    pub(crate) fn work_done(&self, v: VnodeId) {
+        self.work[v.0 as usize].0.fetch_add(DOWN, Ordering::SeqCst);
+    }
+
+    /// A task completed on `v`, which has now completed `total`.
+    pub(crate) fn task_done(&self, v: VnodeId, total: u64) {
+        self.completed[v.0 as usize].0.store(total, Ordering::Relaxed);
+        self.work_done(v);
+    }
+
+    /// Tasks completed so far, over all vnodes.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Whether no vnode has work and none changed between two scans: then there is an instant
+    /// at which every counter was zero at once, so no task is live and no message that carries
+    /// work is in flight (its sender keeps an obligation until acknowledged).
+    pub(crate) fn quiescent(&self) -> bool {
+        let scan = || self.work.iter().map(|w| w.0.load(Ordering::SeqCst)).collect::<Vec<u64>>();
+        let first = scan();
+        if first.iter().any(|w| w & LOW != 0) {
+            return false;
+        }
+        first == scan()
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Records the first error and stops the run.
+    pub(crate) fn fail(&self, e: RunError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        drop(slot);
+        self.stop();
+    }
+
+    pub(crate) fn take_error(&self) -> Option<RunError> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}

@@ -1,0 +1,463 @@
+//! One vnode: its graph ([`Core`]), its log, and the stealing protocol with its peers.
+//!
+//! Protocol rules (papers 001 and 004; DESIGN.md "Execution"):
+//!
+//! 1. A vnode runs its own ready tasks newest first (depth-first, like Cilk's work-first
+//!    order). Between two tasks it reads its inbox, so a steal request waits at most one task.
+//! 2. An idle vnode sends `StealRequest` to one peer drawn from its seeded RNG; it has at most
+//!    one request out, gives up on it after [`STEAL_TIMEOUT`], and backs off exponentially
+//!    after `StealNone` answers.
+//! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
+//!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
+//!    task): it logs `Stolen`, and sends
+//!    `StealGrant` with the task's record and input values, resent every [`RESEND_AFTER`]
+//!    until `AdoptAck`. It then expects each output of the task back.
+//! 4. A thief logs `Adopted` (record and inputs: its log alone can re-run the task), creates the
+//!    outputs as data to return, and runs the task and the subtree it spawns in its own log.
+//!    A grant for a task already adopted is only acknowledged again.
+//! 5. When a returned output is written, the thief sends `Returned`, resent until `ReturnAck`.
+//!    The victim logs `Returned` and writes the value into its graph, waking its readers; a
+//!    duplicate is only acknowledged again.
+//! 6. Output commit: a message caused by a logged event leaves only once that event is durable
+//!    (the vnode seals its batch at once so that this is quick). Then a receiver never holds
+//!    something its sender could forget in a crash. Without a log, messages leave at once.
+
+use std::borrow::Cow;
+use std::collections::{HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use super::core::{Core, ReadyTask, TaskSpec};
+use crate::clock::Clock;
+use crate::codec::Digest;
+use crate::error::{panic_message, RunError};
+use crate::ids::{DataId, IdMap, TaskId, VnodeId};
+use crate::log::{Declared, Event, Output};
+use crate::task::value::Value;
+use crate::task::Ctx;
+use crate::transport::{Endpoint, Envelope, Message};
+
+/// Rule 2: a steal request not answered within this is abandoned. Generous: the answer may wait
+/// for one task to finish and for one log flush (rule 6).
+pub const STEAL_TIMEOUT: Duration = Duration::from_millis(100);
+/// Rules 3 and 5: how long before an unacknowledged grant or return is sent again.
+pub const RESEND_AFTER: Duration = Duration::from_millis(250);
+/// Rule 2: first back-off after a `StealNone`, doubled per further refusal up to the cap.
+const BACKOFF_MIN: Duration = Duration::from_micros(20);
+const BACKOFF_MAX: Duration = Duration::from_millis(2);
+
+/// Counts of what a vnode did in a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VnodeStats {
+    /// The vnode.
+    pub vnode: VnodeId,
+    /// Tasks it ran to completion.
+    pub tasks: u64,
+    /// Tasks it adopted from victims.
+    pub adopted: u64,
+    /// Tasks stolen from it.
+    pub stolen: u64,
+    /// Steal requests it sent.
+    pub steal_requests: u64,
+    /// Events appended to its log.
+    pub events: u64,
+}
+
+struct Unacked {
+    to: VnodeId,
+    msg: Message,
+    seq: u64,
+    resend_at: Duration,
+}
+
+pub(crate) struct Vnode {
+    pub(crate) core: Core,
+    endpoint: Box<dyn Endpoint>,
+    clock: Arc<dyn Clock>,
+    rng: ChaCha8Rng,
+    peers: u32,
+    /// Rule 6: messages waiting for their event to be durable, in sequence order.
+    held: VecDeque<(u64, VnodeId, Message)>,
+    /// Messages received while blocked in [`Vnode::wait`].
+    stash: VecDeque<Envelope>,
+    grants: IdMap<TaskId, Unacked>,
+    returns: std::collections::HashMap<(DataId, VnodeId), Unacked>,
+    /// Outputs of tasks given away, by (data, thief): each owed once (see `Core::create_return`).
+    expected: HashSet<(DataId, VnodeId)>,
+    adopted: HashSet<TaskId>,
+    steal_out: Option<(VnodeId, Duration)>,
+    refusals: u32,
+    next_steal: Duration,
+    pub(crate) stats: VnodeStats,
+}
+
+impl Vnode {
+    pub(crate) fn new(
+        core: Core,
+        endpoint: Box<dyn Endpoint>,
+        clock: Arc<dyn Clock>,
+        rng: ChaCha8Rng,
+        peers: u32,
+    ) -> Self {
+        let stats = VnodeStats { vnode: core.vnode, ..VnodeStats::default() };
+        Vnode {
+            core,
+            endpoint,
+            clock,
+            rng,
+            peers,
+            held: VecDeque::new(),
+            stash: VecDeque::new(),
+            grants: IdMap::default(),
+            returns: Default::default(),
+            expected: HashSet::new(),
+            adopted: HashSet::new(),
+            steal_out: None,
+            refusals: 0,
+            next_steal: Duration::ZERO,
+            stats,
+        }
+    }
+
+    fn id(&self) -> VnodeId {
+        self.core.vnode
+    }
+
+    /// Runs up to `budget` tasks and handles messages. Returns whether anything happened.
+    pub(crate) fn step(&mut self, budget: usize) -> Result<bool, RunError> {
+        let mut worked = self.poll()?;
+        let mut ran = 0;
+        while ran < budget {
+            let Some(task) = self.core.ready.pop_back() else { break };
+            self.run_task(task)?;
+            ran += 1;
+            worked |= self.poll()?;
+        }
+        worked |= ran > 0;
+        self.queue_returns();
+        let now = self.clock.now();
+        if let Some(log) = &mut self.core.log {
+            log.tick(now)?;
+            if self.core.ready.is_empty() {
+                log.seal()?; // idle: let durability catch up (log/mod.rs rule 2)
+            }
+        }
+        if self.core.ready.is_empty() {
+            self.maybe_steal(now)?;
+        }
+        worked |= self.release_held()?;
+        self.resend(now)?;
+        Ok(worked)
+    }
+
+    /// Blocks up to `timeout` for a message (idle).
+    pub(crate) fn wait(&mut self, timeout: Duration) {
+        let timeout = if self.held.is_empty() { timeout } else { timeout.min(HELD_POLL) };
+        if let Some(env) = self.endpoint.recv_timeout(timeout) {
+            self.stash.push_back(env);
+        }
+    }
+
+    /// Seals and waits until the log is durable; counts the events.
+    pub(crate) fn finish(&mut self) -> Result<(), RunError> {
+        if let Some(log) = &mut self.core.log {
+            log.sync()?;
+            self.stats.events = log.appended();
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<bool, RunError> {
+        let mut any = false;
+        while let Some(env) = self.stash.pop_front().or_else(|| self.endpoint.try_recv()) {
+            self.handle(env)?;
+            any = true;
+        }
+        Ok(any)
+    }
+
+    fn run_task(&mut self, task: ReadyTask) -> Result<(), RunError> {
+        let ReadyTask { spec, values, digests } = task;
+        let TaskSpec { id, body, outputs, .. } = spec;
+        let name = body.name();
+        if self.core.logging() {
+            self.core.append(&Event::Started { task: id, inputs: digests })?;
+        }
+        let mut ctx = Ctx::new(&mut self.core, id, name, &outputs);
+        let result = catch_unwind(AssertUnwindSafe(|| body.run(&mut ctx, values)));
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(payload) => {
+                return Err(RunError::TaskPanicked {
+                    task: name.to_string(),
+                    id,
+                    message: panic_message(&*payload),
+                })
+            }
+        }
+        ctx.check_finished()?;
+        let Ctx { writes, children, created, .. } = ctx;
+        self.core.complete(id, &outputs, writes, children, &created)?;
+        self.stats.tasks += 1;
+        Ok(())
+    }
+
+    fn handle(&mut self, env: Envelope) -> Result<(), RunError> {
+        let from = env.from;
+        match env.msg {
+            Message::StealRequest => self.on_steal_request(from),
+            Message::StealNone => {
+                if self.steal_out.is_some_and(|(v, _)| v == from) {
+                    self.steal_out = None;
+                    self.refusals = self.refusals.saturating_add(1);
+                    let backoff = BACKOFF_MIN
+                        .saturating_mul(1 << self.refusals.min(10))
+                        .min(BACKOFF_MAX);
+                    self.next_steal = self.clock.now() + backoff;
+                }
+                Ok(())
+            }
+            Message::StealGrant { record, inputs } => self.on_grant(from, record, inputs),
+            Message::AdoptAck { task } => {
+                if self.grants.remove(&task).is_some() {
+                    self.core.shared.work_done(self.id());
+                }
+                Ok(())
+            }
+            Message::Returned { output } => self.on_returned(from, output),
+            Message::ReturnAck { data } => {
+                if self.returns.remove(&(data, from)).is_some() {
+                    self.core.shared.work_done(self.id());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Rule 3.
+    fn on_steal_request(&mut self, thief: VnodeId) -> Result<(), RunError> {
+        // Rule 3: a task moves at most once, so an adopted task is never given away again.
+        let pos = self.core.ready.iter().position(|t| !self.adopted.contains(&t.spec.id));
+        let Some(task) = pos.and_then(|i| self.core.ready.remove(i)) else {
+            return self.send(thief, Message::StealNone);
+        };
+        let ReadyTask { mut spec, values, .. } = task;
+        let args = match spec.args.take() {
+            Some(a) => a,
+            None => spec.body.encode_args().map_err(|e| RunError::Encode {
+                what: format!("arguments of task {}", spec.body.name()),
+                reason: e.to_string(),
+            })?,
+        };
+        let inputs = values
+            .iter()
+            .map(Value::encode)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| RunError::Encode {
+                what: format!("inputs of task {}", spec.id),
+                reason: e.to_string(),
+            })?;
+        let record = Declared {
+            task: spec.id,
+            parent: spec.parent,
+            index: spec.index,
+            name: Cow::Borrowed(spec.body.name()),
+            args,
+            inputs: spec.inputs.to_vec(),
+            outputs: spec.outputs.to_vec(),
+        };
+        let seq = self.core.append(&Event::Stolen { task: spec.id, thief })?;
+        let me = self.id();
+        let shared = self.core.shared.clone();
+        // Rule 4 of core.rs: obligations (one per output, one for the ack) before the task
+        // stops counting as live here.
+        for &o in &spec.outputs {
+            if self.expected.insert((o, thief)) {
+                shared.work_add(me);
+            }
+        }
+        shared.work_add(me);
+        shared.work_done(me);
+        let msg = Message::StealGrant { record, inputs };
+        let resend_at = self.clock.now() + RESEND_AFTER;
+        self.grants.insert(spec.id, Unacked { to: thief, msg: msg.clone(), seq, resend_at });
+        self.held.push_back((seq, thief, msg));
+        self.stats.stolen += 1;
+        Ok(())
+    }
+
+    /// Rule 4.
+    fn on_grant(
+        &mut self,
+        victim: VnodeId,
+        record: Declared,
+        inputs: Vec<Vec<u8>>,
+    ) -> Result<(), RunError> {
+        if self.steal_out.is_some_and(|(v, _)| v == victim) {
+            self.steal_out = None;
+        }
+        self.refusals = 0;
+        let task = record.task;
+        if self.adopted.contains(&task) {
+            let at = self.core.log_position();
+            self.held.push_back((at, victim, Message::AdoptAck { task }));
+            return Ok(());
+        }
+        let context = || format!("a steal grant from {victim} for task {task}");
+        let kind = *self.core.registry().get(&record.name).ok_or_else(|| {
+            RunError::UnknownTaskName { name: record.name.to_string(), context: context() }
+        })?;
+        let body = kind.decode(&record.args).map_err(|e| RunError::InputDecode {
+            task: record.name.to_string(),
+            id: task,
+            input: usize::MAX,
+            reason: format!("arguments in {} do not decode: {e}", context()),
+        })?;
+        if inputs.len() != record.inputs.len() {
+            return Err(RunError::Internal {
+                vnode: self.id(),
+                message: format!("{} has {} input values for {} inputs", context(), inputs.len(), record.inputs.len()),
+            });
+        }
+        let digests = if self.core.logging() {
+            inputs.iter().map(|b| Digest::of(b)).collect()
+        } else {
+            Vec::new()
+        };
+        let seq = self.core.append(&Event::Adopted {
+            victim,
+            record: record.clone(),
+            inputs: inputs.clone(),
+        })?;
+        for &o in &record.outputs {
+            self.core.create_return(o, victim);
+        }
+        let spec = TaskSpec {
+            id: task,
+            parent: record.parent,
+            index: record.index,
+            body,
+            inputs: record.inputs.into_iter().collect(),
+            outputs: record.outputs.into_iter().collect(),
+            args: Some(record.args),
+        };
+        let values = inputs.into_iter().map(Value::bytes).collect();
+        self.core.push_ready(ReadyTask { spec, values, digests });
+        self.adopted.insert(task);
+        self.held.push_back((seq, victim, Message::AdoptAck { task }));
+        self.stats.adopted += 1;
+        Ok(())
+    }
+
+    /// Rule 5, victim side.
+    fn on_returned(&mut self, thief: VnodeId, output: Output) -> Result<(), RunError> {
+        let data = output.data;
+        if Digest::of(&output.value) != output.digest {
+            tracing::warn!("{}: dropped a Returned for {data} from {thief}: digest mismatch", self.id());
+            return Ok(());
+        }
+        let expected = self.expected.remove(&(data, thief));
+        // An expected value may already be here, written by a task we stole back (see
+        // `Core::create_return`); its entry may even be gone (dropped once written).
+        if expected && self.core.awaits(data) {
+            let seq = self.core.append(&Event::Returned { output: output.clone() })?;
+            let Output { value, digest, .. } = output;
+            self.core.write(data, Value::bytes(value), Some(digest), None, seq)?;
+            self.held.push_back((seq, thief, Message::ReturnAck { data }));
+        } else {
+            let at = self.core.log_position();
+            self.held.push_back((at, thief, Message::ReturnAck { data }));
+        }
+        if expected {
+            self.core.shared.work_done(self.id());
+        }
+        Ok(())
+    }
+
+    /// Rule 5, thief side: values written here that go home.
+    fn queue_returns(&mut self) {
+        let now = self.clock.now();
+        for (to, output, seq) in std::mem::take(&mut self.core.returns) {
+            let data = output.data;
+            let msg = Message::Returned { output };
+            let resend_at = now + RESEND_AFTER;
+            self.returns.insert((data, to), Unacked { to, msg: msg.clone(), seq, resend_at });
+            self.held.push_back((seq, to, msg));
+        }
+    }
+
+    /// Rule 2.
+    fn maybe_steal(&mut self, now: Duration) -> Result<(), RunError> {
+        if self.peers < 2 || self.core.shared.stopped() {
+            return Ok(());
+        }
+        if let Some((_, deadline)) = self.steal_out {
+            if now < deadline {
+                return Ok(());
+            }
+            self.steal_out = None;
+        }
+        if now < self.next_steal {
+            return Ok(());
+        }
+        let me = self.id().0;
+        let pick = self.rng.gen_range(0..self.peers - 1);
+        let victim = VnodeId(if pick >= me { pick + 1 } else { pick });
+        self.steal_out = Some((victim, now + STEAL_TIMEOUT));
+        self.stats.steal_requests += 1;
+        self.send(victim, Message::StealRequest)
+    }
+
+    /// Rule 6. Returns whether something left.
+    fn release_held(&mut self) -> Result<bool, RunError> {
+        if self.held.is_empty() {
+            return Ok(false);
+        }
+        let durable = match &mut self.core.log {
+            Some(log) => {
+                log.seal()?;
+                log.durable()
+            }
+            None => u64::MAX,
+        };
+        let mut sent = false;
+        while self.held.front().is_some_and(|(seq, _, _)| *seq <= durable) {
+            if let Some((_, to, msg)) = self.held.pop_front() {
+                self.send(to, msg)?;
+                sent = true;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Rules 3 and 5: resend what was sent and not acknowledged.
+    fn resend(&mut self, now: Duration) -> Result<(), RunError> {
+        let durable = self.core.log.as_ref().map_or(u64::MAX, |l| l.durable());
+        let mut out = Vec::new();
+        for u in self.grants.values_mut().chain(self.returns.values_mut()) {
+            if u.seq <= durable && now >= u.resend_at {
+                u.resend_at = now + RESEND_AFTER;
+                out.push((u.to, u.msg.clone()));
+            }
+        }
+        for (to, msg) in out {
+            self.send(to, msg)?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, to: VnodeId, msg: Message) -> Result<(), RunError> {
+        self.endpoint.send(to, msg).map_err(|e| RunError::Internal {
+            vnode: self.core.vnode,
+            message: format!("send to {to}: {e}"),
+        })
+    }
+}
+
+/// While messages wait for durability, an idle vnode looks at the watermark this often.
+const HELD_POLL: Duration = Duration::from_micros(200);

@@ -1,0 +1,257 @@
+//! Identifiers: newtypes from one macro, each with a short `Display` that `Debug` reuses.
+//!
+//! Logical ids are deterministic (DESIGN.md, "Words"):
+//!
+//! 1. the root task's id is derived from the program name and the root's argument bytes;
+//! 2. a child's id from (parent id, spawn index): re-running a task re-creates the same ids,
+//!    which is what makes logging idempotent and recovery possible;
+//! 3. a datum's id from (writer id, output index), where the writer is the task that declared
+//!    it (delegating an output does not change its id); program inputs use the root's id with
+//!    a separate derivation context.
+//!
+//! Ids are 128 bits from keyed blake3 (one context string per derivation, so the name spaces
+//! never meet). They are uniformly distributed, so hash maps keyed by them use [`IdHasher`],
+//! which takes the bits as they are instead of hashing them again.
+
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! define_id {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal, $bytes:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        pub struct $name(pub $inner);
+
+        impl $name {
+            /// The raw value.
+            pub fn get(self) -> $inner {
+                self.0
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.0.to_le_bytes().serialize(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <[u8; $bytes]>::deserialize(d).map(|b| $name(<$inner>::from_le_bytes(b)))
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(self, f)
+            }
+        }
+    };
+}
+
+define_id!(
+    /// A task's logical id (rules 1-2).
+    TaskId(u128), "t", 16
+);
+define_id!(
+    /// A data object's logical id (rule 3).
+    DataId(u128), "d", 16
+);
+define_id!(
+    /// A virtual node: the unit that owns part of the graph and one event log.
+    VnodeId(u32), "v", 4
+);
+define_id!(
+    /// A vnode incarnation: messages from an older epoch are dropped (recovery fences with it).
+    Epoch(u64), "e", 8
+);
+
+/// Number of hex digits a short id shows: 48 bits tell apart the tasks of any run we print.
+const SHORT_HEX: usize = 12;
+
+macro_rules! wide_id_fmt {
+    ($name:ident, $prefix:literal) => {
+        impl fmt::Display for $name {
+            /// `t:3fa9c2d1e0b4`; with `{:#}` all 32 hex digits (what `FromStr` reads back).
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let hex = format!("{:032x}", self.0);
+                if f.alternate() {
+                    write!(f, "{}:{}", $prefix, hex)
+                } else {
+                    write!(f, "{}:{}", $prefix, &hex[..SHORT_HEX])
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ParseIdError;
+            /// Reads `t:<32 hex digits>` or just the 32 hex digits.
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                let hex = s.strip_prefix(concat!($prefix, ":")).unwrap_or(s);
+                if hex.len() != 32 {
+                    return Err(ParseIdError { text: s.to_string() });
+                }
+                u128::from_str_radix(hex, 16)
+                    .map($name)
+                    .map_err(|_| ParseIdError { text: s.to_string() })
+            }
+        }
+    };
+}
+wide_id_fmt!(TaskId, "t");
+wide_id_fmt!(DataId, "d");
+
+impl fmt::Display for VnodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "e{}", self.0)
+    }
+}
+
+/// An id that could not be read from text.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("not a full id (expected 32 hex digits, optionally prefixed `t:` or `d:`): {text:?}")]
+pub struct ParseIdError {
+    text: String,
+}
+
+fn derive(context: &'static str, parts: &[&[u8]]) -> u128 {
+    let mut h = blake3::Hasher::new_derive_key(context);
+    for p in parts {
+        h.update(p);
+    }
+    let mut out = [0u8; 16];
+    h.finalize_xof().fill(&mut out);
+    u128::from_le_bytes(out)
+}
+
+/// Keys for the per-id derivations below, computed once: `new_keyed` with a fixed key is the
+/// cheap form of `new_derive_key` (one compression instead of two) on the per-spawn path.
+fn key_for(context: &'static str) -> [u8; 32] {
+    blake3::derive_key(context, b"veriflow ids v1")
+}
+
+fn keyed(key: &[u8; 32], a: u128, b: u32) -> u128 {
+    let mut buf = [0u8; 20];
+    buf[..16].copy_from_slice(&a.to_le_bytes());
+    buf[16..].copy_from_slice(&b.to_le_bytes());
+    let hash = blake3::keyed_hash(key, &buf);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&hash.as_bytes()[..16]);
+    u128::from_le_bytes(out)
+}
+
+static CHILD_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+static OUTPUT_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+static INPUT_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+
+impl TaskId {
+    /// Rule 1: the root of program `program` with encoded arguments `args`.
+    pub fn root(program: &str, args: &[u8]) -> TaskId {
+        TaskId(derive("veriflow 2026 root task id", &[program.as_bytes(), &[0], args]))
+    }
+
+    /// Rule 2: the `index`-th child spawned by `parent`.
+    pub fn child(parent: TaskId, index: u32) -> TaskId {
+        let key = CHILD_KEY.get_or_init(|| key_for("veriflow 2026 child task id"));
+        TaskId(keyed(key, parent.0, index))
+    }
+}
+
+impl DataId {
+    /// Rule 3: output `index` of the task `writer` that declared it.
+    pub fn output(writer: TaskId, index: u32) -> DataId {
+        let key = OUTPUT_KEY.get_or_init(|| key_for("veriflow 2026 output data id"));
+        DataId(keyed(key, writer.0, index))
+    }
+
+    /// Rule 3: program input `index` of the run whose root is `root`.
+    pub fn program_input(root: TaskId, index: u32) -> DataId {
+        let key = INPUT_KEY.get_or_init(|| key_for("veriflow 2026 program input id"));
+        DataId(keyed(key, root.0, index))
+    }
+}
+
+/// A hasher for maps keyed by ids that are already uniformly random (see the module docs).
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys that are not ids (never in the runtime): mix in FNV style.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        // Truncation is the point: the low 64 bits of a blake3 output are as good as any.
+        self.0 ^= v as u64;
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+}
+
+/// `HashMap` keyed by ids.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IdHasher>>;
+/// `HashSet` of ids.
+pub type IdSet<K> = std::collections::HashSet<K, BuildHasherDefault<IdHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_deterministic_and_distinct() {
+        let root = TaskId::root("knary", b"args");
+        assert_eq!(root, TaskId::root("knary", b"args"));
+        assert_ne!(root, TaskId::root("knary", b"argz"));
+        assert_ne!(root, TaskId::root("knar", b"yargs"), "program and args are separated");
+        let c0 = TaskId::child(root, 0);
+        assert_eq!(c0, TaskId::child(root, 0));
+        assert_ne!(c0, TaskId::child(root, 1));
+        assert_ne!(DataId::output(root, 0).0, TaskId::child(root, 0).0);
+        assert_ne!(DataId::output(root, 0), DataId::program_input(root, 0));
+        let mut seen = IdSet::default();
+        for i in 0..10_000 {
+            assert!(seen.insert(TaskId::child(c0, i)));
+        }
+    }
+
+    #[test]
+    fn ids_print_short_and_parse_full() {
+        let id = TaskId::child(TaskId::root("p", b""), 3);
+        let short = id.to_string();
+        assert!(short.starts_with("t:") && short.len() == 2 + SHORT_HEX, "{short}");
+        let full = format!("{id:#}");
+        assert_eq!(full.parse::<TaskId>().unwrap(), id);
+        assert!(short.parse::<TaskId>().is_err());
+        assert!("t:zz".parse::<TaskId>().is_err());
+        assert_eq!(format!("{:?}", VnodeId(3)), "v3");
+    }
+
+    #[test]
+    fn ids_serialize_as_fixed_bytes() {
+        let id = DataId(0x0102_0304);
+        let bytes = postcard::to_stdvec(&id).unwrap();
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(postcard::from_bytes::<DataId>(&bytes).unwrap(), id);
+    }
+}

@@ -1,0 +1,131 @@
+//! The events of a vnode's log (DESIGN.md, "The event log"; paper 001 Fig. 2-3).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::Digest;
+use crate::ids::{DataId, TaskId, VnodeId};
+
+/// A task as its parent declared it: everything needed to re-run it from the log, given its
+/// input values (the registry maps `name` to code, `args` are its encoded arguments).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declared {
+    /// The task.
+    pub task: TaskId,
+    /// Its parent; `None` for the root.
+    pub parent: Option<TaskId>,
+    /// Its spawn index in the parent (0 for the root).
+    pub index: u32,
+    /// Registered task name.
+    pub name: Cow<'static, str>,
+    /// Encoded arguments.
+    pub args: Vec<u8>,
+    /// Data it reads, in order.
+    pub inputs: Vec<DataId>,
+    /// Data it must write or delegate, in order.
+    pub outputs: Vec<DataId>,
+}
+
+/// A value written to a data object, with the digest of its encoded bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    /// The data object.
+    pub data: DataId,
+    /// Its encoded value.
+    pub value: Vec<u8>,
+    /// blake3 of `value`.
+    pub digest: Digest,
+}
+
+/// One event of a vnode's log. Its [`Event::key`] gives the log set semantics.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A task was declared (spawned) on this vnode.
+    Declared(Declared),
+    /// A task started, having read inputs with these digests (in input order).
+    Started {
+        /// The task.
+        task: TaskId,
+        /// Digests of the input values read.
+        inputs: Vec<Digest>,
+    },
+    /// A task completed: the outputs it wrote itself and every child it declared (outputs it
+    /// delegated are written by a descendant and logged there).
+    Completed {
+        /// The task.
+        task: TaskId,
+        /// Values written by the task itself.
+        outputs: Vec<Output>,
+        /// Children declared, in spawn order.
+        children: Vec<TaskId>,
+    },
+    /// (victim) A ready task was given to `thief`.
+    Stolen {
+        /// The task.
+        task: TaskId,
+        /// Where it went.
+        thief: VnodeId,
+    },
+    /// (thief) A task was taken from `victim`, with its input values: this log can re-run it.
+    Adopted {
+        /// Where it came from.
+        victim: VnodeId,
+        /// The task's declaration.
+        record: Declared,
+        /// Encoded input values, in input order.
+        inputs: Vec<Vec<u8>>,
+    },
+    /// (victim) An output of a stolen task came back from its thief.
+    Returned {
+        /// The value.
+        output: Output,
+    },
+    /// A program input, written by the driver before the root ran.
+    Input {
+        /// The value.
+        output: Output,
+    },
+}
+
+/// The kind of an event: with an id, the key of the log's set semantics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum EventKind {
+    /// [`Event::Declared`]
+    Declared,
+    /// [`Event::Started`]
+    Started,
+    /// [`Event::Completed`]
+    Completed,
+    /// [`Event::Stolen`]
+    Stolen,
+    /// [`Event::Adopted`]
+    Adopted,
+    /// [`Event::Returned`]
+    Returned,
+    /// [`Event::Input`]
+    Input,
+}
+
+/// The key of an event: (task or data id, kind).
+pub type EventKey = (u128, EventKind);
+
+impl Event {
+    /// The key under which the log stores this event once and only once.
+    pub fn key(&self) -> EventKey {
+        match self {
+            Event::Declared(d) => (d.task.0, EventKind::Declared),
+            Event::Started { task, .. } => (task.0, EventKind::Started),
+            Event::Completed { task, .. } => (task.0, EventKind::Completed),
+            Event::Stolen { task, .. } => (task.0, EventKind::Stolen),
+            Event::Adopted { record, .. } => (record.task.0, EventKind::Adopted),
+            Event::Returned { output } => (output.data.0, EventKind::Returned),
+            Event::Input { output } => (output.data.0, EventKind::Input),
+        }
+    }
+
+    /// The event's kind.
+    pub fn kind(&self) -> EventKind {
+        self.key().1
+    }
+}

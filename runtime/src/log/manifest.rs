@@ -1,0 +1,71 @@
+//! The run manifest: one framed record per log store saying which run it holds.
+
+use serde::{Deserialize, Serialize};
+use veriflow_checkpoint::Store;
+
+use super::LogError;
+use crate::codec;
+use crate::ids::{DataId, TaskId};
+
+/// Store key of the manifest.
+pub const MANIFEST_KEY: &[u8] = b"manifest";
+const MANIFEST_MAGIC: [u8; 4] = *b"VFMF";
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// Where a run stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunStatus {
+    /// Started and not known to have ended (a crash leaves this).
+    Running,
+    /// Every task completed.
+    Finished,
+    /// Stopped by an error.
+    Failed(String),
+}
+
+/// What run a log store holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Program (app) name.
+    pub program: String,
+    /// Root task.
+    pub root: TaskId,
+    /// Root task's registered name.
+    pub root_name: String,
+    /// Root task's encoded arguments.
+    pub root_args: Vec<u8>,
+    /// Program inputs.
+    pub inputs: Vec<DataId>,
+    /// Terminal outputs S (the root's outputs).
+    pub terminal: Vec<DataId>,
+    /// Number of vnodes.
+    pub vnodes: u32,
+    /// Seed of the run.
+    pub seed: u64,
+    /// Status.
+    pub status: RunStatus,
+    /// veriflow version that wrote it.
+    pub tool_version: String,
+}
+
+impl Manifest {
+    /// Writes the manifest and flushes.
+    pub fn store(&self, store: &dyn Store) -> Result<(), LogError> {
+        let bytes = codec::encode(self).map_err(|e| LogError::Encode(e.to_string()))?;
+        store.put(MANIFEST_KEY, &codec::frame(MANIFEST_MAGIC, &bytes))?;
+        store.flush()?;
+        Ok(())
+    }
+
+    /// Reads the manifest; `Ok(None)` when there is none.
+    pub fn load(store: &dyn Store) -> Result<Option<Manifest>, LogError> {
+        let Some(bytes) = store.get(MANIFEST_KEY)? else {
+            return Ok(None);
+        };
+        let payload = codec::unframe(MANIFEST_MAGIC, &bytes, MAX_MANIFEST_BYTES)
+            .map_err(|e| LogError::NotALog(format!("manifest: {e}")))?;
+        codec::decode(payload)
+            .map(Some)
+            .map_err(|e| LogError::NotALog(format!("manifest does not decode: {e}")))
+    }
+}

@@ -1,0 +1,93 @@
+//! The event log of each vnode (SC_v, paper 001 §III; DESIGN.md "The event log").
+//!
+//! Rules the code keeps:
+//!
+//! 1. **Set semantics.** Every event has a key (id, kind) ([`Event::key`]). Logging an event
+//!    twice changes nothing: a duplicate is dropped inside the open batch at once, and
+//!    duplicates that reached different segments are dropped when segments are read back, so
+//!    every reader sees each event once and only once.
+//! 2. **Group commit.** A vnode appends events to an open batch in memory (microseconds per
+//!    task). The batch is sealed into one *segment* when it reaches [`CommitPolicy::max_bytes`],
+//!    when it is older than [`CommitPolicy::max_delay`], when the vnode goes idle, or when
+//!    someone waits for durability. One background writer thread puts every sealed segment in
+//!    the store and then calls the store's flush explicitly (sled's timer is off), many
+//!    segments per flush. Only after the flush returns does it raise each vnode's *durable
+//!    watermark*: events with a sequence number at or below it are on stable storage.
+//! 3. **Segments are framed records** (`codec.rs` rule 1) under key (vnode, segment number),
+//!    with the vnode, number, first sequence number and event count inside (`segment.rs`).
+//! 4. **Reading never panics.** A segment that fails its checks is an error naming the vnode,
+//!    the segment and the byte offset — except a *torn* last segment (shorter than its header
+//!    says), which is what a crash mid-write leaves: it is reported in
+//!    [`VnodeEvents::torn`] and skipped.
+//! 5. A store error in the writer is kept and returned by every later call: nothing that was
+//!    flushed before is lost, and nothing after it is claimed durable.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use veriflow_runtime::log::{Event, LogReader, LogWriter, CommitPolicy};
+//! use veriflow_runtime::{TaskId, VnodeId, MemoryStore};
+//!
+//! let store = Arc::new(MemoryStore::default());
+//! let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+//! let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+//! let e = Event::Started { task: TaskId(7), inputs: vec![] };
+//! log.append(&e).unwrap();
+//! log.append(&e).unwrap(); // a no-op (rule 1)
+//! log.sync().unwrap();
+//! assert_eq!(log.durable(), 1);
+//! writer.shutdown().unwrap();
+//! let read = LogReader::new(store).read_vnode(VnodeId(0)).unwrap();
+//! assert_eq!(read.events.len(), 1);
+//! ```
+
+mod event;
+mod manifest;
+mod reader;
+pub mod segment;
+mod writer;
+
+pub use event::{Declared, Event, EventKey, EventKind, Output};
+pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
+pub use reader::{LogReader, LoggedEvent, TornTail, VnodeEvents};
+pub use writer::{CommitPolicy, LogWriter, VnodeLog};
+
+use crate::ids::VnodeId;
+use veriflow_checkpoint::StoreError;
+
+/// Errors of the event log, grouped by what the caller should do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LogError {
+    /// The store failed (I/O, cannot open). Fatal for this run; flushed data is intact.
+    #[error("log store: {0}")]
+    Store(String),
+    /// A segment failed its checks (rule 4): the log was changed after it was written.
+    #[error("log of {vnode} is corrupt in segment {segment} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The vnode whose log it is.
+        vnode: VnodeId,
+        /// Segment number.
+        segment: u64,
+        /// Byte offset inside the segment.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The directory holds no veriflow run (no manifest).
+    #[error("no veriflow run here: {0}")]
+    NotALog(String),
+    /// An event could not be encoded (a value that serde/postcard refuses).
+    #[error("cannot encode an event: {0}")]
+    Encode(String),
+    /// The log writer has stopped (after an error or shutdown).
+    #[error("log writer stopped: {0}")]
+    Stopped(String),
+}
+
+impl From<StoreError> for LogError {
+    fn from(e: StoreError) -> Self {
+        LogError::Store(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests;

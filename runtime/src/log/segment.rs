@@ -1,0 +1,168 @@
+//! Segments: one group-commit batch of events, stored as one framed record (rule 3 of
+//! `log/mod.rs`).
+//!
+//! Payload layout: `vnode (u32 LE) | segment number (u64 LE) | first event sequence (u64 LE) |
+//! event count (u32 LE)` then, per event, `length (u32 LE) | postcard(Event)`.
+
+use crate::codec::{self, FrameError, HEADER_LEN};
+use crate::ids::VnodeId;
+use crate::log::event::Event;
+
+/// Magic of a segment frame.
+pub const SEGMENT_MAGIC: [u8; 4] = *b"VFSG";
+/// Bytes of the segment header inside the payload.
+pub const SEGMENT_HEADER_LEN: usize = 4 + 8 + 8 + 4;
+/// Largest segment a reader accepts (checked before allocation). One event may be big (a task
+/// output of many MiB); 1 GiB leaves room for that while refusing absurd headers.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+/// Largest single event a writer accepts.
+pub const MAX_EVENT_BYTES: usize = 512 << 20;
+
+/// Store key of segment `segno` of `vnode`: sorts by vnode then number.
+pub fn segment_key(vnode: VnodeId, segno: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + 4 + 8);
+    k.extend_from_slice(b"seg/");
+    k.extend_from_slice(&vnode.0.to_be_bytes());
+    k.extend_from_slice(&segno.to_be_bytes());
+    k
+}
+
+/// Store key prefix of `vnode`'s segments.
+pub fn vnode_prefix(vnode: VnodeId) -> Vec<u8> {
+    let mut k = b"seg/".to_vec();
+    k.extend_from_slice(&vnode.0.to_be_bytes());
+    k
+}
+
+/// Splits a segment key back into (vnode, segment number).
+pub fn parse_segment_key(key: &[u8]) -> Option<(VnodeId, u64)> {
+    let rest = key.strip_prefix(b"seg/")?;
+    if rest.len() != 12 {
+        return None;
+    }
+    let v = u32::from_be_bytes(rest[..4].try_into().ok()?);
+    let s = u64::from_be_bytes(rest[4..].try_into().ok()?);
+    Some((VnodeId(v), s))
+}
+
+/// A segment being filled: the frame header and segment header are reserved at the front, so
+/// sealing writes them in place (no copy of the body).
+#[derive(Debug)]
+pub struct SegmentBuilder {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+impl SegmentBuilder {
+    /// An empty segment with room for `capacity` bytes of events.
+    pub fn new(capacity: usize) -> Self {
+        let mut buf = Vec::with_capacity(HEADER_LEN + SEGMENT_HEADER_LEN + capacity);
+        buf.resize(HEADER_LEN + SEGMENT_HEADER_LEN, 0);
+        Self { buf, count: 0 }
+    }
+
+    /// Appends one event.
+    pub fn push(&mut self, event: &Event) -> Result<(), codec::CodecError> {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&[0; 4]);
+        if let Err(e) = codec::encode_into(event, &mut self.buf) {
+            self.buf.truncate(at);
+            return Err(e);
+        }
+        let len = self.buf.len() - at - 4;
+        if len > MAX_EVENT_BYTES {
+            self.buf.truncate(at);
+            return Err(codec::CodecError::from(postcard::Error::SerializeBufferFull));
+        }
+        // `len` is below MAX_EVENT_BYTES, so it fits.
+        self.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Events so far.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes of events so far.
+    pub fn body_len(&self) -> usize {
+        self.buf.len() - HEADER_LEN - SEGMENT_HEADER_LEN
+    }
+
+    /// Writes both headers and returns the framed bytes.
+    pub fn seal(mut self, vnode: VnodeId, segno: u64, first_seq: u64) -> Vec<u8> {
+        let h = HEADER_LEN;
+        self.buf[h..h + 4].copy_from_slice(&vnode.0.to_le_bytes());
+        self.buf[h + 4..h + 12].copy_from_slice(&segno.to_le_bytes());
+        self.buf[h + 12..h + 20].copy_from_slice(&first_seq.to_le_bytes());
+        self.buf[h + 20..h + 24].copy_from_slice(&self.count.to_le_bytes());
+        codec::seal_frame(SEGMENT_MAGIC, &mut self.buf);
+        self.buf
+    }
+}
+
+/// A decoded segment.
+#[derive(Debug)]
+pub struct Segment {
+    /// Vnode recorded in the header.
+    pub vnode: VnodeId,
+    /// Segment number recorded in the header.
+    pub segno: u64,
+    /// Sequence number of its first event.
+    pub first_seq: u64,
+    /// Its events with their byte offsets inside the stored value.
+    pub events: Vec<(u32, Event)>,
+}
+
+/// What is wrong with a stored segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentError {
+    /// The frame failed (torn, corrupt, wrong magic or version).
+    Frame(FrameError),
+    /// The frame is sound but its content does not decode, at this byte offset.
+    Content {
+        /// Byte offset inside the stored value.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Decodes a stored segment value.
+pub fn decode_segment(bytes: &[u8]) -> Result<Segment, SegmentError> {
+    let payload =
+        codec::unframe(SEGMENT_MAGIC, bytes, MAX_SEGMENT_BYTES).map_err(SegmentError::Frame)?;
+    let content = |offset: usize, reason: String| SegmentError::Content {
+        offset: (HEADER_LEN + offset) as u64,
+        reason,
+    };
+    if payload.len() < SEGMENT_HEADER_LEN {
+        return Err(content(0, "segment header missing".to_string()));
+    }
+    let u32_at = |p: usize| u32::from_le_bytes(payload[p..p + 4].try_into().expect("4 bytes"));
+    let u64_at = |p: usize| u64::from_le_bytes(payload[p..p + 8].try_into().expect("8 bytes"));
+    let vnode = VnodeId(u32_at(0));
+    let segno = u64_at(4);
+    let first_seq = u64_at(12);
+    let count = u32_at(20);
+    let mut events = Vec::with_capacity(count.min(1 << 16) as usize);
+    let mut at = SEGMENT_HEADER_LEN;
+    for i in 0..count {
+        if at + 4 > payload.len() {
+            return Err(content(at, format!("event {i} of {count}: length missing")));
+        }
+        let len = u32_at(at) as usize;
+        if len > payload.len() - at - 4 {
+            return Err(content(at, format!("event {i} of {count}: length {len} overruns")));
+        }
+        let ev: Event = codec::decode(&payload[at + 4..at + 4 + len])
+            .map_err(|e| content(at, format!("event {i} of {count} does not decode: {e}")))?;
+        events.push(((HEADER_LEN + at) as u32, ev));
+        at += 4 + len;
+    }
+    if at != payload.len() {
+        return Err(content(at, format!("{} bytes after the last event", payload.len() - at)));
+    }
+    Ok(Segment { vnode, segno, first_seq, events })
+}

@@ -1,0 +1,174 @@
+//! [`Ctx`]: what a running task uses to spawn children and write its outputs.
+
+use smallvec::SmallVec;
+
+use super::sets::IdList;
+use super::value::Value;
+use super::{Boxed, Data, InputSet, OutputReads, OutputSet, Reads, Task, Write, Writes};
+use crate::error::RunError;
+use crate::exec::core::{Core, TaskSpec};
+use crate::ids::{DataId, TaskId, VnodeId};
+
+/// The context of a running task (rules 2-3 of `task/mod.rs`).
+pub struct Ctx<'a> {
+    pub(crate) core: &'a mut Core,
+    pub(crate) task: TaskId,
+    pub(crate) name: &'static str,
+    pub(crate) outputs: &'a [DataId],
+    /// Bit i set: output i was written or delegated (output tuples stop at six).
+    done: u64,
+    pub(crate) writes: SmallVec<[(usize, Value); 2]>,
+    pub(crate) children: Vec<TaskId>,
+    pub(crate) created: IdList,
+    next_index: u32,
+    pub(crate) error: Option<RunError>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(
+        core: &'a mut Core,
+        task: TaskId,
+        name: &'static str,
+        outputs: &'a [DataId],
+    ) -> Ctx<'a> {
+        Ctx {
+            core,
+            task,
+            name,
+            outputs,
+            done: 0,
+            writes: SmallVec::new(),
+            children: Vec::new(),
+            created: IdList::new(),
+            next_index: 0,
+            error: None,
+        }
+    }
+
+    /// This task's logical id.
+    pub fn task_id(&self) -> TaskId {
+        self.task
+    }
+
+    /// The vnode running this task (informational: a task must not depend on it, rule 5).
+    pub fn vnode(&self) -> VnodeId {
+        self.core.vnode
+    }
+
+    /// Declares a child whose outputs are new data objects, and returns handles to them
+    /// (rule 2). Returns at once; the child runs when its inputs are written.
+    pub fn spawn<T: Task>(&mut self, task: T, inputs: Reads<T>) -> OutputReads<T> {
+        let (id, index) = self.next_child();
+        let mut outs = IdList::new();
+        for i in 0..T::Outputs::LEN {
+            // LEN is a tuple length (at most 6), far below u32::MAX.
+            outs.push(DataId::output(id, i as u32));
+        }
+        let reads = T::Outputs::make_reads(&outs);
+        for &o in &outs {
+            self.core.create_data(o);
+            self.created.push(o);
+        }
+        self.declare(task, id, index, &inputs, outs);
+        reads
+    }
+
+    /// Declares a child that writes this task's own outputs `outputs` in its place
+    /// (delegation, rule 3).
+    pub fn spawn_delegate<T: Task>(&mut self, task: T, inputs: Reads<T>, outputs: Writes<T>) {
+        let mut outs = IdList::new();
+        T::Outputs::write_ids(outputs, &mut outs);
+        for &o in &outs {
+            if let Err(e) = self.claim(o) {
+                self.fail(e);
+            }
+        }
+        let (id, index) = self.next_child();
+        self.declare(task, id, index, &inputs, outs);
+    }
+
+    /// Writes one of this task's outputs (rule 3).
+    pub fn write<T: Data>(&mut self, output: Write<T>, value: T) {
+        match self.claim(output.id) {
+            Ok(i) => self.writes.push((i, Value::typed(value))),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn next_child(&mut self) -> (TaskId, u32) {
+        let index = self.next_index;
+        self.next_index += 1;
+        (TaskId::child(self.task, index), index)
+    }
+
+    fn declare<T: Task>(
+        &mut self,
+        task: T,
+        id: TaskId,
+        index: u32,
+        inputs: &Reads<T>,
+        outputs: IdList,
+    ) {
+        self.children.push(id);
+        if self.error.is_some() {
+            return;
+        }
+        if !self.core.is_registered::<T>() {
+            self.fail(RunError::UnregisteredTask { name: T::NAME.to_string() });
+            return;
+        }
+        let mut ins = IdList::new();
+        T::Inputs::ids(inputs, &mut ins);
+        let spec = TaskSpec {
+            id,
+            parent: Some(self.task),
+            index,
+            body: Box::new(Boxed(task)),
+            inputs: ins,
+            outputs,
+            args: None,
+        };
+        if let Err(e) = self.core.declare(spec) {
+            self.fail(e);
+        }
+    }
+
+    /// Marks our output `id` as finished, returning its index.
+    fn claim(&mut self, id: DataId) -> Result<usize, RunError> {
+        let Some(i) = self.outputs.iter().position(|&o| o == id) else {
+            return Err(RunError::ForeignWrite { task: self.name.to_string(), id: self.task, data: id });
+        };
+        if self.done & (1 << i) != 0 {
+            return Err(RunError::OutputWrittenTwice {
+                task: self.name.to_string(),
+                id: self.task,
+                output: i,
+            });
+        }
+        self.done |= 1 << i;
+        Ok(i)
+    }
+
+    fn fail(&mut self, e: RunError) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+
+    /// After the body: the first error, or the first output neither written nor delegated.
+    pub(crate) fn check_finished(&mut self) -> Result<(), RunError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        for i in 0..self.outputs.len() {
+            if self.done & (1 << i) == 0 {
+                return Err(RunError::OutputNotWritten {
+                    task: self.name.to_string(),
+                    id: self.task,
+                    output: i,
+                });
+            }
+        }
+        Ok(())
+    }
+}

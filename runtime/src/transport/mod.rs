@@ -1,0 +1,89 @@
+//! How vnodes talk: messages addressed to vnodes, behind the [`Transport`] trait.
+//!
+//! Rules:
+//!
+//! 1. Messages are addressed to vnodes, never to processes.
+//! 2. Delivery may lose, delay or duplicate messages: the protocol above resends what matters
+//!    until acknowledged and ignores duplicates (`exec/vnode.rs`). The in-process transport
+//!    happens to be reliable and ordered; tests that need faults wrap it.
+//! 3. Every envelope carries the sender's epoch, so messages from a vnode declared dead can be
+//!    told apart from its replacement's.
+
+mod inproc;
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+pub use inproc::InProcTransport;
+
+use crate::ids::{DataId, Epoch, TaskId, VnodeId};
+use crate::log::{Declared, Output};
+
+/// A message of the vnode protocol (`exec/vnode.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// An idle vnode asks for a ready task.
+    StealRequest,
+    /// The victim has no ready task to give.
+    StealNone,
+    /// The victim gives a ready task, with its input values (resent until [`Message::AdoptAck`]).
+    StealGrant {
+        /// The task's declaration.
+        record: Declared,
+        /// Encoded input values, in input order.
+        inputs: Vec<Vec<u8>>,
+    },
+    /// The thief has durably adopted `task`.
+    AdoptAck {
+        /// The task.
+        task: TaskId,
+    },
+    /// An output of a stolen task goes home (resent until [`Message::ReturnAck`]).
+    Returned {
+        /// The value.
+        output: Output,
+    },
+    /// The victim has durably received `data`.
+    ReturnAck {
+        /// The data object.
+        data: DataId,
+    },
+}
+
+/// A message with its sender (rule 3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Sending vnode.
+    pub from: VnodeId,
+    /// Sender's epoch.
+    pub epoch: Epoch,
+    /// The message.
+    pub msg: Message,
+}
+
+/// Sending failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// No such vnode in this transport.
+    #[error("no route to {0}")]
+    NoRoute(VnodeId),
+    /// The endpoint for this vnode was already taken.
+    #[error("the endpoint of {0} is already in use")]
+    InUse(VnodeId),
+}
+
+/// One vnode's connection to the others.
+pub trait Endpoint: Send {
+    /// Sends `msg` to vnode `to` (rule 2: it may be lost).
+    fn send(&mut self, to: VnodeId, msg: Message) -> Result<(), TransportError>;
+    /// A message if one is waiting.
+    fn try_recv(&mut self) -> Option<Envelope>;
+    /// Waits up to `timeout` for a message.
+    fn recv_timeout(&mut self, timeout: Duration) -> Option<Envelope>;
+}
+
+/// A network of vnodes.
+pub trait Transport: Send + Sync {
+    /// The endpoint of vnode `me` (each taken once).
+    fn endpoint(&self, me: VnodeId) -> Result<Box<dyn Endpoint>, TransportError>;
+}
