@@ -20,18 +20,23 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 macro_rules! define_id {
-    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal, $bytes:literal) => {
+    ($(#[$doc:meta])* $name:ident($inner:ty)) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        #[derive(Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub $inner);
+
+        define_id!(@common $name($inner));
+    };
+    ($(#[$doc:meta])* $name:ident($inner:ty), bytes $bytes:literal) => {
         $(#[$doc])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         pub struct $name(pub $inner);
 
-        impl $name {
-            /// The raw value.
-            pub fn get(self) -> $inner {
-                self.0
-            }
-        }
+        define_id!(@common $name($inner));
 
+        // Wide ids are random: fixed bytes encode them smaller than a varint would.
         impl Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 self.0.to_le_bytes().serialize(s)
@@ -41,6 +46,15 @@ macro_rules! define_id {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 <[u8; $bytes]>::deserialize(d).map(|b| $name(<$inner>::from_le_bytes(b)))
+            }
+        }
+
+    };
+    (@common $name:ident($inner:ty)) => {
+        impl $name {
+            /// The raw value.
+            pub fn get(self) -> $inner {
+                self.0
             }
         }
 
@@ -54,19 +68,19 @@ macro_rules! define_id {
 
 define_id!(
     /// A task's logical id (rules 1-2).
-    TaskId(u128), "t", 16
+    TaskId(u128), bytes 16
 );
 define_id!(
     /// A data object's logical id (rule 3).
-    DataId(u128), "d", 16
+    DataId(u128), bytes 16
 );
 define_id!(
     /// A virtual node: the unit that owns part of the graph and one event log.
-    VnodeId(u32), "v", 4
+    VnodeId(u32)
 );
 define_id!(
     /// A vnode incarnation: messages from an older epoch are dropped (recovery fences with it).
-    Epoch(u64), "e", 8
+    Epoch(u64)
 );
 
 /// Number of hex digits a short id shows: 48 bits tell apart the tasks of any run we print.

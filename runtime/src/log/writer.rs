@@ -38,12 +38,20 @@ struct Sealed {
     bytes: Vec<u8>,
 }
 
+enum ToWriter {
+    Segment(Sealed),
+    /// Store what came before, then exit (vnode logs may outlive the writer).
+    Stop,
+}
+
 /// State shared by the writer thread and every vnode log.
 struct Shared {
     durable: Vec<Padded<AtomicU64>>,
     error: Mutex<Option<String>>,
     flushed: Mutex<u64>,
     flushed_cv: Condvar,
+    /// Set when the writer thread has exited: nothing more will become durable.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -54,7 +62,7 @@ impl Shared {
 
 /// The group-commit writer: one thread that stores sealed segments and flushes (rule 2).
 pub struct LogWriter {
-    tx: Option<Sender<Sealed>>,
+    tx: Option<Sender<ToWriter>>,
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     store: Arc<dyn Store>,
@@ -82,13 +90,19 @@ impl LogWriter {
             error: Mutex::new(None),
             flushed: Mutex::new(0),
             flushed_cv: Condvar::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
-        let (tx, rx) = mpsc::channel::<Sealed>();
+        let (tx, rx) = mpsc::channel::<ToWriter>();
         let thread = {
             let (shared, store) = (shared.clone(), store.clone());
             std::thread::Builder::new()
                 .name("veriflow-log-writer".to_string())
-                .spawn(move || writer_loop(&*store, &shared, rx))
+                .spawn(move || {
+                    writer_loop(&*store, &shared, rx);
+                    shared.closed.store(true, Ordering::SeqCst);
+                    let _guard = shared.flushed.lock().unwrap_or_else(|p| p.into_inner());
+                    shared.flushed_cv.notify_all();
+                })
                 .map_err(|e| LogError::Store(format!("cannot start the log writer: {e}")))?
         };
         Ok(LogWriter { tx: Some(tx), thread: Some(thread), shared, store, policy })
@@ -141,7 +155,9 @@ impl LogWriter {
     }
 
     fn stop(&mut self) {
-        drop(self.tx.take());
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(ToWriter::Stop);
+        }
         if let Some(t) = self.thread.take() {
             // The loop catches nothing: a panic there is a bug, reported as a store error.
             if t.join().is_err() {
@@ -158,12 +174,18 @@ impl Drop for LogWriter {
     }
 }
 
-fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<Sealed>) {
-    while let Ok(first) = rx.recv() {
+fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
+    let mut stopping = false;
+    while !stopping {
+        let Ok(ToWriter::Segment(first)) = rx.recv() else { break };
         let mut batch = vec![first];
         while batch.len() < MAX_SEGMENTS_PER_FLUSH {
             match rx.try_recv() {
-                Ok(s) => batch.push(s),
+                Ok(ToWriter::Segment(s)) => batch.push(s),
+                Ok(ToWriter::Stop) => {
+                    stopping = true;
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -200,7 +222,7 @@ pub struct VnodeLog {
     keys: std::collections::HashSet<EventKey, std::hash::BuildHasherDefault<IdHasher>>,
     opened_at: Option<Duration>,
     policy: CommitPolicy,
-    tx: Sender<Sealed>,
+    tx: Sender<ToWriter>,
     shared: Arc<Shared>,
 }
 
@@ -251,7 +273,12 @@ impl VnodeLog {
         let full = std::mem::replace(&mut self.builder, SegmentBuilder::new(self.policy.max_bytes));
         let bytes = full.seal(self.vnode, self.next_segno, self.first_seq);
         self.tx
-            .send(Sealed { vnode: self.vnode, segno: self.next_segno, last_seq: self.next_seq, bytes })
+            .send(ToWriter::Segment(Sealed {
+                vnode: self.vnode,
+                segno: self.next_segno,
+                last_seq: self.next_seq,
+                bytes,
+            }))
             .map_err(|_| LogError::Stopped("the log writer has stopped".to_string()))?;
         self.next_segno += 1;
         self.first_seq = self.next_seq;
@@ -288,6 +315,9 @@ impl VnodeLog {
         while self.durable() < target {
             if let Some(e) = self.shared.error() {
                 return Err(LogError::Stopped(e));
+            }
+            if self.shared.closed.load(Ordering::SeqCst) && self.durable() < target {
+                return Err(LogError::Stopped("the log writer has shut down".to_string()));
             }
             flushed = self
                 .shared
