@@ -48,7 +48,9 @@ mod util;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::Digest;
 pub use error::RunError;
-pub use exec::{ProgressFn, RunReport, Runtime, RuntimeBuilder, VnodeStats};
+pub use exec::{
+    ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers, TransportFactory, VnodeStats,
+};
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{
     Ctx, Data, InputSet, OutputReads, OutputSet, Read, Reads, Registry, RegistryError, Task,

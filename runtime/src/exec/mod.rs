@@ -36,7 +36,7 @@ use veriflow_checkpoint::Store;
 
 use self::core::{Core, TaskSpec};
 use self::shared::RunShared;
-pub use self::vnode::{VnodeStats, RESEND_AFTER, STEAL_TIMEOUT};
+pub use self::vnode::{Timers, VnodeStats};
 use self::vnode::Vnode;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{self, Digest};
@@ -44,7 +44,7 @@ use crate::error::{panic_message, RunError};
 use crate::ids::{DataId, TaskId, VnodeId};
 use crate::log::{CommitPolicy, Event, LogWriter, Manifest, Output, RunStatus};
 use crate::task::{Boxed, InputSet, OutputSet, Registry, Task};
-use crate::transport::InProcTransport;
+use crate::transport::{InProcTransport, Transport};
 
 /// Tasks a vnode runs before its driver looks at its other vnodes and the termination test.
 const STEP_BUDGET: usize = 256;
@@ -71,7 +71,12 @@ pub struct RuntimeBuilder {
     policy: CommitPolicy,
     clock: Option<Arc<dyn Clock>>,
     progress: Option<ProgressFn>,
+    transport: Option<TransportFactory>,
+    timers: Timers,
 }
+
+/// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
+pub type TransportFactory = Arc<dyn Fn(u32) -> Box<dyn Transport> + Send + Sync>;
 
 impl RuntimeBuilder {
     /// A builder for programs made of the tasks in `registry`.
@@ -87,7 +92,22 @@ impl RuntimeBuilder {
             policy: CommitPolicy::default(),
             clock: None,
             progress: None,
+            transport: None,
+            timers: Timers::default(),
         }
+    }
+
+    /// The transport between vnodes (default: in-process channels). Tests use it to lose,
+    /// delay and duplicate messages.
+    pub fn transport(mut self, factory: TransportFactory) -> Self {
+        self.transport = Some(factory);
+        self
+    }
+
+    /// The protocol's timers.
+    pub fn timers(mut self, timers: Timers) -> Self {
+        self.timers = timers;
+        self
     }
 
     /// Program name (part of the root's id and of the manifest).
@@ -177,6 +197,8 @@ impl RuntimeBuilder {
             policy: self.policy,
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::default())),
             progress: self.progress,
+            transport: self.transport,
+            timers: self.timers,
             pool,
         })
     }
@@ -212,6 +234,8 @@ pub struct Runtime {
     policy: CommitPolicy,
     clock: Arc<dyn Clock>,
     progress: Option<ProgressFn>,
+    transport: Option<TransportFactory>,
+    timers: Timers,
     pool: rayon::ThreadPool,
 }
 
@@ -296,18 +320,23 @@ impl Runtime {
         };
 
         let shared = Arc::new(RunShared::new(self.vnodes));
-        let transport = InProcTransport::new(self.vnodes);
+        let transport: Box<dyn Transport> = match &self.transport {
+            Some(make) => make(self.vnodes),
+            None => Box::new(InProcTransport::new(self.vnodes)),
+        };
         let mut vnodes = Vec::with_capacity(self.vnodes as usize);
         for v in 0..self.vnodes {
             let id = VnodeId(v);
             let log = writer.as_ref().map(|w| w.vnode_log(id)).transpose()?;
             let core = Core::new(id, self.registry.clone(), log, shared.clone());
-            let endpoint = crate::transport::Transport::endpoint(&transport, id)
+            let endpoint = transport
+                .endpoint(id)
                 .map_err(|e| RunError::Internal { vnode: id, message: e.to_string() })?;
             let rng = ChaCha8Rng::seed_from_u64(
                 self.seed ^ u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             );
-            vnodes.push(Vnode::new(core, endpoint, self.clock.clone(), rng, self.vnodes));
+            let clock = self.clock.clone();
+            vnodes.push(Vnode::new(core, endpoint, clock, rng, self.vnodes, self.timers));
         }
 
         // Rule 2: program inputs, then the root, on vnode 0.

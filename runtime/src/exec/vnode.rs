@@ -5,12 +5,12 @@
 //! 1. A vnode runs its own ready tasks newest first (depth-first, like Cilk's work-first
 //!    order). Between two tasks it reads its inbox, so a steal request waits at most one task.
 //! 2. An idle vnode sends `StealRequest` to one peer drawn from its seeded RNG; it has at most
-//!    one request out, gives up on it after [`STEAL_TIMEOUT`], and backs off exponentially
+//!    one request out, gives up on it after `steal_timeout` ([`Timers`]), and backs off exponentially
 //!    after `StealNone` answers.
 //! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
 //!    task): it logs `Stolen`, and sends
-//!    `StealGrant` with the task's record and input values, resent every [`RESEND_AFTER`]
+//!    `StealGrant` with the task's record and input values, resent every `resend_after`
 //!    until `AdoptAck`. It then expects each output of the task back.
 //! 4. A thief logs `Adopted` (record and inputs: its log alone can re-run the task), creates the
 //!    outputs as data to return, and runs the task and the subtree it spawns in its own log.
@@ -41,11 +41,21 @@ use crate::task::value::Value;
 use crate::task::Ctx;
 use crate::transport::{Endpoint, Envelope, Message};
 
-/// Rule 2: a steal request not answered within this is abandoned. Generous: the answer may wait
-/// for one task to finish and for one log flush (rule 6).
-pub const STEAL_TIMEOUT: Duration = Duration::from_millis(100);
-/// Rules 3 and 5: how long before an unacknowledged grant or return is sent again.
-pub const RESEND_AFTER: Duration = Duration::from_millis(250);
+/// The protocol's timers (rules 2, 3 and 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timers {
+    /// Rule 2: a steal request not answered within this is abandoned. The default is generous:
+    /// the answer may wait for one task to finish and for one log flush (rule 6).
+    pub steal_timeout: Duration,
+    /// Rules 3 and 5: how long before an unacknowledged grant or return is sent again.
+    pub resend_after: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers { steal_timeout: Duration::from_millis(100), resend_after: Duration::from_millis(250) }
+    }
+}
 /// Rule 2: first back-off after a `StealNone`, doubled per further refusal up to the cap.
 const BACKOFF_MIN: Duration = Duration::from_micros(20);
 const BACKOFF_MAX: Duration = Duration::from_millis(2);
@@ -80,6 +90,7 @@ pub(crate) struct Vnode {
     clock: Arc<dyn Clock>,
     rng: ChaCha8Rng,
     peers: u32,
+    timers: Timers,
     /// Rule 6: messages waiting for their event to be durable, in sequence order.
     held: VecDeque<(u64, VnodeId, Message)>,
     /// Messages received while blocked in [`Vnode::wait`].
@@ -102,6 +113,7 @@ impl Vnode {
         clock: Arc<dyn Clock>,
         rng: ChaCha8Rng,
         peers: u32,
+        timers: Timers,
     ) -> Self {
         let stats = VnodeStats { vnode: core.vnode, ..VnodeStats::default() };
         Vnode {
@@ -110,6 +122,7 @@ impl Vnode {
             clock,
             rng,
             peers,
+            timers,
             held: VecDeque::new(),
             stash: VecDeque::new(),
             grants: IdMap::default(),
@@ -284,7 +297,7 @@ impl Vnode {
         shared.work_add(me);
         shared.work_done(me);
         let msg = Message::StealGrant { record, inputs };
-        let resend_at = self.clock.now() + RESEND_AFTER;
+        let resend_at = self.clock.now() + self.timers.resend_after;
         self.grants.insert(spec.id, Unacked { to: thief, msg: msg.clone(), seq, resend_at });
         self.held.push_back((seq, thief, msg));
         self.stats.stolen += 1;
@@ -385,7 +398,7 @@ impl Vnode {
         for (to, output, seq) in std::mem::take(&mut self.core.returns) {
             let data = output.data;
             let msg = Message::Returned { output };
-            let resend_at = now + RESEND_AFTER;
+            let resend_at = now + self.timers.resend_after;
             self.returns.insert((data, to), Unacked { to, msg: msg.clone(), seq, resend_at });
             self.held.push_back((seq, to, msg));
         }
@@ -408,7 +421,7 @@ impl Vnode {
         let me = self.id().0;
         let pick = self.rng.gen_range(0..self.peers - 1);
         let victim = VnodeId(if pick >= me { pick + 1 } else { pick });
-        self.steal_out = Some((victim, now + STEAL_TIMEOUT));
+        self.steal_out = Some((victim, now + self.timers.steal_timeout));
         self.stats.steal_requests += 1;
         self.send(victim, Message::StealRequest)
     }
@@ -441,7 +454,7 @@ impl Vnode {
         let mut out = Vec::new();
         for u in self.grants.values_mut().chain(self.returns.values_mut()) {
             if u.seq <= durable && now >= u.resend_at {
-                u.resend_at = now + RESEND_AFTER;
+                u.resend_at = now + self.timers.resend_after;
                 out.push((u.to, u.msg.clone()));
             }
         }

@@ -1,0 +1,216 @@
+//! Log tests: set semantics, group commit, and every way a stored segment can be damaged.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use veriflow_checkpoint::{MemoryStore, Store};
+
+use super::segment::{segment_key, vnode_prefix};
+use super::*;
+use crate::codec::Digest;
+use crate::ids::{DataId, TaskId, VnodeId};
+
+fn started(i: u128) -> Event {
+    Event::Started { task: TaskId(i), inputs: vec![Digest::of(&i.to_le_bytes())] }
+}
+
+fn completed(i: u128) -> Event {
+    let value = i.to_le_bytes().to_vec();
+    let digest = Digest::of(&value);
+    Event::Completed {
+        task: TaskId(i),
+        outputs: vec![Output { data: DataId(i + 1), value, digest }],
+        children: vec![TaskId(i * 7)],
+    }
+}
+
+/// Writes `batches` of events for vnode 0 (one segment per batch) and returns the store.
+fn write(batches: &[Vec<Event>]) -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::start(store.clone(), 2, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    for batch in batches {
+        for e in batch {
+            log.append(e).unwrap();
+        }
+        log.seal().unwrap();
+    }
+    log.sync().unwrap();
+    assert_eq!(log.durable(), log.appended());
+    writer.shutdown().unwrap();
+    store
+}
+
+fn read(store: &Arc<MemoryStore>) -> Result<VnodeEvents, LogError> {
+    LogReader::new(store.clone()).read_vnode(VnodeId(0))
+}
+
+fn segments(store: &MemoryStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+    store.scan_prefix(&vnode_prefix(VnodeId(0))).unwrap()
+}
+
+#[test]
+fn events_are_logged_once_and_only_once() {
+    let store = write(&[
+        vec![started(1), started(1), completed(1)],
+        vec![started(1), started(2), completed(1)],
+    ]);
+    let r = read(&store).unwrap();
+    let events: Vec<Event> = r.events.iter().map(|e| e.event.clone()).collect();
+    assert_eq!(events, vec![started(1), completed(1), started(2)]);
+    assert_eq!(r.duplicates, 2, "the two repeats that reached the second segment");
+    assert_eq!(r.segments, 2);
+    assert_eq!(r.durable_seq, 5, "2 + 3 events appended (the in-batch repeat was dropped)");
+    assert!(r.torn.is_none());
+}
+
+#[test]
+fn the_policy_seals_by_size_and_by_age() {
+    let store = Arc::new(MemoryStore::default());
+    let policy = CommitPolicy { max_bytes: 200, max_delay: std::time::Duration::from_millis(5) };
+    let writer = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    for i in 0..20 {
+        log.append(&completed(i)).unwrap();
+    }
+    assert!(log.has_open_batch() || log.appended() == 20);
+    let sealed_by_size = segments(&store).len();
+    log.append(&completed(99)).unwrap();
+    log.tick(std::time::Duration::from_millis(100)).unwrap(); // first seen open: window starts
+    log.tick(std::time::Duration::from_millis(104)).unwrap();
+    assert!(log.has_open_batch(), "4 ms old: still open");
+    log.tick(std::time::Duration::from_millis(106)).unwrap(); // older than 5 ms: sealed
+    assert!(!log.has_open_batch());
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+    let n = segments(&store).len();
+    assert!(n >= 5, "200-byte segments of ~80-byte events: got {n} ({sealed_by_size})");
+    assert_eq!(read(&store).unwrap().events.len(), 21);
+}
+
+#[test]
+fn a_corrupt_byte_is_an_error_naming_vnode_segment_and_offset() {
+    let store = write(&[vec![started(1), completed(1)], vec![started(2), completed(2)]]);
+    let (key, mut value) = segments(&store).remove(0);
+    let at = value.len() / 2;
+    value[at] ^= 0x01;
+    store.put(&key, &value).unwrap();
+    let err = read(&store).unwrap_err();
+    match &err {
+        LogError::Corrupt { vnode, segment, .. } => {
+            assert_eq!((*vnode, *segment), (VnodeId(0), 0));
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("v0") && text.contains("segment 0") && text.contains("digest"), "{text}");
+}
+
+#[test]
+fn a_torn_last_segment_is_reported_and_skipped_but_not_a_torn_middle_one() {
+    let store = write(&[vec![started(1)], vec![started(2)], vec![started(3), completed(3)]]);
+    let all = segments(&store);
+    let (last_key, last) = all[2].clone();
+    store.put(&last_key, &last[..last.len() - 5]).unwrap();
+    let r = read(&store).unwrap();
+    assert_eq!(r.events.len(), 2, "the torn segment's events are skipped");
+    let torn = r.torn.expect("torn tail reported");
+    assert_eq!(torn.segment, 2);
+    assert!(torn.reason.is_torn());
+
+    let (mid_key, mid) = all[1].clone();
+    store.put(&mid_key, &mid[..10]).unwrap();
+    let err = read(&store).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { segment: 1, .. }), "{err}");
+}
+
+#[test]
+fn wrong_magic_version_and_misplaced_segments_are_errors() {
+    let store = write(&[vec![started(1)], vec![started(2)]]);
+    let all = segments(&store);
+
+    let mut bad = all[0].1.clone();
+    bad[..4].copy_from_slice(b"JUNK");
+    store.put(&all[0].0, &bad).unwrap();
+    let text = read(&store).unwrap_err().to_string();
+    assert!(text.contains("magic") && text.contains("segment 0"), "{text}");
+
+    let mut v9 = all[0].1.clone();
+    v9[4] = 9;
+    store.put(&all[0].0, &v9).unwrap();
+    let text = read(&store).unwrap_err().to_string();
+    assert!(text.contains("version 9"), "{text}");
+
+    // Segment 1's bytes stored under segment 0's key: sound frame, wrong place.
+    store.put(&all[0].0, &all[1].1).unwrap();
+    let text = read(&store).unwrap_err().to_string();
+    assert!(text.contains("says it is v0 segment 1"), "{text}");
+
+    store.put(&segment_key(VnodeId(0), 0), &all[0].1).unwrap();
+    assert_eq!(read(&store).unwrap().events.len(), 2, "restored");
+}
+
+#[test]
+fn a_reopened_log_continues_after_its_segments() {
+    let store = write(&[vec![started(1)], vec![started(2)]]);
+    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    assert_eq!((log.appended(), log.durable()), (2, 2));
+    log.append(&started(3)).unwrap();
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+    let r = read(&store).unwrap();
+    assert_eq!(r.segments, 3);
+    assert_eq!(r.events.len(), 3);
+}
+
+#[test]
+fn a_log_outliving_its_writer_errors_instead_of_hanging() {
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::start(store, 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    writer.shutdown().unwrap();
+    log.append(&started(1)).unwrap();
+    assert!(log.sync().is_err());
+}
+
+#[test]
+fn a_manifest_is_required_to_read_a_run() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let err = LogReader::new(store.clone()).manifest().unwrap_err();
+    assert!(matches!(err, LogError::NotALog(_)), "{err}");
+    store.put(MANIFEST_KEY, b"VFMF garbage").unwrap();
+    let err = LogReader::new(store).manifest().unwrap_err();
+    assert!(err.to_string().contains("manifest"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the batching and the repeats, the reader returns each key once, in the order
+    /// of first appearance.
+    #[test]
+    fn reading_back_is_set_semantics(
+        picks in proptest::collection::vec((0u128..40, any::<bool>()), 0..200),
+        cuts in proptest::collection::vec(0usize..200, 0..10),
+    ) {
+        let events: Vec<Event> =
+            picks.iter().map(|&(i, s)| if s { started(i) } else { completed(i) }).collect();
+        let mut batches = vec![Vec::new()];
+        for (n, e) in events.iter().enumerate() {
+            if cuts.contains(&n) {
+                batches.push(Vec::new());
+            }
+            batches.last_mut().unwrap().push(e.clone());
+        }
+        let store = write(&batches);
+        let got: Vec<EventKey> = read(&store).unwrap().events.iter().map(|e| e.event.key()).collect();
+        let mut want = Vec::new();
+        for e in &events {
+            if !want.contains(&e.key()) {
+                want.push(e.key());
+            }
+        }
+        prop_assert_eq!(got, want);
+    }
+}

@@ -5,16 +5,18 @@
 //! 1. Messages are addressed to vnodes, never to processes.
 //! 2. Delivery may lose, delay or duplicate messages: the protocol above resends what matters
 //!    until acknowledged and ignores duplicates (`exec/vnode.rs`). The in-process transport
-//!    happens to be reliable and ordered; tests that need faults wrap it.
+//!    happens to be reliable and ordered; tests wrap it in [`LossyTransport`].
 //! 3. Every envelope carries the sender's epoch, so messages from a vnode declared dead can be
 //!    told apart from its replacement's.
 
 mod inproc;
+mod lossy;
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 pub use inproc::InProcTransport;
+pub use lossy::LossyTransport;
 
 use crate::ids::{DataId, Epoch, TaskId, VnodeId};
 use crate::log::{Declared, Output};
