@@ -19,4 +19,4 @@
 
 mod store;
 
-pub use store::{MemoryStore, SledStore, Store, StoreError};
+pub use store::{MemoryStore, Pairs, SledStore, Store, StoreError};

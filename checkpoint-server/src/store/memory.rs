@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Store, StoreError};
+use super::{Pairs, Store, StoreError};
 
 /// A store in RAM (tests, and runs with nothing to survive).
 #[derive(Debug, Default)]
@@ -37,7 +37,7 @@ impl Store for MemoryStore {
         Ok(self.map().get(key).cloned())
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         let m = self.map();
         Ok(m.range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))

@@ -37,6 +37,9 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// Key-value pairs, as returned by [`Store::scan_prefix`].
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A key-value store of opaque byte records (rules 1-3 in the crate docs).
 pub trait Store: Send + Sync + 'static {
     /// Stores `value` under `key`, replacing any previous value; durable after [`Store::flush`].
@@ -46,7 +49,7 @@ pub trait Store: Send + Sync + 'static {
     /// The value under `key`, if any.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Every pair whose key starts with `prefix`, in key order.
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError>;
     /// Removes `key`; durable after [`Store::flush`].
     fn delete(&self, key: &[u8]) -> Result<(), StoreError>;
     /// Returns once everything written before is on stable storage.
@@ -96,7 +99,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("plain");
         std::fs::write(&f, b"not a database").unwrap();
-        let err = SledStore::open(&f).err().expect("must fail");
+        let err = SledStore::open(&f).expect_err("must fail");
         assert!(matches!(err, StoreError::Open { .. }), "{err}");
     }
 }

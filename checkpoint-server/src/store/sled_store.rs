@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Store, StoreError};
+use super::{Pairs, Store, StoreError};
 
 /// A sled database in one directory.
 #[derive(Debug, Clone)]
@@ -68,7 +68,7 @@ impl Store for SledStore {
         Ok(self.db.get(key)?.map(|v| v.to_vec()))
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         self.db
             .scan_prefix(prefix)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(StoreError::from))

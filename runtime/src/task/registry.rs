@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use super::{Boxed, ErasedTask, InputSet, OutputSet, Task};
 use crate::codec::{self, CodecError};
 
+type Decoder = fn(&[u8]) -> Result<Box<dyn ErasedTask>, CodecError>;
+
 /// What the runtime knows of a registered task type.
 #[derive(Clone, Copy)]
 pub struct TaskKind {
@@ -14,7 +16,7 @@ pub struct TaskKind {
     type_name: &'static str,
     inputs: Option<usize>,
     outputs: usize,
-    decode: fn(&[u8]) -> Result<Box<dyn ErasedTask>, CodecError>,
+    decode: Decoder,
     debug_output: fn(usize, &[u8]) -> Option<String>,
 }
 

@@ -1,6 +1,6 @@
 //! The in-process transport: one channel per vnode.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -55,9 +55,7 @@ impl Endpoint for InProcEndpoint {
     }
 
     fn recv_timeout(&mut self, timeout: Duration) -> Option<Envelope> {
-        match self.inbox.recv_timeout(timeout) {
-            Ok(e) => Some(e),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        // Timeout or disconnected: nothing to deliver either way.
+        self.inbox.recv_timeout(timeout).ok()
     }
 }
