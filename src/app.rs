@@ -179,7 +179,11 @@ impl<P: Program> App<P> {
         let result = match cli.command {
             Command::Run(args) => {
                 if let Err(e) = args.program.validate() {
-                    let err = cmd.error(clap::error::ErrorKind::ArgumentConflict, e.0);
+                    let kind = clap::error::ErrorKind::ArgumentConflict;
+                    let err = match cmd.find_subcommand_mut("run") {
+                        Some(run) => run.error(kind, e.0),
+                        None => cmd.error(kind, e.0),
+                    };
                     let _ = err.print();
                     return ExitCode::from(2);
                 }
