@@ -2,12 +2,15 @@
 //!
 //! Rules:
 //!
-//! 1. Every stored record is a *frame*: `magic (4) | version (u16 LE) | flags (u16, 0) |
+//! 1. Every stored record is a *frame*: `magic (4) | version (u16 LE) | header check (u16 LE) |
 //!    payload length (u32 LE) | blake3 digest (32) of everything before it and the payload |
-//!    payload`. [`unframe`] checks them in that order and says which failed.
+//!    payload`. The header check (two bytes of blake3 over magic, version and length) lets a
+//!    reader trust the length before it has the payload. [`unframe`] checks them in that order
+//!    and says which failed.
 //! 2. Lengths are checked against a limit and against the bytes actually there *before*
-//!    anything is allocated; a payload shorter than its header says is [`FrameError::Truncated`]
-//!    (a torn write), distinct from a digest mismatch (corruption).
+//!    anything is allocated; a payload shorter than a sound header says is
+//!    [`FrameError::Truncated`] (a torn write), distinct from a damaged header or a digest
+//!    mismatch (corruption).
 //! 3. Values inside payloads are postcard (serde), whose format is stable and documented.
 //!    Nothing else in the workspace calls postcard directly.
 //!
@@ -87,6 +90,9 @@ pub enum FrameError {
         /// The limit.
         limit: u64,
     },
+    /// The header's own check fails: its length cannot be trusted (corruption, not a tear).
+    #[error("header check mismatch (the frame header was corrupted)")]
+    HeaderMismatch,
     /// Fewer payload bytes than declared: a torn write.
     #[error("torn frame: header declares {declared} payload bytes, {available} present")]
     Truncated {
@@ -133,10 +139,20 @@ pub fn seal_frame(magic: [u8; 4], buf: &mut [u8]) {
     let payload_len = u32::try_from(buf.len() - HEADER_LEN).expect("frames are under 4 GiB");
     buf[0..4].copy_from_slice(&magic);
     buf[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    buf[6..8].copy_from_slice(&0u16.to_le_bytes());
     buf[8..12].copy_from_slice(&payload_len.to_le_bytes());
+    let check = header_check(buf);
+    buf[6..8].copy_from_slice(&check);
     let digest = frame_digest(&buf[..12], &buf[HEADER_LEN..]);
     buf[12..HEADER_LEN].copy_from_slice(&digest);
+}
+
+/// Rule 1: two bytes of blake3 over magic, version and length (bytes 0..6 and 8..12).
+fn header_check(head: &[u8]) -> [u8; 2] {
+    let mut h = blake3::Hasher::new();
+    h.update(&head[0..6]);
+    h.update(&head[8..12]);
+    let d = h.finalize();
+    [d.as_bytes()[0], d.as_bytes()[1]]
 }
 
 fn frame_digest(head: &[u8], payload: &[u8]) -> [u8; 32] {
@@ -161,6 +177,9 @@ pub fn unframe(magic: [u8; 4], bytes: &[u8], limit: u64) -> Result<&[u8], FrameE
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != FORMAT_VERSION {
         return Err(FrameError::Version { found: version });
+    }
+    if bytes[6..8] != header_check(bytes) {
+        return Err(FrameError::HeaderMismatch);
     }
     let declared = u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]));
     if declared > limit {
@@ -221,13 +240,13 @@ mod tests {
         assert!(torn.is_torn(), "{torn}");
         assert!(unframe(M, &f[..10], 100).unwrap_err().is_torn());
         for i in 0..f.len() {
-            if (4..8).contains(&i) {
+            if (4..6).contains(&i) {
                 continue; // version bytes: a different error, checked below
             }
             let mut bad = f.clone();
             bad[i] ^= 0x40;
-            let e = unframe(M, &bad, 100).unwrap_err();
-            assert!(!matches!(e, FrameError::TooShort { .. }), "byte {i}: {e}");
+            let e = unframe(M, &bad, 1 << 20).unwrap_err();
+            assert!(!e.is_torn(), "byte {i}: a flipped byte must not pass for a tear: {e}");
         }
         let mut v2 = f.clone();
         v2[4] = 2;

@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 
 use super::{Pairs, Store, StoreError};
 
+/// Retries of [`SledStore::open`] while the lock is still held: 20 × 50 ms = 1 s, far above
+/// the few milliseconds seen, far below a user's patience.
+const LOCK_RETRIES: u32 = 20;
+const LOCK_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A sled database in one directory.
 #[derive(Debug, Clone)]
 pub struct SledStore {
@@ -22,13 +27,23 @@ impl SledStore {
         if path.exists() && !path.is_dir() {
             return Err(open_err("not a directory".to_string()));
         }
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(path)
             .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| open_err(e.to_string()))?;
-        Ok(Self { db, path: path.to_path_buf() })
+            .mode(sled::Mode::HighThroughput);
+        // sled's file lock can outlive the last handle by a moment (its background thread lets
+        // go of the database last), so reopening right after a drop may briefly find it held.
+        let mut tries = 0;
+        loop {
+            match config.open() {
+                Ok(db) => return Ok(Self { db, path: path.to_path_buf() }),
+                Err(e) if tries < LOCK_RETRIES && e.to_string().contains("lock") => {
+                    tries += 1;
+                    std::thread::sleep(LOCK_RETRY_DELAY);
+                }
+                Err(e) => return Err(open_err(e.to_string())),
+            }
+        }
     }
 
     /// Opens an existing store in `path` and fails if there is none (for readers: `inspect`,

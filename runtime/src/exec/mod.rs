@@ -374,10 +374,10 @@ impl Runtime {
         let mut error = shared.take_error();
         let mut stats = Vec::with_capacity(vnodes.len());
         for v in &mut vnodes {
-            if error.is_none() {
-                if let Err(e) = v.finish() {
-                    error = Some(e);
-                }
+            // Rule 6, after a failure too: what was logged stays (best effort then).
+            let synced = v.finish();
+            if let (None, Err(e)) = (&error, synced) {
+                error = Some(e);
             }
             stats.push(v.stats.clone());
         }

@@ -178,8 +178,8 @@ impl Vnode {
     /// Seals and waits until the log is durable; counts the events.
     pub(crate) fn finish(&mut self) -> Result<(), RunError> {
         if let Some(log) = &mut self.core.log {
-            log.sync()?;
             self.stats.events = log.appended();
+            log.sync()?;
         }
         Ok(())
     }

@@ -264,8 +264,8 @@ impl VnodeLog {
 
     /// Seals the open batch (if any) and hands it to the writer.
     pub fn seal(&mut self) -> Result<(), LogError> {
-        if let Some(e) = self.shared.error() {
-            return Err(LogError::Stopped(e));
+        if self.shared.error().is_some() {
+            return Err(self.stopped("the log writer has stopped"));
         }
         if self.builder.count() == 0 {
             return Ok(());
@@ -279,12 +279,21 @@ impl VnodeLog {
                 last_seq: self.next_seq,
                 bytes,
             }))
-            .map_err(|_| LogError::Stopped("the log writer has stopped".to_string()))?;
+            .map_err(|_| self.stopped("the log writer has stopped"))?;
         self.next_segno += 1;
         self.first_seq = self.next_seq;
         self.keys.clear();
         self.opened_at = None;
         Ok(())
+    }
+
+    /// Rule 5: the store's error if the writer kept one (it records it before it exits, so
+    /// after a failed send this finds it), else `Stopped` with `why`.
+    fn stopped(&self, why: &str) -> LogError {
+        match self.shared.error() {
+            Some(e) => LogError::Store(e),
+            None => LogError::Stopped(why.to_string()),
+        }
     }
 
     /// Sealed or open events not yet durable.
@@ -313,11 +322,9 @@ impl VnodeLog {
         let target = self.next_seq;
         let mut flushed = self.shared.flushed.lock().unwrap_or_else(|p| p.into_inner());
         while self.durable() < target {
-            if let Some(e) = self.shared.error() {
-                return Err(LogError::Stopped(e));
-            }
-            if self.shared.closed.load(Ordering::SeqCst) && self.durable() < target {
-                return Err(LogError::Stopped("the log writer has shut down".to_string()));
+            let closed = self.shared.closed.load(Ordering::SeqCst);
+            if self.shared.error().is_some() || closed {
+                return Err(self.stopped("the log writer has shut down"));
             }
             flushed = self
                 .shared
