@@ -1,0 +1,353 @@
+//! veriflow-bench: the measurements behind the numbers in the papers.
+//!
+//! - the `paper` binary (`cargo run --release -p veriflow-bench --bin paper -- overhead`)
+//!   measures the cost of the durable event log on knary (S1 against the S0 baseline without a
+//!   log) and the empty-task throughput against rayon;
+//! - the `micro` criterion bench measures hot paths (id derivation, codec, a small run).
+//!
+//! This library holds what both share: one knary run on a fresh runtime ([`run_knary`]), the
+//! same tree built with `rayon::scope` ([`rayon_tree`]) and small statistics ([`Stats`]).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use veriflow::{Program, Registry, Runtime, SledStore, Store};
+
+/// The shape of a knary tree (the program's parameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Shape {
+    /// Depth n (1 = a single leaf).
+    pub depth: u32,
+    /// Branching factor k.
+    pub fanout: u32,
+    /// Children of every node that run one after the other.
+    pub serial: u32,
+    /// Busy loop of every node, in µs.
+    pub grain_us: u64,
+}
+
+impl Shape {
+    /// The knary program with these parameters.
+    pub fn program(&self) -> knary::Knary {
+        knary::Knary {
+            depth: self.depth,
+            fanout: self.fanout,
+            serial: self.serial,
+            grain_us: self.grain_us,
+        }
+    }
+
+    /// Nodes of the tree.
+    pub fn nodes(&self) -> Result<u64> {
+        knary::expected_nodes(self.depth, self.fanout)
+            .with_context(|| format!("tree too big: {self:?}"))
+    }
+
+    /// Tasks of a veriflow run: nodes plus one `Sum` per internal node.
+    pub fn tasks(&self) -> Result<u64> {
+        knary::expected_tasks(self.depth, self.fanout)
+            .with_context(|| format!("tree too big: {self:?}"))
+    }
+}
+
+/// Whether a run logs: the two settings paper 001 compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Setting {
+    /// S0: no log at all (`--no-checkpoint`).
+    S0,
+    /// S1: every task's events logged durably in a fresh sled store, with group commit.
+    S1,
+}
+
+/// What one knary run measured.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct KnaryRun {
+    /// Wall time of `Runtime::run`, as the runtime reports it: from the root's declaration
+    /// until every event is durable (building the runtime and opening the store excluded).
+    pub elapsed: Duration,
+    /// Tasks completed.
+    pub tasks: u64,
+    /// Events logged (0 in S0).
+    pub events: u64,
+    /// Steals (tasks adopted from another vnode).
+    pub steals: u64,
+    /// CPU seconds that other processes used on the machine during the run (see
+    /// [`CpuSnapshot`]); `None` where `/proc` is not readable.
+    pub foreign_cpu_s: Option<f64>,
+    /// CPU seconds this process used during the run (workers, log writer, sled).
+    pub cpu_s: Option<f64>,
+}
+
+/// The registry of the knary program.
+pub fn knary_registry() -> Result<Registry> {
+    let mut registry = Registry::new();
+    <knary::Knary as Program>::register(&mut registry).context("registering knary's tasks")?;
+    Ok(registry)
+}
+
+/// Runs knary once on a fresh runtime of `threads` threads; in [`Setting::S1`] the log goes to
+/// a fresh sled store in a new temporary directory under `scratch` (removed afterwards).
+/// Fails if the result is not the tree's node count.
+pub fn run_knary(
+    shape: Shape,
+    setting: Setting,
+    threads: usize,
+    scratch: &Path,
+) -> Result<KnaryRun> {
+    let mut builder = Runtime::builder(knary_registry()?)
+        .program(<knary::Knary as Program>::NAME)
+        .threads(threads);
+    // Kept alive until the run is over, then removed.
+    let mut dir = None;
+    match setting {
+        Setting::S0 => builder = builder.checkpoint(false),
+        Setting::S1 => {
+            let d = tempfile::Builder::new()
+                .prefix("veriflow-bench-")
+                .tempdir_in(scratch)
+                .with_context(|| {
+                    format!("cannot create a log directory in {}", scratch.display())
+                })?;
+            let store: Arc<dyn Store> =
+                Arc::new(SledStore::open(d.path()).with_context(|| {
+                    format!("cannot open a sled store in {}", d.path().display())
+                })?);
+            builder = builder.store(store).checkpoint(true);
+            dir = Some(d);
+        }
+    }
+    let runtime = builder.build().context("building the runtime")?;
+    let (root, inputs) = shape.program().root();
+    let before = CpuSnapshot::now();
+    let report = runtime.run(root, inputs);
+    let foreign_cpu_s = CpuSnapshot::foreign_since(before);
+    let cpu_s = CpuSnapshot::own_since(before);
+    let report = report.with_context(|| format!("knary run {shape:?} {setting:?}"))?;
+    let expected = shape.nodes()?;
+    if report.outputs.0 != expected {
+        bail!(
+            "knary {shape:?} {setting:?}: counted {} nodes, expected {expected}",
+            report.outputs.0
+        );
+    }
+    if setting == Setting::S1 && report.events == 0 {
+        bail!("knary {shape:?} in S1 logged no events");
+    }
+    drop(runtime);
+    if let Some(d) = dir {
+        let path = d.path().to_path_buf();
+        d.close()
+            .with_context(|| format!("cannot remove the log directory {}", path.display()))?;
+    }
+    Ok(KnaryRun {
+        elapsed: report.elapsed,
+        tasks: report.tasks,
+        events: report.events,
+        steals: report.vnodes.iter().map(|s| s.adopted).sum(),
+        foreign_cpu_s,
+        cpu_s,
+    })
+}
+
+/// One node of the rayon tree: spawns its `fanout` children with `scope.spawn` in a scope of
+/// its own, waits for them, and returns the nodes of its subtree (like knary's `Node` + `Sum`).
+fn rayon_node(depth: u32, fanout: u32, grain: Duration) -> u64 {
+    knary::spin(grain);
+    if depth <= 1 {
+        return 1;
+    }
+    let sum = AtomicU64::new(1);
+    rayon::scope(|s| {
+        for _ in 0..fanout {
+            let sum = &sum;
+            s.spawn(move |_| {
+                sum.fetch_add(rayon_node(depth - 1, fanout, grain), Ordering::Relaxed);
+            });
+        }
+    });
+    sum.into_inner()
+}
+
+/// What one rayon run measured.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct RayonRun {
+    /// Nodes counted.
+    pub nodes: u64,
+    /// Wall time of `pool.install`.
+    pub elapsed: Duration,
+    /// CPU seconds other processes used during the run (see [`CpuSnapshot`]).
+    pub foreign_cpu_s: Option<f64>,
+}
+
+/// Builds the knary tree `shape` (serial children ignored: all run in parallel) on `pool` with
+/// one `rayon::scope` + `spawn` per child, each node spinning its grain.
+pub fn rayon_tree(pool: &rayon::ThreadPool, shape: Shape) -> RayonRun {
+    let grain = Duration::from_micros(shape.grain_us);
+    let before = CpuSnapshot::now();
+    let t0 = Instant::now();
+    let nodes = pool.install(|| rayon_node(shape.depth, shape.fanout, grain));
+    let elapsed = t0.elapsed();
+    RayonRun {
+        nodes,
+        elapsed,
+        foreign_cpu_s: CpuSnapshot::foreign_since(before),
+    }
+}
+
+/// Linux clock ticks per second of `/proc/stat` and `/proc/self/stat` (USER_HZ, 100 on every
+/// Linux architecture we run on).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time used so far by the whole machine and by this process (from `/proc`), to tell how
+/// much other processes competed with a measurement: on a 2-core machine a concurrent build
+/// can halve the cores a run gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuSnapshot {
+    /// Busy ticks of all CPUs (user, nice, system, irq, softirq, steal).
+    machine_busy: u64,
+    /// User + system ticks of this process (all its threads, live and exited).
+    own: u64,
+}
+
+impl CpuSnapshot {
+    /// The counters now; `None` where `/proc` is not readable (not Linux).
+    pub fn now() -> Option<CpuSnapshot> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal ...
+        let machine_busy = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| cpu.get(i)).sum();
+        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces) in parentheses.
+        let rest: Vec<&str> = own_stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let utime: u64 = rest.get(11)?.parse().ok()?;
+        let stime: u64 = rest.get(12)?.parse().ok()?;
+        Some(CpuSnapshot {
+            machine_busy,
+            own: utime + stime,
+        })
+    }
+
+    /// CPU seconds this process used since `before` (ticks are 10 ms).
+    pub fn own_since(before: Option<CpuSnapshot>) -> Option<f64> {
+        let (before, now) = (before?, CpuSnapshot::now()?);
+        Some(now.own.saturating_sub(before.own) as f64 / USER_HZ)
+    }
+
+    /// CPU seconds other processes used since `before` (0 at best; ticks are 10 ms).
+    pub fn foreign_since(before: Option<CpuSnapshot>) -> Option<f64> {
+        let (before, now) = (before?, CpuSnapshot::now()?);
+        let machine = now.machine_busy.saturating_sub(before.machine_busy);
+        let own = now.own.saturating_sub(before.own);
+        Some(machine.saturating_sub(own) as f64 / USER_HZ)
+    }
+}
+
+/// Waits until other processes use less than `max_cores` cores over a 1 s window, for at most
+/// `limit`; returns whether the machine got quiet (`true` too when `/proc` is unreadable).
+pub fn wait_for_quiet(limit: Duration, max_cores: f64) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let before = CpuSnapshot::now();
+        std::thread::sleep(Duration::from_secs(1));
+        match CpuSnapshot::foreign_since(before) {
+            None => return true,
+            Some(foreign) if foreign < max_cores => return true,
+            Some(_) if Instant::now() >= deadline => return false,
+            Some(_) => {}
+        }
+    }
+}
+
+/// Median, minimum and maximum of a sample.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Stats {
+    /// Median (mean of the two middle values for an even count).
+    pub median: f64,
+    /// Smallest value.
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl Stats {
+    /// The statistics of `values`; `None` when empty.
+    pub fn of(values: &[f64]) -> Option<Stats> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Stats {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats() {
+        let s = Stats::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Stats::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert!(Stats::of(&[]).is_none());
+    }
+
+    #[test]
+    fn rayon_counts_the_knary_nodes() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let shape = Shape {
+            depth: 4,
+            fanout: 3,
+            serial: 0,
+            grain_us: 0,
+        };
+        assert_eq!(rayon_tree(&pool, shape).nodes, shape.nodes().unwrap());
+    }
+
+    #[test]
+    fn cpu_snapshot_reads_proc() {
+        if let Some(before) = CpuSnapshot::now() {
+            assert!(CpuSnapshot::foreign_since(Some(before)).unwrap() >= 0.0);
+        }
+    }
+
+    #[test]
+    fn both_settings_run() {
+        let scratch = tempfile::tempdir().unwrap();
+        let shape = Shape {
+            depth: 3,
+            fanout: 3,
+            serial: 1,
+            grain_us: 0,
+        };
+        let s0 = run_knary(shape, Setting::S0, 2, scratch.path()).unwrap();
+        let s1 = run_knary(shape, Setting::S1, 2, scratch.path()).unwrap();
+        assert_eq!(s0.tasks, shape.tasks().unwrap());
+        assert_eq!(s1.tasks, shape.tasks().unwrap());
+        assert_eq!(s0.events, 0);
+        assert!(s1.events >= 3 * s1.tasks);
+    }
+}
