@@ -149,12 +149,14 @@ impl Vnode {
             self.run_task(task)?;
             ran += 1;
             worked |= self.poll()?;
+            // Between any two tasks, not only at the end of the step: a message may wait for
+            // durability (rule 6) but never for the rest of a step of long tasks.
+            self.between_tasks()?;
         }
         worked |= ran > 0;
-        self.queue_returns();
+        self.between_tasks()?;
         let now = self.clock.now();
         if let Some(log) = &mut self.core.log {
-            log.tick(now)?;
             if self.core.ready.is_empty() {
                 log.seal()?; // idle: let durability catch up (log/mod.rs rule 2)
             }
@@ -165,6 +167,20 @@ impl Vnode {
         worked |= self.release_held()?;
         self.resend(now)?;
         Ok(worked)
+    }
+
+    /// Queues returns, ages the open batch, sends what became durable.
+    fn between_tasks(&mut self) -> Result<(), RunError> {
+        if !self.core.returns.is_empty() {
+            self.queue_returns();
+        }
+        if let Some(log) = &mut self.core.log {
+            log.tick(self.clock.now())?;
+        }
+        if !self.held.is_empty() {
+            self.release_held()?;
+        }
+        Ok(())
     }
 
     /// Blocks up to `timeout` for a message (idle).
