@@ -447,9 +447,14 @@ impl Vnode {
         if self.held.is_empty() {
             return Ok(false);
         }
+        let waiting_for = self.held.back().map_or(0, |h| h.0);
         let durable = match &mut self.core.log {
             Some(log) => {
-                log.seal()?;
+                // Seal only when a held message waits for the open batch: sealing on every
+                // call would cut one-event segments between short tasks.
+                if waiting_for > log.sealed() {
+                    log.seal()?;
+                }
                 log.durable()
             }
             None => u64::MAX,

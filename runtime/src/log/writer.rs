@@ -296,6 +296,11 @@ impl VnodeLog {
         }
     }
 
+    /// Events with a sequence number at or below this are sealed (handed to the writer).
+    pub fn sealed(&self) -> u64 {
+        self.first_seq
+    }
+
     /// Sealed or open events not yet durable.
     pub fn pending(&self) -> u64 {
         self.next_seq - self.durable()
