@@ -79,7 +79,11 @@ enum CliError {
     #[error(transparent)]
     Wrong(#[from] WrongResult),
     #[error("{what} {path}: {source}")]
-    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Parser, Debug)]
@@ -204,7 +208,10 @@ impl<P: Program> App<P> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("VERIFLOW_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn registry<P: Program>() -> Result<Registry, RegistryError> {
@@ -297,7 +304,10 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs) -> Result<(), CliError> {
             report.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
         );
         match &log_dir_text {
-            Some(d) => println!("events: {} logged, all durable; log dir: {d}", report.events),
+            Some(d) => println!(
+                "events: {} logged, all durable; log dir: {d}",
+                report.events
+            ),
             None => println!("events: none (--no-checkpoint)"),
         }
     }

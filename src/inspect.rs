@@ -69,7 +69,12 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
     let mut terminal: Vec<TerminalValue> = manifest
         .terminal
         .iter()
-        .map(|&id| TerminalValue { id, value: None, digest: None, vnode: None })
+        .map(|&id| TerminalValue {
+            id,
+            value: None,
+            digest: None,
+            vnode: None,
+        })
         .collect();
     let root_kind = registry.get(&manifest.root_name).copied();
     for log in &logs {
@@ -92,20 +97,25 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
                         e.offset
                     )
                 };
-                let kind = registry.get(&r.name).ok_or_else(|| RunError::UnknownTaskName {
-                    name: r.name.to_string(),
-                    context: place(),
-                })?;
-                kind.check_args(&r.args).map_err(|err| RunError::InputDecode {
-                    task: r.name.to_string(),
-                    id: r.task,
-                    input: usize::MAX,
-                    reason: format!("arguments in {} do not decode: {err}", place()),
-                })?;
+                let kind = registry
+                    .get(&r.name)
+                    .ok_or_else(|| RunError::UnknownTaskName {
+                        name: r.name.to_string(),
+                        context: place(),
+                    })?;
+                kind.check_args(&r.args)
+                    .map_err(|err| RunError::InputDecode {
+                        task: r.name.to_string(),
+                        id: r.task,
+                        input: usize::MAX,
+                        reason: format!("arguments in {} do not decode: {err}", place()),
+                    })?;
             }
             let outputs = match &e.event {
                 Event::Completed { outputs, .. } => outputs.as_slice(),
-                Event::Returned { output } | Event::Input { output } => std::slice::from_ref(output),
+                Event::Returned { output } | Event::Input { output } => {
+                    std::slice::from_ref(output)
+                }
                 _ => &[],
             };
             for o in outputs {
@@ -125,17 +135,28 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
             events: log.events.len() as u64,
             durable_seq: log.durable_seq,
             duplicates: log.duplicates,
-            torn: log.torn.as_ref().map(|t| format!("segment {}: {}", t.segment, t.reason)),
+            torn: log
+                .torn
+                .as_ref()
+                .map(|t| format!("segment {}: {}", t.segment, t.reason)),
             kinds,
         });
     }
     let graph = FlowGraph::from_logs(&logs);
-    Ok(Inspection { manifest, vnodes, terminal, graph })
+    Ok(Inspection {
+        manifest,
+        vnodes,
+        terminal,
+        graph,
+    })
 }
 
 fn total(vnodes: &[VnodeSummary], kind: EventKind) -> u64 {
     let k = format!("{kind:?}");
-    vnodes.iter().map(|v| v.kinds.get(&k).copied().unwrap_or(0)).sum()
+    vnodes
+        .iter()
+        .map(|v| v.kinds.get(&k).copied().unwrap_or(0))
+        .sum()
 }
 
 impl Inspection {
@@ -182,12 +203,24 @@ impl Inspection {
             "run: {}  root {} ({})  status: {:?}  vnodes: {}  seed: {}",
             m.program, m.root, m.root_name, m.status, m.vnodes, m.seed
         );
-        let _ = writeln!(s, "tasks: {declared} declared, {started} started, {completed} completed");
+        let _ = writeln!(
+            s,
+            "tasks: {declared} declared, {started} started, {completed} completed"
+        );
         let _ = writeln!(
             s,
             "{:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>5}  torn",
-            "vnode", "segments", "events", "durable", "declared", "started", "completed",
-            "stolen", "adopted", "returned", "dups"
+            "vnode",
+            "segments",
+            "events",
+            "durable",
+            "declared",
+            "started",
+            "completed",
+            "stolen",
+            "adopted",
+            "returned",
+            "dups"
         );
         for v in &self.vnodes {
             let k = |kind: EventKind| v.kinds.get(&format!("{kind:?}")).copied().unwrap_or(0);

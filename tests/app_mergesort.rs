@@ -9,6 +9,8 @@
 //!
 //! Both are checked against a sequential reference on 1, 2 and 4 vnodes, with and without a log.
 
+mod common;
+
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
@@ -16,8 +18,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use veriflow::runtime::codec;
 use veriflow::{
-    Ctx, Event, EventKind, LogReader, MemoryStore, Registry, RunReport, RunStatus, Runtime, Store,
-    Task, TaskResult, Writes,
+    Ctx, Event, EventKind, LogReader, MemoryStore, Registry, RunReport, RunStatus, Store, Task,
+    TaskResult, Writes,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -138,23 +140,7 @@ fn msort_tasks(n: usize, cutoff: usize) -> u64 {
     }
 }
 
-fn runtime(
-    registry: Registry,
-    program: &str,
-    vnodes: u32,
-    seed: u64,
-    store: Option<Arc<dyn Store>>,
-) -> Runtime {
-    let mut b = Runtime::builder(registry)
-        .program(program)
-        .threads(2)
-        .vnodes(vnodes)
-        .seed(seed);
-    if let Some(s) = store {
-        b = b.store(s);
-    }
-    b.build().unwrap()
-}
+use common::runtime;
 
 /// Checks what a logged run left: the program input and the terminal value, both decoded.
 fn check_log<O: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(

@@ -4,6 +4,8 @@
 //! a root with no output at all, and a long delegation chain. Each checked on 1, 2 and 4 vnodes,
 //! with the log read back through the facade's `inspect`.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -188,15 +190,7 @@ fn registry() -> Registry {
 }
 
 fn runtime(vnodes: u32, seed: u64, store: Option<Arc<dyn Store>>) -> Runtime {
-    let mut b = Runtime::builder(registry())
-        .program("shapes")
-        .threads(2)
-        .vnodes(vnodes)
-        .seed(seed);
-    if let Some(s) = store {
-        b = b.store(s);
-    }
-    b.build().unwrap()
+    common::runtime(registry(), "shapes", vnodes, seed, store)
 }
 
 /// Tasks of `Effect(i)` and its descendants.

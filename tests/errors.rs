@@ -1,6 +1,8 @@
 //! Every way a program can be wrong is an error value naming what went wrong (task/mod.rs rules
 //! 3, 6 and 7), the pool survives it, and the runtime runs a good program afterwards.
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,15 +166,7 @@ fn good_sum() -> u64 {
 }
 
 fn runtime(vnodes: u32, seed: u64, store: Option<Arc<dyn Store>>) -> Runtime {
-    let mut b = Runtime::builder(registry())
-        .program(PROGRAM)
-        .threads(2)
-        .vnodes(vnodes)
-        .seed(seed);
-    if let Some(s) = store {
-        b = b.store(s);
-    }
-    b.build().unwrap()
+    common::runtime(registry(), PROGRAM, vnodes, seed, store)
 }
 
 /// The id of the bad leaf: child `BAD` of the root.

@@ -109,7 +109,10 @@ pub enum FrameError {
 impl FrameError {
     /// Whether this is what a crash in the middle of a write leaves (rule 2).
     pub fn is_torn(&self) -> bool {
-        matches!(self, FrameError::TooShort { .. } | FrameError::Truncated { .. })
+        matches!(
+            self,
+            FrameError::TooShort { .. } | FrameError::Truncated { .. }
+        )
     }
 }
 
@@ -167,12 +170,20 @@ pub fn unframe(magic: [u8; 4], bytes: &[u8], limit: u64) -> Result<&[u8], FrameE
     if bytes.len() < HEADER_LEN {
         // A torn header that still starts with a wrong magic is not ours at all.
         if bytes.len() >= 4 && bytes[..4] != magic {
-            return Err(FrameError::BadMagic { found: first4(bytes), expected: magic });
+            return Err(FrameError::BadMagic {
+                found: first4(bytes),
+                expected: magic,
+            });
         }
-        return Err(FrameError::TooShort { available: bytes.len() });
+        return Err(FrameError::TooShort {
+            available: bytes.len(),
+        });
     }
     if bytes[..4] != magic {
-        return Err(FrameError::BadMagic { found: first4(bytes), expected: magic });
+        return Err(FrameError::BadMagic {
+            found: first4(bytes),
+            expected: magic,
+        });
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != FORMAT_VERSION {
@@ -181,13 +192,18 @@ pub fn unframe(magic: [u8; 4], bytes: &[u8], limit: u64) -> Result<&[u8], FrameE
     if bytes[6..8] != header_check(bytes) {
         return Err(FrameError::HeaderMismatch);
     }
-    let declared = u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]));
+    let declared = u64::from(u32::from_le_bytes([
+        bytes[8], bytes[9], bytes[10], bytes[11],
+    ]));
     if declared > limit {
         return Err(FrameError::TooLarge { declared, limit });
     }
     let available = (bytes.len() - HEADER_LEN) as u64;
     if available < declared {
-        return Err(FrameError::Truncated { declared, available });
+        return Err(FrameError::Truncated {
+            declared,
+            available,
+        });
     }
     let end = HEADER_LEN + declared as usize;
     let digest = frame_digest(&bytes[..12], &bytes[HEADER_LEN..end]);
@@ -219,7 +235,10 @@ pub fn encode_into<T: Serialize + ?Sized>(value: &T, buf: &mut Vec<u8>) -> Resul
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let (value, rest) = postcard::take_from_bytes(bytes)?;
     if !rest.is_empty() {
-        return Err(CodecError(format!("{} trailing bytes after the value", rest.len())));
+        return Err(CodecError(format!(
+            "{} trailing bytes after the value",
+            rest.len()
+        )));
     }
     Ok(value)
 }
@@ -234,8 +253,14 @@ mod tests {
     fn frames_round_trip_and_each_fault_is_named() {
         let f = frame(M, b"payload bytes");
         assert_eq!(unframe(M, &f, 100).unwrap(), b"payload bytes");
-        assert!(matches!(unframe(*b"XXXX", &f, 100), Err(FrameError::BadMagic { .. })));
-        assert!(matches!(unframe(M, &f, 5), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            unframe(*b"XXXX", &f, 100),
+            Err(FrameError::BadMagic { .. })
+        ));
+        assert!(matches!(
+            unframe(M, &f, 5),
+            Err(FrameError::TooLarge { .. })
+        ));
         let torn = unframe(M, &f[..f.len() - 3], 100).unwrap_err();
         assert!(torn.is_torn(), "{torn}");
         assert!(unframe(M, &f[..10], 100).unwrap_err().is_torn());
@@ -246,7 +271,10 @@ mod tests {
             let mut bad = f.clone();
             bad[i] ^= 0x40;
             let e = unframe(M, &bad, 1 << 20).unwrap_err();
-            assert!(!e.is_torn(), "byte {i}: a flipped byte must not pass for a tear: {e}");
+            assert!(
+                !e.is_torn(),
+                "byte {i}: a flipped byte must not pass for a tear: {e}"
+            );
         }
         let mut v2 = f.clone();
         v2[4] = 2;

@@ -106,11 +106,15 @@ macro_rules! wide_id_fmt {
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 let hex = s.strip_prefix(concat!($prefix, ":")).unwrap_or(s);
                 if hex.len() != 32 {
-                    return Err(ParseIdError { text: s.to_string() });
+                    return Err(ParseIdError {
+                        text: s.to_string(),
+                    });
                 }
                 u128::from_str_radix(hex, 16)
                     .map($name)
-                    .map_err(|_| ParseIdError { text: s.to_string() })
+                    .map_err(|_| ParseIdError {
+                        text: s.to_string(),
+                    })
             }
         }
     };
@@ -170,7 +174,10 @@ static INPUT_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
 impl TaskId {
     /// Rule 1: the root of program `program` with encoded arguments `args`.
     pub fn root(program: &str, args: &[u8]) -> TaskId {
-        TaskId(derive("veriflow 2026 root task id", &[program.as_bytes(), &[0], args]))
+        TaskId(derive(
+            "veriflow 2026 root task id",
+            &[program.as_bytes(), &[0], args],
+        ))
     }
 
     /// Rule 2: the `index`-th child spawned by `parent`.
@@ -237,7 +244,11 @@ mod tests {
         let root = TaskId::root("knary", b"args");
         assert_eq!(root, TaskId::root("knary", b"args"));
         assert_ne!(root, TaskId::root("knary", b"argz"));
-        assert_ne!(root, TaskId::root("knar", b"yargs"), "program and args are separated");
+        assert_ne!(
+            root,
+            TaskId::root("knar", b"yargs"),
+            "program and args are separated"
+        );
         let c0 = TaskId::child(root, 0);
         assert_eq!(c0, TaskId::child(root, 0));
         assert_ne!(c0, TaskId::child(root, 1));
@@ -253,7 +264,10 @@ mod tests {
     fn ids_print_short_and_parse_full() {
         let id = TaskId::child(TaskId::root("p", b""), 3);
         let short = id.to_string();
-        assert!(short.starts_with("t:") && short.len() == 2 + SHORT_HEX, "{short}");
+        assert!(
+            short.starts_with("t:") && short.len() == 2 + SHORT_HEX,
+            "{short}"
+        );
         let full = format!("{id:#}");
         assert_eq!(full.parse::<TaskId>().unwrap(), id);
         assert!(short.parse::<TaskId>().is_err());

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use veriflow::{
-    Ctx, InvalidArgs, Program, Read, Registry, RegistryError, Task, TaskResult, WrongResult, Writes,
+    Ctx, InvalidArgs, Program, Read, Registry, RegistryError, Task, TaskResult, Writes, WrongResult,
 };
 
 /// One node of the tree.
@@ -45,7 +45,10 @@ impl Task for Node {
             ctx.write(count, 1);
             return Ok(());
         }
-        let child = Node { depth: self.depth - 1, ..self };
+        let child = Node {
+            depth: self.depth - 1,
+            ..self
+        };
         let mut counts = Vec::with_capacity(self.fanout as usize);
         let mut previous: Option<Read<u64>> = None;
         for i in 0..self.fanout {
@@ -106,7 +109,11 @@ pub fn expected_nodes(depth: u32, fanout: u32) -> Option<u64> {
 
 /// Tasks of a run: every node, plus one [`Sum`] per internal node.
 pub fn expected_tasks(depth: u32, fanout: u32) -> Option<u64> {
-    let internal = if depth <= 1 { 0 } else { expected_nodes(depth - 1, fanout)? };
+    let internal = if depth <= 1 {
+        0
+    } else {
+        expected_nodes(depth - 1, fanout)?
+    };
     expected_nodes(depth, fanout)?.checked_add(internal)
 }
 
@@ -174,7 +181,10 @@ impl Program for Knary {
         if *count == expected {
             Ok(serde_json::json!(count))
         } else {
-            Err(WrongResult { expected: expected.to_string(), got: count.to_string() })
+            Err(WrongResult {
+                expected: expected.to_string(),
+                got: count.to_string(),
+            })
         }
     }
 }

@@ -65,7 +65,10 @@ mod tests {
     fn exercise(store: &dyn Store) {
         store.put(b"a/1", b"one").unwrap();
         store
-            .put_batch(&[(b"a/2".to_vec(), b"two".to_vec()), (b"b/1".to_vec(), b"x".to_vec())])
+            .put_batch(&[
+                (b"a/2".to_vec(), b"two".to_vec()),
+                (b"b/1".to_vec(), b"x".to_vec()),
+            ])
             .unwrap();
         store.flush().unwrap();
         assert_eq!(store.get(b"a/1").unwrap().as_deref(), Some(&b"one"[..]));

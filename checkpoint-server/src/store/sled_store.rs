@@ -23,7 +23,10 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (or creates) the store in `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let open_err = |reason: String| StoreError::Open { path: path.to_path_buf(), reason };
+        let open_err = |reason: String| StoreError::Open {
+            path: path.to_path_buf(),
+            reason,
+        };
         if path.exists() && !path.is_dir() {
             return Err(open_err("not a directory".to_string()));
         }
@@ -36,7 +39,12 @@ impl SledStore {
         let mut tries = 0;
         loop {
             match config.open() {
-                Ok(db) => return Ok(Self { db, path: path.to_path_buf() }),
+                Ok(db) => {
+                    return Ok(Self {
+                        db,
+                        path: path.to_path_buf(),
+                    })
+                }
                 Err(e) if tries < LOCK_RETRIES && e.to_string().contains("lock") => {
                     tries += 1;
                     std::thread::sleep(LOCK_RETRY_DELAY);
@@ -86,7 +94,10 @@ impl Store for SledStore {
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         self.db
             .scan_prefix(prefix)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(StoreError::from))
+            .map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(StoreError::from)
+            })
             .collect()
     }
 

@@ -107,7 +107,10 @@ impl Core {
     }
 
     fn internal(&self, message: String) -> RunError {
-        RunError::Internal { vnode: self.vnode, message }
+        RunError::Internal {
+            vnode: self.vnode,
+            message,
+        }
     }
 
     /// Whether `T` is registered (cached per type: this is on the spawn path).
@@ -141,12 +144,25 @@ impl Core {
 
     /// A new data object declared by a running task's scope (rule 3).
     pub(crate) fn create_data(&mut self, id: DataId) {
-        self.data.insert(id, DataEntry { open: true, ..DataEntry::default() });
+        self.data.insert(
+            id,
+            DataEntry {
+                open: true,
+                ..DataEntry::default()
+            },
+        );
     }
 
     /// A terminal output: never dropped.
     pub(crate) fn create_pinned(&mut self, id: DataId) {
-        self.data.insert(id, DataEntry { open: true, pinned: true, ..DataEntry::default() });
+        self.data.insert(
+            id,
+            DataEntry {
+                open: true,
+                pinned: true,
+                ..DataEntry::default()
+            },
+        );
     }
 
     /// An output of an adopted task, to be returned to `victim` when written. The entry may
@@ -240,7 +256,11 @@ impl Core {
             e.readers -= 1;
             self.maybe_drop(input);
         }
-        Ok(ReadyTask { spec, values, digests })
+        Ok(ReadyTask {
+            spec,
+            values,
+            digests,
+        })
     }
 
     /// Writes `value` into `id` and wakes its readers.
@@ -272,7 +292,11 @@ impl Core {
             for &to in &e.return_to {
                 // Rule 4: the obligation is raised before the writer's completion lowers it.
                 self.shared.work_add(vnode);
-                let output = Output { data: id, value: bytes.clone(), digest };
+                let output = Output {
+                    data: id,
+                    value: bytes.clone(),
+                    digest,
+                };
                 self.returns.push((to, output, seq));
             }
         } else {
@@ -311,8 +335,7 @@ impl Core {
 
     fn maybe_drop(&mut self, id: DataId) {
         if let Some(e) = self.data.get(&id) {
-            if e.value.is_some() && !e.open && !e.pinned && e.readers == 0 && e.waiters.is_empty()
-            {
+            if e.value.is_some() && !e.open && !e.pinned && e.readers == 0 && e.waiters.is_empty() {
                 self.data.remove(&id);
             }
         }
@@ -335,13 +358,29 @@ impl Core {
                     reason: e.to_string(),
                 })?;
                 let digest = Digest::of(&bytes);
-                logged.push(Output { data: outputs[*i], value: bytes, digest });
+                logged.push(Output {
+                    data: outputs[*i],
+                    value: bytes,
+                    digest,
+                });
             }
-            let event = Event::Completed { task: id, outputs: logged, children };
+            let event = Event::Completed {
+                task: id,
+                outputs: logged,
+                children,
+            };
             let seq = self.append(&event)?;
-            let Event::Completed { outputs: logged, .. } = event else { unreachable!() };
+            let Event::Completed {
+                outputs: logged, ..
+            } = event
+            else {
+                unreachable!()
+            };
             for ((_, value), out) in writes.into_iter().zip(logged) {
-                let returning = self.data.get(&out.data).is_some_and(|e| !e.return_to.is_empty());
+                let returning = self
+                    .data
+                    .get(&out.data)
+                    .is_some_and(|e| !e.return_to.is_empty());
                 let bytes = returning.then_some(out.value);
                 self.write(out.data, value, Some(out.digest), bytes, seq)?;
             }

@@ -36,8 +36,8 @@ use veriflow_checkpoint::Store;
 
 use self::core::{Core, TaskSpec};
 use self::shared::RunShared;
-pub use self::vnode::{Timers, VnodeStats};
 use self::vnode::Vnode;
+pub use self::vnode::{Timers, VnodeStats};
 use crate::clock::{Clock, SystemClock};
 use crate::codec::{self, Digest};
 use crate::error::{panic_message, RunError};
@@ -174,13 +174,17 @@ impl RuntimeBuilder {
         let vnodes = match self.vnodes {
             Some(0) => return Err(RunError::Config("vnodes must be at least 1".to_string())),
             Some(v) if v > MAX_VNODES => {
-                return Err(RunError::Config(format!("vnodes must be at most {MAX_VNODES}")))
+                return Err(RunError::Config(format!(
+                    "vnodes must be at most {MAX_VNODES}"
+                )))
             }
             Some(v) => v,
             None => u32::try_from(threads).unwrap_or(MAX_VNODES).min(MAX_VNODES),
         };
         if self.policy.max_bytes == 0 {
-            return Err(RunError::Config("commit batch size must be positive".to_string()));
+            return Err(RunError::Config(
+                "commit batch size must be positive".to_string(),
+            ));
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -195,7 +199,9 @@ impl RuntimeBuilder {
             seed: self.seed,
             store: if self.checkpoint { self.store } else { None },
             policy: self.policy,
-            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::default())),
+            clock: self
+                .clock
+                .unwrap_or_else(|| Arc::new(SystemClock::default())),
             progress: self.progress,
             transport: self.transport,
             timers: self.timers,
@@ -278,7 +284,9 @@ impl Runtime {
         inputs: T::Inputs,
     ) -> Result<RunReport<T::Outputs>, RunError> {
         if !self.registry.contains::<T>() {
-            return Err(RunError::UnregisteredTask { name: T::NAME.to_string() });
+            return Err(RunError::UnregisteredTask {
+                name: T::NAME.to_string(),
+            });
         }
         let started = Instant::now();
         let root_args = codec::encode(&root).map_err(|e| RunError::Encode {
@@ -290,8 +298,9 @@ impl Runtime {
         let input_ids: Vec<DataId> = (0..input_values.len())
             .map(|i| DataId::program_input(root_id, index_u32(i)))
             .collect();
-        let terminal: Vec<DataId> =
-            (0..T::Outputs::LEN).map(|i| DataId::output(root_id, index_u32(i))).collect();
+        let terminal: Vec<DataId> = (0..T::Outputs::LEN)
+            .map(|i| DataId::output(root_id, index_u32(i)))
+            .collect();
 
         let mut manifest = Manifest {
             program: self.program.clone(),
@@ -329,14 +338,22 @@ impl Runtime {
             let id = VnodeId(v);
             let log = writer.as_ref().map(|w| w.vnode_log(id)).transpose()?;
             let core = Core::new(id, self.registry.clone(), log, shared.clone());
-            let endpoint = transport
-                .endpoint(id)
-                .map_err(|e| RunError::Internal { vnode: id, message: e.to_string() })?;
+            let endpoint = transport.endpoint(id).map_err(|e| RunError::Internal {
+                vnode: id,
+                message: e.to_string(),
+            })?;
             let rng = ChaCha8Rng::seed_from_u64(
                 self.seed ^ u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             );
             let clock = self.clock.clone();
-            vnodes.push(Vnode::new(core, endpoint, clock, rng, self.vnodes, self.timers));
+            vnodes.push(Vnode::new(
+                core,
+                endpoint,
+                clock,
+                rng,
+                self.vnodes,
+                self.timers,
+            ));
         }
 
         // Rule 2: program inputs, then the root, on vnode 0.
@@ -350,7 +367,13 @@ impl Runtime {
                     reason: e.to_string(),
                 })?;
                 let d = Digest::of(&bytes);
-                home.append(&Event::Input { output: Output { data: id, value: bytes, digest: d } })?;
+                home.append(&Event::Input {
+                    output: Output {
+                        data: id,
+                        value: bytes,
+                        digest: d,
+                    },
+                })?;
                 digest = Some(d);
             }
             home.write(id, value, digest, None, 0)?;

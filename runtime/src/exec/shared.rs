@@ -42,20 +42,30 @@ impl RunShared {
 
     /// A task completed on `v`, which has now completed `total`.
     pub(crate) fn task_done(&self, v: VnodeId, total: u64) {
-        self.completed[v.0 as usize].0.store(total, Ordering::Relaxed);
+        self.completed[v.0 as usize]
+            .0
+            .store(total, Ordering::Relaxed);
         self.work_done(v);
     }
 
     /// Tasks completed so far, over all vnodes.
     pub(crate) fn completed(&self) -> u64 {
-        self.completed.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+        self.completed
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Whether no vnode has work and none changed between two scans: then there is an instant
     /// at which every counter was zero at once, so no task is live and no message that carries
     /// work is in flight (its sender keeps an obligation until acknowledged).
     pub(crate) fn quiescent(&self) -> bool {
-        let scan = || self.work.iter().map(|w| w.0.load(Ordering::SeqCst)).collect::<Vec<u64>>();
+        let scan = || {
+            self.work
+                .iter()
+                .map(|w| w.0.load(Ordering::SeqCst))
+                .collect::<Vec<u64>>()
+        };
         let first = scan();
         if first.iter().any(|w| w & LOW != 0) {
             return false;

@@ -40,7 +40,11 @@ impl Task for Add {
 }
 
 fn fib_registry() -> Registry {
-    Registry::new().with::<Fib>().unwrap().with::<Add>().unwrap()
+    Registry::new()
+        .with::<Fib>()
+        .unwrap()
+        .with::<Add>()
+        .unwrap()
 }
 
 fn fib(n: u32) -> u64 {
@@ -62,7 +66,10 @@ fn fib_on_1_2_4_vnodes_with_and_without_log() {
         for logged in [false, true] {
             for seed in 0..3 {
                 let store = Arc::new(MemoryStore::default());
-                let mut b = Runtime::builder(fib_registry()).threads(2).vnodes(vnodes).seed(seed);
+                let mut b = Runtime::builder(fib_registry())
+                    .threads(2)
+                    .vnodes(vnodes)
+                    .seed(seed);
                 if logged {
                     b = b.store(store.clone());
                 }
@@ -142,7 +149,10 @@ fn lost_and_duplicated_messages_are_resent_and_ignored() {
                 let mut per_task = std::collections::HashMap::new();
                 for e in all.iter().flat_map(|v| &v.events) {
                     let k = e.event.key();
-                    if matches!(k.1, EventKind::Declared | EventKind::Started | EventKind::Completed) {
+                    if matches!(
+                        k.1,
+                        EventKind::Declared | EventKind::Started | EventKind::Completed
+                    ) {
                         *per_task.entry(k).or_insert(0) += 1;
                     }
                 }
@@ -151,5 +161,8 @@ fn lost_and_duplicated_messages_are_resent_and_ignored() {
             }
         }
     }
-    assert!(lost_total > 20, "the transport must actually lose messages ({lost_total})");
+    assert!(
+        lost_total > 20,
+        "the transport must actually lose messages ({lost_total})"
+    );
 }

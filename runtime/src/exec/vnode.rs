@@ -53,7 +53,10 @@ pub struct Timers {
 
 impl Default for Timers {
     fn default() -> Self {
-        Timers { steal_timeout: Duration::from_millis(100), resend_after: Duration::from_millis(250) }
+        Timers {
+            steal_timeout: Duration::from_millis(100),
+            resend_after: Duration::from_millis(250),
+        }
     }
 }
 /// Rule 2: first back-off after a `StealNone`, doubled per further refusal up to the cap.
@@ -115,7 +118,10 @@ impl Vnode {
         peers: u32,
         timers: Timers,
     ) -> Self {
-        let stats = VnodeStats { vnode: core.vnode, ..VnodeStats::default() };
+        let stats = VnodeStats {
+            vnode: core.vnode,
+            ..VnodeStats::default()
+        };
         Vnode {
             core,
             endpoint,
@@ -145,7 +151,9 @@ impl Vnode {
         let mut worked = self.poll()?;
         let mut ran = 0;
         while ran < budget {
-            let Some(task) = self.core.ready.pop_back() else { break };
+            let Some(task) = self.core.ready.pop_back() else {
+                break;
+            };
             self.run_task(task)?;
             ran += 1;
             worked |= self.poll()?;
@@ -185,7 +193,11 @@ impl Vnode {
 
     /// Blocks up to `timeout` for a message (idle).
     pub(crate) fn wait(&mut self, timeout: Duration) {
-        let timeout = if self.held.is_empty() { timeout } else { timeout.min(HELD_POLL) };
+        let timeout = if self.held.is_empty() {
+            timeout
+        } else {
+            timeout.min(HELD_POLL)
+        };
         if let Some(env) = self.endpoint.recv_timeout(timeout) {
             self.stash.push_back(env);
         }
@@ -210,11 +222,20 @@ impl Vnode {
     }
 
     fn run_task(&mut self, task: ReadyTask) -> Result<(), RunError> {
-        let ReadyTask { spec, values, digests } = task;
-        let TaskSpec { id, body, outputs, .. } = spec;
+        let ReadyTask {
+            spec,
+            values,
+            digests,
+        } = task;
+        let TaskSpec {
+            id, body, outputs, ..
+        } = spec;
         let name = body.name();
         if self.core.logging() {
-            self.core.append(&Event::Started { task: id, inputs: digests })?;
+            self.core.append(&Event::Started {
+                task: id,
+                inputs: digests,
+            })?;
         }
         let mut ctx = Ctx::new(&mut self.core, id, name, &outputs);
         let result = catch_unwind(AssertUnwindSafe(|| body.run(&mut ctx, values)));
@@ -230,8 +251,14 @@ impl Vnode {
             }
         }
         ctx.check_finished()?;
-        let Ctx { writes, children, created, .. } = ctx;
-        self.core.complete(id, &outputs, writes, children, &created)?;
+        let Ctx {
+            writes,
+            children,
+            created,
+            ..
+        } = ctx;
+        self.core
+            .complete(id, &outputs, writes, children, &created)?;
         self.stats.tasks += 1;
         Ok(())
     }
@@ -271,11 +298,17 @@ impl Vnode {
     /// Rule 3.
     fn on_steal_request(&mut self, thief: VnodeId) -> Result<(), RunError> {
         // Rule 3: a task moves at most once, so an adopted task is never given away again.
-        let pos = self.core.ready.iter().position(|t| !self.adopted.contains(&t.spec.id));
+        let pos = self
+            .core
+            .ready
+            .iter()
+            .position(|t| !self.adopted.contains(&t.spec.id));
         let Some(task) = pos.and_then(|i| self.core.ready.remove(i)) else {
             return self.send(thief, Message::StealNone);
         };
-        let ReadyTask { mut spec, values, .. } = task;
+        let ReadyTask {
+            mut spec, values, ..
+        } = task;
         let args = match spec.args.take() {
             Some(a) => a,
             None => spec.body.encode_args().map_err(|e| RunError::Encode {
@@ -300,7 +333,10 @@ impl Vnode {
             inputs: spec.inputs.to_vec(),
             outputs: spec.outputs.to_vec(),
         };
-        let seq = self.core.append(&Event::Stolen { task: spec.id, thief })?;
+        let seq = self.core.append(&Event::Stolen {
+            task: spec.id,
+            thief,
+        })?;
         let me = self.id();
         let shared = self.core.shared.clone();
         // Rule 4 of core.rs: obligations (one per output, one for the ack) before the task
@@ -314,7 +350,15 @@ impl Vnode {
         shared.work_done(me);
         let msg = Message::StealGrant { record, inputs };
         let resend_at = self.clock.now() + self.timers.resend_after;
-        self.grants.insert(spec.id, Unacked { to: thief, msg: msg.clone(), seq, resend_at });
+        self.grants.insert(
+            spec.id,
+            Unacked {
+                to: thief,
+                msg: msg.clone(),
+                seq,
+                resend_at,
+            },
+        );
         self.held.push_back((seq, thief, msg));
         self.stats.stolen += 1;
         Ok(())
@@ -334,23 +378,37 @@ impl Vnode {
         let task = record.task;
         if self.adopted.contains(&task) {
             let at = self.core.log_position();
-            self.held.push_back((at, victim, Message::AdoptAck { task }));
+            self.held
+                .push_back((at, victim, Message::AdoptAck { task }));
             return Ok(());
         }
         let context = || format!("a steal grant from {victim} for task {task}");
-        let kind = *self.core.registry().get(&record.name).ok_or_else(|| {
-            RunError::UnknownTaskName { name: record.name.to_string(), context: context() }
-        })?;
-        let body = kind.decode(&record.args).map_err(|e| RunError::InputDecode {
-            task: record.name.to_string(),
-            id: task,
-            input: usize::MAX,
-            reason: format!("arguments in {} do not decode: {e}", context()),
-        })?;
+        let kind =
+            *self
+                .core
+                .registry()
+                .get(&record.name)
+                .ok_or_else(|| RunError::UnknownTaskName {
+                    name: record.name.to_string(),
+                    context: context(),
+                })?;
+        let body = kind
+            .decode(&record.args)
+            .map_err(|e| RunError::InputDecode {
+                task: record.name.to_string(),
+                id: task,
+                input: usize::MAX,
+                reason: format!("arguments in {} do not decode: {e}", context()),
+            })?;
         if inputs.len() != record.inputs.len() {
             return Err(RunError::Internal {
                 vnode: self.id(),
-                message: format!("{} has {} input values for {} inputs", context(), inputs.len(), record.inputs.len()),
+                message: format!(
+                    "{} has {} input values for {} inputs",
+                    context(),
+                    inputs.len(),
+                    record.inputs.len()
+                ),
             });
         }
         let digests = if self.core.logging() {
@@ -376,9 +434,14 @@ impl Vnode {
             args: Some(record.args),
         };
         let values = inputs.into_iter().map(Value::bytes).collect();
-        self.core.push_ready(ReadyTask { spec, values, digests });
+        self.core.push_ready(ReadyTask {
+            spec,
+            values,
+            digests,
+        });
         self.adopted.insert(task);
-        self.held.push_back((seq, victim, Message::AdoptAck { task }));
+        self.held
+            .push_back((seq, victim, Message::AdoptAck { task }));
         self.stats.adopted += 1;
         Ok(())
     }
@@ -387,20 +450,28 @@ impl Vnode {
     fn on_returned(&mut self, thief: VnodeId, output: Output) -> Result<(), RunError> {
         let data = output.data;
         if Digest::of(&output.value) != output.digest {
-            tracing::warn!("{}: dropped a Returned for {data} from {thief}: digest mismatch", self.id());
+            tracing::warn!(
+                "{}: dropped a Returned for {data} from {thief}: digest mismatch",
+                self.id()
+            );
             return Ok(());
         }
         let expected = self.expected.remove(&(data, thief));
         // An expected value may already be here, written by a task we stole back (see
         // `Core::create_return`); its entry may even be gone (dropped once written).
         if expected && self.core.awaits(data) {
-            let seq = self.core.append(&Event::Returned { output: output.clone() })?;
+            let seq = self.core.append(&Event::Returned {
+                output: output.clone(),
+            })?;
             let Output { value, digest, .. } = output;
-            self.core.write(data, Value::bytes(value), Some(digest), None, seq)?;
-            self.held.push_back((seq, thief, Message::ReturnAck { data }));
+            self.core
+                .write(data, Value::bytes(value), Some(digest), None, seq)?;
+            self.held
+                .push_back((seq, thief, Message::ReturnAck { data }));
         } else {
             let at = self.core.log_position();
-            self.held.push_back((at, thief, Message::ReturnAck { data }));
+            self.held
+                .push_back((at, thief, Message::ReturnAck { data }));
         }
         if expected {
             self.core.shared.work_done(self.id());
@@ -415,7 +486,15 @@ impl Vnode {
             let data = output.data;
             let msg = Message::Returned { output };
             let resend_at = now + self.timers.resend_after;
-            self.returns.insert((data, to), Unacked { to, msg: msg.clone(), seq, resend_at });
+            self.returns.insert(
+                (data, to),
+                Unacked {
+                    to,
+                    msg: msg.clone(),
+                    seq,
+                    resend_at,
+                },
+            );
             self.held.push_back((seq, to, msg));
         }
     }

@@ -76,7 +76,9 @@ impl FlowGraph {
         for log in logs {
             for e in &log.events {
                 if let Event::Completed { task, outputs, .. } = &e.event {
-                    let Some(&t) = g.tasks.get(task) else { continue };
+                    let Some(&t) = g.tasks.get(task) else {
+                        continue;
+                    };
                     if let Vertex::Task { completed, .. } = &mut g.graph[t] {
                         *completed = true;
                     }
@@ -139,7 +141,12 @@ impl FlowGraph {
         let mut out = String::from("digraph G {\n  rankdir=TB;\n  node [fontsize=9];\n");
         for i in self.graph.node_indices() {
             let _ = match &self.graph[i] {
-                Vertex::Task { id, name, vnode, completed } => writeln!(
+                Vertex::Task {
+                    id,
+                    name,
+                    vnode,
+                    completed,
+                } => writeln!(
                     out,
                     "  n{} [shape=box{}, label=\"{name}\\n{id}\\n{vnode}\"];",
                     i.index(),

@@ -55,7 +55,9 @@ pub struct LogReader {
 
 impl std::fmt::Debug for LogReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogReader").field("store", &self.store.describe()).finish()
+        f.debug_struct("LogReader")
+            .field("store", &self.store.describe())
+            .finish()
     }
 }
 
@@ -120,7 +122,10 @@ impl LogReader {
                 Ok(s) => s,
                 Err(SegmentError::Frame(f)) if f.is_torn() && i == last => {
                     tracing::warn!("log of {vnode}: torn last segment {segno} skipped ({f})");
-                    out.torn = Some(TornTail { segment: segno, reason: f });
+                    out.torn = Some(TornTail {
+                        segment: segno,
+                        reason: f,
+                    });
                     break;
                 }
                 Err(SegmentError::Frame(f)) => return Err(corrupt(0, f.to_string())),
@@ -137,7 +142,11 @@ impl LogReader {
             out.durable_seq = out.durable_seq.max(seg.first_seq + seg.events.len() as u64);
             for (offset, event) in seg.events {
                 if seen.insert(event.key()) {
-                    out.events.push(LoggedEvent { segment: segno, offset, event });
+                    out.events.push(LoggedEvent {
+                        segment: segno,
+                        offset,
+                        event,
+                    });
                 } else {
                     out.duplicates += 1;
                 }
@@ -148,7 +157,10 @@ impl LogReader {
 
     /// Reads every vnode's log.
     pub fn read_all(&self) -> Result<Vec<VnodeEvents>, LogError> {
-        self.vnodes()?.into_iter().map(|v| self.read_vnode(v)).collect()
+        self.vnodes()?
+            .into_iter()
+            .map(|v| self.read_vnode(v))
+            .collect()
     }
 
     /// The store read from.

@@ -72,7 +72,9 @@ impl SegmentBuilder {
         let len = self.buf.len() - at - 4;
         if len > MAX_EVENT_BYTES {
             self.buf.truncate(at);
-            return Err(codec::CodecError::from(postcard::Error::SerializeBufferFull));
+            return Err(codec::CodecError::from(
+                postcard::Error::SerializeBufferFull,
+            ));
         }
         // `len` is below MAX_EVENT_BYTES, so it fits.
         self.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
@@ -154,7 +156,10 @@ pub fn decode_segment(bytes: &[u8]) -> Result<Segment, SegmentError> {
         }
         let len = u32_at(at) as usize;
         if len > payload.len() - at - 4 {
-            return Err(content(at, format!("event {i} of {count}: length {len} overruns")));
+            return Err(content(
+                at,
+                format!("event {i} of {count}: length {len} overruns"),
+            ));
         }
         let ev: Event = codec::decode(&payload[at + 4..at + 4 + len])
             .map_err(|e| content(at, format!("event {i} of {count} does not decode: {e}")))?;
@@ -162,7 +167,15 @@ pub fn decode_segment(bytes: &[u8]) -> Result<Segment, SegmentError> {
         at += 4 + len;
     }
     if at != payload.len() {
-        return Err(content(at, format!("{} bytes after the last event", payload.len() - at)));
+        return Err(content(
+            at,
+            format!("{} bytes after the last event", payload.len() - at),
+        ));
     }
-    Ok(Segment { vnode, segno, first_seq, events })
+    Ok(Segment {
+        vnode,
+        segno,
+        first_seq,
+        events,
+    })
 }

@@ -11,7 +11,10 @@ use crate::codec::Digest;
 use crate::ids::{DataId, TaskId, VnodeId};
 
 fn started(i: u128) -> Event {
-    Event::Started { task: TaskId(i), inputs: vec![Digest::of(&i.to_le_bytes())] }
+    Event::Started {
+        task: TaskId(i),
+        inputs: vec![Digest::of(&i.to_le_bytes())],
+    }
 }
 
 fn completed(i: u128) -> Event {
@@ -19,7 +22,11 @@ fn completed(i: u128) -> Event {
     let digest = Digest::of(&value);
     Event::Completed {
         task: TaskId(i),
-        outputs: vec![Output { data: DataId(i + 1), value, digest }],
+        outputs: vec![Output {
+            data: DataId(i + 1),
+            value,
+            digest,
+        }],
         children: vec![TaskId(i * 7)],
     }
 }
@@ -58,16 +65,25 @@ fn events_are_logged_once_and_only_once() {
     let r = read(&store).unwrap();
     let events: Vec<Event> = r.events.iter().map(|e| e.event.clone()).collect();
     assert_eq!(events, vec![started(1), completed(1), started(2)]);
-    assert_eq!(r.duplicates, 2, "the two repeats that reached the second segment");
+    assert_eq!(
+        r.duplicates, 2,
+        "the two repeats that reached the second segment"
+    );
     assert_eq!(r.segments, 2);
-    assert_eq!(r.durable_seq, 5, "2 + 3 events appended (the in-batch repeat was dropped)");
+    assert_eq!(
+        r.durable_seq, 5,
+        "2 + 3 events appended (the in-batch repeat was dropped)"
+    );
     assert!(r.torn.is_none());
 }
 
 #[test]
 fn the_policy_seals_by_size_and_by_age() {
     let store = Arc::new(MemoryStore::default());
-    let policy = CommitPolicy { max_bytes: 200, max_delay: std::time::Duration::from_millis(5) };
+    let policy = CommitPolicy {
+        max_bytes: 200,
+        max_delay: std::time::Duration::from_millis(5),
+    };
     let writer = LogWriter::start(store.clone(), 1, policy).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
     for i in 0..20 {
@@ -84,13 +100,19 @@ fn the_policy_seals_by_size_and_by_age() {
     log.sync().unwrap();
     writer.shutdown().unwrap();
     let n = segments(&store).len();
-    assert!(n >= 5, "200-byte segments of ~80-byte events: got {n} ({sealed_by_size})");
+    assert!(
+        n >= 5,
+        "200-byte segments of ~80-byte events: got {n} ({sealed_by_size})"
+    );
     assert_eq!(read(&store).unwrap().events.len(), 21);
 }
 
 #[test]
 fn a_corrupt_byte_is_an_error_naming_vnode_segment_and_offset() {
-    let store = write(&[vec![started(1), completed(1)], vec![started(2), completed(2)]]);
+    let store = write(&[
+        vec![started(1), completed(1)],
+        vec![started(2), completed(2)],
+    ]);
     let (key, mut value) = segments(&store).remove(0);
     let at = value.len() / 2;
     value[at] ^= 0x01;
@@ -103,12 +125,19 @@ fn a_corrupt_byte_is_an_error_naming_vnode_segment_and_offset() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     let text = err.to_string();
-    assert!(text.contains("v0") && text.contains("segment 0") && text.contains("digest"), "{text}");
+    assert!(
+        text.contains("v0") && text.contains("segment 0") && text.contains("digest"),
+        "{text}"
+    );
 }
 
 #[test]
 fn a_torn_last_segment_is_reported_and_skipped_but_not_a_torn_middle_one() {
-    let store = write(&[vec![started(1)], vec![started(2)], vec![started(3), completed(3)]]);
+    let store = write(&[
+        vec![started(1)],
+        vec![started(2)],
+        vec![started(3), completed(3)],
+    ]);
     let all = segments(&store);
     let (last_key, last) = all[2].clone();
     store.put(&last_key, &last[..last.len() - 5]).unwrap();
@@ -133,7 +162,10 @@ fn wrong_magic_version_and_misplaced_segments_are_errors() {
     bad[..4].copy_from_slice(b"JUNK");
     store.put(&all[0].0, &bad).unwrap();
     let text = read(&store).unwrap_err().to_string();
-    assert!(text.contains("magic") && text.contains("segment 0"), "{text}");
+    assert!(
+        text.contains("magic") && text.contains("segment 0"),
+        "{text}"
+    );
 
     let mut v9 = all[0].1.clone();
     v9[4] = 9;

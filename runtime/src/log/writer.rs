@@ -27,7 +27,10 @@ pub struct CommitPolicy {
 
 impl Default for CommitPolicy {
     fn default() -> Self {
-        Self { max_bytes: 64 << 10, max_delay: Duration::from_millis(5) }
+        Self {
+            max_bytes: 64 << 10,
+            max_delay: Duration::from_millis(5),
+        }
     }
 }
 
@@ -71,7 +74,9 @@ pub struct LogWriter {
 
 impl std::fmt::Debug for LogWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogWriter").field("store", &self.store.describe()).finish()
+        f.debug_struct("LogWriter")
+            .field("store", &self.store.describe())
+            .finish()
     }
 }
 
@@ -105,13 +110,22 @@ impl LogWriter {
                 })
                 .map_err(|e| LogError::Store(format!("cannot start the log writer: {e}")))?
         };
-        Ok(LogWriter { tx: Some(tx), thread: Some(thread), shared, store, policy })
+        Ok(LogWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+            shared,
+            store,
+            policy,
+        })
     }
 
     /// The log of `vnode`, continuing after any segments it already has in the store.
     pub fn vnode_log(&self, vnode: VnodeId) -> Result<VnodeLog, LogError> {
         let slot = self.shared.durable.get(vnode.0 as usize).ok_or_else(|| {
-            LogError::Stopped(format!("{vnode} is outside the {} vnodes", self.shared.durable.len()))
+            LogError::Stopped(format!(
+                "{vnode} is outside the {} vnodes",
+                self.shared.durable.len()
+            ))
         })?;
         let existing = self.store.scan_prefix(&segment::vnode_prefix(vnode))?;
         let mut next_segno = 0;
@@ -125,7 +139,10 @@ impl LogWriter {
             }
         }
         slot.0.fetch_max(next_seq, Ordering::Release);
-        let tx = self.tx.clone().ok_or_else(|| LogError::Stopped("shut down".to_string()))?;
+        let tx = self
+            .tx
+            .clone()
+            .ok_or_else(|| LogError::Stopped("shut down".to_string()))?;
         Ok(VnodeLog {
             vnode,
             builder: SegmentBuilder::new(self.policy.max_bytes),
@@ -177,7 +194,9 @@ impl Drop for LogWriter {
 fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
     let mut stopping = false;
     while !stopping {
-        let Ok(ToWriter::Segment(first)) = rx.recv() else { break };
+        let Ok(ToWriter::Segment(first)) = rx.recv() else {
+            break;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_SEGMENTS_PER_FLUSH {
             match rx.try_recv() {
@@ -205,7 +224,9 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
             return; // rule 5: nothing after this is claimed durable
         }
         for (v, seq) in marks {
-            shared.durable[v.0 as usize].0.fetch_max(seq, Ordering::Release);
+            shared.durable[v.0 as usize]
+                .0
+                .fetch_max(seq, Ordering::Release);
         }
         *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         shared.flushed_cv.notify_all();
@@ -244,7 +265,9 @@ impl VnodeLog {
         if !self.keys.insert(event.key()) {
             return Ok(self.next_seq);
         }
-        self.builder.push(event).map_err(|e| LogError::Encode(e.to_string()))?;
+        self.builder
+            .push(event)
+            .map_err(|e| LogError::Encode(e.to_string()))?;
         self.next_seq += 1;
         if self.builder.body_len() >= self.policy.max_bytes {
             self.seal()?;
@@ -270,7 +293,10 @@ impl VnodeLog {
         if self.builder.count() == 0 {
             return Ok(());
         }
-        let full = std::mem::replace(&mut self.builder, SegmentBuilder::new(self.policy.max_bytes));
+        let full = std::mem::replace(
+            &mut self.builder,
+            SegmentBuilder::new(self.policy.max_bytes),
+        );
         let bytes = full.seal(self.vnode, self.next_segno, self.first_seq);
         self.tx
             .send(ToWriter::Segment(Sealed {
@@ -313,7 +339,9 @@ impl VnodeLog {
 
     /// Events whose sequence number is at or below this are durable (rule 2).
     pub fn durable(&self) -> u64 {
-        self.shared.durable[self.vnode.0 as usize].0.load(Ordering::Acquire)
+        self.shared.durable[self.vnode.0 as usize]
+            .0
+            .load(Ordering::Acquire)
     }
 
     /// Whether the open batch holds events.
@@ -325,7 +353,11 @@ impl VnodeLog {
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.seal()?;
         let target = self.next_seq;
-        let mut flushed = self.shared.flushed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flushed = self
+            .shared
+            .flushed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         while self.durable() < target {
             let closed = self.shared.closed.load(Ordering::SeqCst);
             if self.shared.error().is_some() || closed {
@@ -343,7 +375,11 @@ impl VnodeLog {
 
     /// Waits (up to `timeout`) for the writer's next flush.
     pub fn wait_flush(&self, timeout: Duration) {
-        let flushed = self.shared.flushed.lock().unwrap_or_else(|p| p.into_inner());
+        let flushed = self
+            .shared
+            .flushed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let _unused = self.shared.flushed_cv.wait_timeout(flushed, timeout);
     }
 }

@@ -114,7 +114,9 @@ impl<'a> Ctx<'a> {
             return;
         }
         if !self.core.is_registered::<T>() {
-            self.fail(RunError::UnregisteredTask { name: T::NAME.to_string() });
+            self.fail(RunError::UnregisteredTask {
+                name: T::NAME.to_string(),
+            });
             return;
         }
         let mut ins = IdList::new();
@@ -136,7 +138,11 @@ impl<'a> Ctx<'a> {
     /// Marks our output `id` as finished, returning its index.
     fn claim(&mut self, id: DataId) -> Result<usize, RunError> {
         let Some(i) = self.outputs.iter().position(|&o| o == id) else {
-            return Err(RunError::ForeignWrite { task: self.name.to_string(), id: self.task, data: id });
+            return Err(RunError::ForeignWrite {
+                task: self.name.to_string(),
+                id: self.task,
+                data: id,
+            });
         };
         if self.done & (1 << i) != 0 {
             return Err(RunError::OutputWrittenTwice {

@@ -277,10 +277,12 @@ impl<T: Task> ErasedTask for Boxed<T> {
             reason: e.reason,
         })?;
         let writes = T::Outputs::make_writes(ctx.outputs);
-        self.0.run(ctx, inputs, writes).map_err(|e| RunError::TaskFailed {
-            task: T::NAME.to_string(),
-            id: ctx.task_id(),
-            message: e.to_string(),
-        })
+        self.0
+            .run(ctx, inputs, writes)
+            .map_err(|e| RunError::TaskFailed {
+                task: T::NAME.to_string(),
+                id: ctx.task_id(),
+                message: e.to_string(),
+            })
     }
 }

@@ -22,7 +22,10 @@ pub struct TaskKind {
 
 impl std::fmt::Debug for TaskKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskKind").field("name", &self.name).field("type", &self.type_name).finish()
+        f.debug_struct("TaskKind")
+            .field("name", &self.name)
+            .field("type", &self.type_name)
+            .finish()
     }
 }
 
@@ -128,7 +131,9 @@ impl Registry {
 
     /// Whether `T` itself is registered under its name.
     pub fn contains<T: Task>(&self) -> bool {
-        self.by_name.get(T::NAME).is_some_and(|k| k.type_id == TypeId::of::<T>())
+        self.by_name
+            .get(T::NAME)
+            .is_some_and(|k| k.type_id == TypeId::of::<T>())
     }
 
     /// Registered names, sorted.

@@ -60,13 +60,18 @@ pub trait OutputSet: Sized + Send + 'static {
 }
 
 fn take<T: Data>(index: usize, v: Option<Value>) -> Result<T, ValueError> {
-    v.ok_or_else(|| ValueError { index, reason: "missing".to_string() })?
-        .take::<T>()
-        .map_err(|reason| ValueError { index, reason })
+    v.ok_or_else(|| ValueError {
+        index,
+        reason: "missing".to_string(),
+    })?
+    .take::<T>()
+    .map_err(|reason| ValueError { index, reason })
 }
 
 fn debug_as<T: Data>(bytes: &[u8]) -> Option<String> {
-    crate::codec::decode::<T>(bytes).ok().map(|v| format!("{v:?}"))
+    crate::codec::decode::<T>(bytes)
+        .ok()
+        .map(|v| format!("{v:?}"))
 }
 
 macro_rules! tuple_sets {
@@ -145,7 +150,11 @@ impl<T: Data> InputSet for Vec<T> {
         None
     }
     fn from_values(values: Vec<Value>) -> Result<Self, ValueError> {
-        values.into_iter().enumerate().map(|(i, v)| take::<T>(i, Some(v))).collect()
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| take::<T>(i, Some(v)))
+            .collect()
     }
     fn into_values(self) -> Vec<Value> {
         self.into_iter().map(Value::typed).collect()

@@ -18,7 +18,10 @@ pub struct Value(Inner);
 
 #[derive(Clone)]
 enum Inner {
-    Typed { any: Arc<dyn Any + Send + Sync>, encode: Encoder },
+    Typed {
+        any: Arc<dyn Any + Send + Sync>,
+        encode: Encoder,
+    },
     Bytes(Arc<[u8]>),
 }
 
@@ -40,7 +43,10 @@ fn encode_as<T: Data>(any: &(dyn Any + Send + Sync)) -> Result<Vec<u8>, CodecErr
 
 impl Value {
     pub(crate) fn typed<T: Data>(v: T) -> Value {
-        Value(Inner::Typed { any: Arc::new(v), encode: encode_as::<T> })
+        Value(Inner::Typed {
+            any: Arc::new(v),
+            encode: encode_as::<T>,
+        })
     }
 
     pub(crate) fn bytes(b: Vec<u8>) -> Value {

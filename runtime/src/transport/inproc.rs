@@ -23,16 +23,25 @@ impl InProcTransport {
                 (tx, Some(rx))
             })
             .unzip();
-        InProcTransport { senders, receivers: Mutex::new(receivers) }
+        InProcTransport {
+            senders,
+            receivers: Mutex::new(receivers),
+        }
     }
 }
 
 impl Transport for InProcTransport {
     fn endpoint(&self, me: VnodeId) -> Result<Box<dyn Endpoint>, TransportError> {
         let mut rx = self.receivers.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = rx.get_mut(me.0 as usize).ok_or(TransportError::NoRoute(me))?;
+        let slot = rx
+            .get_mut(me.0 as usize)
+            .ok_or(TransportError::NoRoute(me))?;
         let inbox = slot.take().ok_or(TransportError::InUse(me))?;
-        Ok(Box::new(InProcEndpoint { me, peers: self.senders.clone(), inbox }))
+        Ok(Box::new(InProcEndpoint {
+            me,
+            peers: self.senders.clone(),
+            inbox,
+        }))
     }
 }
 
@@ -44,9 +53,16 @@ struct InProcEndpoint {
 
 impl Endpoint for InProcEndpoint {
     fn send(&mut self, to: VnodeId, msg: Message) -> Result<(), TransportError> {
-        let tx = self.peers.get(to.0 as usize).ok_or(TransportError::NoRoute(to))?;
+        let tx = self
+            .peers
+            .get(to.0 as usize)
+            .ok_or(TransportError::NoRoute(to))?;
         // A closed inbox means the peer has shut down: to the sender, a lost message (rule 2).
-        let _ = tx.send(Envelope { from: self.me, epoch: Epoch(0), msg });
+        let _ = tx.send(Envelope {
+            from: self.me,
+            epoch: Epoch(0),
+            msg,
+        });
         Ok(())
     }
 

@@ -24,7 +24,10 @@ pub struct LossyTransport {
 
 impl std::fmt::Debug for LossyTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LossyTransport").field("loss", &self.loss).field("dup", &self.dup).finish()
+        f.debug_struct("LossyTransport")
+            .field("loss", &self.loss)
+            .field("dup", &self.dup)
+            .finish()
     }
 }
 
