@@ -49,7 +49,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::Digest;
 pub use error::RunError;
 pub use exec::{
-    ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers, TransportFactory, VnodeStats,
+    Kill, ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers, TransportFactory, VnodeStats,
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use super::shared::RunShared;
 use crate::codec::Digest;
 use crate::error::RunError;
-use crate::ids::{DataId, IdHasher, IdMap, TaskId, VnodeId};
+use crate::ids::{DataId, IdHasher, IdMap, IdSet, TaskId, VnodeId};
 use crate::log::{Declared, Event, Output, VnodeLog};
 use crate::task::value::Value;
 use crate::task::{ErasedTask, IdList, Registry, Task};
@@ -79,6 +79,9 @@ pub(crate) struct Core {
     /// Values written here that belong to another vnode: (to, value, log sequence to wait for).
     pub(crate) returns: Vec<(VnodeId, Output, u64)>,
     pub(crate) completed: u64,
+    /// After a recovery: every task the log already declared here (recovery rule 3: a
+    /// restarted task's children are recognised by id, not declared again). Empty otherwise.
+    pub(crate) known: IdSet<TaskId>,
 }
 
 impl Core {
@@ -99,6 +102,7 @@ impl Core {
             shared,
             returns: Vec::new(),
             completed: 0,
+            known: IdSet::default(),
         }
     }
 
@@ -142,27 +146,65 @@ impl Core {
         }
     }
 
-    /// A new data object declared by a running task's scope (rule 3).
+    /// A new data object declared by a running task's scope (rule 3). After a recovery the
+    /// entry may exist already (rebuilt from the log): its scope is open again.
     pub(crate) fn create_data(&mut self, id: DataId) {
-        self.data.insert(
-            id,
-            DataEntry {
-                open: true,
-                ..DataEntry::default()
-            },
-        );
+        self.data.entry(id).or_default().open = true;
     }
 
     /// A terminal output: never dropped.
-    pub(crate) fn create_pinned(&mut self, id: DataId) {
-        self.data.insert(
-            id,
-            DataEntry {
-                open: true,
-                pinned: true,
-                ..DataEntry::default()
-            },
-        );
+    pub(crate) fn pin(&mut self, id: DataId) {
+        let e = self.data.entry(id).or_default();
+        e.pinned = true;
+        e.open = true;
+    }
+
+    /// Recovery: a data entry as the log left it (value if written), scope closed.
+    pub(crate) fn restore_data(&mut self, id: DataId, value: Option<(Vec<u8>, Digest)>) {
+        let e = self.data.entry(id).or_default();
+        if let (None, Some((bytes, digest))) = (&e.value, value) {
+            e.value = Some(Value::bytes(bytes));
+            e.digest = Some(digest);
+        }
+    }
+
+    /// Recovery: written values owed to victims (their acknowledgements are not logged, so
+    /// they are sent again; victims ignore duplicates).
+    pub(crate) fn owed_returns(&mut self) -> Result<(), RunError> {
+        let owed: Vec<DataId> = self
+            .data
+            .iter()
+            .filter(|(_, e)| e.value.is_some() && !e.return_to.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in owed {
+            let e = &self.data[&id];
+            let value = e
+                .value
+                .as_ref()
+                .map(Value::encode)
+                .transpose()
+                .map_err(|err| RunError::Encode {
+                    what: format!("value of {id}"),
+                    reason: err.to_string(),
+                })?;
+            let (Some(bytes), Some(digest)) = (value, e.digest) else {
+                continue;
+            };
+            for to in e.return_to.clone() {
+                self.shared.work_add(self.vnode);
+                self.returns.push((
+                    to,
+                    Output {
+                        data: id,
+                        value: bytes.clone(),
+                        digest,
+                    },
+                    0,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// An output of an adopted task, to be returned to `victim` when written. The entry may
@@ -188,6 +230,9 @@ impl Core {
 
     /// Declares a task on this vnode (logs `Declared`, counts it live, wires its inputs).
     pub(crate) fn declare(&mut self, mut spec: TaskSpec) -> Result<(), RunError> {
+        if !self.known.is_empty() && self.known.contains(&spec.id) {
+            return Ok(()); // recovery rule 3
+        }
         if self.log.is_some() {
             let args = match spec.args.take() {
                 Some(a) => a,
@@ -210,6 +255,12 @@ impl Core {
                 spec.args = Some(d.args);
             }
         }
+        self.wire(spec)
+    }
+
+    /// Counts a declared task live and wires its inputs (rule 2); recovery calls it for the
+    /// tasks the log declared, without logging them again.
+    pub(crate) fn wire(&mut self, spec: TaskSpec) -> Result<(), RunError> {
         self.shared.work_add(self.vnode);
         let mut missing = 0;
         for &input in &spec.inputs {

@@ -23,6 +23,7 @@
 //!    manifest records the outcome.
 
 pub(crate) mod core;
+mod recover;
 mod shared;
 mod vnode;
 
@@ -34,16 +35,18 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use veriflow_checkpoint::Store;
 
-use self::core::{Core, TaskSpec};
+use self::core::Core;
+use self::recover::{plant_root, RecoveryContext, RootSetup};
+pub use self::shared::Kill;
 use self::shared::RunShared;
 use self::vnode::Vnode;
 pub use self::vnode::{Timers, VnodeStats};
 use crate::clock::{Clock, SystemClock};
-use crate::codec::{self, Digest};
+use crate::codec;
 use crate::error::{panic_message, RunError};
 use crate::ids::{DataId, TaskId, VnodeId};
-use crate::log::{CommitPolicy, Event, LogWriter, Manifest, Output, RunStatus};
-use crate::task::{Boxed, InputSet, OutputSet, Registry, Task};
+use crate::log::{CommitPolicy, LogWriter, Manifest, RunStatus};
+use crate::task::{InputSet, OutputSet, Registry, Task};
 use crate::transport::{InProcTransport, Transport};
 
 /// Tasks a vnode runs before its driver looks at its other vnodes and the termination test.
@@ -73,6 +76,7 @@ pub struct RuntimeBuilder {
     progress: Option<ProgressFn>,
     transport: Option<TransportFactory>,
     timers: Timers,
+    kills: Vec<Kill>,
 }
 
 /// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
@@ -94,7 +98,16 @@ impl RuntimeBuilder {
             progress: None,
             transport: None,
             timers: Timers::default(),
+            kills: Vec::new(),
         }
+    }
+
+    /// Fault injection: each `Kill` makes a vnode fail (all its memory lost) once that many
+    /// tasks have completed in the run; it is then recovered from its log (`recover.rs`).
+    /// Needs a store.
+    pub fn kills(mut self, kills: Vec<Kill>) -> Self {
+        self.kills = kills;
+        self
     }
 
     /// The transport between vnodes (default: in-process channels). Tests use it to lose,
@@ -181,6 +194,18 @@ impl RuntimeBuilder {
             Some(v) => v,
             None => u32::try_from(threads).unwrap_or(MAX_VNODES).min(MAX_VNODES),
         };
+        if !self.kills.is_empty() && (self.store.is_none() || !self.checkpoint) {
+            return Err(RunError::Config(
+                "failures can only be injected into a run that logs (it recovers from the log)"
+                    .to_string(),
+            ));
+        }
+        if let Some(k) = self.kills.iter().find(|k| k.vnode.0 >= vnodes) {
+            return Err(RunError::Config(format!(
+                "cannot fail {}: the run has {vnodes} vnodes",
+                k.vnode
+            )));
+        }
         if self.policy.max_bytes == 0 {
             return Err(RunError::Config(
                 "commit batch size must be positive".to_string(),
@@ -205,6 +230,7 @@ impl RuntimeBuilder {
             progress: self.progress,
             transport: self.transport,
             timers: self.timers,
+            kills: self.kills,
             pool,
         })
     }
@@ -242,6 +268,7 @@ pub struct Runtime {
     progress: Option<ProgressFn>,
     transport: Option<TransportFactory>,
     timers: Timers,
+    kills: Vec<Kill>,
     pool: rayon::ThreadPool,
 }
 
@@ -357,42 +384,20 @@ impl Runtime {
         }
 
         // Rule 2: program inputs, then the root, on vnode 0.
-        let home = &mut vnodes[0].core;
-        for (&id, value) in input_ids.iter().zip(input_values) {
-            home.create_data(id);
-            let mut digest = None;
-            if home.logging() {
-                let bytes = value.encode().map_err(|e| RunError::Encode {
-                    what: format!("program input {id}"),
-                    reason: e.to_string(),
-                })?;
-                let d = Digest::of(&bytes);
-                home.append(&Event::Input {
-                    output: Output {
-                        data: id,
-                        value: bytes,
-                        digest: d,
-                    },
-                })?;
-                digest = Some(d);
-            }
-            home.write(id, value, digest, None, 0)?;
-        }
-        for &o in &terminal {
-            home.create_pinned(o);
-        }
-        home.declare(TaskSpec {
+        let setup = RootSetup {
             id: root_id,
-            parent: None,
-            index: 0,
-            body: Box::new(Boxed(root)),
-            inputs: input_ids.iter().copied().collect(),
-            outputs: terminal.iter().copied().collect(),
-            args: Some(root_args),
-        })?;
-        home.close(&input_ids);
-
-        self.drive(&mut vnodes, &shared);
+            name: T::NAME.to_string(),
+            args: root_args,
+            inputs: input_ids.iter().copied().zip(input_values).collect(),
+            terminal: terminal.clone(),
+        };
+        plant_root(&mut vnodes[0].core, &setup)?;
+        shared.set_kills(self.kills.clone());
+        let rc = RecoveryContext {
+            writer: writer.as_ref(),
+            root: &setup,
+        };
+        self.drive(&mut vnodes, &shared, &rc);
 
         let mut error = shared.take_error();
         let mut stats = Vec::with_capacity(vnodes.len());
@@ -456,7 +461,7 @@ impl Runtime {
     }
 
     /// Rule 1: min(T, V) drivers on the pool, plus the progress reporter.
-    fn drive(&self, vnodes: &mut [Vnode], shared: &Arc<RunShared>) {
+    fn drive(&self, vnodes: &mut [Vnode], shared: &Arc<RunShared>, rc: &RecoveryContext<'_>) {
         let drivers = self.threads.min(vnodes.len());
         let mut shares: Vec<Vec<&mut Vnode>> = (0..drivers).map(|_| Vec::new()).collect();
         for (i, v) in vnodes.iter_mut().enumerate() {
@@ -475,7 +480,7 @@ impl Runtime {
         self.pool.scope(|s| {
             for share in shares {
                 s.spawn(move |_| {
-                    let result = catch_unwind(AssertUnwindSafe(|| drive_share(share, shared)));
+                    let result = catch_unwind(AssertUnwindSafe(|| drive_share(share, shared, rc)));
                     if let Err(payload) = result {
                         shared.fail(RunError::Internal {
                             vnode: VnodeId(u32::MAX),
@@ -492,8 +497,24 @@ impl Runtime {
     }
 }
 
-fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared) {
+fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared, rc: &RecoveryContext<'_>) {
+    let mine: Vec<VnodeId> = share.iter().map(|v| v.core.vnode).collect();
     while !shared.stopped() {
+        while let Some(dead) = shared.due_kill(&mine) {
+            if let Some(v) = share.iter_mut().find(|v| v.core.vnode == dead) {
+                match v.fail_and_recover(rc) {
+                    Ok(r) => {
+                        v.stats.failures += 1;
+                        v.stats.recovered_tasks += r.restarted;
+                        v.stats.reused_tasks += r.reused;
+                    }
+                    Err(e) => {
+                        shared.fail(e);
+                        return;
+                    }
+                }
+            }
+        }
         let mut worked = false;
         for v in share.iter_mut() {
             match v.step(STEP_BUDGET) {

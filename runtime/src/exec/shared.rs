@@ -15,8 +15,21 @@ const UP: u64 = (1 << 32) + 1;
 const DOWN: u64 = (1 << 32) - 1;
 const LOW: u64 = 0xffff_ffff;
 
+/// A planned failure (fault injection): `vnode` fails once `after` tasks have completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kill {
+    /// The vnode that fails.
+    pub vnode: VnodeId,
+    /// Completed tasks (whole run) at which it fails.
+    pub after: u64,
+}
+
 pub(crate) struct RunShared {
     work: Vec<Padded<AtomicU64>>,
+    /// Current incarnation of each vnode: messages from an older one are dropped.
+    epochs: Vec<Padded<AtomicU64>>,
+    /// Failures still to inject, sorted by `after`.
+    kills: Mutex<Vec<Kill>>,
     completed: Vec<Padded<AtomicU64>>,
     stop: AtomicBool,
     error: Mutex<Option<RunError>>,
@@ -26,10 +39,52 @@ impl RunShared {
     pub(crate) fn new(vnodes: u32) -> Self {
         RunShared {
             work: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            epochs: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            kills: Mutex::new(Vec::new()),
             completed: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             stop: AtomicBool::new(false),
             error: Mutex::new(None),
         }
+    }
+
+    pub(crate) fn set_kills(&self, mut kills: Vec<Kill>) {
+        kills.sort_by_key(|k| k.after);
+        *self.kills.lock().unwrap_or_else(|p| p.into_inner()) = kills;
+    }
+
+    /// Takes the planned failure of one of `mine` that is due, if any.
+    pub(crate) fn due_kill(&self, mine: &[VnodeId]) -> Option<VnodeId> {
+        let mut kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+        if kills.is_empty() {
+            return None;
+        }
+        let done = self.completed();
+        let i = kills
+            .iter()
+            .position(|k| k.after <= done && mine.contains(&k.vnode))?;
+        Some(kills.remove(i).vnode)
+    }
+
+    pub(crate) fn epoch(&self, v: VnodeId) -> u64 {
+        self.epochs[v.0 as usize].0.load(Ordering::SeqCst)
+    }
+
+    /// A new incarnation of `v`: bumps its epoch and forgets its work (the rebuilt vnode
+    /// counts its own again), as one change for the termination test. One unit stays, for the
+    /// recovery itself: the caller lowers it with `work_done` once the rebuild is counted, so
+    /// the run cannot look finished while the vnode is being rebuilt.
+    pub(crate) fn reincarnate(&self, v: VnodeId) -> u64 {
+        let w = &self.work[v.0 as usize].0;
+        let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |x| {
+            Some((((x >> 32).wrapping_add(1) << 32) & !LOW) | 1)
+        });
+        self.epochs[v.0 as usize].0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub(crate) fn set_completed(&self, v: VnodeId, total: u64) {
+        self.completed[v.0 as usize]
+            .0
+            .store(total, Ordering::Relaxed);
     }
 
     pub(crate) fn work_add(&self, v: VnodeId) {

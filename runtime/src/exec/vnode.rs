@@ -35,7 +35,7 @@ use super::core::{Core, ReadyTask, TaskSpec};
 use crate::clock::Clock;
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
-use crate::ids::{DataId, IdMap, TaskId, VnodeId};
+use crate::ids::{DataId, Epoch, IdMap, TaskId, VnodeId};
 use crate::log::{Declared, Event, Output};
 use crate::task::value::Value;
 use crate::task::Ctx;
@@ -78,13 +78,19 @@ pub struct VnodeStats {
     pub steal_requests: u64,
     /// Events appended to its log.
     pub events: u64,
+    /// Times it failed and was recovered (fault injection).
+    pub failures: u64,
+    /// Tasks restarted by its recoveries (declared, not completed at the failure).
+    pub recovered_tasks: u64,
+    /// Tasks completed before its failures, reused and not run again.
+    pub reused_tasks: u64,
 }
 
-struct Unacked {
-    to: VnodeId,
-    msg: Message,
-    seq: u64,
-    resend_at: Duration,
+pub(crate) struct Unacked {
+    pub(crate) to: VnodeId,
+    pub(crate) msg: Message,
+    pub(crate) seq: u64,
+    pub(crate) resend_at: Duration,
 }
 
 pub(crate) struct Vnode {
@@ -95,14 +101,17 @@ pub(crate) struct Vnode {
     peers: u32,
     timers: Timers,
     /// Rule 6: messages waiting for their event to be durable, in sequence order.
-    held: VecDeque<(u64, VnodeId, Message)>,
+    pub(crate) held: VecDeque<(u64, VnodeId, Message)>,
     /// Messages received while blocked in [`Vnode::wait`].
     stash: VecDeque<Envelope>,
-    grants: IdMap<TaskId, Unacked>,
+    pub(crate) grants: IdMap<TaskId, Unacked>,
     returns: std::collections::HashMap<(DataId, VnodeId), Unacked>,
     /// Outputs of tasks given away, by (data, thief): each owed once (see `Core::create_return`).
-    expected: HashSet<(DataId, VnodeId)>,
-    adopted: HashSet<TaskId>,
+    pub(crate) expected: HashSet<(DataId, VnodeId)>,
+    pub(crate) adopted: HashSet<TaskId>,
+    /// Restarted tasks whose children the log already declared here: only this vnode
+    /// recognises those children (recover.rs rule 3), so they are never given away.
+    pub(crate) keep: HashSet<TaskId>,
     steal_out: Option<(VnodeId, Duration)>,
     refusals: u32,
     next_steal: Duration,
@@ -135,11 +144,27 @@ impl Vnode {
             returns: Default::default(),
             expected: HashSet::new(),
             adopted: HashSet::new(),
+            keep: HashSet::new(),
             steal_out: None,
             refusals: 0,
             next_steal: Duration::ZERO,
             stats,
         }
+    }
+
+    /// Recovery rule 1: forgets everything but the inbox (which now speaks for `epoch`).
+    pub(crate) fn reset(&mut self, epoch: Epoch) {
+        self.endpoint.set_epoch(epoch);
+        self.held.clear();
+        self.stash.clear();
+        self.grants.clear();
+        self.returns.clear();
+        self.expected.clear();
+        self.adopted.clear();
+        self.keep.clear();
+        self.steal_out = None;
+        self.refusals = 0;
+        self.next_steal = Duration::ZERO;
     }
 
     fn id(&self) -> VnodeId {
@@ -265,6 +290,9 @@ impl Vnode {
 
     fn handle(&mut self, env: Envelope) -> Result<(), RunError> {
         let from = env.from;
+        if env.epoch.0 < self.core.shared.epoch(from) {
+            return Ok(()); // from a failed incarnation (recover.rs rule 1)
+        }
         match env.msg {
             Message::StealRequest => self.on_steal_request(from),
             Message::StealNone => {
@@ -297,12 +325,12 @@ impl Vnode {
 
     /// Rule 3.
     fn on_steal_request(&mut self, thief: VnodeId) -> Result<(), RunError> {
-        // Rule 3: a task moves at most once, so an adopted task is never given away again.
-        let pos = self
-            .core
-            .ready
-            .iter()
-            .position(|t| !self.adopted.contains(&t.spec.id));
+        // Rule 3: a task moves at most once, so an adopted task is never given away again;
+        // nor is a restarted task with children already in our log (recover.rs rule 3).
+        let pos =
+            self.core.ready.iter().position(|t| {
+                !self.adopted.contains(&t.spec.id) && !self.keep.contains(&t.spec.id)
+            });
         let Some(task) = pos.and_then(|i| self.core.ready.remove(i)) else {
             return self.send(thief, Message::StealNone);
         };

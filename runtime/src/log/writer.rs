@@ -45,6 +45,8 @@ enum ToWriter {
     Segment(Sealed),
     /// Store what came before, then exit (vnode logs may outlive the writer).
     Stop,
+    /// Store what came before, then answer.
+    Barrier(mpsc::SyncSender<()>),
 }
 
 /// State shared by the writer thread and every vnode log.
@@ -157,6 +159,18 @@ impl LogWriter {
         })
     }
 
+    /// Returns once every segment sealed before the call is stored and flushed (or the
+    /// writer has stopped). Recovery uses it: what a failed vnode sealed reaches the store
+    /// before its log is read back, and the new incarnation numbers its segments after it.
+    pub fn barrier(&self) {
+        let (reply, done) = mpsc::sync_channel(1);
+        if let Some(tx) = &self.tx {
+            if tx.send(ToWriter::Barrier(reply)).is_ok() {
+                let _ = done.recv();
+            }
+        }
+    }
+
     /// The store under this writer.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
@@ -193,14 +207,24 @@ impl Drop for LogWriter {
 
 fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
     let mut stopping = false;
+    let mut barriers = Vec::new();
     while !stopping {
-        let Ok(ToWriter::Segment(first)) = rx.recv() else {
-            break;
-        };
-        let mut batch = vec![first];
+        let mut batch = Vec::new();
+        match rx.recv() {
+            Ok(ToWriter::Segment(first)) => batch.push(first),
+            Ok(ToWriter::Barrier(reply)) => {
+                let _ = reply.send(());
+                continue;
+            }
+            Ok(ToWriter::Stop) | Err(_) => break,
+        }
         while batch.len() < MAX_SEGMENTS_PER_FLUSH {
             match rx.try_recv() {
                 Ok(ToWriter::Segment(s)) => batch.push(s),
+                Ok(ToWriter::Barrier(reply)) => {
+                    barriers.push(reply);
+                    break;
+                }
                 Ok(ToWriter::Stop) => {
                     stopping = true;
                     break;
@@ -230,6 +254,9 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
         }
         *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         shared.flushed_cv.notify_all();
+        for reply in barriers.drain(..) {
+            let _ = reply.send(());
+        }
     }
 }
 

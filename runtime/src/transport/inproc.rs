@@ -39,6 +39,7 @@ impl Transport for InProcTransport {
         let inbox = slot.take().ok_or(TransportError::InUse(me))?;
         Ok(Box::new(InProcEndpoint {
             me,
+            epoch: Epoch(0),
             peers: self.senders.clone(),
             inbox,
         }))
@@ -47,6 +48,7 @@ impl Transport for InProcTransport {
 
 struct InProcEndpoint {
     me: VnodeId,
+    epoch: Epoch,
     peers: Vec<Sender<Envelope>>,
     inbox: Receiver<Envelope>,
 }
@@ -60,7 +62,7 @@ impl Endpoint for InProcEndpoint {
         // A closed inbox means the peer has shut down: to the sender, a lost message (rule 2).
         let _ = tx.send(Envelope {
             from: self.me,
-            epoch: Epoch(0),
+            epoch: self.epoch,
             msg,
         });
         Ok(())
@@ -73,5 +75,9 @@ impl Endpoint for InProcEndpoint {
     fn recv_timeout(&mut self, timeout: Duration) -> Option<Envelope> {
         // Timeout or disconnected: nothing to deliver either way.
         self.inbox.recv_timeout(timeout).ok()
+    }
+
+    fn set_epoch(&mut self, epoch: Epoch) {
+        self.epoch = epoch;
     }
 }

@@ -92,4 +92,8 @@ impl Endpoint for LossyEndpoint {
     fn recv_timeout(&mut self, timeout: Duration) -> Option<Envelope> {
         self.inner.recv_timeout(timeout)
     }
+
+    fn set_epoch(&mut self, epoch: crate::ids::Epoch) {
+        self.inner.set_epoch(epoch);
+    }
 }

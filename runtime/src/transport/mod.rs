@@ -82,6 +82,8 @@ pub trait Endpoint: Send {
     fn try_recv(&mut self) -> Option<Envelope>;
     /// Waits up to `timeout` for a message.
     fn recv_timeout(&mut self, timeout: Duration) -> Option<Envelope>;
+    /// The epoch stamped on every message sent from now on (rule 3).
+    fn set_epoch(&mut self, epoch: Epoch);
 }
 
 /// A network of vnodes.

@@ -1,0 +1,321 @@
+//! Recovery of a failed vnode from its log SC_v (paper 001 §IV, Fig. 3).
+//!
+//! Rules:
+//!
+//! 1. A failed vnode loses everything in memory: its graph, its open log batch, the messages
+//!    it had received but not handled. What its log made durable survives (segments it had
+//!    sealed reach the store first: the writer's barrier). Its epoch goes up, so messages its
+//!    old incarnation sent and that are still in flight are dropped; messages addressed to the
+//!    vnode wait in its inbox and go to the new incarnation.
+//! 2. The new incarnation reads SC_v and, per task, restarts from the last registered state of
+//!    the automaton: a `Completed` task is never run again (no domino effect) and its outputs
+//!    are restored from the log; a `Declared` or `Started` task is declared again (without a
+//!    new `Declared` event) and runs its body when its inputs are there; an `Adopted` task is
+//!    ready again with the input values its record carries; a `Stolen` task stays with its
+//!    thief.
+//! 3. A restarted task re-runs its body: the children it had declared are recognised by their
+//!    ids (the log knows them) and are neither declared nor run again. Only this vnode knows
+//!    them, so a restarted task that had started is never given to a thief.
+//! 4. Obligations are rebuilt from the log, since acknowledgements are not logged: outputs of
+//!    a stolen task not yet `Returned` are expected again and its grant is sent again (the
+//!    thief ignores it if it adopted the task); written values owed to a victim are sent
+//!    again (the victim ignores duplicates).
+//! 5. On vnode 0, the terminal outputs are pinned again; if the root's declaration never
+//!    became durable, the program inputs and the root are planted again as at the start.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::core::{Core, ReadyTask, TaskSpec};
+use super::vnode::{Unacked, Vnode};
+use crate::codec::Digest;
+use crate::error::RunError;
+use crate::ids::{DataId, Epoch, IdMap, IdSet, TaskId, VnodeId};
+use crate::log::{Declared, Event, LogReader, LogWriter, Output};
+use crate::task::value::Value;
+use crate::task::Registry;
+use crate::transport::Message;
+
+/// What the program started with: enough to plant the root again (rule 5).
+pub(crate) struct RootSetup {
+    pub(crate) id: TaskId,
+    pub(crate) name: String,
+    pub(crate) args: Vec<u8>,
+    pub(crate) inputs: Vec<(DataId, Value)>,
+    pub(crate) terminal: Vec<DataId>,
+}
+
+/// Declares the program inputs and the root on vnode 0 (exec/mod.rs rule 2).
+pub(crate) fn plant_root(core: &mut Core, root: &RootSetup) -> Result<(), RunError> {
+    let kind = *core
+        .registry()
+        .get(&root.name)
+        .ok_or_else(|| RunError::UnregisteredTask {
+            name: root.name.clone(),
+        })?;
+    let body = kind.decode(&root.args).map_err(|e| RunError::Encode {
+        what: format!("arguments of root task {}", root.name),
+        reason: e.to_string(),
+    })?;
+    for (id, value) in &root.inputs {
+        let id = *id;
+        if core.value(id).is_some() {
+            continue; // recovery: its Input event was durable
+        }
+        core.create_data(id);
+        let mut digest = None;
+        if core.logging() {
+            let bytes = value.encode().map_err(|e| RunError::Encode {
+                what: format!("program input {id}"),
+                reason: e.to_string(),
+            })?;
+            let d = Digest::of(&bytes);
+            core.append(&Event::Input {
+                output: Output {
+                    data: id,
+                    value: bytes,
+                    digest: d,
+                },
+            })?;
+            digest = Some(d);
+        }
+        core.write(id, value.clone(), digest, None, 0)?;
+    }
+    for &o in &root.terminal {
+        core.pin(o);
+    }
+    let inputs: Vec<DataId> = root.inputs.iter().map(|(id, _)| *id).collect();
+    core.declare(TaskSpec {
+        id: root.id,
+        parent: None,
+        index: 0,
+        body,
+        inputs: inputs.iter().copied().collect(),
+        outputs: root.terminal.iter().copied().collect(),
+        args: Some(root.args.clone()),
+    })?;
+    core.close(&inputs);
+    Ok(())
+}
+
+/// What one recovery did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Recovered {
+    /// Tasks restarted (declared but not completed when the vnode failed).
+    pub(crate) restarted: u64,
+    /// Tasks completed before the failure, kept and not run again.
+    pub(crate) reused: u64,
+}
+
+/// What recovery needs besides the vnode.
+pub(crate) struct RecoveryContext<'a> {
+    pub(crate) writer: Option<&'a LogWriter>,
+    pub(crate) root: &'a RootSetup,
+}
+
+impl Vnode {
+    /// Fails this vnode and rebuilds it from its log in place (rules 1-5).
+    pub(crate) fn fail_and_recover(
+        &mut self,
+        rc: &RecoveryContext<'_>,
+    ) -> Result<Recovered, RunError> {
+        let v = self.core.vnode;
+        let Some(writer) = rc.writer else {
+            return Err(RunError::Config(format!(
+                "{v} failed and there is no log to recover it"
+            )));
+        };
+        // Rule 1: drop the old incarnation (its log handle too: the open batch is lost).
+        let registry = self.core.registry().clone();
+        let shared = self.core.shared.clone();
+        self.core.log = None;
+        let epoch = shared.reincarnate(v);
+        self.reset(Epoch(epoch));
+        writer.barrier();
+        let events = LogReader::new(writer.store().clone()).read_vnode(v)?.events;
+        self.core = Core::new(
+            v,
+            registry.clone(),
+            Some(writer.vnode_log(v)?),
+            shared.clone(),
+        );
+        let out = self.rebuild(&registry, events.into_iter().map(|e| e.event), rc.root)?;
+        self.stats.tasks = out.reused;
+        shared.set_completed(v, out.reused);
+        self.core.completed = out.reused;
+        shared.work_done(v); // the unit `reincarnate` kept
+        Ok(out)
+    }
+
+    fn rebuild(
+        &mut self,
+        registry: &Registry,
+        events: impl Iterator<Item = Event>,
+        root: &RootSetup,
+    ) -> Result<Recovered, RunError> {
+        let v = self.core.vnode;
+        let mut declared: IdMap<TaskId, (Declared, Option<(VnodeId, Vec<Vec<u8>>)>)> =
+            IdMap::default();
+        let mut order: Vec<TaskId> = Vec::new();
+        let mut completed: IdSet<TaskId> = IdSet::default();
+        let mut started: IdSet<TaskId> = IdSet::default();
+        let mut stolen: Vec<(TaskId, VnodeId)> = Vec::new();
+        let mut values: IdMap<DataId, (Vec<u8>, Digest)> = IdMap::default();
+        for event in events {
+            match event {
+                Event::Declared(d) => {
+                    order.push(d.task);
+                    declared.insert(d.task, (d, None));
+                }
+                Event::Adopted {
+                    victim,
+                    record,
+                    inputs,
+                } => {
+                    order.push(record.task);
+                    declared.insert(record.task, (record, Some((victim, inputs))));
+                }
+                Event::Started { task, .. } => {
+                    started.insert(task);
+                }
+                Event::Completed { task, outputs, .. } => {
+                    completed.insert(task);
+                    for o in outputs {
+                        values.insert(o.data, (o.value, o.digest));
+                    }
+                }
+                Event::Stolen { task, thief } => stolen.push((task, thief)),
+                Event::Returned { output } | Event::Input { output } => {
+                    values.insert(output.data, (output.value, output.digest));
+                }
+            }
+        }
+        let gone: HashSet<TaskId> = stolen.iter().map(|(t, _)| *t).collect();
+        let live = |t: &TaskId| !completed.contains(t) && !gone.contains(t);
+
+        // Data as the log left it; outputs of adopted tasks are owed to their victims.
+        for id in &order {
+            let (d, adopted) = &declared[id];
+            for &o in &d.outputs {
+                self.core.restore_data(o, values.get(&o).cloned());
+                if let Some((victim, _)) = adopted {
+                    self.core.create_return(o, *victim);
+                }
+                if d.parent
+                    .is_some_and(|p| declared.contains_key(&p) && live(&p))
+                {
+                    self.core.create_data(o); // its scope will run again
+                }
+            }
+            if live(id) {
+                for &i in &d.inputs {
+                    self.core.restore_data(i, values.get(&i).cloned());
+                }
+            }
+        }
+        // Rule 5.
+        if v.0 == 0 {
+            for &o in &root.terminal {
+                self.core.pin(o);
+            }
+        }
+        self.core.known = declared.keys().copied().collect();
+        if v.0 == 0 && !declared.contains_key(&root.id) {
+            plant_root(&mut self.core, root)?;
+            self.core.known.insert(root.id);
+        }
+
+        // Rule 2: restart the live tasks, in log order.
+        let mut out = Recovered {
+            reused: completed.len() as u64,
+            ..Recovered::default()
+        };
+        for id in &order {
+            let (d, adopted) = &declared[id];
+            if adopted.is_some() {
+                self.adopted.insert(*id);
+            }
+            if !live(id) {
+                continue;
+            }
+            let kind = *registry
+                .get(&d.name)
+                .ok_or_else(|| RunError::UnknownTaskName {
+                    name: d.name.to_string(),
+                    context: format!("the log of {v} (recovering task {:#})", d.task),
+                })?;
+            let body = kind.decode(&d.args).map_err(|e| RunError::Encode {
+                what: format!("arguments of task {} in the log of {v}", d.task),
+                reason: e.to_string(),
+            })?;
+            let spec = TaskSpec {
+                id: d.task,
+                parent: d.parent,
+                index: d.index,
+                body,
+                inputs: d.inputs.iter().copied().collect(),
+                outputs: d.outputs.iter().copied().collect(),
+                args: Some(d.args.clone()),
+            };
+            if started.contains(id) {
+                self.keep.insert(*id); // rule 3: its children are known here only
+            }
+            match adopted {
+                Some((_, inputs)) => {
+                    let digests = inputs.iter().map(|b| Digest::of(b)).collect();
+                    let values = inputs.iter().cloned().map(Value::bytes).collect();
+                    self.core.push_ready(ReadyTask {
+                        spec,
+                        values,
+                        digests,
+                    });
+                }
+                None => self.core.wire(spec)?,
+            }
+            out.restarted += 1;
+        }
+
+        // Rule 4: what was stolen from us and has not all come back.
+        for (task, thief) in stolen {
+            let Some((d, _)) = declared.get(&task) else {
+                continue;
+            };
+            let mut missing = false;
+            for &o in &d.outputs {
+                if !values.contains_key(&o) && self.expected.insert((o, thief)) {
+                    self.core.shared.work_add(v);
+                    missing = true;
+                }
+            }
+            if !missing {
+                continue;
+            }
+            let inputs = d
+                .inputs
+                .iter()
+                .map(|i| values.get(i).map(|(b, _)| b.clone()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| RunError::Internal {
+                    vnode: v,
+                    message: format!("the log lacks an input of stolen task {task}"),
+                })?;
+            let msg = Message::StealGrant {
+                record: d.clone(),
+                inputs,
+            };
+            self.core.shared.work_add(v);
+            self.grants.insert(
+                task,
+                Unacked {
+                    to: thief,
+                    msg: msg.clone(),
+                    seq: 0,
+                    resend_at: Duration::ZERO,
+                },
+            );
+            self.held.push_back((0, thief, msg));
+        }
+        self.core.owed_returns()?;
+        Ok(out)
+    }
+}
