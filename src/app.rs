@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use veriflow_checkpoint::{SledStore, Store, StoreError};
 use veriflow_runtime::log::{CommitPolicy, LogError};
-use veriflow_runtime::{Registry, RegistryError, RunError, Runtime, Task};
+use veriflow_runtime::{Kill, Registry, RegistryError, RunError, Runtime, Task, VnodeId};
 
 use crate::inspect;
 
@@ -134,9 +136,64 @@ struct RuntimeArgs {
     /// Group commit: seal a non-empty segment after this many ms.
     #[arg(long, value_name = "MS", default_value_t = 5)]
     commit_ms: u64,
+    /// Fault injection: vnode V fails (all its memory lost) and is recovered from its log;
+    /// repeatable, each paired in order with a --kill-after.
+    #[arg(
+        long = "kill-vnode",
+        value_name = "V",
+        conflicts_with = "no_checkpoint"
+    )]
+    kill_vnode: Vec<u32>,
+    /// ... once N tasks have completed in the whole run.
+    #[arg(long = "kill-after", value_name = "N")]
+    kill_after: Vec<u64>,
+    /// Fault injection: K failures of vnodes and at points drawn from --seed.
+    #[arg(
+        long = "kill-random",
+        value_name = "K",
+        default_value_t = 0,
+        conflicts_with = "no_checkpoint"
+    )]
+    kill_random: u32,
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     json: bool,
+}
+
+impl RuntimeArgs {
+    /// The failures to inject: the explicit ones, then `--kill-random` drawn from the seed
+    /// (vnodes uniformly, points uniformly over the expected tasks, or the first 1000).
+    fn kills(&self, vnodes: u32, expected_tasks: Option<u64>) -> Result<Vec<Kill>, InvalidArgs> {
+        if self.kill_vnode.len() != self.kill_after.len() {
+            return Err(InvalidArgs(format!(
+                "{} --kill-vnode but {} --kill-after: give them in pairs",
+                self.kill_vnode.len(),
+                self.kill_after.len()
+            )));
+        }
+        let mut kills = Vec::new();
+        for (&v, &after) in self.kill_vnode.iter().zip(&self.kill_after) {
+            if v >= vnodes {
+                return Err(InvalidArgs(format!(
+                    "--kill-vnode {v}: the run has {vnodes} vnodes"
+                )));
+            }
+            kills.push(Kill {
+                vnode: VnodeId(v),
+                after,
+            });
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x6b69_6c6c); // "kill"
+        let horizon = expected_tasks.unwrap_or(1000).max(1);
+        for _ in 0..self.kill_random {
+            let vnode = VnodeId(rng.gen_range(0..vnodes));
+            kills.push(Kill {
+                vnode,
+                after: rng.gen_range(0..horizon),
+            });
+        }
+        Ok(kills)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -182,16 +239,31 @@ impl<P: Program> App<P> {
         };
         let result = match cli.command {
             Command::Run(args) => {
-                if let Err(e) = args.program.validate() {
-                    let kind = clap::error::ErrorKind::ArgumentConflict;
-                    let err = match cmd.find_subcommand_mut("run") {
-                        Some(run) => run.error(kind, e.0),
-                        None => cmd.error(kind, e.0),
-                    };
-                    let _ = err.print();
-                    return ExitCode::from(2);
-                }
-                run::<P>(&args.program, &args.runtime)
+                let threads = args.runtime.threads.map_or_else(
+                    || {
+                        std::thread::available_parallelism()
+                            .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+                    },
+                    |t| t,
+                );
+                let vnodes = args.runtime.vnodes.unwrap_or(threads);
+                let checked = args
+                    .program
+                    .validate()
+                    .and_then(|()| args.runtime.kills(vnodes, args.program.expected_tasks()));
+                let kills = match checked {
+                    Ok(kills) => kills,
+                    Err(e) => {
+                        let kind = clap::error::ErrorKind::ArgumentConflict;
+                        let err = match cmd.find_subcommand_mut("run") {
+                            Some(run) => run.error(kind, e.0),
+                            None => cmd.error(kind, e.0),
+                        };
+                        let _ = err.print();
+                        return ExitCode::from(2);
+                    }
+                };
+                run::<P>(&args.program, &args.runtime, kills)
             }
             Command::Inspect(args) => inspect_cmd::<P>(&args),
         };
@@ -221,7 +293,7 @@ fn registry<P: Program>() -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-fn run<P: Program>(program: &P, rt: &RuntimeArgs) -> Result<(), CliError> {
+fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<(), CliError> {
     let log_dir = if rt.no_checkpoint {
         None
     } else {
@@ -256,6 +328,7 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs) -> Result<(), CliError> {
         let store: Arc<dyn Store> = Arc::new(SledStore::open(dir)?);
         builder = builder.store(store);
     }
+    builder = builder.kills(kills);
     let bar = progress_bar(rt.json, program.expected_tasks());
     if let Some(bar) = &bar {
         let bar = bar.clone();
@@ -287,6 +360,9 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs) -> Result<(), CliError> {
             "seed": rt.seed,
             "root": format!("{:#}", report.root),
             "steals": report.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
+            "failures": report.vnodes.iter().map(|s| s.failures).sum::<u64>(),
+            "recovered_tasks": report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
+            "reused_tasks": report.vnodes.iter().map(|s| s.reused_tasks).sum::<u64>(),
             "per_vnode": report.vnodes,
         });
         println!("{summary}");
@@ -303,6 +379,15 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs) -> Result<(), CliError> {
             runtime.vnodes(),
             report.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
         );
+        let failures: u64 = report.vnodes.iter().map(|s| s.failures).sum();
+        if failures > 0 {
+            println!(
+                "failures: {failures} vnode(s) failed and were recovered from their logs: \
+                 {} tasks restarted, {} completed tasks reused",
+                report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
+                report.vnodes.iter().map(|s| s.reused_tasks).sum::<u64>(),
+            );
+        }
         match &log_dir_text {
             Some(d) => println!(
                 "events: {} logged, all durable; log dir: {d}",
