@@ -126,6 +126,10 @@ struct RuntimeArgs {
     /// Log nothing (the S0 baseline of paper 001).
     #[arg(long)]
     no_checkpoint: bool,
+    /// Finish an interrupted run from the logs in --log-dir (same program options and vnodes):
+    /// completed tasks are not run again.
+    #[arg(long, requires = "log_dir")]
+    resume: bool,
     /// Seed of the vnodes' random choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -239,13 +243,10 @@ impl<P: Program> App<P> {
         };
         let result = match cli.command {
             Command::Run(args) => {
-                let threads = args.runtime.threads.map_or_else(
-                    || {
-                        std::thread::available_parallelism()
-                            .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-                    },
-                    |t| t,
-                );
+                let threads = args.runtime.threads.unwrap_or_else(|| {
+                    std::thread::available_parallelism()
+                        .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+                });
                 let vnodes = args.runtime.vnodes.unwrap_or(threads);
                 let checked = args
                     .program
@@ -336,7 +337,11 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
     }
     let runtime = builder.build()?;
     let (root, inputs) = program.root();
-    let outcome = runtime.run(root, inputs);
+    let outcome = if rt.resume {
+        runtime.resume(root, inputs)
+    } else {
+        runtime.run(root, inputs)
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -380,12 +385,17 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
             report.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
         );
         let failures: u64 = report.vnodes.iter().map(|s| s.failures).sum();
-        if failures > 0 {
+        let reused: u64 = report.vnodes.iter().map(|s| s.reused_tasks).sum();
+        if failures > 0 || reused > 0 {
             println!(
-                "failures: {failures} vnode(s) failed and were recovered from their logs: \
-                 {} tasks restarted, {} completed tasks reused",
+                "recovery: {failures} vnode failure(s){}; {} tasks restarted from the logs, \
+                 {reused} completed tasks reused",
+                if rt.resume {
+                    ", resumed from the logs"
+                } else {
+                    ""
+                },
                 report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
-                report.vnodes.iter().map(|s| s.reused_tasks).sum::<u64>(),
             );
         }
         match &log_dir_text {

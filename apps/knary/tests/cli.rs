@@ -956,3 +956,80 @@ fn bad_kill_flags_are_usage_errors() {
         assert!(out.stderr.contains("kill"), "{out}");
     }
 }
+
+/// Issue 3: `knary run` killed with SIGKILL mid-run, then `knary run --resume` finishes from
+/// the logs without re-running completed tasks and prints the same result.
+#[test]
+fn a_run_killed_with_sigkill_resumes_from_its_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("killed");
+    let args = [
+        "run",
+        "--depth",
+        "6",
+        "--fanout",
+        "5",
+        "--grain-us",
+        "500",
+        "--threads",
+        "2",
+        "--vnodes",
+        "3",
+        "--json",
+        "--log-dir",
+        s(&dir),
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_knary"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the knary binary runs");
+    // 4687 tasks of 0.5 ms on 2 threads take ~1 s: kill it part way, once something is logged.
+    let t0 = Instant::now();
+    while !(dir.join("db").exists() && t0.elapsed() > Duration::from_millis(400)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the run never started logging"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the run finished before it was killed: make it longer"
+    );
+
+    let mut resumed = args.to_vec();
+    resumed.push("--resume");
+    let out = knary(&resumed);
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["correct"], Value::Bool(true), "{out}");
+    assert_eq!(j["result"], knary::expected_nodes(6, 5).unwrap(), "{out}");
+    let tasks = knary::expected_tasks(6, 5).unwrap();
+    assert_eq!(j["tasks"], tasks, "{out}");
+    let reused = j["reused_tasks"].as_u64().unwrap();
+    assert!(
+        reused > 0 && reused < tasks,
+        "completed tasks are reused, not re-run: {out}"
+    );
+
+    let (out, ins) = inspect_json(&dir);
+    out.expect_code(0);
+    let ins = ins.unwrap();
+    assert_eq!(ins["status"], "Finished", "{ins}");
+    for k in ["declared", "started", "completed"] {
+        assert_eq!(ins["tasks"][k], tasks, "{k}: {ins}");
+    }
+    // A finished run is not resumed again; a fresh directory has nothing to resume.
+    knary(&resumed).expect_code(1);
+    let fresh = tmp.path().join("fresh");
+    let mut none = args.to_vec();
+    none[13] = s(&fresh);
+    none.push("--resume");
+    let out = knary(&none);
+    out.expect_code(1);
+    assert!(out.stderr.contains("no run to resume"), "{out}");
+}

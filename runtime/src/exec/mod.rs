@@ -310,6 +310,26 @@ impl Runtime {
         root: T,
         inputs: T::Inputs,
     ) -> Result<RunReport<T::Outputs>, RunError> {
+        self.start(root, inputs, false)
+    }
+
+    /// Finishes a run whose process died, from the logs in the store (`recover.rs`): every
+    /// vnode is rebuilt from its log, completed tasks are not run again. `root` and `inputs`
+    /// must be those of the interrupted run (checked against its manifest).
+    pub fn resume<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+    ) -> Result<RunReport<T::Outputs>, RunError> {
+        self.start(root, inputs, true)
+    }
+
+    fn start<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+        resume: bool,
+    ) -> Result<RunReport<T::Outputs>, RunError> {
         if !self.registry.contains::<T>() {
             return Err(RunError::UnregisteredTask {
                 name: T::NAME.to_string(),
@@ -343,14 +363,43 @@ impl Runtime {
         };
         let writer = match &self.store {
             Some(store) => {
-                if Manifest::load(&**store)?.is_some() {
-                    return Err(RunError::Config(format!(
-                        "{} already holds a run: give a fresh log directory",
-                        store.describe()
-                    )));
+                match (Manifest::load(&**store)?, resume) {
+                    (Some(_), false) => {
+                        return Err(RunError::Config(format!(
+                            "{} already holds a run: give a fresh log directory (or resume it)",
+                            store.describe()
+                        )))
+                    }
+                    (None, true) => {
+                        return Err(RunError::Config(format!(
+                            "{} holds no run to resume",
+                            store.describe()
+                        )))
+                    }
+                    (Some(old), true) if old.root != root_id || old.vnodes != self.vnodes => {
+                        return Err(RunError::Config(format!(
+                            "{} holds another run (root {}, {} vnodes): resume it with the \
+                             same program options and vnodes",
+                            store.describe(),
+                            old.root,
+                            old.vnodes
+                        )))
+                    }
+                    (Some(old), true) if old.status == RunStatus::Finished => {
+                        return Err(RunError::Config(format!(
+                            "{} holds a finished run: nothing to resume",
+                            store.describe()
+                        )))
+                    }
+                    _ => {}
                 }
                 manifest.store(&**store)?;
                 Some(LogWriter::start(store.clone(), self.vnodes, self.policy)?)
+            }
+            None if resume => {
+                return Err(RunError::Config(
+                    "resuming needs the run's store".to_string(),
+                ))
             }
             None => None,
         };
@@ -391,7 +440,16 @@ impl Runtime {
             inputs: input_ids.iter().copied().zip(input_values).collect(),
             terminal: terminal.clone(),
         };
-        plant_root(&mut vnodes[0].core, &setup)?;
+        match &writer {
+            Some(w) if resume => {
+                for v in &mut vnodes {
+                    let r = v.resume_from_log(w, &setup)?;
+                    v.stats.recovered_tasks += r.restarted;
+                    v.stats.reused_tasks += r.reused;
+                }
+            }
+            _ => plant_root(&mut vnodes[0].core, &setup)?,
+        }
         shared.set_kills(self.kills.clone());
         let rc = RecoveryContext {
             writer: writer.as_ref(),

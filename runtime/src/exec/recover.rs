@@ -107,6 +107,9 @@ pub(crate) struct Recovered {
     pub(crate) reused: u64,
 }
 
+/// Where an adopted task came from and its input values (its `Adopted` record).
+type Adoption = (VnodeId, Vec<Vec<u8>>);
+
 /// What recovery needs besides the vnode.
 pub(crate) struct RecoveryContext<'a> {
     pub(crate) writer: Option<&'a LogWriter>,
@@ -147,6 +150,22 @@ impl Vnode {
         Ok(out)
     }
 
+    /// A fresh process resumes a run: this vnode is rebuilt from its log (rules 2-5).
+    pub(crate) fn resume_from_log(
+        &mut self,
+        writer: &LogWriter,
+        root: &RootSetup,
+    ) -> Result<Recovered, RunError> {
+        let v = self.core.vnode;
+        let registry = self.core.registry().clone();
+        let events = LogReader::new(writer.store().clone()).read_vnode(v)?.events;
+        let out = self.rebuild(&registry, events.into_iter().map(|e| e.event), root)?;
+        self.stats.tasks = out.reused;
+        self.core.shared.set_completed(v, out.reused);
+        self.core.completed = out.reused;
+        Ok(out)
+    }
+
     fn rebuild(
         &mut self,
         registry: &Registry,
@@ -154,8 +173,7 @@ impl Vnode {
         root: &RootSetup,
     ) -> Result<Recovered, RunError> {
         let v = self.core.vnode;
-        let mut declared: IdMap<TaskId, (Declared, Option<(VnodeId, Vec<Vec<u8>>)>)> =
-            IdMap::default();
+        let mut declared: IdMap<TaskId, (Declared, Option<Adoption>)> = IdMap::default();
         let mut order: Vec<TaskId> = Vec::new();
         let mut completed: IdSet<TaskId> = IdSet::default();
         let mut started: IdSet<TaskId> = IdSet::default();
