@@ -1033,3 +1033,60 @@ fn a_run_killed_with_sigkill_resumes_from_its_logs() {
     out.expect_code(1);
     assert!(out.stderr.contains("no run to resume"), "{out}");
 }
+
+/// Issue 3: recovery after the log's tail was torn (a crash mid-write): the torn segment is
+/// reported, skipped and dropped, and the resumed run still finishes with the right result.
+#[test]
+fn a_run_resumes_after_its_log_tail_was_torn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("torn");
+    let args = [
+        "run",
+        "--depth",
+        "5",
+        "--fanout",
+        "5",
+        "--threads",
+        "2",
+        "--vnodes",
+        "3",
+        "--seed",
+        "11",
+        "--json",
+        "--log-dir",
+        s(&dir),
+    ];
+    // A finished run's logs with the last segment of its busiest vnode torn stand for a
+    // crash mid-write: everything after the tear is as if never written.
+    logged_run(&dir, 5, 5, 3, &[]);
+    let (v, segs) = busiest_vnode(&dir, 3);
+    let (segno, last) = segs.last().cloned().unwrap();
+    put_segment(&dir, v, segno, &last[..last.len() / 2]);
+    with_store(&dir, |st| {
+        // The run is no longer known to be finished.
+        let mut m = veriflow::runtime::log::Manifest::load(st).unwrap().unwrap();
+        m.status = veriflow::runtime::log::RunStatus::Running;
+        m.store(st).unwrap();
+    });
+    let (out, ins) = inspect_json(&dir);
+    out.expect_code(0);
+    assert!(!vnode_entry(&ins.unwrap(), v)["torn"].is_null());
+
+    let mut resumed = args.to_vec();
+    resumed.push("--resume");
+    let out = knary(&resumed);
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["correct"], Value::Bool(true), "{out}");
+    let tasks = knary::expected_tasks(5, 5).unwrap();
+    let (out, ins) = inspect_json(&dir);
+    out.expect_code(0);
+    let ins = ins.unwrap();
+    assert!(
+        vnode_entry(&ins, v)["torn"].is_null(),
+        "the torn segment was dropped: {ins}"
+    );
+    for k in ["declared", "started", "completed"] {
+        assert_eq!(ins["tasks"][k], tasks, "{k}: {ins}");
+    }
+}

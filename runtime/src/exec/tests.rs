@@ -178,19 +178,37 @@ fn failed_vnodes_are_recovered_from_their_logs() {
     let total = fib_tasks(14);
     let mut failures = 0;
     let mut restarted = 0;
-    for seed in 0..200u64 {
+    let k = |v: u32, after: u64| Kill {
+        vnode: crate::VnodeId(v),
+        after,
+    };
+    // Named cases first: two vnodes at once, the root's vnode, a vnode failing again during
+    // its own recovery and another's, before anything was durable; then seeded random ones.
+    let named: Vec<(u32, Vec<Kill>)> = vec![
+        (3, vec![k(1, 500), k(2, 500)]),
+        (2, vec![k(0, 300)]),
+        (3, vec![k(1, 400), k(1, 401), k(2, 401)]),
+        (4, vec![k(0, 0), k(3, 0)]),
+    ];
+    for seed in 0..200u64 + named.len() as u64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let vnodes = [2u32, 3, 4][(seed % 3) as usize];
-        let kills: Vec<Kill> = (0..1 + seed % 3)
-            .map(|_| Kill {
-                vnode: crate::VnodeId(rng.gen_range(0..vnodes)),
-                after: if seed % 7 == 0 {
-                    0
-                } else {
-                    rng.gen_range(0..total)
-                },
-            })
-            .collect();
+        let (vnodes, kills) = match named.get(seed as usize) {
+            Some((v, kills)) => (*v, kills.clone()),
+            None => {
+                let vnodes = [2u32, 3, 4][(seed % 3) as usize];
+                let kills = (0..1 + seed % 3)
+                    .map(|_| {
+                        let after = if seed % 7 == 0 {
+                            0
+                        } else {
+                            rng.gen_range(0..total)
+                        };
+                        k(rng.gen_range(0..vnodes), after)
+                    })
+                    .collect();
+                (vnodes, kills)
+            }
+        };
         let ctx = format!("seed {seed} vnodes {vnodes} kills {kills:?}");
         eprintln!("{ctx}");
         let store = Arc::new(MemoryStore::default());

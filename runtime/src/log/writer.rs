@@ -132,11 +132,25 @@ impl LogWriter {
         let existing = self.store.scan_prefix(&segment::vnode_prefix(vnode))?;
         let mut next_segno = 0;
         let mut next_seq = 0;
-        for (key, value) in &existing {
+        for (i, (key, value)) in existing.iter().enumerate() {
             if let Some((_, segno)) = segment::parse_segment_key(key) {
-                next_segno = next_segno.max(segno + 1);
-                if let Ok(seg) = segment::decode_segment(value) {
-                    next_seq = next_seq.max(seg.first_seq + seg.events.len() as u64);
+                match segment::decode_segment(value) {
+                    Ok(seg) => {
+                        next_seq = next_seq.max(seg.first_seq + seg.events.len() as u64);
+                        next_segno = next_segno.max(segno + 1);
+                    }
+                    // Rule 4: a torn last segment holds nothing durable. Appending after it
+                    // would make it a torn *middle* segment, which readers refuse: drop it and
+                    // reuse its number.
+                    Err(segment::SegmentError::Frame(f))
+                        if f.is_torn() && i + 1 == existing.len() =>
+                    {
+                        tracing::warn!("log of {vnode}: dropping torn last segment {segno} ({f})");
+                        self.store.delete(key)?;
+                        self.store.flush()?;
+                        next_segno = next_segno.max(segno);
+                    }
+                    Err(_) => next_segno = next_segno.max(segno + 1),
                 }
             }
         }
