@@ -2,7 +2,8 @@
 //!
 //! - the `paper` binary (`cargo run --release -p veriflow-bench --bin paper -- overhead`)
 //!   measures the cost of the durable event log on knary (S1 against the S0 baseline without a
-//!   log) and the empty-task throughput against rayon;
+//!   log) and the empty-task throughput against rayon; `paper recovery` adds S2, a run in which
+//!   one vnode fails half-way and is recovered from its log;
 //! - the `micro` criterion bench measures hot paths (id derivation, codec, a small run).
 //!
 //! This library holds what both share: one knary run on a fresh runtime ([`run_knary`]), the
@@ -14,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use veriflow::{Program, Registry, Runtime, SledStore, Store};
+use veriflow::runtime::Kill;
+use veriflow::{Program, Registry, Runtime, SledStore, Store, VnodeId};
 
 /// The shape of a knary tree (the program's parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -53,14 +55,27 @@ impl Shape {
     }
 }
 
-/// Whether a run logs: the two settings paper 001 compares.
+/// Whether a run logs, and whether a vnode fails: the settings paper 001 compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Setting {
     /// S0: no log at all (`--no-checkpoint`).
     S0,
     /// S1: every task's events logged durably in a fresh sled store, with group commit.
     S1,
+    /// S2: logged like S1, and vnode [`S2_FAILING_VNODE`] fails (all its memory lost) once half
+    /// of the run's tasks have completed, then is recovered from its log.
+    S2,
 }
+
+impl Setting {
+    /// Whether the run logs to a store (S1, S2).
+    pub fn logs(self) -> bool {
+        self != Setting::S0
+    }
+}
+
+/// The vnode that fails in [`Setting::S2`] (of the default 2 vnodes with 2 threads).
+pub const S2_FAILING_VNODE: u32 = 1;
 
 /// What one knary run measured.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -79,6 +94,12 @@ pub struct KnaryRun {
     pub foreign_cpu_s: Option<f64>,
     /// CPU seconds this process used during the run (workers, log writer, sled).
     pub cpu_s: Option<f64>,
+    /// Vnode failures injected and recovered (1 in S2, 0 otherwise).
+    pub failures: u64,
+    /// Tasks restarted by the recoveries (declared, not completed at the failure).
+    pub recovered_tasks: u64,
+    /// Tasks completed before a failure, reused and not run again.
+    pub reused_tasks: u64,
 }
 
 /// The registry of the knary program.
@@ -88,9 +109,10 @@ pub fn knary_registry() -> Result<Registry> {
     Ok(registry)
 }
 
-/// Runs knary once on a fresh runtime of `threads` threads; in [`Setting::S1`] the log goes to
-/// a fresh sled store in a new temporary directory under `scratch` (removed afterwards).
-/// Fails if the result is not the tree's node count.
+/// Runs knary once on a fresh runtime of `threads` threads; in [`Setting::S1`] and
+/// [`Setting::S2`] the log goes to a fresh sled store in a new temporary directory under
+/// `scratch` (removed afterwards). Fails if the result is not the tree's node count, or if an S2
+/// run did not fail exactly once.
 pub fn run_knary(
     shape: Shape,
     setting: Setting,
@@ -102,22 +124,25 @@ pub fn run_knary(
         .threads(threads);
     // Kept alive until the run is over, then removed.
     let mut dir = None;
-    match setting {
-        Setting::S0 => builder = builder.checkpoint(false),
-        Setting::S1 => {
-            let d = tempfile::Builder::new()
-                .prefix("veriflow-bench-")
-                .tempdir_in(scratch)
-                .with_context(|| {
-                    format!("cannot create a log directory in {}", scratch.display())
-                })?;
-            let store: Arc<dyn Store> =
-                Arc::new(SledStore::open(d.path()).with_context(|| {
-                    format!("cannot open a sled store in {}", d.path().display())
-                })?);
-            builder = builder.store(store).checkpoint(true);
-            dir = Some(d);
-        }
+    if setting == Setting::S0 {
+        builder = builder.checkpoint(false);
+    } else {
+        let d = tempfile::Builder::new()
+            .prefix("veriflow-bench-")
+            .tempdir_in(scratch)
+            .with_context(|| format!("cannot create a log directory in {}", scratch.display()))?;
+        let store: Arc<dyn Store> = Arc::new(
+            SledStore::open(d.path())
+                .with_context(|| format!("cannot open a sled store in {}", d.path().display()))?,
+        );
+        builder = builder.store(store).checkpoint(true);
+        dir = Some(d);
+    }
+    if setting == Setting::S2 {
+        builder = builder.kills(vec![Kill {
+            vnode: VnodeId(S2_FAILING_VNODE),
+            after: shape.tasks()? / 2,
+        }]);
     }
     let runtime = builder.build().context("building the runtime")?;
     let (root, inputs) = shape.program().root();
@@ -133,8 +158,13 @@ pub fn run_knary(
             report.outputs.0
         );
     }
-    if setting == Setting::S1 && report.events == 0 {
-        bail!("knary {shape:?} in S1 logged no events");
+    if setting.logs() && report.events == 0 {
+        bail!("knary {shape:?} in {setting:?} logged no events");
+    }
+    let failures = report.vnodes.iter().map(|s| s.failures).sum();
+    let expected_failures = u64::from(setting == Setting::S2);
+    if failures != expected_failures {
+        bail!("knary {shape:?} {setting:?}: {failures} vnode failure(s), expected {expected_failures}");
     }
     drop(runtime);
     if let Some(d) = dir {
@@ -149,6 +179,9 @@ pub fn run_knary(
         steals: report.vnodes.iter().map(|s| s.adopted).sum(),
         foreign_cpu_s,
         cpu_s,
+        failures,
+        recovered_tasks: report.vnodes.iter().map(|s| s.recovered_tasks).sum(),
+        reused_tasks: report.vnodes.iter().map(|s| s.reused_tasks).sum(),
     })
 }
 
@@ -349,5 +382,8 @@ mod tests {
         assert_eq!(s1.tasks, shape.tasks().unwrap());
         assert_eq!(s0.events, 0);
         assert!(s1.events >= 3 * s1.tasks);
+        let s2 = run_knary(shape, Setting::S2, 2, scratch.path()).unwrap();
+        assert_eq!((s0.failures, s1.failures, s2.failures), (0, 0, 1));
+        assert!(s2.reused_tasks > 0);
     }
 }

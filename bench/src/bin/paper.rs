@@ -1,14 +1,18 @@
 //! `paper`: the measurements of the paper, one subcommand each.
 //!
 //! ```text
-//! cargo run --release -p veriflow-bench --bin paper -- overhead [--runs N] [--threads T]
-//!     [--quick] [--out DIR] [--scratch DIR]
+//! cargo run --release -p veriflow-bench --bin paper -- overhead|recovery [--runs N]
+//!     [--threads T] [--quick] [--out DIR] [--scratch DIR] [--quiet-wait SECS] [--retries N]
 //! ```
 //!
 //! `overhead` runs knary at grains 0, 10 µs, 100 µs and 1 ms in S0 (no log) and S1 (durable
 //! log), interleaved S0, S1, S0, S1, ... so that noise hits both alike, then the empty-task
 //! throughput of a big tree against rayon's `scope.spawn`. It prints a table and writes
 //! `overhead.json` (every raw time, medians, ratios, targets) and `overhead.md` in `--out`.
+//!
+//! `recovery` runs knary at grains 100 µs and 1 ms in S0, S1 and S2 (S1 with vnode 1 failing
+//! when half the tasks have completed, recovered from its log), interleaved S0, S1, S2, ...,
+//! and writes `recovery.json` and `recovery.md` likewise.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -19,6 +23,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 use veriflow_bench::{
     rayon_tree, run_knary, wait_for_quiet, KnaryRun, RayonRun, Setting, Shape, Stats,
+    S2_FAILING_VNODE,
 };
 
 /// Grains of the overhead series, in µs.
@@ -30,6 +35,12 @@ const TARGET_US_PER_TASK: f64 = 5.0;
 const TARGET_RATIO_1MS: f64 = 1.01;
 const TARGET_RATIO_100US: f64 = 1.05;
 
+/// Grains of the recovery series, in µs.
+const RECOVERY_GRAINS_US: [u64; 2] = [100, 1000];
+
+/// Target of the recovery issue: S2/S0 at 1 ms grain (paper 001 measured 1.01).
+const TARGET_RECOVERY_RATIO_1MS: f64 = 1.02;
+
 #[derive(Parser, Debug)]
 #[command(name = "paper", about = "veriflow's paper measurements")]
 struct Cli {
@@ -40,34 +51,36 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Cost of the durable log (S1 against S0) on knary, and empty-task throughput vs rayon.
-    Overhead(OverheadArgs),
+    Overhead(RunArgs),
+    /// Cost of one vnode failing half-way (S2) against S0 and S1 on knary.
+    Recovery(RunArgs),
 }
 
 #[derive(Args, Debug)]
-struct OverheadArgs {
+struct RunArgs {
     /// Runs per setting and grain (medians are taken over them; at least 5 unless --quick).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     runs: u32,
     /// Worker threads of veriflow and of the rayon pool.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: u32,
-    /// Small trees, for a smoke run (writes overhead-quick.json/.md instead).
+    /// Small trees, for a smoke run (writes <command>-quick.json/.md instead).
     #[arg(long)]
     quick: bool,
     /// Directory of the results [default: the package's `results`].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Where the S1 runs' fresh log directories go [default: the system's temp directory].
+    /// Where the S1/S2 runs' fresh log directories go [default: the system's temp directory].
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
-    /// Before each S0/S1 pair, wait up to this many seconds for other processes to use less
+    /// Before each S0/S1(/S2) repetition, wait up to this many seconds for other processes to use less
     /// than a quarter of a core (0: do not wait). The machine is shared: a concurrent build
     /// takes half of its 2 cores.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     quiet_wait: u64,
-    /// Pairs of runs that other processes disturbed (see `DISTURBED_SHARE`) are discarded and
-    /// run again, at most this many times per grain (and for the throughput comparison); past
-    /// that, disturbed pairs are kept and counted.
+    /// Repetitions (S0, S1[, S2]) that other processes disturbed (see `DISTURBED_SHARE`) are
+    /// discarded and run again, at most this many times per grain (and for the throughput
+    /// comparison); past that, disturbed repetitions are kept and counted.
     #[arg(long, default_value_t = 3)]
     retries: u32,
 }
@@ -88,7 +101,289 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Overhead(args) => overhead(&args),
+        Command::Recovery(args) => recovery(&args),
     }
+}
+
+/// One invocation's common state: options, directories, the machine, the quiet waits.
+struct Session {
+    runs: usize,
+    threads: usize,
+    quick: bool,
+    quiet_wait: u64,
+    retries: u32,
+    out: PathBuf,
+    scratch: PathBuf,
+    started: Instant,
+    date: String,
+    load_before: Option<String>,
+    machine: Machine,
+    /// Repetitions that started although the machine was not quiet.
+    not_quiet: u32,
+}
+
+/// What every report states besides its measurements.
+struct Info {
+    runs: usize,
+    threads: usize,
+    quick: bool,
+    quiet_wait: u64,
+    retries: u32,
+    date: String,
+    total: Duration,
+    /// `/proc/loadavg` before and after: other work on the machine skews the times.
+    load: [Option<String>; 2],
+    /// Repetitions that started although the machine was not quiet.
+    not_quiet: u32,
+    machine: Machine,
+}
+
+/// Kept and discarded runs of one shape, interleaved over `settings`.
+struct Interleaved {
+    shape: Shape,
+    /// Kept runs, one list per setting (in the order of `settings`).
+    runs: Vec<Vec<KnaryRun>>,
+    /// Disturbed repetitions that were run again (one run per setting each).
+    discarded: Vec<Vec<KnaryRun>>,
+    /// Disturbed repetitions kept because no retry was left.
+    kept_disturbed: u32,
+}
+
+impl Session {
+    fn start(args: &RunArgs) -> Result<Session> {
+        if args.runs < 5 && !args.quick {
+            bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
+        }
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+        let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&scratch).with_context(|| {
+            format!("cannot create the scratch directory {}", scratch.display())
+        })?;
+        std::fs::create_dir_all(&out)
+            .with_context(|| format!("cannot create the output directory {}", out.display()))?;
+        Ok(Session {
+            runs: args.runs as usize,
+            threads: args.threads as usize,
+            quick: args.quick,
+            quiet_wait: args.quiet_wait,
+            retries: args.retries,
+            out,
+            scratch,
+            started: Instant::now(),
+            date: utc_now(),
+            load_before: loadavg(),
+            // Before the runs: the commit measured is the one checked out now.
+            machine: machine(),
+            not_quiet: 0,
+        })
+    }
+
+    /// Waits (up to `--quiet-wait`) for other processes to calm down; counts the failures.
+    fn quiet(&mut self) {
+        if self.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(self.quiet_wait), QUIET_CORES)
+        {
+            self.not_quiet += 1;
+            eprintln!(
+                "  (machine still busy after {} s: running anyway)",
+                self.quiet_wait
+            );
+        }
+    }
+
+    /// One knary run of this session.
+    fn run(&self, shape: Shape, setting: Setting) -> Result<KnaryRun> {
+        run_knary(shape, setting, self.threads, &self.scratch)
+    }
+
+    /// `--runs` repetitions of `settings` in turn on `shape` (S0, S1, ..., S0, S1, ...), each
+    /// after a quiet wait; a disturbed repetition is run again (up to `--retries`).
+    fn interleaved(&mut self, shape: Shape, settings: &[Setting]) -> Result<Interleaved> {
+        let mut series = Interleaved {
+            shape,
+            runs: vec![Vec::new(); settings.len()],
+            discarded: Vec::new(),
+            kept_disturbed: 0,
+        };
+        let mut retries = self.retries;
+        while series.runs[0].len() < self.runs {
+            self.quiet();
+            let rep = settings
+                .iter()
+                .map(|&setting| self.run(shape, setting))
+                .collect::<Result<Vec<_>>>()?;
+            let bad = rep
+                .iter()
+                .any(|r| disturbed(r.foreign_cpu_s, r.elapsed, self.threads));
+            let mut line = format!(
+                "  grain {:>4} µs run {}/{}:",
+                shape.grain_us,
+                series.runs[0].len() + 1,
+                self.runs
+            );
+            for (setting, r) in settings.iter().zip(&rep) {
+                let _ = write!(line, " {setting:?} {:.4} s", r.elapsed.as_secs_f64());
+                if r.events > 0 {
+                    let _ = write!(line, " ({} events)", r.events);
+                }
+                if r.failures > 0 {
+                    let _ = write!(
+                        line,
+                        " ({} failure, {} tasks restarted, {} reused)",
+                        r.failures, r.recovered_tasks, r.reused_tasks
+                    );
+                }
+                line.push(',');
+            }
+            let others: Vec<String> = rep.iter().map(|r| cpu_text(r.foreign_cpu_s)).collect();
+            eprintln!(
+                "{line} other processes' CPU {} s{}",
+                others.join(" / "),
+                disturbed_note(bad, retries > 0)
+            );
+            if bad && retries > 0 {
+                retries -= 1;
+                series.discarded.push(rep);
+                continue;
+            }
+            series.kept_disturbed += u32::from(bad);
+            for (kept, r) in series.runs.iter_mut().zip(rep) {
+                kept.push(r);
+            }
+        }
+        Ok(series)
+    }
+
+    fn finish(self) -> (Info, PathBuf) {
+        let info = Info {
+            runs: self.runs,
+            threads: self.threads,
+            quick: self.quick,
+            quiet_wait: self.quiet_wait,
+            retries: self.retries,
+            date: self.date,
+            total: self.started.elapsed(),
+            load: [self.load_before, loadavg()],
+            not_quiet: self.not_quiet,
+            machine: self.machine,
+        };
+        (info, self.out)
+    }
+}
+
+fn disturbed_note(bad: bool, retry_left: bool) -> &'static str {
+    match (bad, retry_left) {
+        (false, _) => "",
+        (true, true) => " -- disturbed, run again",
+        (true, false) => " -- disturbed, kept (no retry left)",
+    }
+}
+
+impl Info {
+    /// The first line of a markdown report.
+    fn header(&self) -> String {
+        let m = &self.machine;
+        format!(
+            "Measured {} at commit {} on {} ({} cores available), {} threads, median of {} \
+             runs per setting{}; whole command {:.0} s; load average before/after: {} / {}.\n",
+            self.date,
+            m.git
+                .as_deref()
+                .map_or_else(|| "?".to_string(), short_commit),
+            m.cpu.as_deref().unwrap_or("unknown CPU"),
+            m.cores,
+            self.threads,
+            self.runs,
+            if self.quick {
+                " (--quick: small trees, not the real measurement)"
+            } else {
+                ""
+            },
+            self.total.as_secs_f64(),
+            self.load[0].as_deref().unwrap_or("?"),
+            self.load[1].as_deref().unwrap_or("?"),
+        )
+    }
+
+    /// The fields every JSON report starts with.
+    fn json(&self, benchmark: &str) -> serde_json::Map<String, Value> {
+        let m = &self.machine;
+        let v = json!({
+            "benchmark": benchmark,
+            "date_utc": self.date,
+            "quick": self.quick,
+            "machine": {
+                "cores": m.cores,
+                "cpu_model": m.cpu,
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "kernel": m.kernel,
+                "rustc": m.rustc,
+                "git_commit": m.git,
+            },
+            "total_seconds": self.total.as_secs_f64(),
+            "pairs_started_on_a_busy_machine": self.not_quiet,
+            "loadavg_before": self.load[0],
+            "loadavg_after": self.load[1],
+        });
+        json_map(v)
+    }
+
+    /// The parameters every JSON report shares.
+    fn json_parameters(&self) -> serde_json::Map<String, Value> {
+        let v = json!({
+            "runs": self.runs,
+            "threads": self.threads,
+            "timing": "RunReport::elapsed (from the root's declaration until every event is \
+                       durable; runtime build and store open excluded); rayon: wall time of \
+                       pool.install",
+            "quiet_wait_s": self.quiet_wait,
+            "quiet_cores": QUIET_CORES,
+            "retries": self.retries,
+            "disturbed": format!("a run whose other processes took more than 0.05 CPU-s + \
+                                  {DISTURBED_SHARE} x threads x its wall time"),
+            "store": "fresh SledStore in a new temporary directory per S1/S2 run, default \
+                      CommitPolicy (64 KiB / 5 ms)",
+        });
+        json_map(v)
+    }
+}
+
+/// Writes `<name>.json` and `<name>.md` (`<name>-quick.*` with `--quick`) in `out`, and prints
+/// the markdown.
+fn write_results(out: &Path, name: &str, quick: bool, json: &Value, md: &str) -> Result<()> {
+    let stem = if quick {
+        format!("{name}-quick")
+    } else {
+        name.to_string()
+    };
+    let json_path = out.join(format!("{stem}.json"));
+    let md_path = out.join(format!("{stem}.md"));
+    let text = serde_json::to_string_pretty(json).context("encoding the results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    std::fs::write(&md_path, md).with_context(|| format!("cannot write {}", md_path.display()))?;
+    println!("{md}");
+    println!("written: {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+/// The raw runs of one setting, and their time statistics, as JSON.
+fn runs_json(runs: &[KnaryRun], time: &Stats) -> Value {
+    json!({
+        "seconds": secs(runs),
+        "tasks": runs.iter().map(|r| r.tasks).collect::<Vec<_>>(),
+        "events": runs.iter().map(|r| r.events).collect::<Vec<_>>(),
+        "steals": runs.iter().map(|r| r.steals).collect::<Vec<_>>(),
+        "failures": runs.iter().map(|r| r.failures).collect::<Vec<_>>(),
+        "recovered_tasks": runs.iter().map(|r| r.recovered_tasks).collect::<Vec<_>>(),
+        "reused_tasks": runs.iter().map(|r| r.reused_tasks).collect::<Vec<_>>(),
+        "other_processes_cpu_s": foreign(runs),
+        "cpu_s": cpu(runs),
+        "median_s": time.median, "min_s": time.min, "max_s": time.max,
+    })
 }
 
 /// The trees of one invocation.
@@ -147,6 +442,27 @@ struct GrainRuns {
     kept_disturbed: u32,
 }
 
+impl From<Interleaved> for GrainRuns {
+    /// The runs of `Session::interleaved` over `[S0, S1]`.
+    fn from(series: Interleaved) -> GrainRuns {
+        let mut runs = series.runs.into_iter();
+        GrainRuns {
+            shape: series.shape,
+            s0: runs.next().unwrap_or_default(),
+            s1: runs.next().unwrap_or_default(),
+            discarded: series
+                .discarded
+                .into_iter()
+                .filter_map(|rep| match rep[..] {
+                    [a, b] => Some((a, b)),
+                    _ => None,
+                })
+                .collect(),
+            kept_disturbed: series.kept_disturbed,
+        }
+    }
+}
+
 /// Raw runs of the throughput comparison.
 struct ThroughputRuns {
     shape: Shape,
@@ -194,39 +510,11 @@ fn stats(values: &[f64]) -> Result<Stats> {
     Stats::of(values).context("no runs")
 }
 
-fn overhead(args: &OverheadArgs) -> Result<()> {
-    if args.runs < 5 && !args.quick {
-        bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
-    }
-    let runs = args.runs as usize;
-    let threads = args.threads as usize;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
-    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&scratch)
-        .with_context(|| format!("cannot create the scratch directory {}", scratch.display()))?;
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
+fn overhead(args: &RunArgs) -> Result<()> {
+    let mut session = Session::start(args)?;
     let plan = Plan::new(args.quick);
-    let started = Instant::now();
-    let mut not_quiet = 0u32;
-    let mut quiet = || {
-        if args.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-        {
-            not_quiet += 1;
-            eprintln!(
-                "  (machine still busy after {} s: running anyway)",
-                args.quiet_wait
-            );
-        }
-    };
-    let date = utc_now();
-    let load_before = loadavg();
-    // Before the runs: the commit measured is the one checked out now.
-    let machine = machine();
-
+    let threads = session.threads;
+    let runs = session.runs;
     eprintln!(
         "overhead: {runs} runs per setting, {threads} threads, grain tree {:?} ({} tasks), \
          big tree {:?} ({} tasks), logs in {}",
@@ -234,55 +522,17 @@ fn overhead(args: &OverheadArgs) -> Result<()> {
         plan.grain(0).tasks()?,
         plan.big_tree,
         plan.big().tasks()?,
-        scratch.display()
+        session.scratch.display()
     );
 
     // Warm up (page cache, allocator, sled's first files): not counted.
-    run_knary(plan.grain(0), Setting::S0, threads, &scratch)?;
-    run_knary(plan.grain(0), Setting::S1, threads, &scratch)?;
+    session.run(plan.grain(0), Setting::S0)?;
+    session.run(plan.grain(0), Setting::S1)?;
 
     let mut grains = Vec::new();
     for grain_us in GRAINS_US {
-        let shape = plan.grain(grain_us);
-        let mut g = GrainRuns {
-            shape,
-            s0: Vec::new(),
-            s1: Vec::new(),
-            discarded: Vec::new(),
-            kept_disturbed: 0,
-        };
-        let mut retries = args.retries;
-        while g.s0.len() < runs {
-            quiet();
-            let s0 = run_knary(shape, Setting::S0, threads, &scratch)?;
-            let s1 = run_knary(shape, Setting::S1, threads, &scratch)?;
-            let bad = disturbed(s0.foreign_cpu_s, s0.elapsed, threads)
-                || disturbed(s1.foreign_cpu_s, s1.elapsed, threads);
-            eprintln!(
-                "  grain {grain_us:>4} µs run {}/{runs}: S0 {:.4} s, S1 {:.4} s ({} events); \
-                 other processes' CPU {} s / {} s{}",
-                g.s0.len() + 1,
-                s0.elapsed.as_secs_f64(),
-                s1.elapsed.as_secs_f64(),
-                s1.events,
-                cpu_text(s0.foreign_cpu_s),
-                cpu_text(s1.foreign_cpu_s),
-                match (bad, retries > 0) {
-                    (false, _) => "",
-                    (true, true) => " -- disturbed, run again",
-                    (true, false) => " -- disturbed, kept (no retry left)",
-                }
-            );
-            if bad && retries > 0 {
-                retries -= 1;
-                g.discarded.push((s0, s1));
-                continue;
-            }
-            g.kept_disturbed += u32::from(bad);
-            g.s0.push(s0);
-            g.s1.push(s1);
-        }
-        grains.push(g);
+        let series = session.interleaved(plan.grain(grain_us), &[Setting::S0, Setting::S1])?;
+        grains.push(GrainRuns::from(series));
     }
 
     let big = plan.big();
@@ -292,7 +542,7 @@ fn overhead(args: &OverheadArgs) -> Result<()> {
         .context("cannot start the rayon pool")?;
     let nodes = big.nodes()?;
     // Warm up both.
-    run_knary(big, Setting::S0, threads, &scratch)?;
+    session.run(big, Setting::S0)?;
     let warm = rayon_tree(&pool, big).nodes;
     if warm != nodes {
         bail!("rayon counted {warm} nodes, expected {nodes}");
@@ -305,15 +555,15 @@ fn overhead(args: &OverheadArgs) -> Result<()> {
         discarded: Vec::new(),
         kept_disturbed: 0,
     };
-    let mut retries = args.retries;
+    let mut retries = session.retries;
     while tp.s0.len() < runs {
-        quiet();
-        let s0 = run_knary(big, Setting::S0, threads, &scratch)?;
+        session.quiet();
+        let s0 = session.run(big, Setting::S0)?;
         let r = rayon_tree(&pool, big);
         if r.nodes != nodes {
             bail!("rayon counted {} nodes, expected {nodes}", r.nodes);
         }
-        let s1 = run_knary(big, Setting::S1, threads, &scratch)?;
+        let s1 = session.run(big, Setting::S1)?;
         let bad = disturbed(s0.foreign_cpu_s, s0.elapsed, threads)
             || disturbed(r.foreign_cpu_s, r.elapsed, threads)
             || disturbed(s1.foreign_cpu_s, s1.elapsed, threads);
@@ -323,11 +573,7 @@ fn overhead(args: &OverheadArgs) -> Result<()> {
             s0.elapsed.as_secs_f64(),
             r.elapsed.as_secs_f64(),
             s1.elapsed.as_secs_f64(),
-            match (bad, retries > 0) {
-                (false, _) => "",
-                (true, true) => " -- disturbed, run again",
-                (true, false) => " -- disturbed, kept (no retry left)",
-            }
+            disturbed_note(bad, retries > 0)
         );
         if bad && retries > 0 {
             retries -= 1;
@@ -339,48 +585,15 @@ fn overhead(args: &OverheadArgs) -> Result<()> {
         tp.rayon.push(r);
         tp.s1.push(s1);
     }
-    let total = started.elapsed();
-    let load = [load_before, loadavg()];
-
-    let measured = Measured {
-        machine,
-        grains,
-        throughput: tp,
-        total,
-        date,
-        load,
-        not_quiet,
-    };
-    let report = Report::new(args, &plan, measured)?;
-    let md = report.markdown();
-    let json = report.json();
-    let (json_name, md_name) = if args.quick {
-        ("overhead-quick.json", "overhead-quick.md")
-    } else {
-        ("overhead.json", "overhead.md")
-    };
-    let json_path = out.join(json_name);
-    let md_path = out.join(md_name);
-    let text = serde_json::to_string_pretty(&json).context("encoding the results")?;
-    std::fs::write(&json_path, text + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    std::fs::write(&md_path, &md).with_context(|| format!("cannot write {}", md_path.display()))?;
-    println!("{md}");
-    println!("written: {} and {}", json_path.display(), md_path.display());
-    Ok(())
-}
-
-/// Everything one invocation measured, raw.
-struct Measured {
-    machine: Machine,
-    grains: Vec<GrainRuns>,
-    throughput: ThroughputRuns,
-    total: Duration,
-    date: String,
-    /// `/proc/loadavg` before and after.
-    load: [Option<String>; 2],
-    /// Pairs of runs that started although the machine was not quiet.
-    not_quiet: u32,
+    let (info, out) = session.finish();
+    let report = Report::new(info, &plan, grains, tp)?;
+    write_results(
+        &out,
+        "overhead",
+        args.quick,
+        &report.json(),
+        &report.markdown(),
+    )
 }
 
 /// One grain's summary.
@@ -433,18 +646,7 @@ struct Target {
 }
 
 struct Report {
-    runs: usize,
-    threads: usize,
-    quick: bool,
-    date: String,
-    total: Duration,
-    /// `/proc/loadavg` before and after: other work on the machine skews the times.
-    load: [Option<String>; 2],
-    /// Pairs of runs that started although the machine was not quiet.
-    not_quiet: u32,
-    quiet_wait: u64,
-    retries: u32,
-    machine: Machine,
+    info: Info,
     grain_tree: Shape,
     grains: Vec<GrainSummary>,
     throughput: ThroughputSummary,
@@ -452,16 +654,7 @@ struct Report {
 }
 
 impl Report {
-    fn new(args: &OverheadArgs, plan: &Plan, measured: Measured) -> Result<Report> {
-        let Measured {
-            machine,
-            grains,
-            throughput: tp,
-            total,
-            date,
-            load,
-            not_quiet,
-        } = measured;
+    fn new(info: Info, plan: &Plan, grains: Vec<GrainRuns>, tp: ThroughputRuns) -> Result<Report> {
         let mut summaries = Vec::new();
         for g in grains {
             let tasks = g.shape.tasks()? as f64;
@@ -522,16 +715,7 @@ impl Report {
             }
         }
         Ok(Report {
-            runs: args.runs as usize,
-            threads: args.threads as usize,
-            quick: args.quick,
-            date,
-            total,
-            load,
-            not_quiet,
-            quiet_wait: args.quiet_wait,
-            machine,
-            retries: args.retries,
+            info,
             grain_tree: plan.grain(0),
             grains: summaries,
             throughput,
@@ -542,28 +726,7 @@ impl Report {
     fn markdown(&self) -> String {
         let mut s = String::new();
         let t = &self.grain_tree;
-        let m = &self.machine;
-        let _ = writeln!(
-            s,
-            "Measured {} at commit {} on {} ({} cores available), {} threads, median of {} \
-             runs per setting{}; whole command {:.0} s; load average before/after: {} / {}.\n",
-            self.date,
-            m.git
-                .as_deref()
-                .map_or_else(|| "?".to_string(), short_commit),
-            m.cpu.as_deref().unwrap_or("unknown CPU"),
-            m.cores,
-            self.threads,
-            self.runs,
-            if self.quick {
-                " (--quick: small trees, not the real measurement)"
-            } else {
-                ""
-            },
-            self.total.as_secs_f64(),
-            self.load[0].as_deref().unwrap_or("?"),
-            self.load[1].as_deref().unwrap_or("?"),
-        );
+        s.push_str(&self.info.header());
         let _ = writeln!(
             s,
             "Logging overhead: knary depth {} fanout {} serial {} ({} nodes, {} tasks), S0 = no \
@@ -575,7 +738,7 @@ impl Report {
             t.serial,
             t.nodes().unwrap_or(0),
             t.tasks().unwrap_or(0),
-            self.not_quiet,
+            self.info.not_quiet,
         );
         s.push_str(
             "| grain | S0 median (s) | S1 median (s) | S1/S0 | (S1−S0)/task (µs) | \
@@ -667,27 +830,11 @@ impl Report {
             tp.runs.discarded.len(),
             tp.runs.kept_disturbed,
         );
-        s.push_str("| target | measured | met |\n|---|---:|---|\n");
-        for t in &self.targets {
-            let measured = if t.unit == "tasks/s" {
-                format!("{} {}", thousands(t.measured), t.unit)
-            } else if t.unit.is_empty() {
-                format!("{:.4}", t.measured)
-            } else {
-                format!("{:.2} {}", t.measured, t.unit)
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {measured} | {} |",
-                t.goal,
-                if t.met { "yes" } else { "**no**" }
-            );
-        }
+        s.push_str(&targets_markdown(&self.targets));
         s
     }
 
     fn json(&self) -> Value {
-        let m = &self.machine;
         let grains: Vec<Value> = self
             .grains
             .iter()
@@ -697,23 +844,8 @@ impl Report {
                     "shape": g.runs.shape,
                     "nodes": g.runs.shape.nodes().ok(),
                     "tasks": g.runs.shape.tasks().ok(),
-                    "s0": {
-                        "seconds": secs(&g.runs.s0),
-                        "tasks": g.runs.s0.iter().map(|r| r.tasks).collect::<Vec<_>>(),
-                        "steals": g.runs.s0.iter().map(|r| r.steals).collect::<Vec<_>>(),
-                        "other_processes_cpu_s": foreign(&g.runs.s0),
-                        "cpu_s": cpu(&g.runs.s0),
-                        "median_s": g.s0.median, "min_s": g.s0.min, "max_s": g.s0.max,
-                    },
-                    "s1": {
-                        "seconds": secs(&g.runs.s1),
-                        "tasks": g.runs.s1.iter().map(|r| r.tasks).collect::<Vec<_>>(),
-                        "steals": g.runs.s1.iter().map(|r| r.steals).collect::<Vec<_>>(),
-                        "other_processes_cpu_s": foreign(&g.runs.s1),
-                        "cpu_s": cpu(&g.runs.s1),
-                        "events": g.runs.s1.iter().map(|r| r.events).collect::<Vec<_>>(),
-                        "median_s": g.s1.median, "min_s": g.s1.min, "max_s": g.s1.max,
-                    },
+                    "s0": runs_json(&g.runs.s0, &g.s0),
+                    "s1": runs_json(&g.runs.s1, &g.s1),
                     "events_median": g.events.median,
                     "ratio_s1_s0": g.ratio,
                     "log_cost_us_per_task": g.us_per_task,
@@ -769,56 +901,253 @@ impl Report {
             })).collect::<Vec<_>>(),
             "kept_disturbed_triples": tp.runs.kept_disturbed,
         });
-        let targets: Vec<Value> = self
-            .targets
-            .iter()
-            .map(|t| {
-                json!({
-                    "name": t.name, "goal": t.goal, "measured": t.measured, "unit": t.unit,
-                    "met": t.met,
-                })
-            })
-            .collect();
-        json!({
-            "benchmark": "overhead",
-            "date_utc": self.date,
-            "quick": self.quick,
-            "machine": {
-                "cores": m.cores,
-                "cpu_model": m.cpu,
-                "os": std::env::consts::OS,
-                "arch": std::env::consts::ARCH,
-                "kernel": m.kernel,
-                "rustc": m.rustc,
-                "git_commit": m.git,
-            },
-            "parameters": {
-                "runs": self.runs,
-                "threads": self.threads,
-                "grains_us": GRAINS_US,
-                "grain_tree": self.grain_tree,
-                "throughput_tree": tp.runs.shape,
-                "order": "per grain: S0, S1, S0, S1, ... (interleaved); throughput: S0, rayon, S1, ...",
-                "timing": "RunReport::elapsed (from the root's declaration until every event is \
-                           durable; runtime build and store open excluded); rayon: wall time of \
-                           pool.install",
-                "quiet_wait_s": self.quiet_wait,
-                "quiet_cores": QUIET_CORES,
-                "retries": self.retries,
-                "disturbed": format!("a run whose other processes took more than 0.05 CPU-s + \
-                                      {DISTURBED_SHARE} x threads x its wall time"),
-                "store": "fresh SledStore in a new temporary directory per S1 run, default \
-                          CommitPolicy (64 KiB / 5 ms)",
-            },
-            "total_seconds": self.total.as_secs_f64(),
-            "pairs_started_on_a_busy_machine": self.not_quiet,
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
+        let mut report = self.info.json("overhead");
+        let mut parameters = self.info.json_parameters();
+        parameters.extend(json_map(json!({
+            "grains_us": GRAINS_US,
+            "grain_tree": self.grain_tree,
+            "throughput_tree": tp.runs.shape,
+            "order": "per grain: S0, S1, S0, S1, ... (interleaved); throughput: S0, rayon, S1, ...",
+        })));
+        report.extend(json_map(json!({
+            "parameters": parameters,
             "grains": grains,
             "empty_task_throughput": throughput,
-            "targets": targets,
+            "targets": targets_json(&self.targets),
+        })));
+        Value::Object(report)
+    }
+}
+
+/// The targets as a markdown table.
+fn targets_markdown(targets: &[Target]) -> String {
+    let mut s = String::from("| target | measured | met |\n|---|---:|---|\n");
+    for t in targets {
+        let measured = if t.unit == "tasks/s" {
+            format!("{} {}", thousands(t.measured), t.unit)
+        } else if t.unit.is_empty() {
+            format!("{:.4}", t.measured)
+        } else {
+            format!("{:.2} {}", t.measured, t.unit)
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {measured} | {} |",
+            t.goal,
+            if t.met { "yes" } else { "**no**" }
+        );
+    }
+    s
+}
+
+fn targets_json(targets: &[Target]) -> Vec<Value> {
+    targets
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name, "goal": t.goal, "measured": t.measured, "unit": t.unit,
+                "met": t.met,
+            })
+        })
+        .collect()
+}
+
+/// The fields of a JSON object (`json!({...})`).
+fn json_map(v: Value) -> serde_json::Map<String, Value> {
+    match v {
+        Value::Object(map) => map,
+        other => {
+            let mut map = serde_json::Map::new();
+            map.insert("value".to_string(), other);
+            map
+        }
+    }
+}
+
+fn recovery(args: &RunArgs) -> Result<()> {
+    let mut session = Session::start(args)?;
+    let plan = Plan::new(args.quick);
+    let settings = [Setting::S0, Setting::S1, Setting::S2];
+    eprintln!(
+        "recovery: {} runs per setting, {} threads, tree {:?} ({} tasks), vnode \
+         {S2_FAILING_VNODE} failing after {} tasks in S2, logs in {}",
+        session.runs,
+        session.threads,
+        plan.grain_tree,
+        plan.grain(0).tasks()?,
+        plan.grain(0).tasks()? / 2,
+        session.scratch.display()
+    );
+    // Warm up (page cache, allocator, sled's first files): not counted.
+    for setting in settings {
+        session.run(plan.grain(0), setting)?;
+    }
+    let mut grains = Vec::new();
+    for grain_us in RECOVERY_GRAINS_US {
+        let series = session.interleaved(plan.grain(grain_us), &settings)?;
+        grains.push(RecoverySummary::new(series)?);
+    }
+    let (info, out) = session.finish();
+    let targets: Vec<Target> = grains
+        .iter()
+        .filter(|g| g.series.shape.grain_us == 1000)
+        .map(|g| Target {
+            name: "ratio_s2_s0_grain_1000us".to_string(),
+            goal: format!("S2/S0 <= {TARGET_RECOVERY_RATIO_1MS} at grain 1000 µs"),
+            measured: g.s2_s0(),
+            unit: "",
+            met: g.s2_s0() <= TARGET_RECOVERY_RATIO_1MS,
+        })
+        .collect();
+    let md = recovery_markdown(&info, &plan, &grains, &targets);
+    let mut report = info.json("recovery");
+    let mut parameters = info.json_parameters();
+    parameters.extend(json_map(json!({
+        "grains_us": RECOVERY_GRAINS_US,
+        "tree": plan.grain(0),
+        "vnodes": info.threads,
+        "failing_vnode": S2_FAILING_VNODE,
+        "fails_after_tasks": plan.grain(0).tasks()? / 2,
+        "order": "per grain: S0, S1, S2, S0, S1, S2, ... (interleaved)",
+        "settings": {
+            "s0": "no log",
+            "s1": "durable log",
+            "s2": "durable log, vnode 1 fails (all its memory lost) once half the tasks have \
+                   completed and is recovered from its log",
+        },
+    })));
+    report.extend(json_map(json!({
+        "parameters": parameters,
+        "grains": grains.iter().map(RecoverySummary::json).collect::<Vec<_>>(),
+        "targets": targets_json(&targets),
+    })));
+    write_results(&out, "recovery", args.quick, &Value::Object(report), &md)
+}
+
+/// One grain of the recovery series.
+struct RecoverySummary {
+    series: Interleaved,
+    /// Time statistics of S0, S1, S2.
+    time: [Stats; 3],
+    /// Medians over the S2 runs.
+    recovered_tasks: f64,
+    reused_tasks: f64,
+    /// Failures over all kept S2 runs (each run is checked to fail exactly once).
+    failures: u64,
+}
+
+impl RecoverySummary {
+    fn new(series: Interleaved) -> Result<RecoverySummary> {
+        let time = [
+            stats(&secs(&series.runs[0]))?,
+            stats(&secs(&series.runs[1]))?,
+            stats(&secs(&series.runs[2]))?,
+        ];
+        let s2 = &series.runs[2];
+        let median_of = |f: fn(&KnaryRun) -> u64| -> Result<f64> {
+            let v: Vec<f64> = s2.iter().map(|r| f(r) as f64).collect();
+            Ok(stats(&v)?.median)
+        };
+        Ok(RecoverySummary {
+            recovered_tasks: median_of(|r| r.recovered_tasks)?,
+            reused_tasks: median_of(|r| r.reused_tasks)?,
+            failures: s2.iter().map(|r| r.failures).sum(),
+            time,
+            series,
         })
     }
+
+    fn s1_s0(&self) -> f64 {
+        self.time[1].median / self.time[0].median
+    }
+
+    fn s2_s0(&self) -> f64 {
+        self.time[2].median / self.time[0].median
+    }
+
+    fn json(&self) -> Value {
+        let shape = self.series.shape;
+        json!({
+            "grain_us": shape.grain_us,
+            "shape": shape,
+            "nodes": shape.nodes().ok(),
+            "tasks": shape.tasks().ok(),
+            "s0": runs_json(&self.series.runs[0], &self.time[0]),
+            "s1": runs_json(&self.series.runs[1], &self.time[1]),
+            "s2": runs_json(&self.series.runs[2], &self.time[2]),
+            "ratio_s1_s0": self.s1_s0(),
+            "ratio_s2_s0": self.s2_s0(),
+            "recovered_tasks_median": self.recovered_tasks,
+            "reused_tasks_median": self.reused_tasks,
+            "failures_total": self.failures,
+            "s2_runs": self.series.runs[2].len(),
+            "discarded_disturbed_repetitions": self.series.discarded.iter().map(|rep| json!({
+                "seconds": secs(rep),
+                "other_processes_cpu_s": foreign(rep),
+            })).collect::<Vec<_>>(),
+            "kept_disturbed_repetitions": self.series.kept_disturbed,
+        })
+    }
+}
+
+fn recovery_markdown(
+    info: &Info,
+    plan: &Plan,
+    grains: &[RecoverySummary],
+    targets: &[Target],
+) -> String {
+    let mut s = info.header();
+    let t = plan.grain(0);
+    let tasks = t.tasks().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "Recovery: knary depth {} fanout {} serial {} ({} nodes, {tasks} tasks), {} threads and \
+         as many vnodes; S0 = no log, S1 = durable log (sled, group commit), S2 = S1 with vnode \
+         {S2_FAILING_VNODE} failing (all its memory lost) once {} tasks have completed, then \
+         recovered from its log; times are `RunReport::elapsed`; \"restarted\" are the tasks \
+         the recovery ran again (declared, not completed at the failure), \"reused\" those \
+         completed before it and not run again (medians over the S2 runs); every run's result is \
+         checked, and every S2 run must fail exactly once; {} repetition(s) started on a busy \
+         machine.\n",
+        t.depth,
+        t.fanout,
+        t.serial,
+        t.nodes().unwrap_or(0),
+        info.threads,
+        tasks / 2,
+        info.not_quiet,
+    );
+    s.push_str(
+        "| grain | S0 median (s) | S1 median (s) | S2 median (s) | S1/S0 | S2/S0 | restarted \
+         tasks | reused tasks | failures | S2 min–max (s) | other CPU (s) | rerun / kept \
+         disturbed |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for g in grains {
+        let runs = &g.series.runs;
+        let _ = writeln!(
+            s,
+            "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.0} | {:.0} | {} in {} runs | \
+             {:.4}–{:.4} | {} | {} / {} |",
+            grain_text(g.series.shape.grain_us),
+            g.time[0].median,
+            g.time[1].median,
+            g.time[2].median,
+            g.s1_s0(),
+            g.s2_s0(),
+            g.recovered_tasks,
+            g.reused_tasks,
+            g.failures,
+            runs[2].len(),
+            g.time[2].min,
+            g.time[2].max,
+            cpu_text(max_foreign(runs.iter().flatten())),
+            g.series.discarded.len(),
+            g.series.kept_disturbed,
+        );
+    }
+    s.push('\n');
+    s.push_str(&targets_markdown(targets));
+    s
 }
 
 fn grain_text(us: u64) -> String {
