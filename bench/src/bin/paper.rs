@@ -794,33 +794,38 @@ impl Report {
         );
         s.push_str("| system | median (s) | min–max (s) | tasks/s | nodes/s |\n");
         s.push_str("|---|---:|---:|---:|---:|\n");
-        let _ = writeln!(
-            s,
-            "| veriflow S0 (no log) | {:.4} | {:.4}–{:.4} | {} | {} |",
-            tp.s0.median,
-            tp.s0.min,
-            tp.s0.max,
-            thousands(tp.s0_tasks_per_s()),
-            thousands(tp.s0_nodes_per_s())
-        );
-        let _ = writeln!(
-            s,
-            "| veriflow S1 (durable log) | {:.4} | {:.4}–{:.4} | {} | {} |",
-            tp.s1.median,
-            tp.s1.min,
-            tp.s1.max,
-            thousands(tp.s1_tasks_per_s()),
-            thousands(tp.s1_nodes_per_s())
-        );
-        let _ = writeln!(
-            s,
-            "| rayon `scope.spawn` | {:.4} | {:.4}–{:.4} | {} | {} |",
-            tp.rayon.median,
-            tp.rayon.min,
-            tp.rayon.max,
-            thousands(tp.rayon_nodes_per_s()),
-            thousands(tp.rayon_nodes_per_s())
-        );
+        let rows = [
+            (
+                "veriflow S0 (no log)",
+                &tp.s0,
+                tp.s0_tasks_per_s(),
+                tp.s0_nodes_per_s(),
+            ),
+            (
+                "veriflow S1 (durable log)",
+                &tp.s1,
+                tp.s1_tasks_per_s(),
+                tp.s1_nodes_per_s(),
+            ),
+            // rayon runs one task per node.
+            (
+                "rayon `scope.spawn`",
+                &tp.rayon,
+                tp.rayon_nodes_per_s(),
+                tp.rayon_nodes_per_s(),
+            ),
+        ];
+        for (name, t, tasks_per_s, nodes_per_s) in rows {
+            let _ = writeln!(
+                s,
+                "| {name} | {:.4} | {:.4}–{:.4} | {} | {} |",
+                t.median,
+                t.min,
+                t.max,
+                thousands(tasks_per_s),
+                thousands(nodes_per_s)
+            );
+        }
         let _ = writeln!(
             s,
             "\nveriflow S0 / rayon, nodes/s: {:.3} (rayon is {:.1}x faster per node); {} \
