@@ -368,11 +368,6 @@ impl VnodeLog {
         self.first_seq
     }
 
-    /// Sealed or open events not yet durable.
-    pub fn pending(&self) -> u64 {
-        self.next_seq - self.durable()
-    }
-
     /// Events appended so far (the highest sequence number).
     pub fn appended(&self) -> u64 {
         self.next_seq
@@ -412,15 +407,5 @@ impl VnodeLog {
                 .0;
         }
         Ok(())
-    }
-
-    /// Waits (up to `timeout`) for the writer's next flush.
-    pub fn wait_flush(&self, timeout: Duration) {
-        let flushed = self
-            .shared
-            .flushed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let _unused = self.shared.flushed_cv.wait_timeout(flushed, timeout);
     }
 }

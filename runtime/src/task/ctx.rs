@@ -109,7 +109,9 @@ impl<'a> Ctx<'a> {
         inputs: &Reads<T>,
         outputs: IdList,
     ) {
-        self.children.push(id);
+        if self.core.logging() {
+            self.children.push(id); // only the `Completed` event needs them
+        }
         if self.error.is_some() {
             return;
         }
