@@ -17,6 +17,8 @@
 //! 3. Errors are values: an unreadable directory, a locked database or an I/O failure is a
 //!    [`StoreError`], never a panic, and a failed call loses nothing that was already durable.
 
+pub mod key;
 mod store;
 
+pub use key::{Key, KeyError};
 pub use store::{MemoryStore, Pairs, SledStore, Store, StoreError};
