@@ -78,6 +78,11 @@ define_id!(
     /// A virtual node: the unit that owns part of the graph and one event log.
     VnodeId(u32)
 );
+impl VnodeId {
+    /// The certifier's oracle: where replayed and corrected tasks run (no vnode of a run).
+    pub const ORACLE: VnodeId = VnodeId(u32::MAX);
+}
+
 define_id!(
     /// A vnode incarnation: messages from an older epoch are dropped (recovery fences with it).
     Epoch(u64)

@@ -9,7 +9,8 @@
 //! - [`log`]: the event log SC_v of each vnode, group commit, reader;
 //! - [`codec`]: the one place where bytes are encoded and checked;
 //! - [`transport`]: messages between vnodes;
-//! - [`graph`]: the data-flow graph G rebuilt from logs (petgraph).
+//! - [`graph`]: the data-flow graph G rebuilt from logs (petgraph);
+//! - [`replay`]: one task re-run alone from its logged record (the certifier's oracle).
 //!
 //! ```
 //! use serde::{Deserialize, Serialize};
@@ -41,6 +42,7 @@ pub mod exec;
 pub mod graph;
 mod ids;
 pub mod log;
+pub mod replay;
 pub mod task;
 pub mod transport;
 mod util;
@@ -49,7 +51,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::Digest;
 pub use error::RunError;
 pub use exec::{
-    Kill, ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers, TransportFactory, VnodeStats,
+    Forge, ForgeMode, Kill, ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers,
+    TransportFactory, VnodeStats,
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{

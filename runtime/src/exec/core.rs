@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::forge::ForgeMode;
 use super::shared::RunShared;
 use crate::codec::Digest;
 use crate::error::RunError;
@@ -392,22 +393,76 @@ impl Core {
         }
     }
 
+    /// Forgery injection (`forge.rs`): replaces the values this task wrote by plausible wrong
+    /// ones (rule 4: in `writes`, or only in what is logged, `log_only`).
+    fn forge(
+        &mut self,
+        id: TaskId,
+        name: &'static str,
+        writes: &mut SmallVec<[(usize, Value); 2]>,
+        log_only: &mut SmallVec<[(usize, Vec<u8>); 1]>,
+    ) -> Result<(), RunError> {
+        let Some(forge) = &self.shared.forge else {
+            return Ok(());
+        };
+        let Some(kind) = self.registry.get(name) else {
+            return Ok(());
+        };
+        let mut any = false;
+        for (i, value) in writes.iter_mut() {
+            let bytes = value.encode().map_err(|e| RunError::Encode {
+                what: format!("output {i} of task {id}"),
+                reason: e.to_string(),
+            })?;
+            let seed = forge.task_hash(id) ^ (*i as u64);
+            let Some(wrong) = kind.forge_output(*i, &bytes, seed) else {
+                continue;
+            };
+            any = true;
+            match forge.mode {
+                ForgeMode::Consistent => *value = Value::bytes(wrong),
+                ForgeMode::LogOnly => log_only.push((*i, wrong)),
+            }
+        }
+        if any {
+            self.shared.record_forged(id, self.vnode);
+        }
+        Ok(())
+    }
+
     /// A task body finished well: log `Completed`, publish its writes, end its scope.
     pub(crate) fn complete(
         &mut self,
         id: TaskId,
+        name: &'static str,
         outputs: &[DataId],
-        writes: SmallVec<[(usize, Value); 2]>,
+        mut writes: SmallVec<[(usize, Value); 2]>,
         children: Vec<TaskId>,
         created: &[DataId],
     ) -> Result<(), RunError> {
+        let mut log_only: SmallVec<[(usize, Vec<u8>); 1]> = SmallVec::new();
+        if self
+            .shared
+            .forge
+            .as_ref()
+            .is_some_and(|f| f.selects(self.vnode, id))
+        {
+            self.forge(id, name, &mut writes, &mut log_only)?;
+        }
         if self.log.is_some() {
             let mut logged = Vec::with_capacity(writes.len());
             for (i, value) in &writes {
-                let bytes = value.encode().map_err(|e| RunError::Encode {
-                    what: format!("output {i} of task {id}"),
-                    reason: e.to_string(),
-                })?;
+                let forged = log_only
+                    .iter()
+                    .find(|(j, _)| j == i)
+                    .map(|(_, b)| b.clone());
+                let bytes = match forged {
+                    Some(b) => b,
+                    None => value.encode().map_err(|e| RunError::Encode {
+                        what: format!("output {i} of task {id}"),
+                        reason: e.to_string(),
+                    })?,
+                };
                 let digest = Digest::of(&bytes);
                 logged.push(Output {
                     data: outputs[*i],

@@ -23,6 +23,7 @@
 //!    manifest records the outcome.
 
 pub(crate) mod core;
+pub(crate) mod forge;
 mod recover;
 mod shared;
 mod vnode;
@@ -36,6 +37,7 @@ use rand_chacha::ChaCha8Rng;
 use veriflow_checkpoint::Store;
 
 use self::core::Core;
+pub use self::forge::{Forge, ForgeMode};
 use self::recover::{plant_root, RecoveryContext, RootSetup};
 pub use self::shared::Kill;
 use self::shared::RunShared;
@@ -77,6 +79,7 @@ pub struct RuntimeBuilder {
     transport: Option<TransportFactory>,
     timers: Timers,
     kills: Vec<Kill>,
+    forge: Option<Forge>,
 }
 
 /// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
@@ -99,6 +102,7 @@ impl RuntimeBuilder {
             transport: None,
             timers: Timers::default(),
             kills: Vec::new(),
+            forge: None,
         }
     }
 
@@ -107,6 +111,13 @@ impl RuntimeBuilder {
     /// Needs a store.
     pub fn kills(mut self, kills: Vec<Kill>) -> Self {
         self.kills = kills;
+        self
+    }
+
+    /// Makes some tasks lie (forgery injection, `forge.rs`): for the certifier's tests and
+    /// demos.
+    pub fn forge(mut self, forge: Forge) -> Self {
+        self.forge = Some(forge);
         self
     }
 
@@ -206,6 +217,19 @@ impl RuntimeBuilder {
                 k.vnode
             )));
         }
+        if let Some(f) = &self.forge {
+            if !(0.0..=1.0).contains(&f.rate) {
+                return Err(RunError::Config(format!(
+                    "forgery rate must be between 0 and 1, not {}",
+                    f.rate
+                )));
+            }
+            if let Some(v) = f.vnodes.iter().find(|v| v.0 >= vnodes) {
+                return Err(RunError::Config(format!(
+                    "cannot make {v} lie: the run has {vnodes} vnodes"
+                )));
+            }
+        }
         if self.policy.max_bytes == 0 {
             return Err(RunError::Config(
                 "commit batch size must be positive".to_string(),
@@ -231,6 +255,7 @@ impl RuntimeBuilder {
             transport: self.transport,
             timers: self.timers,
             kills: self.kills,
+            forge: self.forge,
             pool,
         })
     }
@@ -253,6 +278,8 @@ pub struct RunReport<O> {
     pub elapsed: Duration,
     /// Per-vnode counts.
     pub vnodes: Vec<VnodeStats>,
+    /// Tasks that lied (forgery injection), with the vnode that ran them, in completion order.
+    pub forged: Vec<(TaskId, VnodeId)>,
 }
 
 /// A configured runtime: runs programs, one at a time.
@@ -269,6 +296,7 @@ pub struct Runtime {
     transport: Option<TransportFactory>,
     timers: Timers,
     kills: Vec<Kill>,
+    forge: Option<Forge>,
     pool: rayon::ThreadPool,
 }
 
@@ -404,7 +432,7 @@ impl Runtime {
             None => None,
         };
 
-        let shared = Arc::new(RunShared::new(self.vnodes));
+        let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
         let transport: Box<dyn Transport> = match &self.transport {
             Some(make) => make(self.vnodes),
             None => Box::new(InProcTransport::new(self.vnodes)),
@@ -515,6 +543,7 @@ impl Runtime {
             events: stats.iter().map(|s| s.events).sum(),
             elapsed: started.elapsed(),
             vnodes: stats,
+            forged: shared.take_forged(),
         })
     }
 

@@ -4,8 +4,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::forge::Forge;
 use crate::error::RunError;
-use crate::ids::VnodeId;
+use crate::ids::{TaskId, VnodeId};
 use crate::util::Padded;
 
 /// Low 32 bits: outstanding work units. High 32 bits: number of changes (wrapping).
@@ -33,10 +34,14 @@ pub(crate) struct RunShared {
     completed: Vec<Padded<AtomicU64>>,
     stop: AtomicBool,
     error: Mutex<Option<RunError>>,
+    /// Forgery injection, if any (`forge.rs`).
+    pub(crate) forge: Option<Forge>,
+    /// Tasks forged so far, with the vnode that forged them.
+    forged: Mutex<Vec<(TaskId, VnodeId)>>,
 }
 
 impl RunShared {
-    pub(crate) fn new(vnodes: u32) -> Self {
+    pub(crate) fn new(vnodes: u32, forge: Option<Forge>) -> Self {
         RunShared {
             work: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             epochs: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
@@ -44,7 +49,20 @@ impl RunShared {
             completed: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             stop: AtomicBool::new(false),
             error: Mutex::new(None),
+            forge,
+            forged: Mutex::new(Vec::new()),
         }
+    }
+
+    pub(crate) fn record_forged(&self, task: TaskId, vnode: VnodeId) {
+        self.forged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((task, vnode));
+    }
+
+    pub(crate) fn take_forged(&self) -> Vec<(TaskId, VnodeId)> {
+        std::mem::take(&mut *self.forged.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(crate) fn set_kills(&self, mut kills: Vec<Kill>) {

@@ -38,7 +38,7 @@ use crate::error::{panic_message, RunError};
 use crate::ids::{DataId, Epoch, IdMap, TaskId, VnodeId};
 use crate::log::{Declared, Event, Output};
 use crate::task::value::Value;
-use crate::task::Ctx;
+use crate::task::{Ctx, Host};
 use crate::transport::{Endpoint, Envelope, Message};
 
 /// The protocol's timers (rules 2, 3 and 5).
@@ -262,7 +262,7 @@ impl Vnode {
                 inputs: digests,
             })?;
         }
-        let mut ctx = Ctx::new(&mut self.core, id, name, &outputs);
+        let mut ctx = Ctx::new(Host::Vnode(&mut self.core), id, name, &outputs);
         let result = catch_unwind(AssertUnwindSafe(|| body.run(&mut ctx, values)));
         match result {
             Ok(Ok(())) => {}
@@ -283,7 +283,7 @@ impl Vnode {
             ..
         } = ctx;
         self.core
-            .complete(id, &outputs, writes, children, &created)?;
+            .complete(id, name, &outputs, writes, children, &created)?;
         self.stats.tasks += 1;
         Ok(())
     }

@@ -8,10 +8,18 @@ use super::{Boxed, Data, InputSet, OutputReads, OutputSet, Reads, Task, Write, W
 use crate::error::RunError;
 use crate::exec::core::{Core, TaskSpec};
 use crate::ids::{DataId, TaskId, VnodeId};
+use crate::replay::Replayer;
+use crate::task::Registry;
+
+/// Where a task runs: on a vnode of a run, or alone on the oracle (`replay.rs`).
+pub(crate) enum Host<'a> {
+    Vnode(&'a mut Core),
+    Replay(&'a Registry, &'a mut Replayer),
+}
 
 /// The context of a running task (rules 2-3 of `task/mod.rs`).
 pub struct Ctx<'a> {
-    pub(crate) core: &'a mut Core,
+    pub(crate) host: Host<'a>,
     pub(crate) task: TaskId,
     pub(crate) name: &'static str,
     pub(crate) outputs: &'a [DataId],
@@ -26,13 +34,13 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     pub(crate) fn new(
-        core: &'a mut Core,
+        host: Host<'a>,
         task: TaskId,
         name: &'static str,
         outputs: &'a [DataId],
     ) -> Ctx<'a> {
         Ctx {
-            core,
+            host,
             task,
             name,
             outputs,
@@ -52,7 +60,10 @@ impl<'a> Ctx<'a> {
 
     /// The vnode running this task (informational: a task must not depend on it, rule 5).
     pub fn vnode(&self) -> VnodeId {
-        self.core.vnode
+        match &self.host {
+            Host::Vnode(core) => core.vnode,
+            Host::Replay(..) => VnodeId::ORACLE,
+        }
     }
 
     /// Declares a child whose outputs are new data objects, and returns handles to them
@@ -66,7 +77,9 @@ impl<'a> Ctx<'a> {
         }
         let reads = T::Outputs::make_reads(&outs);
         for &o in &outs {
-            self.core.create_data(o);
+            if let Host::Vnode(core) = &mut self.host {
+                core.create_data(o);
+            }
             self.created.push(o);
         }
         self.declare(task, id, index, &inputs, outs);
@@ -109,13 +122,17 @@ impl<'a> Ctx<'a> {
         inputs: &Reads<T>,
         outputs: IdList,
     ) {
-        if self.core.logging() {
+        let (logging, registered) = match &mut self.host {
+            Host::Vnode(core) => (core.logging(), core.is_registered::<T>()),
+            Host::Replay(registry, _) => (true, registry.contains::<T>()),
+        };
+        if logging {
             self.children.push(id); // only the `Completed` event needs them
         }
         if self.error.is_some() {
             return;
         }
-        if !self.core.is_registered::<T>() {
+        if !registered {
             self.fail(RunError::UnregisteredTask {
                 name: T::NAME.to_string(),
             });
@@ -132,7 +149,11 @@ impl<'a> Ctx<'a> {
             outputs,
             args: None,
         };
-        if let Err(e) = self.core.declare(spec) {
+        let declared = match &mut self.host {
+            Host::Vnode(core) => core.declare(spec),
+            Host::Replay(_, r) => r.declare(spec),
+        };
+        if let Err(e) = declared {
             self.fail(e);
         }
     }

@@ -141,6 +141,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use ctx::Ctx;
+pub(crate) use ctx::Host;
 pub use registry::{Registry, RegistryError, TaskKind};
 pub use sets::{IdList, InputSet, OutputSet, ValueError};
 

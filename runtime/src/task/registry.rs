@@ -18,6 +18,7 @@ pub struct TaskKind {
     outputs: usize,
     decode: Decoder,
     debug_output: fn(usize, &[u8]) -> Option<String>,
+    forge_output: fn(usize, &[u8], u64) -> Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TaskKind {
@@ -49,6 +50,9 @@ impl TaskKind {
     /// Decodes output `index` and formats it with `Debug`.
     pub fn debug_output(&self, index: usize, bytes: &[u8]) -> Option<String> {
         (self.debug_output)(index, bytes)
+    }
+    pub(crate) fn forge_output(&self, index: usize, bytes: &[u8], seed: u64) -> Option<Vec<u8>> {
+        (self.forge_output)(index, bytes, seed)
     }
     /// Checks that `args` decode as this task's arguments.
     pub fn check_args(&self, args: &[u8]) -> Result<(), CodecError> {
@@ -104,6 +108,7 @@ impl Registry {
             outputs: T::Outputs::LEN,
             decode: decode_as::<T>,
             debug_output: T::Outputs::debug_output,
+            forge_output: T::Outputs::forge_output,
         };
         match self.by_name.get(name) {
             Some(k) if k.type_id != kind.type_id => Err(RegistryError::DuplicateName {

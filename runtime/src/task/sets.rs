@@ -57,6 +57,9 @@ pub trait OutputSet: Sized + Send + 'static {
     fn from_values(values: Vec<Value>) -> Result<Self, ValueError>;
     /// Decodes output `index` from bytes and formats it with `Debug` (for `inspect`).
     fn debug_output(index: usize, bytes: &[u8]) -> Option<String>;
+    /// A plausible forgery of output `index` (forgery injection, `exec/forge.rs` rule 3).
+    #[doc(hidden)]
+    fn forge_output(index: usize, bytes: &[u8], seed: u64) -> Option<Vec<u8>>;
 }
 
 fn take<T: Data>(index: usize, v: Option<Value>) -> Result<T, ValueError> {
@@ -126,6 +129,13 @@ macro_rules! tuple_sets {
             fn debug_output(index: usize, bytes: &[u8]) -> Option<String> {
                 match index {
                     $($i => debug_as::<$T>(bytes),)*
+                    _ => None,
+                }
+            }
+            #[allow(unused_variables)]
+            fn forge_output(index: usize, bytes: &[u8], seed: u64) -> Option<Vec<u8>> {
+                match index {
+                    $($i => crate::exec::forge::forge_as::<$T>(bytes, seed),)*
                     _ => None,
                 }
             }
