@@ -1,1 +1,450 @@
-//! placeholder
+//! veriflow-certifier: probabilistic certification of a finished run, with correction of
+//! forged tasks (paper 001 §V: Proposition 2, Fig. 4-5, Algorithm 1).
+//!
+//! The pieces, each with its rules in its module docs:
+//!
+//! - [`sample`]: how many tasks to check (N_{ε,q}, f(n), hypergeometric, q̂);
+//! - [`track`]: G from the logs, G_S, the structural check, Merkle roots;
+//! - [`oracle`]: O_e, re-running one task from its record;
+//! - [`correct`]: Algorithm 1's correction (G_F re-executed, a new log generation);
+//! - [`certificate`]: the signed JSON verdict and its verification.
+//!
+//! Rules of [`certify`]:
+//!
+//! 1. Only a finished run is certified. G_S is computed for the chosen outputs (all terminal
+//!    outputs by default) and checked structurally first: any structural error is a REJECT
+//!    naming the task and edge (correction does not apply: the logs contradict each other).
+//! 2. The tasks of G_S, sorted by id, are drawn uniformly without replacement by a ChaCha20
+//!    generator. Its seed is the one given, or else derived from the log digest, ε, q and the
+//!    outputs — so no worker can know the draw before its results are in the log — and it is
+//!    recorded in the certificate.
+//! 3. Checks run in parallel batches and are *counted in draw order*, so the outcome does not
+//!    depend on the number of threads. ACCEPT after k = min(⌈f(n)⌉, n) clean checks (k = n with
+//!    `full`).
+//! 4. Without `correct`, a forged task makes the verdict REJECT; the k draws are all checked so
+//!    that the certificate names every forged task the sample found.
+//! 5. With `correct` (Algorithm 1): a detection adds the task and its successors to G_F, restarts
+//!    the count of clean checks, and G_F is re-executed on the oracle on another thread while the
+//!    checking of G_C goes on (draws that fall in G_F are skipped). When the count is reached,
+//!    the corrected values are written as a new generation of the log (the original kept) and
+//!    the new generation is certified again, up to [`Options::max_generations`] times.
+
+pub mod certificate;
+pub mod correct;
+pub mod oracle;
+pub mod sample;
+pub mod track;
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use rayon::prelude::*;
+use veriflow_checkpoint::Store;
+use veriflow_runtime::log::{write_generation, LogError, LogReader, RunStatus};
+use veriflow_runtime::{DataId, Registry, RunError, VnodeId};
+
+pub use certificate::{Certificate, CorrectionRecord, Decision, VerifyError, VnodeCount};
+pub use correct::CorrectError;
+pub use oracle::{Detection, Verdict};
+pub use sample::SampleError;
+pub use track::{StructuralError, Track};
+
+use track::Ix;
+
+/// What to certify and how.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Bound on the risk of accepting a forged run.
+    pub epsilon: f64,
+    /// Assumed bound on the forgery rate.
+    pub q: f64,
+    /// Terminal outputs to certify (`None`: all of them).
+    pub outputs: Option<Vec<DataId>>,
+    /// Seed of the draw (`None`: derived from the log digest, rule 2).
+    pub seed: Option<u64>,
+    /// Correct forged tasks (rule 5).
+    pub correct: bool,
+    /// Re-run every task of G_S.
+    pub full: bool,
+    /// Most generations a correction may write.
+    pub max_generations: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            epsilon: 0.05,
+            q: 0.01,
+            outputs: None,
+            seed: None,
+            correct: false,
+            full: false,
+            max_generations: 8,
+        }
+    }
+}
+
+/// What a certifier reports while it works (a progress bar, a log line).
+pub trait Progress: Sync {
+    /// A pass over `generation` starts and will count `k` clean checks.
+    fn pass(&self, _generation: u32, _k: u64) {}
+    /// One check counted (clean or forged).
+    fn checked(&self) {}
+    /// A correction of `tasks` tasks (G_F) starts.
+    fn correcting(&self, _tasks: u64) {}
+    /// One task re-run by the correction.
+    fn corrected(&self) {}
+}
+
+/// Reports nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// Why certification could not reach a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum CertifyError {
+    /// The log cannot be read.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// ε or q out of range.
+    #[error(transparent)]
+    Sample(#[from] SampleError),
+    /// The registry cannot re-run a logged task: this is not the program that ran.
+    #[error("the oracle cannot run this log: {0} (certify with the app that ran it)")]
+    Program(RunError),
+    /// The run did not finish.
+    #[error("the run in this log has not finished ({0}): only a finished run can be certified")]
+    NotFinished(String),
+    /// An output asked for is not a terminal output of the run.
+    #[error("{0} is not a terminal output of this run (see `inspect` for the outputs)")]
+    UnknownOutput(DataId),
+    /// Correction failed; the log is unchanged.
+    #[error("correction failed: {0}")]
+    Correct(#[from] CorrectError),
+}
+
+/// Certifies the run in `store` with the oracle's `registry` (rules 1-5). The certificate is
+/// returned unsigned: sign it with [`Certificate::sign`].
+pub fn certify(
+    store: Arc<dyn Store>,
+    registry: &Registry,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Certificate, CertifyError> {
+    let n_eps_q = sample::n_eps_q(opts.epsilon, opts.q)?;
+    let mut corrections: Vec<CorrectionRecord> = Vec::new();
+    loop {
+        let reader = LogReader::latest(store.clone())?;
+        let track = Track::load_from(&reader)?;
+        match &track.manifest.status {
+            RunStatus::Finished => {}
+            RunStatus::Running => {
+                return Err(CertifyError::NotFinished("still running or crashed".into()))
+            }
+            RunStatus::Failed(e) => return Err(CertifyError::NotFinished(format!("failed: {e}"))),
+        }
+        let outputs = match &opts.outputs {
+            None => track.terminal().to_vec(),
+            Some(list) => {
+                if let Some(d) = list.iter().find(|d| !track.terminal().contains(d)) {
+                    return Err(CertifyError::UnknownOutput(*d));
+                }
+                list.clone()
+            }
+        };
+        let outcome = pass(&track, registry, opts, &outputs, progress)?;
+        let mut cert = outcome.certificate(&track, opts, n_eps_q, &outputs);
+        cert.corrections = corrections.clone();
+        let can_correct = opts.correct
+            && cert.structural.is_empty()
+            && !outcome.forged.is_empty()
+            && track.generation < opts.max_generations;
+        if !can_correct {
+            return Ok(cert);
+        }
+        let (in_gf, redone) = match outcome.correction {
+            Some(c) => c?,
+            None => return Ok(cert),
+        };
+        let logs = correct::next_generation(&reader, &track, &in_gf, &redone)?;
+        let mut manifest = track.manifest.clone();
+        let next = track.generation + 1;
+        write_generation(&*store, &mut manifest, next, &logs)?;
+        corrections.push(CorrectionRecord {
+            generation: next,
+            detected: cert.detections.clone(),
+            invalidated: in_gf.iter().filter(|&&b| b).count() as u64,
+            re_executed: redone.len() as u64,
+        });
+    }
+}
+
+type CorrectionResult = Result<(Vec<bool>, Vec<correct::Redone>), CorrectError>;
+
+/// The result of certifying one generation.
+struct PassOutcome {
+    gs: Vec<Ix>,
+    k: u64,
+    seed: u64,
+    seed_source: &'static str,
+    checked: Vec<Ix>,
+    forged: Vec<(Ix, Detection)>,
+    structural: Vec<StructuralError>,
+    merkle_root: [u8; 32],
+    log_digest: [u8; 32],
+    correction: Option<CorrectionResult>,
+}
+
+fn derive_seed(log_digest: &[u8; 32], opts: &Options, outputs: &[DataId]) -> u64 {
+    let mut h = blake3::Hasher::new_derive_key("veriflow certifier sample seed v1");
+    h.update(log_digest);
+    h.update(&opts.epsilon.to_le_bytes());
+    h.update(&opts.q.to_le_bytes());
+    h.update(&[u8::from(opts.full)]);
+    for d in outputs {
+        h.update(&d.0.to_le_bytes());
+    }
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// Rules 2-5 on one generation.
+fn pass(
+    track: &Track,
+    registry: &Registry,
+    opts: &Options,
+    outputs: &[DataId],
+    progress: &dyn Progress,
+) -> Result<PassOutcome, CertifyError> {
+    let (gs, mut structural) = track.terminal_subgraph(outputs);
+    structural.extend(track.structural_check(&gs));
+    let merkle_root = track.merkle_root(&gs);
+    let log_digest = track.log_digest();
+    let n = gs.len() as u64;
+    let k = if opts.full {
+        n
+    } else {
+        sample::sample_size(opts.epsilon, opts.q, n)?
+    };
+    let (seed, seed_source) = match opts.seed {
+        Some(s) => (s ^ u64::from(track.generation), "given"),
+        None => (derive_seed(&log_digest, opts, outputs), "log digest"),
+    };
+    let mut out = PassOutcome {
+        gs,
+        k,
+        seed,
+        seed_source,
+        checked: Vec::new(),
+        forged: Vec::new(),
+        structural,
+        merkle_root,
+        log_digest,
+        correction: None,
+    };
+    if !out.structural.is_empty() {
+        return Ok(out);
+    }
+    progress.pass(track.generation, k);
+    let draws = Draws::new(out.gs.len(), seed);
+    let (tx, rx) = mpsc::channel::<Vec<bool>>();
+    let checking = std::thread::scope(|scope| -> Result<Option<CorrectionResult>, CertifyError> {
+        let corrector = opts.correct.then(|| {
+            scope.spawn(move || -> CorrectionResult {
+                // Rule 5: each message is the whole G_F so far; re-run the latest one.
+                let mut last: Option<CorrectionResult> = None;
+                while let Ok(mut in_gf) = rx.recv() {
+                    while let Ok(newer) = rx.try_recv() {
+                        in_gf = newer;
+                    }
+                    progress.correcting(in_gf.iter().filter(|&&b| b).count() as u64);
+                    let redone =
+                        correct::reexecute(track, registry, &in_gf, &|_| progress.corrected());
+                    last = Some(redone.map(|r| (in_gf, r)));
+                }
+                last.unwrap_or_else(|| Ok((vec![false; track.len()], Vec::new())))
+            })
+        });
+        let result = check_loop(track, registry, opts, &mut out, draws, progress, &tx);
+        drop(tx);
+        let correction = corrector.map(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(CorrectError::Rerun {
+                    task: veriflow_runtime::TaskId(0),
+                    source: RunError::Config("the correction thread panicked".into()),
+                })
+            })
+        });
+        result.map(|()| correction)
+    })?;
+    out.correction = checking;
+    Ok(out)
+}
+
+fn check_loop(
+    track: &Track,
+    registry: &Registry,
+    opts: &Options,
+    out: &mut PassOutcome,
+    mut draws: Draws,
+    progress: &dyn Progress,
+    tx: &mpsc::Sender<Vec<bool>>,
+) -> Result<(), CertifyError> {
+    let batch = (rayon::current_num_threads() * 8).max(16);
+    let mut in_gf = vec![false; track.len()];
+    let mut counted: u64 = 0; // clean checks since the last detection (rule 5), or all checks
+    let mut forged_ix: Vec<Ix> = Vec::new();
+    'outer: loop {
+        let mut picks: Vec<Ix> = Vec::with_capacity(batch);
+        while picks.len() < batch {
+            let Some(i) = draws.next() else { break };
+            let t = out.gs[i];
+            if !in_gf[t as usize] {
+                picks.push(t);
+            }
+        }
+        if picks.is_empty() {
+            break;
+        }
+        let verdicts: Vec<Result<Verdict, RunError>> = picks
+            .par_iter()
+            .map(|&t| oracle::check(track, registry, t))
+            .collect();
+        for (t, v) in picks.into_iter().zip(verdicts) {
+            if in_gf[t as usize] {
+                continue; // fell into G_F after it was drawn
+            }
+            let v = v.map_err(CertifyError::Program)?;
+            out.checked.push(t);
+            progress.checked();
+            match v {
+                Verdict::Clean => counted += 1,
+                Verdict::Forged(d) => {
+                    out.forged.push((t, d));
+                    if opts.correct {
+                        forged_ix.push(t);
+                        in_gf = correct::closure(track, &forged_ix);
+                        let _ = tx.send(in_gf.clone());
+                        counted = 0;
+                    } else {
+                        counted += 1;
+                    }
+                }
+            }
+            if counted >= out.k {
+                break 'outer;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl PassOutcome {
+    fn certificate(
+        &self,
+        track: &Track,
+        opts: &Options,
+        n_eps_q: f64,
+        outputs: &[DataId],
+    ) -> Certificate {
+        let decision = if self.structural.is_empty() && self.forged.is_empty() {
+            Decision::Accept
+        } else {
+            Decision::Reject
+        };
+        let mut per: std::collections::BTreeMap<u32, VnodeCount> = Default::default();
+        let vnode_of = |t: Ix| {
+            let r = &track.tasks[t as usize];
+            r.ran_on.or(r.declared_on).unwrap_or(VnodeId(0)).0
+        };
+        for &t in &self.gs {
+            let v = vnode_of(t);
+            per.entry(v)
+                .or_insert_with(|| VnodeCount {
+                    vnode: v,
+                    tasks: 0,
+                    checked: 0,
+                    detections: 0,
+                })
+                .tasks += 1;
+        }
+        for &t in &self.checked {
+            if let Some(c) = per.get_mut(&vnode_of(t)) {
+                c.checked += 1;
+            }
+        }
+        for (t, _) in &self.forged {
+            if let Some(c) = per.get_mut(&vnode_of(*t)) {
+                c.detections += 1;
+            }
+        }
+        let clean = self.checked.len() as u64 - self.forged.len() as u64;
+        Certificate {
+            format: certificate::FORMAT.to_string(),
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            program: track.manifest.program.clone(),
+            root: format!("{:#}", track.manifest.root),
+            generation: track.generation,
+            decision,
+            epsilon: opts.epsilon,
+            q: opts.q,
+            n: self.gs.len() as u64,
+            k: self.k,
+            n_eps_q,
+            full: opts.full,
+            seed: self.seed,
+            seed_source: self.seed_source.to_string(),
+            outputs: outputs.iter().map(|d| format!("{d:#}")).collect(),
+            checked: self
+                .checked
+                .iter()
+                .map(|&t| format!("{:#}", track.tasks[t as usize].id))
+                .collect(),
+            detections: self.forged.iter().map(|(_, d)| d.clone()).collect(),
+            structural: self.structural.clone(),
+            corrections: Vec::new(),
+            per_vnode: per.into_values().collect(),
+            q_hat: sample::q_hat(opts.epsilon, clean.min(self.k)),
+            merkle_root: certificate::hex(&self.merkle_root),
+            log_digest: certificate::hex(&self.log_digest),
+            mac: String::new(),
+        }
+    }
+}
+
+/// Uniform draws without replacement from 0..n: a Fisher-Yates shuffle done lazily (rule 2).
+pub struct Draws {
+    order: Vec<u32>,
+    next: usize,
+    rng: ChaCha20Rng,
+}
+
+impl Draws {
+    /// Draws from 0..n with `seed`.
+    pub fn new(n: usize, seed: u64) -> Draws {
+        Draws {
+            order: (0..n as u32).collect(),
+            next: 0,
+            rng: ChaCha20Rng::seed_from_u64(seed),
+        }
+    }
+}
+
+impl Iterator for Draws {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        let n = self.order.len();
+        if self.next >= n {
+            return None;
+        }
+        let j = self.rng.gen_range(self.next..n);
+        self.order.swap(self.next, j);
+        let v = self.order[self.next];
+        self.next += 1;
+        Some(v as usize)
+    }
+}

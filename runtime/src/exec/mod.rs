@@ -388,6 +388,7 @@ impl Runtime {
             seed: self.seed,
             status: RunStatus::Running,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            generation: 0,
         };
         let writer = match &self.store {
             Some(store) => {

@@ -46,6 +46,9 @@ pub struct Manifest {
     pub status: RunStatus,
     /// veriflow version that wrote it.
     pub tool_version: String,
+    /// Current log generation: 0 is the run's own log; the certifier writes generation g + 1
+    /// when it corrects forged tasks, and keeps the older ones.
+    pub generation: u32,
 }
 
 impl Manifest {

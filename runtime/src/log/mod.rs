@@ -19,7 +19,9 @@
 //!    the segment and the byte offset — except a *torn* last segment (shorter than its header
 //!    says), which is what a crash mid-write leaves: it is reported in
 //!    [`VnodeEvents::torn`] and skipped.
-//! 5. A store error in the writer is kept and returned by every later call: nothing that was
+//! 5. **Generations.** The run writes generation 0; the certifier's corrections are written as
+//!    later generations beside it (`generation.rs`), and the manifest names the current one.
+//! 6. A store error in the writer is kept and returned by every later call: nothing that was
 //!    flushed before is lost, and nothing after it is claimed durable.
 //!
 //! ```
@@ -41,12 +43,14 @@
 //! ```
 
 mod event;
+mod generation;
 mod manifest;
 mod reader;
 pub mod segment;
 mod writer;
 
 pub use event::{Declared, Event, EventKey, EventKind, Output};
+pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use reader::{LogReader, LoggedEvent, TornTail, VnodeEvents};
 pub use writer::{CommitPolicy, LogWriter, VnodeLog};

@@ -47,24 +47,53 @@ pub struct VnodeEvents {
     pub torn: Option<TornTail>,
 }
 
-/// Reads logs from a store.
+/// Reads logs from a store, in one generation (`segment::generation_prefix`).
 #[derive(Clone)]
 pub struct LogReader {
     store: Arc<dyn Store>,
+    generation: u32,
+    prefix: Vec<u8>,
 }
 
 impl std::fmt::Debug for LogReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogReader")
             .field("store", &self.store.describe())
+            .field("generation", &self.generation)
             .finish()
     }
 }
 
 impl LogReader {
-    /// A reader over `store`.
+    /// A reader of the run's own log (generation 0) in `store`.
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+        Self::at_generation(store, 0)
+    }
+
+    /// A reader of generation `generation` in `store`.
+    pub fn at_generation(store: Arc<dyn Store>, generation: u32) -> Self {
+        Self {
+            store,
+            generation,
+            prefix: segment::generation_prefix(generation),
+        }
+    }
+
+    /// A reader of the generation the manifest names as current.
+    pub fn latest(store: Arc<dyn Store>) -> Result<Self, LogError> {
+        let g = Self::new(store.clone()).manifest()?.generation;
+        Ok(Self::at_generation(store, g))
+    }
+
+    /// The generation read.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    fn key(&self, rest: &[u8]) -> Vec<u8> {
+        let mut k = self.prefix.clone();
+        k.extend_from_slice(rest);
+        k
     }
 
     /// The run manifest; an error if the store holds none.
@@ -77,8 +106,9 @@ impl LogReader {
     /// The vnodes that have at least one segment.
     pub fn vnodes(&self) -> Result<Vec<VnodeId>, LogError> {
         let mut out: Vec<VnodeId> = Vec::new();
-        for (key, _) in self.store.scan_prefix(b"seg/")? {
-            if let Some((v, _)) = segment::parse_segment_key(&key) {
+        for (key, _) in self.store.scan_prefix(&self.key(b"seg/"))? {
+            let key = key.get(self.prefix.len()..).unwrap_or_default();
+            if let Some((v, _)) = segment::parse_segment_key(key) {
                 if out.last() != Some(&v) {
                     out.push(v);
                 }
@@ -89,7 +119,9 @@ impl LogReader {
 
     /// Reads, checks and de-duplicates the log of `vnode` (rules 1 and 4).
     pub fn read_vnode(&self, vnode: VnodeId) -> Result<VnodeEvents, LogError> {
-        let stored = self.store.scan_prefix(&segment::vnode_prefix(vnode))?;
+        let stored = self
+            .store
+            .scan_prefix(&self.key(&segment::vnode_prefix(vnode)))?;
         let mut out = VnodeEvents {
             vnode,
             events: Vec::new(),
@@ -101,6 +133,7 @@ impl LogReader {
         let mut seen: HashSet<EventKey> = HashSet::new();
         let last = stored.len().saturating_sub(1);
         for (i, (key, value)) in stored.iter().enumerate() {
+            let key = key.get(self.prefix.len()..).unwrap_or_default();
             let segno = match segment::parse_segment_key(key) {
                 Some((_, s)) => s,
                 None => {

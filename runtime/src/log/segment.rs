@@ -34,6 +34,18 @@ pub fn vnode_prefix(vnode: VnodeId) -> Vec<u8> {
     k
 }
 
+/// Store key prefix of a log generation: empty for generation 0 (the run's own log), `gen/<g>/`
+/// for the generations the certifier writes when it corrects forged tasks.
+pub fn generation_prefix(generation: u32) -> Vec<u8> {
+    if generation == 0 {
+        return Vec::new();
+    }
+    let mut k = b"gen/".to_vec();
+    k.extend_from_slice(&generation.to_be_bytes());
+    k.push(b'/');
+    k
+}
+
 /// Splits a segment key back into (vnode, segment number).
 pub fn parse_segment_key(key: &[u8]) -> Option<(VnodeId, u64)> {
     let rest = key.strip_prefix(b"seg/")?;

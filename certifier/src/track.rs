@@ -1,0 +1,551 @@
+//! The execution track: G rebuilt from every vnode's log, the terminal subgraph G_S, the
+//! structural check and the Merkle root that ties a certificate to a log.
+//!
+//! Rules:
+//!
+//! 1. Loading is linear in the number of events (logs decoded in parallel, one pass to merge).
+//!    Every task gets one dense index; a task's record comes from `Declared` (or the
+//!    `Adopted` copy, which must be equal), its reads from `Started`, its writes and children
+//!    from `Completed`. Two logs that disagree about one task or one datum are a
+//!    [`Conflict`], never silently merged.
+//! 2. G_S is the set of ancestors of the chosen terminal outputs S: the writer of each datum,
+//!    and for each task the writers of its inputs *and its parent* (a task's record is its
+//!    parent's output: a lying parent can declare a wrong child). One backward pass, linear.
+//! 3. The structural check looks at every task of G_S: declared, started and completed; every
+//!    input digest a consumer (or a thief, for the values it adopted) logged equals the digest
+//!    its producer logged; every value returned to a victim equals its writer's; every child it
+//!    declared has a record naming it as parent; each task wrote only its own outputs. Each
+//!    failure names the task, the datum and the vnodes involved.
+//! 4. A task's *leaf* hashes its id, name, argument digest, input ids with the digests it read,
+//!    output ids with the digests it wrote, and its children. The Merkle root of G_S is over the
+//!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
+//!    independent of how events were spread over segments and vnodes.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use veriflow_checkpoint::Store;
+use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Manifest, TornTail};
+use veriflow_runtime::{DataId, Digest, IdMap, TaskId, VnodeId};
+
+/// Index of a task in a [`Track`].
+pub type Ix = u32;
+
+/// One task of G, merged from every log that mentions it (rule 1).
+#[derive(Clone, Debug, Default)]
+pub struct TaskRec {
+    /// Its id.
+    pub id: TaskId,
+    /// Its record (from `Declared` or `Adopted`), `None` if no log declared it.
+    pub record: Option<Declared>,
+    /// The vnode whose log declared it.
+    pub declared_on: Option<VnodeId>,
+    /// The vnode whose log holds its `Started`/`Completed` (where it ran).
+    pub ran_on: Option<VnodeId>,
+    /// Digests of the inputs it read (`Started`).
+    pub started: Option<Vec<Digest>>,
+    /// The values it wrote itself (`Completed`), as (datum, digest); `None` if not completed.
+    pub wrote: Option<Vec<(DataId, Digest)>>,
+    /// Children it declared (`Completed`), in spawn order.
+    pub children: Vec<TaskId>,
+    /// Input digests of the values its thief adopted with it (`Adopted`), and the thief.
+    pub adopted: Option<(VnodeId, Vec<Digest>)>,
+}
+
+/// One data object of G.
+#[derive(Clone, Debug, Default)]
+pub struct DataRec {
+    /// The task that wrote it (`None` for a program input or a datum never written).
+    pub writer: Option<Ix>,
+    /// Its logged value and digest (from its writer's `Completed`, or the `Input` event).
+    pub value: Option<(Arc<[u8]>, Digest)>,
+    /// Whether it is a program input.
+    pub input: bool,
+    /// Copies returned to victims: (victim vnode, digest).
+    pub returned: Vec<(VnodeId, Digest)>,
+}
+
+/// Two logs disagree (rule 1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conflict {
+    /// The task (or the writer of the datum) concerned.
+    pub task: String,
+    /// What disagrees.
+    pub what: String,
+}
+
+/// A structural failure in G_S (rule 3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StructuralError {
+    /// The task at fault or being checked.
+    pub task: String,
+    /// Its registered name, if known.
+    pub name: Option<String>,
+    /// The vnode that logged it.
+    pub vnode: Option<u32>,
+    /// The edge (datum) concerned, if any.
+    pub data: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// G as read from the logs of one generation.
+#[derive(Debug)]
+pub struct Track {
+    /// The run's manifest.
+    pub manifest: Manifest,
+    /// The generation read.
+    pub generation: u32,
+    /// Tasks, by dense index.
+    pub tasks: Vec<TaskRec>,
+    index: IdMap<TaskId, Ix>,
+    /// Data objects.
+    pub data: IdMap<DataId, DataRec>,
+    /// Disagreements between logs (rule 1).
+    pub conflicts: Vec<Conflict>,
+    /// Torn last segments that were skipped.
+    pub torn: Vec<(VnodeId, TornTail)>,
+    /// Events read.
+    pub events: u64,
+}
+
+impl Track {
+    /// Reads the current generation of the log in `store` (rule 1).
+    pub fn load(store: Arc<dyn Store>) -> Result<Track, LogError> {
+        let reader = LogReader::latest(store)?;
+        Track::load_from(&reader)
+    }
+
+    /// Reads the generation `reader` reads.
+    pub fn load_from(reader: &LogReader) -> Result<Track, LogError> {
+        let manifest = reader.manifest()?;
+        let logs = reader
+            .vnodes()?
+            .into_par_iter()
+            .map(|v| reader.read_vnode(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut t = Track {
+            manifest,
+            generation: reader.generation(),
+            tasks: Vec::new(),
+            index: IdMap::default(),
+            data: IdMap::default(),
+            conflicts: Vec::new(),
+            torn: Vec::new(),
+            events: 0,
+        };
+        let total: usize = logs.iter().map(|l| l.events.len()).sum();
+        t.tasks.reserve(total / 3);
+        t.index.reserve(total / 3);
+        for log in logs {
+            if let Some(torn) = log.torn {
+                t.torn.push((log.vnode, torn));
+            }
+            let v = log.vnode;
+            for e in log.events {
+                t.events += 1;
+                t.absorb(v, e.event);
+            }
+        }
+        Ok(t)
+    }
+
+    fn ix(&mut self, id: TaskId) -> Ix {
+        if let Some(&i) = self.index.get(&id) {
+            return i;
+        }
+        let i = self.tasks.len() as Ix;
+        self.tasks.push(TaskRec {
+            id,
+            ..TaskRec::default()
+        });
+        self.index.insert(id, i);
+        i
+    }
+
+    fn conflict(&mut self, task: TaskId, what: String) {
+        self.conflicts.push(Conflict {
+            task: format!("{task:#}"),
+            what,
+        });
+    }
+
+    fn set_record(&mut self, v: VnodeId, record: Declared, declared: bool) {
+        let i = self.ix(record.task) as usize;
+        match &self.tasks[i].record {
+            Some(r) if *r != record => {
+                let task = record.task;
+                self.conflict(task, format!("{v} logged another record for it"));
+            }
+            Some(_) => {}
+            None => self.tasks[i].record = Some(record),
+        }
+        if declared {
+            self.tasks[i].declared_on.get_or_insert(v);
+        }
+    }
+
+    fn absorb(&mut self, v: VnodeId, event: Event) {
+        match event {
+            Event::Declared(d) => self.set_record(v, d, true),
+            Event::Adopted {
+                victim: _,
+                record,
+                inputs,
+            } => {
+                let digests = inputs.iter().map(|b| Digest::of(b)).collect();
+                let i = self.ix(record.task) as usize;
+                self.tasks[i].adopted = Some((v, digests));
+                self.set_record(v, record, false);
+            }
+            Event::Stolen { .. } => {}
+            Event::Started { task, inputs } => {
+                let i = self.ix(task) as usize;
+                if self.tasks[i].started.as_ref().is_some_and(|s| *s != inputs) {
+                    self.conflict(task, format!("{v} logged another start for it"));
+                }
+                self.tasks[i].started = Some(inputs);
+                self.tasks[i].ran_on = Some(v);
+            }
+            Event::Completed {
+                task,
+                outputs,
+                children,
+            } => {
+                let i = self.ix(task);
+                let wrote: Vec<(DataId, Digest)> =
+                    outputs.iter().map(|o| (o.data, o.digest)).collect();
+                if let Some(w) = &self.tasks[i as usize].wrote {
+                    if *w != wrote || self.tasks[i as usize].children != children {
+                        self.conflict(task, format!("{v} logged another completion for it"));
+                    }
+                    return;
+                }
+                for o in outputs {
+                    let d = self.data.entry(o.data).or_default();
+                    match d.writer {
+                        Some(w) if w != i => {
+                            let other = self.tasks[w as usize].id;
+                            self.conflict(task, format!("{} is also written by {other}", o.data));
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    d.writer = Some(i);
+                    d.value = Some((o.value.into(), o.digest));
+                }
+                let rec = &mut self.tasks[i as usize];
+                rec.wrote = Some(wrote);
+                rec.children = children;
+                rec.ran_on = Some(v);
+            }
+            Event::Returned { output } => {
+                let d = self.data.entry(output.data).or_default();
+                d.returned.push((v, output.digest));
+            }
+            Event::Input { output } => {
+                let d = self.data.entry(output.data).or_default();
+                d.input = true;
+                d.value = Some((output.value.into(), output.digest));
+            }
+        }
+    }
+
+    /// Number of tasks in G.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether G has no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The index of a task.
+    pub fn index_of(&self, id: TaskId) -> Option<Ix> {
+        self.index.get(&id).copied()
+    }
+
+    /// The terminal outputs of the run (the root's outputs).
+    pub fn terminal(&self) -> &[DataId] {
+        &self.manifest.terminal
+    }
+
+    /// G_S for the outputs `s` (rule 2), as a sorted list of task indexes, with the structural
+    /// errors met on the way (a datum of S or an input nobody wrote).
+    pub fn terminal_subgraph(&self, s: &[DataId]) -> (Vec<Ix>, Vec<StructuralError>) {
+        let mut errors = Vec::new();
+        let mut seen = vec![false; self.tasks.len()];
+        let mut stack: Vec<Ix> = Vec::new();
+        let mut need =
+            |d: DataId, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| match self
+                .data
+                .get(&d)
+            {
+                Some(DataRec {
+                    writer: Some(w), ..
+                }) => {
+                    if !seen[*w as usize] {
+                        seen[*w as usize] = true;
+                        stack.push(*w);
+                    }
+                }
+                Some(DataRec { input: true, .. }) => {}
+                _ => errors.push(self.error(
+                    reader,
+                    Some(d),
+                    match reader {
+                        Some(_) => "reads a datum that no task wrote".to_string(),
+                        None => "terminal output was never written".to_string(),
+                    },
+                )),
+            };
+        for &d in s {
+            need(d, None, &mut stack, &mut seen);
+        }
+        while let Some(t) = stack.pop() {
+            let rec = &self.tasks[t as usize];
+            if let Some(r) = &rec.record {
+                for &d in &r.inputs {
+                    need(d, Some(t), &mut stack, &mut seen);
+                }
+                if let Some(p) = r.parent.and_then(|p| self.index_of(p)) {
+                    if !seen[p as usize] {
+                        seen[p as usize] = true;
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        let mut gs: Vec<Ix> = (0..self.tasks.len() as Ix)
+            .filter(|&i| seen[i as usize])
+            .collect();
+        gs.sort_unstable_by_key(|&i| self.tasks[i as usize].id);
+        (gs, errors)
+    }
+
+    fn error(&self, task: Option<Ix>, data: Option<DataId>, message: String) -> StructuralError {
+        let rec = task.map(|t| &self.tasks[t as usize]);
+        StructuralError {
+            task: rec.map_or_else(|| "-".to_string(), |r| format!("{:#}", r.id)),
+            name: rec.and_then(|r| r.record.as_ref().map(|d| d.name.to_string())),
+            vnode: rec.and_then(|r| r.ran_on.or(r.declared_on)).map(|v| v.0),
+            data: data.map(|d| format!("{d:#}")),
+            message,
+        }
+    }
+
+    /// The structural check of rule 3 over the tasks `gs`.
+    pub fn structural_check(&self, gs: &[Ix]) -> Vec<StructuralError> {
+        let mut errors: Vec<StructuralError> = gs
+            .par_iter()
+            .flat_map_iter(|&t| self.check_task(t))
+            .collect();
+        for c in &self.conflicts {
+            errors.push(StructuralError {
+                task: c.task.clone(),
+                name: None,
+                vnode: None,
+                data: None,
+                message: format!("logs disagree: {}", c.what),
+            });
+        }
+        errors
+    }
+
+    fn check_task(&self, t: Ix) -> Vec<StructuralError> {
+        let mut out = Vec::new();
+        let rec = &self.tasks[t as usize];
+        let Some(r) = &rec.record else {
+            out.push(self.error(Some(t), None, "no log declared it".to_string()));
+            return out;
+        };
+        let (Some(started), Some(wrote)) = (&rec.started, &rec.wrote) else {
+            out.push(self.error(Some(t), None, "declared but never completed".to_string()));
+            return out;
+        };
+        let producer = |d: DataId| -> Option<(Digest, String)> {
+            let rec = self.data.get(&d)?;
+            let (_, digest) = rec.value.as_ref()?;
+            let who = match rec.writer {
+                Some(w) => {
+                    let wr = &self.tasks[w as usize];
+                    let on = wr.ran_on.map_or_else(String::new, |v| format!(" on {v}"));
+                    format!("its producer {}{on}", wr.id)
+                }
+                None => "the program input".to_string(),
+            };
+            Some((*digest, who))
+        };
+        if started.len() != r.inputs.len() {
+            out.push(self.error(
+                Some(t),
+                None,
+                format!("read {} inputs, declared {}", started.len(), r.inputs.len()),
+            ));
+        }
+        for (i, (&d, read)) in r.inputs.iter().zip(started).enumerate() {
+            match producer(d) {
+                Some((logged, who)) if logged != *read => out.push(self.error(
+                    Some(t),
+                    Some(d),
+                    format!("read input {i} with digest {read}, but {who} logged {logged}"),
+                )),
+                Some(_) => {}
+                None => {
+                    out.push(self.error(Some(t), Some(d), format!("input {i} has no logged value")))
+                }
+            }
+        }
+        if let Some((thief, adopted)) = &rec.adopted {
+            for (i, (&d, got)) in r.inputs.iter().zip(adopted).enumerate() {
+                if let Some((logged, who)) = producer(d).filter(|(l, _)| l != got) {
+                    out.push(self.error(
+                        Some(t),
+                        Some(d),
+                        format!("{thief} adopted input {i} with digest {got}, but {who} logged {logged}"),
+                    ));
+                }
+            }
+        }
+        for &(d, digest) in wrote {
+            if !r.outputs.contains(&d) {
+                out.push(self.error(
+                    Some(t),
+                    Some(d),
+                    "wrote a datum that is not one of its outputs".to_string(),
+                ));
+            }
+            if let Some(rec) = self.data.get(&d) {
+                for (victim, got) in &rec.returned {
+                    if *got != digest {
+                        out.push(self.error(
+                            Some(t),
+                            Some(d),
+                            format!("{victim} received digest {got}, the writer logged {digest}"),
+                        ));
+                    }
+                }
+            }
+        }
+        for (i, c) in rec.children.iter().enumerate() {
+            let ok = self
+                .index_of(*c)
+                .and_then(|ci| self.tasks[ci as usize].record.as_ref())
+                .is_some_and(|cr| cr.parent == Some(rec.id) && cr.index as usize == i);
+            if !ok {
+                out.push(self.error(
+                    Some(t),
+                    None,
+                    format!("child {i} ({c}) has no record naming it as parent"),
+                ));
+            }
+        }
+        out
+    }
+
+    /// The leaf of task `t` (rule 4).
+    pub fn leaf(&self, t: Ix) -> [u8; 32] {
+        let rec = &self.tasks[t as usize];
+        let mut h = blake3::Hasher::new_derive_key("veriflow certifier leaf v1");
+        h.update(&rec.id.0.to_le_bytes());
+        if let Some(r) = &rec.record {
+            h.update(&(r.name.len() as u64).to_le_bytes());
+            h.update(r.name.as_bytes());
+            h.update(blake3::hash(&r.args).as_bytes());
+            h.update(&(r.inputs.len() as u64).to_le_bytes());
+            for (i, d) in r.inputs.iter().enumerate() {
+                h.update(&d.0.to_le_bytes());
+                let read = rec.started.as_ref().and_then(|s| s.get(i)).copied();
+                h.update(&read.unwrap_or_default().0);
+            }
+        }
+        let wrote = rec.wrote.as_deref().unwrap_or(&[]);
+        h.update(&(wrote.len() as u64).to_le_bytes());
+        for (d, digest) in wrote {
+            h.update(&d.0.to_le_bytes());
+            h.update(&digest.0);
+        }
+        h.update(&(rec.children.len() as u64).to_le_bytes());
+        for c in &rec.children {
+            h.update(&c.0.to_le_bytes());
+        }
+        *h.finalize().as_bytes()
+    }
+
+    /// The Merkle root over the leaves of `tasks` (sorted by id; rule 4).
+    pub fn merkle_root(&self, tasks: &[Ix]) -> [u8; 32] {
+        let leaves: Vec<[u8; 32]> = tasks.par_iter().map(|&t| self.leaf(t)).collect();
+        merkle(leaves)
+    }
+
+    /// The log digest (rule 4): the Merkle root over every task of G.
+    pub fn log_digest(&self) -> [u8; 32] {
+        let mut all: Vec<Ix> = (0..self.tasks.len() as Ix).collect();
+        all.par_sort_unstable_by_key(|&i| self.tasks[i as usize].id);
+        self.merkle_root(&all)
+    }
+
+    /// Successors of `t` in G: the tasks that read what it wrote, and its children.
+    pub(crate) fn successors<'a>(
+        &'a self,
+        t: Ix,
+        readers: &'a IdMap<DataId, Vec<Ix>>,
+    ) -> impl Iterator<Item = Ix> + 'a {
+        let rec = &self.tasks[t as usize];
+        let wrote = rec.wrote.as_deref().unwrap_or(&[]);
+        let out = wrote
+            .iter()
+            .flat_map(move |(d, _)| readers.get(d).into_iter().flatten().copied());
+        let kids = rec.children.iter().filter_map(move |c| self.index_of(*c));
+        out.chain(kids)
+    }
+
+    /// Who reads each datum.
+    pub(crate) fn readers(&self) -> IdMap<DataId, Vec<Ix>> {
+        let mut m: IdMap<DataId, Vec<Ix>> = IdMap::default();
+        for (i, t) in self.tasks.iter().enumerate() {
+            if let Some(r) = &t.record {
+                for &d in &r.inputs {
+                    m.entry(d).or_default().push(i as Ix);
+                }
+            }
+        }
+        m
+    }
+
+    /// The logged input values of task `t`, in input order.
+    pub fn input_values(&self, t: Ix) -> Option<Vec<Vec<u8>>> {
+        let r = self.tasks[t as usize].record.as_ref()?;
+        r.inputs
+            .iter()
+            .map(|d| self.data.get(d)?.value.as_ref().map(|(v, _)| v.to_vec()))
+            .collect()
+    }
+}
+
+/// Pairwise blake3 up to one root; an odd node is carried up; the empty tree's root is the
+/// hash of nothing under the node key.
+pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
+    if level.is_empty() {
+        return *blake3::Hasher::new_derive_key("veriflow certifier node v1")
+            .finalize()
+            .as_bytes();
+    }
+    while level.len() > 1 {
+        level = level
+            .par_chunks(2)
+            .map(|pair| match pair {
+                [a, b] => {
+                    let mut h = blake3::Hasher::new_derive_key("veriflow certifier node v1");
+                    h.update(a);
+                    h.update(b);
+                    *h.finalize().as_bytes()
+                }
+                _ => pair[0],
+            })
+            .collect();
+    }
+    level[0]
+}
