@@ -1,7 +1,8 @@
 //! veriflow: run macro data-flow programs on machines that crash and machines that lie.
 //!
 //! This is the crate users depend on. It re-exports the programming model and the runtime
-//! (from `veriflow-runtime`) and the stores (from `veriflow-checkpoint`), and gives every
+//! (from `veriflow-runtime`), the certifier (from `veriflow-certifier`) and the stores (from
+//! `veriflow-checkpoint`), and gives every
 //! application binary the same command line through [`App`]: implement [`Program`] for your
 //! parameters and call `App::<YourProgram>::main()`.
 //!
@@ -26,6 +27,12 @@ pub use veriflow_runtime::{
 
 /// The runtime crate, for what the facade does not re-export.
 pub use veriflow_runtime as runtime;
+
+/// The certifier crate (paper 001 §V): sample sizes, the oracle, Algorithm 1, certificates.
+pub use veriflow_certifier as certifier;
+pub use veriflow_certifier::{certify, Certificate, Decision};
+pub use veriflow_checkpoint::Key;
+pub use veriflow_runtime::{Forge, ForgeMode};
 
 /// README.md's examples, compiled as doc tests so that they stay true.
 #[cfg(doctest)]
