@@ -29,7 +29,9 @@ impl fmt::Debug for Key {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// The file exists already (rule 2).
-    #[error("key file {0} exists already; refusing to overwrite it (delete it first if you mean to)")]
+    #[error(
+        "key file {0} exists already; refusing to overwrite it (delete it first if you mean to)"
+    )]
     Exists(PathBuf),
     /// An I/O error on the key file.
     #[error("key file {path}: {reason}")]
@@ -40,7 +42,9 @@ pub enum KeyError {
         reason: String,
     },
     /// The file's permissions let others read it (rule 3).
-    #[error("key file {path} is accessible by group or others (mode {mode:o}); run `chmod 600 {path}`")]
+    #[error(
+        "key file {path} is accessible by group or others (mode {mode:o}); run `chmod 600 {path}`"
+    )]
     Permissions {
         /// The file.
         path: PathBuf,
@@ -87,24 +91,34 @@ impl Key {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
+        if path.exists() {
+            return Err(KeyError::Exists(path.to_path_buf()));
+        }
+        // Written whole under a temporary name, then linked into place: a reader never sees a
+        // half-written key, and a key that appeared meanwhile is not overwritten (rule 2).
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create_new(true);
+        opts.write(true).create(true).truncate(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
             opts.mode(0o600);
         }
-        let mut file = match opts.open(path) {
-            Ok(f) => f,
+        let key = Key::generate();
+        let hex: String = key.0.iter().map(|b| format!("{b:02x}")).collect();
+        let written = opts.open(&tmp).and_then(|mut file| {
+            file.write_all(format!("{hex}\n").as_bytes())?;
+            file.sync_all()
+        });
+        let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(KeyError::Exists(path.to_path_buf()))
             }
             Err(e) => return Err(io(e)),
-        };
-        let key = Key::generate();
-        let hex: String = key.0.iter().map(|b| format!("{b:02x}")).collect();
-        file.write_all(format!("{hex}\n").as_bytes()).map_err(io)?;
-        file.sync_all().map_err(io)?;
+        }
         Ok(key)
     }
 
