@@ -17,8 +17,15 @@
 //! 3. Errors are values: an unreadable directory, a locked database or an I/O failure is a
 //!    [`StoreError`], never a panic, and a failed call loses nothing that was already durable.
 
+pub mod client;
+pub mod erasure;
 pub mod key;
+mod protocol;
+pub mod server;
 mod store;
+pub mod strategy;
+pub mod wire;
 
 pub use key::{Key, KeyError};
 pub use store::{MemoryStore, Pairs, SledStore, Store, StoreError};
+pub use strategy::{open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, StoreSpec};

@@ -11,6 +11,35 @@ use std::path::PathBuf;
 /// What can go wrong in a store, grouped by what the caller should do.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    // --- fix the configuration ---
+    /// A `--store` spec that does not parse or does not add up (see [`crate::StoreSpec`]).
+    #[error("bad store spec: {0}")]
+    BadSpec(String),
+    /// A checkpoint server refused us: it does not share our key, or it broke the protocol.
+    #[error("{0}")]
+    Refused(String),
+    // --- retry later, when servers are back ---
+    /// Too many checkpoint servers are unreachable for this operation.
+    #[error("cannot {op}: {} of {total} checkpoint servers unreachable ({}); {need} must be reachable (restart them, then retry)", unreachable.len(), unreachable.join(", "))]
+    Unavailable {
+        /// What was attempted ("read", "write", ...).
+        op: String,
+        /// The servers that did not answer, each with why.
+        unreachable: Vec<String>,
+        /// How many servers the operation needs.
+        need: usize,
+        /// How many servers the strategy has.
+        total: usize,
+    },
+    // --- data lost beyond what the code can rebuild ---
+    /// Every server answered, but fewer than M valid fragments of the newest version exist.
+    #[error("value under {key} cannot be rebuilt: {reason}")]
+    Unrecoverable {
+        /// The key (lossy UTF-8).
+        key: String,
+        /// What was found.
+        reason: String,
+    },
     /// The store's directory could not be opened (missing, not a store, locked by another
     /// process, or unreadable). Fatal for this run; nothing was written.
     #[error("cannot open store at {path}: {reason}")]

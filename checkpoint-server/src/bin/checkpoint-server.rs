@@ -1,0 +1,140 @@
+//! `checkpoint-server`: serve fragments, make a key, or scrub a strategy.
+//!
+//! ```text
+//! checkpoint-server --listen 127.0.0.1:7000 --data DIR --key FILE [--memory]
+//! checkpoint-server keygen FILE
+//! checkpoint-server scrub --store SPEC --key FILE [--json]
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use veriflow_checkpoint::server::Server;
+use veriflow_checkpoint::strategy::RemoteStore;
+use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
+use veriflow_checkpoint::{Key, MemoryStore, SledStore, Store, StoreSpec};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "checkpoint-server",
+    about = "veriflow checkpoint server: stores fragments of logs and blobs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Directory of the sled database holding the fragments.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Shared key file (create one with `checkpoint-server keygen FILE`).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Keep fragments in RAM only (paper 002's diskless checkpoint): nothing survives a restart.
+    #[arg(long)]
+    memory: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Writes a fresh 32-byte key with owner-only permissions (never overwrites).
+    Keygen {
+        /// Where to write the key.
+        file: PathBuf,
+    },
+    /// Checks every fragment of every key and rewrites the missing or corrupt ones.
+    Scrub {
+        /// The strategy to scrub, e.g. ida:4,2:HOST:PORT,...
+        #[arg(long)]
+        store: String,
+        /// Shared key file.
+        #[arg(long)]
+        key: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Keygen { file }) => {
+            Key::create(&file).with_context(|| format!("creating key {}", file.display()))?;
+            println!("wrote key {}", file.display());
+            Ok(())
+        }
+        Some(Command::Scrub { store, key, json }) => scrub(&store, &key, json),
+        None => serve(cli),
+    }
+}
+
+fn serve(cli: Cli) -> Result<()> {
+    let listen = cli.listen.context("--listen ADDR is required to serve")?;
+    let key_path = cli.key.context("--key FILE is required to serve")?;
+    let key =
+        Key::load(&key_path).with_context(|| format!("loading key {}", key_path.display()))?;
+    let store: Arc<dyn Store> = match (cli.memory, cli.data) {
+        (true, None) => Arc::new(MemoryStore::default()),
+        (true, Some(_)) => bail!("--memory keeps fragments in RAM: drop --data, or drop --memory"),
+        (false, Some(dir)) => Arc::new(
+            SledStore::open(&dir).with_context(|| format!("opening data dir {}", dir.display()))?,
+        ),
+        (false, None) => bail!("--data DIR is required (or --memory for RAM only)"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async {
+        let server = Server::bind(&listen, store, key, DEFAULT_MAX_FRAME)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let addr = server.local_addr().context("reading the bound address")?;
+        println!("listening on {addr}");
+        use std::io::Write as _;
+        std::io::stdout().flush().context("writing to stdout")?;
+        server.run().await.context("serving")
+    })
+}
+
+fn scrub(spec: &str, key_path: &std::path::Path, json: bool) -> Result<()> {
+    let key = Key::load(key_path).with_context(|| format!("loading key {}", key_path.display()))?;
+    let spec: StoreSpec = spec.parse()?;
+    let StoreSpec::Remote(remote) = spec else {
+        bail!("scrub checks fragments on checkpoint servers; {spec} has none (use central:, replicate:, parity: or ida:)");
+    };
+    let store = RemoteStore::open(remote, key, Default::default())?;
+    let report = store.scrub()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("scrub of {}", report.store);
+        println!("  keys:                {}", report.keys);
+        println!("  fragments ok:        {}", report.fragments_ok);
+        println!("  fragments repaired:  {}", report.fragments_repaired);
+        println!("  fragments missing:   {}", report.fragments_missing);
+        println!("  unrecoverable keys:  {}", report.unrecoverable.len());
+        for k in &report.unrecoverable {
+            println!("    {k}");
+        }
+        println!("  unreachable servers: {}", report.unreachable.len());
+        for s in &report.unreachable {
+            println!("    {s}");
+        }
+    }
+    if !report.is_healthy() {
+        bail!("{} keys cannot be rebuilt", report.unrecoverable.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! A blocking client for a set of checkpoint servers: it owns a small tokio runtime, keeps one
+//! authenticated connection per server, and runs the requests of one call on every server in
+//! parallel (the [`crate::Store`] trait is synchronous, so this is where async stops).
+//!
+//! Rules:
+//!
+//! 1. **Bounded waits.** Connecting (TCP and handshake) has a deadline of
+//!    [`ClientConfig::connect_timeout`], a request of [`ClientConfig::request_timeout`]; nothing
+//!    waits forever on a dead or stopped server.
+//! 2. **Retries with backoff.** A transient failure (refused, reset, timeout) drops the
+//!    connection and retries on a new one, [`ClientConfig::retries`] times, waiting
+//!    `backoff × 2^attempt` between tries. Every request is idempotent (puts carry a stamp
+//!    chosen before the first try), so a retried write cannot do harm.
+//! 3. **Down marks.** A server that failed every try is skipped for [`ClientConfig::down_for`],
+//!    so a dead server costs one round of retries, not one per key.
+//! 4. **No retry on a wrong key** or a protocol violation: those are configuration errors or
+//!    bugs, reported at once with the server's address.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+use crate::key::Key;
+use crate::protocol::{Request, Response};
+use crate::wire::{Connection, WireError, DEFAULT_MAX_FRAME};
+
+/// Timeouts and retries of a [`Client`] (rules 1-3).
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Deadline for TCP connect plus handshake (default 3 s).
+    pub connect_timeout: Duration,
+    /// Deadline for one request and its answer (default 60 s: a 64 MiB frame over a slow link).
+    pub request_timeout: Duration,
+    /// Retries after the first try (default 2).
+    pub retries: u32,
+    /// First wait between tries, doubled each time (default 50 ms).
+    pub backoff: Duration,
+    /// How long a server that failed every try is skipped (default 2 s).
+    pub down_for: Duration,
+    /// Largest frame sent or accepted (default [`DEFAULT_MAX_FRAME`]).
+    pub max_frame: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(60),
+            retries: 2,
+            backoff: Duration::from_millis(50),
+            down_for: Duration::from_secs(2),
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// Why a call to one server failed, grouped by what the caller should do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// Not reachable after every retry (down, partitioned, or too slow): try again later.
+    #[error("checkpoint server {addr} unreachable: {reason}")]
+    Unreachable {
+        /// The server.
+        addr: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// The server does not hold our key: use the same key file on client and servers.
+    #[error("checkpoint server {addr} refused the connection: it does not share our key (use the key file the server was started with)")]
+    WrongKey {
+        /// The server.
+        addr: String,
+    },
+    /// The server broke the protocol (a bug, or not a checkpoint server).
+    #[error("checkpoint server {addr} broke the protocol: {reason}")]
+    Protocol {
+        /// The server.
+        addr: String,
+        /// What happened.
+        reason: String,
+    },
+}
+
+#[derive(Debug)]
+struct Remote {
+    addr: String,
+    conn: tokio::sync::Mutex<Option<Connection<TcpStream>>>,
+    down_until: Mutex<Option<Instant>>,
+}
+
+/// A blocking client for a fixed list of servers (rules 1-4).
+#[derive(Debug)]
+pub struct Client {
+    rt: tokio::runtime::Runtime,
+    servers: Vec<Arc<Remote>>,
+    key: Key,
+    config: ClientConfig,
+}
+
+impl Client {
+    /// A client for `addrs` (connections are opened on first use).
+    pub fn new(addrs: &[String], key: Key, config: ClientConfig) -> std::io::Result<Client> {
+        // Two workers: enough to overlap the sockets of a dozen servers; the CPU work (coding,
+        // hashing) happens on the caller's thread, not here.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("veriflow-ckpt-client")
+            .enable_all()
+            .build()?;
+        let servers = addrs
+            .iter()
+            .map(|a| {
+                Arc::new(Remote {
+                    addr: a.clone(),
+                    conn: tokio::sync::Mutex::new(None),
+                    down_until: Mutex::new(None),
+                })
+            })
+            .collect();
+        Ok(Client {
+            rt,
+            servers,
+            key,
+            config,
+        })
+    }
+
+    /// The servers' addresses, in slot order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.addr.clone()).collect()
+    }
+
+    /// Pings every server; one result per server, in slot order.
+    pub fn ping_all(&self) -> Vec<Result<(), ClientError>> {
+        let reqs = (0..self.servers.len())
+            .map(|i| (i, Request::Ping))
+            .collect();
+        self.call_all(reqs)
+            .into_iter()
+            .map(|(_, r)| r.map(|_| ()))
+            .collect()
+    }
+
+    /// Runs `reqs` (server index, request) in parallel; answers in the same order.
+    pub(crate) fn call_all(
+        &self,
+        reqs: Vec<(usize, Request)>,
+    ) -> Vec<(usize, Result<Response, ClientError>)> {
+        self.rt.block_on(async {
+            let handles: Vec<_> = reqs
+                .into_iter()
+                .map(|(i, req)| {
+                    let remote = self.servers[i].clone();
+                    let key = self.key.clone();
+                    let cfg = self.config.clone();
+                    (
+                        i,
+                        tokio::spawn(async move { call(&remote, &key, &cfg, req).await }),
+                    )
+                })
+                .collect();
+            let mut out = Vec::with_capacity(handles.len());
+            for (i, h) in handles {
+                let r = h.await.unwrap_or_else(|e| {
+                    Err(ClientError::Protocol {
+                        addr: self.servers[i].addr.clone(),
+                        reason: format!("client task failed: {e}"),
+                    })
+                });
+                out.push((i, r));
+            }
+            out
+        })
+    }
+}
+
+fn is_down(remote: &Remote) -> bool {
+    let d = remote.down_until.lock().unwrap_or_else(|p| p.into_inner());
+    d.is_some_and(|t| Instant::now() < t)
+}
+
+fn mark(remote: &Remote, until: Option<Instant>) {
+    *remote.down_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+}
+
+async fn call(
+    remote: &Remote,
+    key: &Key,
+    cfg: &ClientConfig,
+    req: Request,
+) -> Result<Response, ClientError> {
+    if is_down(remote) {
+        return Err(ClientError::Unreachable {
+            addr: remote.addr.clone(),
+            reason: "failed recently; skipped".into(),
+        });
+    }
+    let mut last = String::new();
+    for attempt in 0..=cfg.retries {
+        if attempt > 0 {
+            tokio::time::sleep(cfg.backoff * 2u32.saturating_pow(attempt - 1)).await;
+        }
+        let mut slot = remote.conn.lock().await;
+        match try_call(&mut slot, remote, key, cfg, &req).await {
+            Ok(resp) => {
+                mark(remote, None);
+                return Ok(resp);
+            }
+            Err(e) => {
+                *slot = None; // rule 5 of wire.rs: never reuse a connection after an error
+                match e {
+                    WireError::WrongKey => {
+                        return Err(ClientError::WrongKey {
+                            addr: remote.addr.clone(),
+                        })
+                    }
+                    e if e.is_transient() => last = e.to_string(),
+                    e => {
+                        return Err(ClientError::Protocol {
+                            addr: remote.addr.clone(),
+                            reason: e.to_string(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+    mark(remote, Some(Instant::now() + cfg.down_for));
+    Err(ClientError::Unreachable {
+        addr: remote.addr.clone(),
+        reason: format!("{last} (after {} tries)", cfg.retries + 1),
+    })
+}
+
+async fn try_call(
+    slot: &mut Option<Connection<TcpStream>>,
+    remote: &Remote,
+    key: &Key,
+    cfg: &ClientConfig,
+    req: &Request,
+) -> Result<Response, WireError> {
+    if slot.is_none() {
+        let connect = async {
+            let s = TcpStream::connect(&remote.addr).await?;
+            let _ = s.set_nodelay(true);
+            Connection::client(s, key, cfg.max_frame).await
+        };
+        let conn = tokio::time::timeout(cfg.connect_timeout, connect)
+            .await
+            .map_err(|_| WireError::Timeout(cfg.connect_timeout))??;
+        *slot = Some(conn);
+    }
+    let Some(conn) = slot.as_mut() else {
+        return Err(WireError::Closed);
+    };
+    let exchange = async {
+        conn.send(req).await?;
+        conn.recv::<Response>().await
+    };
+    tokio::time::timeout(cfg.request_timeout, exchange)
+        .await
+        .map_err(|_| WireError::Timeout(cfg.request_timeout))?
+}

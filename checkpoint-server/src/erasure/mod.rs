@@ -1,0 +1,561 @@
+//! Erasure coding of blobs into self-describing fragments (papers 003 and 002 §3.2).
+//!
+//! A [`Codec`] wraps one [`ErasureCode`] (replication, XOR parity or systematic Reed-Solomon)
+//! and turns a blob into M + K fragments, and any M valid fragments back into the blob.
+//!
+//! Rules the code keeps:
+//!
+//! 1. **Layout.** The blob of L bytes is cut into M contiguous data pieces of `s = ceil(L / M)`
+//!    bytes (the last one padded with zeros); the K parity pieces have the same length. Fragment
+//!    `i` is a [`HEADER_LEN`]-byte header followed by piece `i`. For replication M = 1 and every
+//!    fragment holds the whole blob.
+//! 2. **Striping.** Coding runs column by column over stripes of M pieces of at most
+//!    [`STRIPE_BYTES`]` / M` bytes each, so a stripe's inputs and outputs stay in cache; each
+//!    fragment's digest is updated stripe by stripe while its bytes are still hot.
+//! 3. **Header.** Every fragment says: magic `VFEC`, format version, code kind, M, K, its index,
+//!    the blob length, a write stamp (chosen by the writer, larger for newer versions), the blob
+//!    digest and its own digest. The blob digest is a blake3 root over L, the code and the
+//!    blake3 digests of the M data pieces; the fragment digest is a blake3 hash of the header
+//!    fields and the digest of its own piece. Both are derived-key hashes with their own context
+//!    strings, so neither can be mistaken for the other.
+//! 4. **A bad fragment counts as lost.** A fragment that is truncated, has a bad magic, an
+//!    unknown version, a digest that does not match, or an index, M, K or kind other than
+//!    expected for its slot is not used, and is reported for repair.
+//! 5. **Versions are never mixed.** Valid fragments are grouped by (stamp, blob digest); the
+//!    newest stamp wins. Fragments of other versions are reported for repair. If the newest
+//!    version has fewer than M valid fragments the answer is
+//!    [`ErasureError::TooFewFragments`], never an older version and never a guess.
+//! 6. **End-to-end check.** Data pieces rebuilt from parity are hashed again and the blob digest
+//!    recomputed; a mismatch is [`ErasureError::Inconsistent`], so decoding returns the exact
+//!    bytes that were encoded or an error, never wrong data.
+//!
+//! ```
+//! use veriflow_checkpoint::erasure::Codec;
+//! let codec = Codec::ida(4, 2).unwrap();
+//! let mut frags: Vec<Option<Vec<u8>>> = codec.encode(b"hello world", 1).into_iter().map(Some).collect();
+//! frags[0] = None; // two servers lost
+//! frags[3] = None;
+//! let got = codec.decode(&frags).unwrap();
+//! assert_eq!(got.blob, b"hello world");
+//! assert_eq!(got.repair, vec![0, 3]);
+//! ```
+
+mod codes;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use codes::{CodeKind, ErasureCode, ReedSolomonCode, Replication, XorParity};
+
+/// Bytes of the fragment header (rule 3).
+pub const HEADER_LEN: usize = 94;
+/// Fragment format version written in every header.
+pub const FORMAT_VERSION: u8 = 1;
+/// At most this many fragments per blob: GF(2^8) has 256 elements, so Reed-Solomon over it
+/// cannot have more distinct evaluation points.
+pub const MAX_FRAGMENTS: usize = 256;
+/// Bytes of blob per coding stripe (rule 2): 256 KiB of data plus its parity fits in the 1-2 MiB
+/// L2 cache of current server cores.
+pub const STRIPE_BYTES: usize = 256 * 1024;
+/// Lower bound on a stripe's piece: below 4 KiB per-call overhead of the coder shows.
+const MIN_PIECE: usize = 4 * 1024;
+
+const MAGIC: &[u8; 4] = b"VFEC";
+const BLOB_CONTEXT: &str = "veriflow erasure blob digest v1";
+const FRAGMENT_CONTEXT: &str = "veriflow erasure fragment digest v1";
+
+/// Why coding or decoding failed, grouped by what the caller should do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ErasureError {
+    /// Bad code parameters (M = 0, too many fragments, ...): fix the configuration.
+    #[error("bad erasure code parameters: {0}")]
+    BadParameters(String),
+    /// The decoder was handed a number of fragment slots other than M + K: a caller bug.
+    #[error("expected {expected} fragment slots, got {got}")]
+    WrongFragmentCount {
+        /// Slots given.
+        got: usize,
+        /// M + K.
+        expected: usize,
+    },
+    /// Fewer than M valid fragments of the newest version: the data cannot be rebuilt from
+    /// what is reachable; bring back servers holding the missing fragments.
+    #[error(
+        "only {have} valid fragments, {need} needed (corrupt: {corrupt:?}, missing: {missing:?})"
+    )]
+    TooFewFragments {
+        /// Valid fragments of the newest version.
+        have: usize,
+        /// M.
+        need: usize,
+        /// Slots whose fragment failed its checks.
+        corrupt: Vec<usize>,
+        /// Slots with no fragment (or a fragment of an older version).
+        missing: Vec<usize>,
+    },
+    /// Data rebuilt from valid fragments does not match the blob digest: a coder bug or a
+    /// forged fragment. Nothing is returned; report it.
+    #[error("rebuilt data does not match its digest: {0}")]
+    Inconsistent(String),
+}
+
+/// Why one fragment is not usable (rule 4).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FragmentError {
+    /// Shorter than a header, or its piece has the wrong length for the blob length.
+    #[error("fragment truncated or of the wrong length: {0}")]
+    Length(String),
+    /// Not a fragment of this format.
+    #[error("not a fragment (bad magic or unknown version {0})")]
+    Format(u8),
+    /// The header fields are impossible or belong to another code or slot.
+    #[error("fragment header does not fit: {0}")]
+    Header(String),
+    /// The digest does not match the content.
+    #[error("fragment digest mismatch (corrupt)")]
+    Digest,
+}
+
+/// A fragment's parsed header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FragmentHeader {
+    /// The code.
+    pub kind: CodeKind,
+    /// Data fragments.
+    pub m: usize,
+    /// Redundant fragments.
+    pub k: usize,
+    /// This fragment's index in `0..m + k`.
+    pub index: usize,
+    /// Length of the blob.
+    pub blob_len: u64,
+    /// The writer's stamp: larger for newer versions.
+    pub stamp: u64,
+    /// The blob digest (rule 3).
+    pub blob_digest: [u8; 32],
+}
+
+/// A decoded blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// The exact bytes that were encoded.
+    pub blob: Vec<u8>,
+    /// The write stamp of this version.
+    pub stamp: u64,
+    /// Slots whose fragment is missing, corrupt or of another version: rewrite them with
+    /// [`Codec::encode`]`(&blob, stamp)` to repair.
+    pub repair: Vec<usize>,
+    /// Of `repair`, the slots whose fragment was there but failed its checks.
+    pub corrupt: Vec<usize>,
+}
+
+/// An erasure code plus the fragment framing (rules 1-6). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Codec {
+    code: Arc<dyn ErasureCode>,
+}
+
+impl Codec {
+    /// Wraps any code.
+    pub fn new(code: Arc<dyn ErasureCode>) -> Self {
+        Self { code }
+    }
+
+    /// R full copies.
+    pub fn replicate(copies: usize) -> Result<Self, ErasureError> {
+        Ok(Self::new(Arc::new(Replication::new(copies)?)))
+    }
+
+    /// M slices plus XOR parity.
+    pub fn parity(m: usize) -> Result<Self, ErasureError> {
+        Ok(Self::new(Arc::new(XorParity::new(m)?)))
+    }
+
+    /// Systematic Reed-Solomon: any M of M + K fragments rebuild.
+    pub fn ida(m: usize, k: usize) -> Result<Self, ErasureError> {
+        Ok(Self::new(Arc::new(ReedSolomonCode::new(m, k)?)))
+    }
+
+    /// The code kind.
+    pub fn kind(&self) -> CodeKind {
+        self.code.kind()
+    }
+
+    /// M: fragments needed to decode.
+    pub fn data_fragments(&self) -> usize {
+        self.code.data_pieces()
+    }
+
+    /// K: fragments that may be lost.
+    pub fn parity_fragments(&self) -> usize {
+        self.code.parity_pieces()
+    }
+
+    /// M + K.
+    pub fn total_fragments(&self) -> usize {
+        self.data_fragments() + self.parity_fragments()
+    }
+
+    fn piece_len(&self, blob_len: usize) -> usize {
+        blob_len.div_ceil(self.data_fragments())
+    }
+
+    fn stripe_piece(&self) -> usize {
+        (STRIPE_BYTES / self.data_fragments()).max(MIN_PIECE)
+    }
+
+    /// Codes `blob` into M + K fragments, fragment `i` for slot `i` (rules 1-3).
+    pub fn encode(&self, blob: &[u8], stamp: u64) -> Vec<Vec<u8>> {
+        let m = self.data_fragments();
+        let k = self.parity_fragments();
+        let s = self.piece_len(blob.len());
+        let mut data: Vec<Vec<u8>> = (0..m)
+            .map(|i| {
+                let mut f = Vec::with_capacity(HEADER_LEN + s);
+                f.resize(HEADER_LEN, 0);
+                let start = (i * s).min(blob.len());
+                let end = ((i + 1) * s).min(blob.len());
+                f.extend_from_slice(&blob[start..end]);
+                f.resize(HEADER_LEN + s, 0);
+                f
+            })
+            .collect();
+        let mut parity: Vec<Vec<u8>> = (0..k).map(|_| vec![0u8; HEADER_LEN + s]).collect();
+        let mut hashers: Vec<blake3::Hasher> = (0..m + k).map(|_| blake3::Hasher::new()).collect();
+        let piece = self.stripe_piece();
+        let mut off = 0;
+        while off < s {
+            let end = (off + piece).min(s);
+            let range = HEADER_LEN + off..HEADER_LEN + end;
+            let ins: Vec<&[u8]> = data.iter().map(|f| &f[range.clone()]).collect();
+            let mut outs: Vec<&mut [u8]> =
+                parity.iter_mut().map(|f| &mut f[range.clone()]).collect();
+            self.code.encode(&ins, &mut outs);
+            for (h, p) in hashers
+                .iter_mut()
+                .zip(ins.iter().copied().chain(outs.iter().map(|o| &**o)))
+            {
+                h.update(p);
+            }
+            off = end;
+        }
+        let piece_digests: Vec<[u8; 32]> =
+            hashers.iter().map(|h| *h.finalize().as_bytes()).collect();
+        let blob_digest = self.blob_digest(blob.len() as u64, &piece_digests[..m]);
+        for (i, f) in data.iter_mut().chain(parity.iter_mut()).enumerate() {
+            let h = FragmentHeader {
+                kind: self.kind(),
+                m,
+                k,
+                index: i,
+                blob_len: blob.len() as u64,
+                stamp,
+                blob_digest,
+            };
+            write_header(&mut f[..HEADER_LEN], &h, &piece_digests[i]);
+        }
+        data.extend(parity);
+        data
+    }
+
+    fn blob_digest(&self, blob_len: u64, data_digests: &[[u8; 32]]) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_derive_key(BLOB_CONTEXT);
+        h.update(&blob_len.to_le_bytes());
+        h.update(&[self.kind().to_byte()]);
+        h.update(&(self.data_fragments() as u64).to_le_bytes());
+        h.update(&(self.parity_fragments() as u64).to_le_bytes());
+        for d in data_digests {
+            h.update(d);
+        }
+        *h.finalize().as_bytes()
+    }
+
+    /// Checks one fragment for slot `slot` (rule 4): its header, its length and its digest.
+    /// Returns the header and the digest of its piece.
+    pub fn check_fragment(
+        &self,
+        slot: usize,
+        bytes: &[u8],
+    ) -> Result<(FragmentHeader, [u8; 32]), FragmentError> {
+        let (h, piece_digest) = verify_fragment(bytes)?;
+        if h.kind != self.kind() || h.m != self.data_fragments() || h.k != self.parity_fragments() {
+            return Err(FragmentError::Header(format!(
+                "made by {}({},{}), expected {}({},{})",
+                h.kind,
+                h.m,
+                h.k,
+                self.kind(),
+                self.data_fragments(),
+                self.parity_fragments()
+            )));
+        }
+        if h.index != slot {
+            return Err(FragmentError::Header(format!(
+                "fragment {} found in slot {slot}",
+                h.index
+            )));
+        }
+        Ok((h, piece_digest))
+    }
+
+    /// Rebuilds the blob from `fragments[i]` = what slot `i` holds (rules 4-6). Needs
+    /// `fragments.len() == M + K` and at least M valid fragments of the newest version.
+    pub fn decode<F: AsRef<[u8]>>(&self, fragments: &[Option<F>]) -> Result<Decoded, ErasureError> {
+        let m = self.data_fragments();
+        let n = self.total_fragments();
+        if fragments.len() != n {
+            return Err(ErasureError::WrongFragmentCount {
+                got: fragments.len(),
+                expected: n,
+            });
+        }
+        let mut valid: Vec<Option<(FragmentHeader, [u8; 32])>> = Vec::with_capacity(n);
+        let mut corrupt = Vec::new();
+        for (slot, f) in fragments.iter().enumerate() {
+            match f.as_ref().map(|b| self.check_fragment(slot, b.as_ref())) {
+                None => valid.push(None),
+                Some(Ok(v)) => valid.push(Some(v)),
+                Some(Err(_)) => {
+                    corrupt.push(slot);
+                    valid.push(None);
+                }
+            }
+        }
+        // Rule 5: the newest (stamp, digest) group; among equal stamps the larger group.
+        let mut best: Option<((u64, [u8; 32]), usize)> = None;
+        for (h, _) in valid.iter().flatten() {
+            let id = (h.stamp, h.blob_digest);
+            let count = valid
+                .iter()
+                .flatten()
+                .filter(|(o, _)| (o.stamp, o.blob_digest) == id)
+                .count();
+            let better = match best {
+                None => true,
+                Some(((s, _), c)) => h.stamp > s || (h.stamp == s && count > c),
+            };
+            if better {
+                best = Some((id, count));
+            }
+        }
+        let chosen: Vec<bool> = valid
+            .iter()
+            .map(|v| match (v, best) {
+                (Some((h, _)), Some((id, _))) => (h.stamp, h.blob_digest) == id,
+                _ => false,
+            })
+            .collect();
+        let have = chosen.iter().filter(|&&c| c).count();
+        let repair: Vec<usize> = (0..n).filter(|&i| !chosen[i]).collect();
+        if have < m {
+            let missing = repair
+                .iter()
+                .copied()
+                .filter(|i| !corrupt.contains(i))
+                .collect();
+            return Err(ErasureError::TooFewFragments {
+                have,
+                need: m,
+                corrupt,
+                missing,
+            });
+        }
+        let Some(((stamp, blob_digest), _)) = best else {
+            return Err(ErasureError::Inconsistent("no version chosen".into()));
+        };
+        let header = valid
+            .iter()
+            .flatten()
+            .find(|(h, _)| h.stamp == stamp && h.blob_digest == blob_digest)
+            .map(|(h, _)| h.clone())
+            .ok_or_else(|| ErasureError::Inconsistent("no header".into()))?;
+        let blob_len = usize::try_from(header.blob_len)
+            .map_err(|_| ErasureError::Inconsistent("blob length overflows".into()))?;
+        let s = self.piece_len(blob_len);
+        let mut blob: Vec<u8> = Vec::with_capacity(m * s);
+        let mut digests: Vec<[u8; 32]> = Vec::with_capacity(m);
+        for (i, f) in fragments.iter().enumerate().take(m) {
+            match (chosen[i], f, &valid[i]) {
+                (true, Some(b), Some((_, d))) => {
+                    blob.extend_from_slice(&b.as_ref()[HEADER_LEN..]);
+                    digests.push(*d);
+                }
+                _ => {
+                    blob.resize(blob.len() + s, 0);
+                    digests.push([0; 32]);
+                }
+            }
+        }
+        let lost_data: Vec<usize> = (0..m).filter(|&i| !chosen[i]).collect();
+        if !lost_data.is_empty() {
+            self.rebuild(&mut blob, s, fragments, &chosen)?;
+            for &i in &lost_data {
+                digests[i] = *blake3::hash(&blob[i * s..(i + 1) * s]).as_bytes();
+            }
+        }
+        if self.blob_digest(header.blob_len, &digests) != blob_digest {
+            return Err(ErasureError::Inconsistent(format!(
+                "blob digest mismatch after rebuilding data fragments {lost_data:?}"
+            )));
+        }
+        blob.truncate(blob_len);
+        corrupt.retain(|i| repair.contains(i));
+        Ok(Decoded {
+            blob,
+            stamp,
+            repair,
+            corrupt,
+        })
+    }
+
+    /// Rebuilds the lost data pieces of `blob` (M pieces of `s` bytes), stripe by stripe.
+    fn rebuild<F: AsRef<[u8]>>(
+        &self,
+        blob: &mut [u8],
+        s: usize,
+        fragments: &[Option<F>],
+        chosen: &[bool],
+    ) -> Result<(), ErasureError> {
+        let m = self.data_fragments();
+        let k = self.parity_fragments();
+        let piece = self.stripe_piece();
+        let mut scratch = vec![0u8; k * piece.min(s)];
+        let mut off = 0;
+        while off < s {
+            let end = (off + piece).min(s);
+            let w = end - off;
+            let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(m + k);
+            let mut rest: &mut [u8] = blob;
+            for _ in 0..m {
+                let (p, r) = rest.split_at_mut(s);
+                pieces.push(&mut p[off..end]);
+                rest = r;
+            }
+            let mut sc: &mut [u8] = &mut scratch;
+            for j in 0..k {
+                let (p, r) = sc.split_at_mut(piece.min(s));
+                let p = &mut p[..w];
+                if chosen[m + j] {
+                    if let Some(f) = &fragments[m + j] {
+                        let src = &f.as_ref()[HEADER_LEN + off..HEADER_LEN + end];
+                        p.copy_from_slice(src);
+                    }
+                }
+                pieces.push(p);
+                sc = r;
+            }
+            self.code.reconstruct_data(&mut pieces, chosen)?;
+            off = end;
+        }
+        Ok(())
+    }
+}
+
+fn fragment_digest(header_fields: &[u8], piece_digest: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key(FRAGMENT_CONTEXT);
+    h.update(header_fields);
+    h.update(piece_digest);
+    *h.finalize().as_bytes()
+}
+
+fn write_header(out: &mut [u8], h: &FragmentHeader, piece_digest: &[u8; 32]) {
+    // Counts are at most MAX_FRAGMENTS = 256 (checked by every constructor), so u16 holds them.
+    let u16le = |v: usize| u16::try_from(v).unwrap_or(u16::MAX).to_le_bytes();
+    out[0..4].copy_from_slice(MAGIC);
+    out[4] = FORMAT_VERSION;
+    out[5] = h.kind.to_byte();
+    out[6..8].copy_from_slice(&u16le(h.m));
+    out[8..10].copy_from_slice(&u16le(h.k));
+    out[10..12].copy_from_slice(&u16le(h.index));
+    out[12..14].copy_from_slice(&[0, 0]);
+    out[14..22].copy_from_slice(&h.blob_len.to_le_bytes());
+    out[22..30].copy_from_slice(&h.stamp.to_le_bytes());
+    out[30..62].copy_from_slice(&h.blob_digest);
+    let d = fragment_digest(&out[..62], piece_digest);
+    out[62..94].copy_from_slice(&d);
+}
+
+/// Checks a fragment on its own (rule 4, without a slot): header, length and digest. Returns its
+/// header and the digest of its piece. Servers run this on every fragment they store or return.
+pub fn verify_fragment(bytes: &[u8]) -> Result<(FragmentHeader, [u8; 32]), FragmentError> {
+    let h = parse_header(bytes)?;
+    let payload = &bytes[HEADER_LEN..];
+    let expected = usize::try_from(h.blob_len)
+        .ok()
+        .map(|l| l.div_ceil(h.m))
+        .filter(|&s| s == payload.len());
+    if expected.is_none() {
+        return Err(FragmentError::Length(format!(
+            "{} payload bytes for a blob of {} bytes in {} pieces",
+            payload.len(),
+            h.blob_len,
+            h.m
+        )));
+    }
+    let piece_digest = *blake3::hash(payload).as_bytes();
+    let want = fragment_digest(&bytes[..HEADER_LEN - 32], &piece_digest);
+    let mut stored = [0u8; 32];
+    stored.copy_from_slice(&bytes[HEADER_LEN - 32..HEADER_LEN]);
+    // Constant-time comparison through blake3::Hash's PartialEq.
+    if blake3::Hash::from(want) != blake3::Hash::from(stored) {
+        return Err(FragmentError::Digest);
+    }
+    Ok((h, piece_digest))
+}
+
+/// Parses (without checking the digest) a fragment header.
+pub fn parse_header(bytes: &[u8]) -> Result<FragmentHeader, FragmentError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(FragmentError::Length(format!(
+            "{} bytes, shorter than the {HEADER_LEN}-byte header",
+            bytes.len()
+        )));
+    }
+    if &bytes[0..4] != MAGIC || bytes[4] != FORMAT_VERSION {
+        return Err(FragmentError::Format(bytes[4]));
+    }
+    let u16at = |i: usize| usize::from(u16::from_le_bytes([bytes[i], bytes[i + 1]]));
+    let u64at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let kind = CodeKind::from_byte(bytes[5])
+        .ok_or_else(|| FragmentError::Header(format!("unknown code kind {}", bytes[5])))?;
+    let (m, k, index) = (u16at(6), u16at(8), u16at(10));
+    if m == 0 || m + k > MAX_FRAGMENTS || index >= m + k || bytes[12..14] != [0, 0] {
+        return Err(FragmentError::Header(format!(
+            "M = {m}, K = {k}, index = {index}"
+        )));
+    }
+    let mut blob_digest = [0u8; 32];
+    blob_digest.copy_from_slice(&bytes[30..62]);
+    Ok(FragmentHeader {
+        kind,
+        m,
+        k,
+        index,
+        blob_len: u64at(14),
+        stamp: u64at(22),
+        blob_digest,
+    })
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind() {
+            CodeKind::Replicate => write!(f, "replicate({})", self.total_fragments()),
+            CodeKind::Parity => write!(f, "parity({})", self.data_fragments()),
+            CodeKind::ReedSolomon => {
+                write!(
+                    f,
+                    "ida({},{})",
+                    self.data_fragments(),
+                    self.parity_fragments()
+                )
+            }
+        }
+    }
+}

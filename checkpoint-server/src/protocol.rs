@@ -1,0 +1,65 @@
+//! The checkpoint server's request and response messages (carried by [`crate::wire`]).
+//!
+//! Rules:
+//!
+//! 1. Every value a server stores is a fragment ([`crate::erasure`] rule 3); a `Put` or `Batch`
+//!    holding anything else is refused whole, so a server never stores bytes it cannot check.
+//! 2. A write (`Put`, `Batch`, `Delete`) is answered `Done` only after the server's store has
+//!    flushed it to stable storage (for a `--memory` server: after it is in RAM).
+//! 3. A `Batch` is applied atomically: after a crash either all of its pairs are there or none.
+//! 4. Every fragment returned is checked first; one that fails is returned as `Corrupt`, never as
+//!    bytes, so the client counts it as lost and repairs it.
+//! 5. `Scan` pages: pairs with keys strictly after `after`, in key order, until the page holds
+//!    `max_bytes`; `more` says whether another page follows.
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+/// A request from a client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Request {
+    /// Liveness check; answered `Done`.
+    Ping,
+    /// Store one fragment.
+    Put { key: ByteBuf, value: ByteBuf },
+    /// Store many fragments atomically (rule 3).
+    Batch(Vec<(ByteBuf, ByteBuf)>),
+    /// Read one fragment.
+    Get { key: ByteBuf },
+    /// Read a page of fragments under a prefix (rule 5).
+    Scan {
+        prefix: ByteBuf,
+        after: Option<ByteBuf>,
+        max_bytes: u64,
+    },
+    /// Remove one key.
+    Delete { key: ByteBuf },
+}
+
+/// A stored fragment as a server reports it (rule 4).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Slot {
+    /// The fragment, checked.
+    Present(ByteBuf),
+    /// The stored bytes failed their check; why.
+    Corrupt(String),
+}
+
+/// A server's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Response {
+    /// The write is durable (rule 2), or the ping is answered.
+    Done,
+    /// The fragment under the key, if any.
+    Value(Option<Slot>),
+    /// A page of a scan.
+    Page {
+        entries: Vec<(ByteBuf, Slot)>,
+        more: bool,
+    },
+    /// The request was refused or failed on the server; nothing was written.
+    Refused(String),
+    /// The server's store failed (I/O); the request may or may not have been applied, but
+    /// nothing flushed before is lost.
+    Failed(String),
+}

@@ -1,0 +1,886 @@
+//! Storage strategies (paper 003): where and how a value is stored, chosen by one `--store`
+//! spec used by every command.
+//!
+//! ```text
+//! local:DIR                      one sled directory on this machine (the embedded default)
+//! memory                         RAM of this process only (tests; nothing survives)
+//! central:ADDR                   one checkpoint server holds every value
+//! replicate:R:ADDR,...           R full copies on R servers (any 1 rebuilds)
+//! parity:M:ADDR,...              M slices + XOR parity on M + 1 servers (any M rebuild)
+//! ida:M,K:ADDR,...               systematic Reed-Solomon on M + K servers (any M rebuild)
+//! ```
+//!
+//! `replicate`, `parity` and `ida` accept `,quorum` after their numbers
+//! (`ida:4,2,quorum:ADDR,...`) to acknowledge writes at a quorum instead of on every server
+//! (rule 3).
+//!
+//! Paper 003's replication keeps "a copy locally and another remotely": here every copy lives
+//! on a checkpoint server, and "local" means a server on the writer's own machine: list it
+//! first (e.g. `replicate:2:127.0.0.1:7000,node2:7000`). That keeps one code path, one digest
+//! check and one repair for every copy, and the local copy still survives the writer's crash.
+//!
+//! Rules the remote strategies keep:
+//!
+//! 1. **Placement.** Fragment `i` of every value goes to server `i` of the spec, so the M + K
+//!    fragments of one value are on M + K distinct servers (duplicate addresses are refused).
+//! 2. **Batches.** `put_batch` codes every value, then sends each server its fragments of all
+//!    values as one atomic server batch (protocol rule 3): a server killed mid-batch holds all of
+//!    its fragments of the batch or none, so no value is half-visible on it.
+//! 3. **Acknowledgement.** A write returns `Ok` when every server has flushed its fragments
+//!    (`ack=all`, the default) or, with `quorum`, when at least `min(M + 1, M + K)` have: one
+//!    more than decoding needs, so a value survives one further loss right after its write. A
+//!    delete needs `min(K + 1, M + K)` servers under `quorum` so that at most M - 1 fragments
+//!    of it can remain. Fragments not written are rebuilt by read repair or `scrub`.
+//! 4. **Stamps.** Each write carries a stamp larger than every earlier stamp of this process
+//!    (nanoseconds since the epoch, bumped past the last); reading picks the newest version and
+//!    never mixes versions (erasure rule 5).
+//! 5. **Reading** asks every server and decodes from any M valid fragments. A missing, corrupt
+//!    or stale fragment on a server that answered is rebuilt and rewritten (read repair; best
+//!    effort: a failed repair is left for `scrub`).
+//! 6. **Absent keys.** A key is absent when no server holds a valid fragment of it, or when at
+//!    least K + 1 answering servers do not hold it (fewer than M fragments can then be left,
+//!    e.g. after a delete acknowledged at a quorum). Otherwise too few fragments is an error:
+//!    [`StoreError::Unavailable`] naming the unreachable servers and how many are needed, or
+//!    [`StoreError::Unrecoverable`] when every server answered.
+//! 7. **Wrong key.** A server that fails the handshake is a [`StoreError::Refused`] naming it,
+//!    at open and on every call; it is never counted as merely unreachable.
+//! 8. **Limits.** One server batch is one frame: the fragments a batch puts on one server must
+//!    fit in [`crate::wire::DEFAULT_MAX_FRAME`]. An overwrite interrupted on more than K
+//!    servers can leave the key unreadable until it is written again (the log only overwrites
+//!    its manifest, which it can rebuild from the segments).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde_bytes::ByteBuf;
+
+use crate::client::{Client, ClientConfig, ClientError};
+use crate::erasure::{Codec, ErasureError};
+use crate::key::Key;
+use crate::protocol::{Request, Response, Slot};
+use crate::store::{MemoryStore, Pairs, SledStore, Store, StoreError};
+
+/// How many fragments a remote strategy makes, and which code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One server, one copy.
+    Central,
+    /// R full copies.
+    Replicate {
+        /// R.
+        copies: usize,
+    },
+    /// M slices plus XOR parity.
+    Parity {
+        /// M.
+        m: usize,
+    },
+    /// Systematic Reed-Solomon, any M of M + K.
+    Ida {
+        /// M.
+        m: usize,
+        /// K.
+        k: usize,
+    },
+}
+
+impl Layout {
+    /// The codec for this layout.
+    pub fn codec(&self) -> Result<Codec, ErasureError> {
+        match *self {
+            Layout::Central => Codec::replicate(1),
+            Layout::Replicate { copies } => Codec::replicate(copies),
+            Layout::Parity { m } => Codec::parity(m),
+            Layout::Ida { m, k } => Codec::ida(m, k),
+        }
+    }
+
+    /// Servers this layout needs (M + K).
+    pub fn servers(&self) -> usize {
+        match *self {
+            Layout::Central => 1,
+            Layout::Replicate { copies } => copies,
+            Layout::Parity { m } => m + 1,
+            Layout::Ida { m, k } => m + k,
+        }
+    }
+}
+
+/// When a write is acknowledged (rule 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ack {
+    /// Every server flushed its fragments.
+    #[default]
+    All,
+    /// At least M + 1 servers did.
+    Quorum,
+}
+
+/// A remote strategy: its layout, its servers in slot order, and its acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSpec {
+    /// Fragments and code.
+    pub layout: Layout,
+    /// `HOST:PORT` of each server; fragment `i` goes to `addrs[i]`.
+    pub addrs: Vec<String>,
+    /// Acknowledgement policy.
+    pub ack: Ack,
+}
+
+/// A parsed `--store` spec (syntax in the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// `local:DIR`.
+    Local(PathBuf),
+    /// `memory`.
+    Memory,
+    /// `central:`, `replicate:`, `parity:` or `ida:`.
+    Remote(RemoteSpec),
+}
+
+fn bad(msg: impl Into<String>) -> StoreError {
+    StoreError::BadSpec(msg.into())
+}
+
+const SYNTAX: &str = "expected local:DIR, memory, central:ADDR, replicate:R:ADDR,..., \
+                      parity:M:ADDR,... or ida:M,K:ADDR,... (ADDR = HOST:PORT)";
+
+fn parse_count(what: &str, s: &str) -> Result<usize, StoreError> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| bad(format!("{what} must be a number, got {s:?}")))?;
+    if n == 0 {
+        return Err(bad(format!("{what} must be at least 1")));
+    }
+    Ok(n)
+}
+
+fn parse_addrs(s: &str) -> Result<Vec<String>, StoreError> {
+    let addrs: Vec<String> = s.split(',').map(|a| a.trim().to_string()).collect();
+    let mut seen = BTreeSet::new();
+    for a in &addrs {
+        let port = a.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+        match port {
+            Some((h, Ok(_))) if !h.is_empty() => {}
+            _ => return Err(bad(format!("{a:?} is not HOST:PORT"))),
+        }
+        if !seen.insert(a.as_str()) {
+            return Err(bad(format!(
+                "{a} is listed twice; the fragments of a value must go to distinct servers"
+            )));
+        }
+    }
+    Ok(addrs)
+}
+
+/// Splits `"4,2,quorum"` into numbers and the ack policy.
+fn parse_params(s: &str) -> Result<(Vec<&str>, Ack), StoreError> {
+    let mut parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let ack = if parts.last() == Some(&"quorum") {
+        parts.pop();
+        Ack::Quorum
+    } else {
+        Ack::All
+    };
+    Ok((parts, ack))
+}
+
+impl FromStr for StoreSpec {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s == "memory" {
+            return Ok(StoreSpec::Memory);
+        }
+        let Some((scheme, rest)) = s.split_once(':') else {
+            return Err(bad(format!("{s:?}: {SYNTAX}")));
+        };
+        let need_addrs = |rest: &str| -> Result<(String, String), StoreError> {
+            rest.split_once(':')
+                .map(|(p, a)| (p.to_string(), a.to_string()))
+                .ok_or_else(|| bad(format!("{s:?}: missing the server list; {SYNTAX}")))
+        };
+        let check_count = |layout: Layout, addrs: &[String]| -> Result<(), StoreError> {
+            if addrs.len() != layout.servers() {
+                return Err(bad(format!(
+                    "{s:?}: this layout needs exactly {} servers, {} given",
+                    layout.servers(),
+                    addrs.len()
+                )));
+            }
+            Ok(())
+        };
+        let spec = match scheme {
+            "local" if !rest.is_empty() => return Ok(StoreSpec::Local(PathBuf::from(rest))),
+            "local" => return Err(bad("local: needs a directory (local:DIR)")),
+            "central" => {
+                let addrs = parse_addrs(rest)?;
+                RemoteSpec {
+                    layout: Layout::Central,
+                    addrs,
+                    ack: Ack::All,
+                }
+            }
+            "replicate" | "parity" | "ida" => {
+                let (params, addrs) = need_addrs(rest)?;
+                let (nums, ack) = parse_params(&params)?;
+                let layout = match (scheme, nums.as_slice()) {
+                    ("replicate", [r]) => Layout::Replicate {
+                        copies: parse_count("R (copies)", r)?,
+                    },
+                    ("parity", [m]) => Layout::Parity {
+                        m: parse_count("M (slices)", m)?,
+                    },
+                    ("ida", [m, k]) => Layout::Ida {
+                        m: parse_count("M (fragments needed)", m)?,
+                        k: parse_count("K (fragments that may be lost)", k)?,
+                    },
+                    _ => return Err(bad(format!("{s:?}: wrong parameters {params:?}; {SYNTAX}"))),
+                };
+                layout.codec().map_err(|e| bad(format!("{s:?}: {e}")))?;
+                RemoteSpec {
+                    layout,
+                    addrs: parse_addrs(&addrs)?,
+                    ack,
+                }
+            }
+            other => return Err(bad(format!("unknown strategy {other:?}; {SYNTAX}"))),
+        };
+        check_count(spec.layout, &spec.addrs)?;
+        Ok(StoreSpec::Remote(spec))
+    }
+}
+
+impl fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreSpec::Local(p) => write!(f, "local:{}", p.display()),
+            StoreSpec::Memory => f.write_str("memory"),
+            StoreSpec::Remote(r) => {
+                let q = if r.ack == Ack::Quorum { ",quorum" } else { "" };
+                let a = r.addrs.join(",");
+                match r.layout {
+                    Layout::Central => write!(f, "central:{a}"),
+                    Layout::Replicate { copies } => write!(f, "replicate:{copies}{q}:{a}"),
+                    Layout::Parity { m } => write!(f, "parity:{m}{q}:{a}"),
+                    Layout::Ida { m, k } => write!(f, "ida:{m},{k}{q}:{a}"),
+                }
+            }
+        }
+    }
+}
+
+/// Opens the store a spec names. Remote strategies need `key` and check at once that every
+/// reachable server shares it (rule 7).
+pub fn open_store(spec: &StoreSpec, key: Option<&Key>) -> Result<Arc<dyn Store>, StoreError> {
+    match spec {
+        StoreSpec::Local(dir) => Ok(Arc::new(SledStore::open(dir)?)),
+        StoreSpec::Memory => Ok(Arc::new(MemoryStore::default())),
+        StoreSpec::Remote(r) => {
+            let key = key.ok_or_else(|| {
+                bad(format!(
+                    "{spec} talks to checkpoint servers and needs their key (--key FILE)"
+                ))
+            })?;
+            Ok(Arc::new(RemoteStore::open(
+                r.clone(),
+                key.clone(),
+                ClientConfig::default(),
+            )?))
+        }
+    }
+}
+
+/// What one server said about one key.
+#[derive(Debug)]
+enum Seen {
+    Present(Vec<u8>),
+    Corrupt,
+    Absent,
+    Unreachable(String),
+}
+
+/// What reading one key found and did.
+#[derive(Debug, Default)]
+struct Resolved {
+    value: Option<Vec<u8>>,
+    ok: usize,
+    /// Fragments to rewrite: (slot, fragment).
+    repairs: Vec<(usize, Vec<u8>)>,
+    /// Fragments that need a rewrite but whose server did not answer.
+    unrepairable: usize,
+}
+
+/// Counts from [`RemoteStore::scrub`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ScrubReport {
+    /// The strategy scrubbed.
+    pub store: String,
+    /// Keys found on any server.
+    pub keys: usize,
+    /// Fragments present and valid.
+    pub fragments_ok: usize,
+    /// Fragments missing, corrupt or stale that were rebuilt and rewritten.
+    pub fragments_repaired: usize,
+    /// Fragments that need a rewrite but whose server is unreachable or refused it.
+    pub fragments_missing: usize,
+    /// Keys whose value cannot be rebuilt (lossy UTF-8).
+    pub unrecoverable: Vec<String>,
+    /// Servers that did not answer, with why.
+    pub unreachable: Vec<String>,
+}
+
+impl ScrubReport {
+    /// Whether every value can still be read (exit status of `scrub`).
+    pub fn is_healthy(&self) -> bool {
+        self.unrecoverable.is_empty()
+    }
+}
+
+/// A store whose values are coded across checkpoint servers (rules 1-8).
+#[derive(Debug)]
+pub struct RemoteStore {
+    spec: RemoteSpec,
+    codec: Codec,
+    client: Client,
+    last_stamp: AtomicU64,
+}
+
+fn lossy(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+impl RemoteStore {
+    /// Connects to the servers of `spec` (rule 7: a server with another key is an error; up to
+    /// K unreachable servers are allowed, more is [`StoreError::Unavailable`]).
+    pub fn open(spec: RemoteSpec, key: Key, config: ClientConfig) -> Result<Self, StoreError> {
+        let codec = spec.layout.codec().map_err(|e| bad(e.to_string()))?;
+        if spec.addrs.len() != codec.total_fragments() {
+            return Err(bad(format!(
+                "{} needs {} servers, {} given",
+                codec,
+                codec.total_fragments(),
+                spec.addrs.len()
+            )));
+        }
+        let client = Client::new(&spec.addrs, key, config)
+            .map_err(|e| StoreError::Io(format!("cannot start the client runtime: {e}")))?;
+        let store = RemoteStore {
+            spec,
+            codec,
+            client,
+            last_stamp: AtomicU64::new(0),
+        };
+        let mut unreachable = Vec::new();
+        for r in store.client.ping_all() {
+            match r {
+                Ok(()) => {}
+                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                    return Err(StoreError::Refused(e.to_string()))
+                }
+                Err(e) => unreachable.push(e.to_string()),
+            }
+        }
+        store.check_reachable("open the store", &unreachable, store.m())?;
+        Ok(store)
+    }
+
+    fn m(&self) -> usize {
+        self.codec.data_fragments()
+    }
+
+    fn n(&self) -> usize {
+        self.codec.total_fragments()
+    }
+
+    fn k(&self) -> usize {
+        self.codec.parity_fragments()
+    }
+
+    fn check_reachable(
+        &self,
+        op: &str,
+        unreachable: &[String],
+        need: usize,
+    ) -> Result<(), StoreError> {
+        if self.n() - unreachable.len() < need {
+            return Err(StoreError::Unavailable {
+                op: op.to_string(),
+                unreachable: unreachable.to_vec(),
+                need,
+                total: self.n(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Rule 4.
+    fn next_stamp(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        let prev = self
+            .last_stamp
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| {
+                Some(now.max(l.saturating_add(1)))
+            })
+            .unwrap_or(0);
+        now.max(prev.saturating_add(1))
+    }
+
+    /// Sends one request per server and checks the acknowledgements (rule 3).
+    fn write_all(
+        &self,
+        op: &str,
+        reqs: Vec<(usize, Request)>,
+        need: usize,
+    ) -> Result<(), StoreError> {
+        let mut failed = Vec::new();
+        for (i, r) in self.client.call_all(reqs) {
+            match r {
+                Ok(Response::Done) => {}
+                Ok(Response::Refused(why)) => {
+                    return Err(StoreError::Refused(format!(
+                        "checkpoint server {} refused the {op}: {why}",
+                        self.spec.addrs[i]
+                    )))
+                }
+                Ok(Response::Failed(why)) => failed.push(format!("{}: {why}", self.spec.addrs[i])),
+                Ok(other) => {
+                    return Err(StoreError::Refused(format!(
+                        "checkpoint server {} answered a {op} with {other:?}",
+                        self.spec.addrs[i]
+                    )))
+                }
+                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                    return Err(StoreError::Refused(e.to_string()))
+                }
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        self.check_reachable(op, &failed, need)
+    }
+
+    fn write_need(&self) -> usize {
+        match self.spec.ack {
+            Ack::All => self.n(),
+            Ack::Quorum => (self.m() + 1).min(self.n()),
+        }
+    }
+
+    /// Decides one key from what every server said (rules 5-6).
+    fn resolve(&self, key: &[u8], seen: Vec<Seen>) -> Result<Resolved, StoreError> {
+        let absent = seen.iter().filter(|s| matches!(s, Seen::Absent)).count();
+        let unreachable: Vec<String> = seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Unreachable(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect();
+        let answered: Vec<bool> = seen
+            .iter()
+            .map(|s| !matches!(s, Seen::Unreachable(_)))
+            .collect();
+        let any = seen
+            .iter()
+            .any(|s| matches!(s, Seen::Present(_) | Seen::Corrupt));
+        if !any && (absent > self.k() || unreachable.is_empty()) {
+            return Ok(Resolved::default());
+        }
+        let slots: Vec<Option<Vec<u8>>> = seen
+            .into_iter()
+            .map(|s| match s {
+                Seen::Present(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        match self.codec.decode(&slots) {
+            Ok(d) => {
+                let mut out = Resolved {
+                    ok: self.n() - d.repair.len(),
+                    ..Resolved::default()
+                };
+                if !d.repair.is_empty() {
+                    let mut frags = self.codec.encode(&d.blob, d.stamp);
+                    for &slot in d.repair.iter().rev() {
+                        let f = std::mem::take(&mut frags[slot]);
+                        if answered[slot] {
+                            out.repairs.push((slot, f));
+                        } else {
+                            out.unrepairable += 1;
+                        }
+                    }
+                }
+                out.value = Some(d.blob);
+                Ok(out)
+            }
+            Err(ErasureError::TooFewFragments { .. }) if absent > self.k() => {
+                Ok(Resolved::default())
+            }
+            Err(ErasureError::TooFewFragments { have, need, .. }) if !unreachable.is_empty() => {
+                Err(StoreError::Unavailable {
+                    op: format!(
+                        "read {} (only {have} valid fragments reachable, {need} needed)",
+                        lossy(key)
+                    ),
+                    unreachable,
+                    need,
+                    total: self.n(),
+                })
+            }
+            Err(e) => Err(StoreError::Unrecoverable {
+                key: lossy(key),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Rewrites repaired fragments, one batch per server; returns how many were written.
+    fn repair(&self, repairs: Vec<(usize, Vec<u8>, Vec<u8>)>) -> (usize, usize) {
+        let mut per: BTreeMap<usize, Vec<(ByteBuf, ByteBuf)>> = BTreeMap::new();
+        for (slot, key, frag) in repairs {
+            per.entry(slot)
+                .or_default()
+                .push((ByteBuf::from(key), ByteBuf::from(frag)));
+        }
+        let counts: BTreeMap<usize, usize> = per.iter().map(|(s, v)| (*s, v.len())).collect();
+        let reqs = per
+            .into_iter()
+            .map(|(s, v)| (s, Request::Batch(v)))
+            .collect();
+        let (mut done, mut failed) = (0, 0);
+        for (slot, r) in self.client.call_all(reqs) {
+            let n = counts.get(&slot).copied().unwrap_or(0);
+            match r {
+                Ok(Response::Done) => done += n,
+                other => {
+                    tracing::warn!("repair on {} failed: {other:?}", self.spec.addrs[slot]);
+                    failed += n;
+                }
+            }
+        }
+        (done, failed)
+    }
+
+    /// Every key under `prefix` with what each server holds (paged scans, rule 5).
+    fn gather(&self, prefix: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<Seen>>, StoreError> {
+        let n = self.n();
+        let mut per_server: Vec<Result<Vec<(Vec<u8>, Slot)>, String>> =
+            (0..n).map(|_| Ok(Vec::new())).collect();
+        let mut cursor: Vec<Option<Option<ByteBuf>>> = vec![Some(None); n];
+        // Pages of half a frame leave room for the framing and postcard's length prefixes.
+        let page = (self.client_max_frame() / 2) as u64;
+        loop {
+            let reqs: Vec<(usize, Request)> = cursor
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| {
+                    c.as_ref().map(|after| {
+                        (
+                            i,
+                            Request::Scan {
+                                prefix: ByteBuf::from(prefix.to_vec()),
+                                after: after.clone(),
+                                max_bytes: page,
+                            },
+                        )
+                    })
+                })
+                .collect();
+            if reqs.is_empty() {
+                break;
+            }
+            for (i, r) in self.client.call_all(reqs) {
+                match r {
+                    Ok(Response::Page { entries, more }) => {
+                        let last = entries.last().map(|(k, _)| k.clone());
+                        if let Ok(list) = per_server[i].as_mut() {
+                            list.extend(entries.into_iter().map(|(k, s)| (k.into_vec(), s)));
+                        }
+                        cursor[i] = if more && last.is_some() {
+                            Some(last)
+                        } else {
+                            None
+                        };
+                    }
+                    Ok(Response::Failed(why)) => {
+                        per_server[i] = Err(format!("{}: {why}", self.spec.addrs[i]));
+                        cursor[i] = None;
+                    }
+                    Ok(other) => {
+                        return Err(StoreError::Refused(format!(
+                            "checkpoint server {} answered a scan with {other:?}",
+                            self.spec.addrs[i]
+                        )))
+                    }
+                    Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                        return Err(StoreError::Refused(e.to_string()))
+                    }
+                    Err(e) => {
+                        per_server[i] = Err(e.to_string());
+                        cursor[i] = None;
+                    }
+                }
+            }
+        }
+        let unreachable: Vec<String> = per_server
+            .iter()
+            .filter_map(|r| r.as_ref().err().cloned())
+            .collect();
+        self.check_reachable("list keys", &unreachable, self.m())?;
+        let mut keys: BTreeMap<Vec<u8>, Vec<Seen>> = BTreeMap::new();
+        for (i, r) in per_server.iter().enumerate() {
+            if let Ok(list) = r {
+                for (k, _) in list {
+                    keys.entry(k.clone()).or_insert_with(|| {
+                        (0..n)
+                            .map(|j| match &per_server[j] {
+                                Ok(_) => Seen::Absent,
+                                Err(e) => Seen::Unreachable(e.clone()),
+                            })
+                            .collect()
+                    });
+                }
+                let _ = i;
+            }
+        }
+        for (i, r) in per_server.into_iter().enumerate() {
+            if let Ok(list) = r {
+                for (k, s) in list {
+                    if let Some(v) = keys.get_mut(&k) {
+                        v[i] = match s {
+                            Slot::Present(b) => Seen::Present(b.into_vec()),
+                            Slot::Corrupt(_) => Seen::Corrupt,
+                        };
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    fn client_max_frame(&self) -> usize {
+        crate::wire::DEFAULT_MAX_FRAME
+    }
+
+    /// Reads every key through the strategy, checks every fragment, rebuilds and rewrites the
+    /// missing, corrupt or stale ones on servers that answer, and counts what it found.
+    pub fn scrub(&self) -> Result<ScrubReport, StoreError> {
+        let keys = self.gather(b"")?;
+        let mut report = ScrubReport {
+            store: StoreSpec::Remote(self.spec.clone()).to_string(),
+            keys: keys.len(),
+            ..ScrubReport::default()
+        };
+        let mut unreachable = BTreeSet::new();
+        let mut repairs = Vec::new();
+        for (key, seen) in keys {
+            for s in &seen {
+                if let Seen::Unreachable(e) = s {
+                    unreachable.insert(e.clone());
+                }
+            }
+            match self.resolve(&key, seen) {
+                Ok(r) => {
+                    report.fragments_ok += r.ok;
+                    report.fragments_missing += r.unrepairable;
+                    repairs.extend(r.repairs.into_iter().map(|(s, f)| (s, key.clone(), f)));
+                }
+                Err(_) => report.unrecoverable.push(lossy(&key)),
+            }
+        }
+        let (done, failed) = self.repair(repairs);
+        report.fragments_repaired = done;
+        report.fragments_missing += failed;
+        report.unreachable = unreachable.into_iter().collect();
+        Ok(report)
+    }
+}
+
+impl Store for RemoteStore {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.put_batch(&[(key.to_vec(), value.to_vec())])
+    }
+
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let stamp = self.next_stamp();
+        let mut per: Vec<Vec<(ByteBuf, ByteBuf)>> = (0..self.n()).map(|_| Vec::new()).collect();
+        for (k, v) in pairs {
+            for (i, f) in self.codec.encode(v, stamp).into_iter().enumerate() {
+                per[i].push((ByteBuf::from(k.clone()), ByteBuf::from(f)));
+            }
+        }
+        let reqs = per
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (i, Request::Batch(b)))
+            .collect();
+        self.write_all("write", reqs, self.write_need())
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let reqs = (0..self.n())
+            .map(|i| {
+                (
+                    i,
+                    Request::Get {
+                        key: ByteBuf::from(key.to_vec()),
+                    },
+                )
+            })
+            .collect();
+        let mut seen = Vec::with_capacity(self.n());
+        for (_, r) in self.client.call_all(reqs) {
+            seen.push(match r {
+                Ok(Response::Value(None)) => Seen::Absent,
+                Ok(Response::Value(Some(Slot::Present(b)))) => Seen::Present(b.into_vec()),
+                Ok(Response::Value(Some(Slot::Corrupt(_)))) => Seen::Corrupt,
+                Ok(Response::Failed(why)) => Seen::Unreachable(why),
+                Ok(other) => Seen::Unreachable(format!("unexpected answer {other:?}")),
+                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                    return Err(StoreError::Refused(e.to_string()))
+                }
+                Err(e) => Seen::Unreachable(e.to_string()),
+            });
+        }
+        let r = self.resolve(key, seen)?;
+        if !r.repairs.is_empty() {
+            self.repair(
+                r.repairs
+                    .into_iter()
+                    .map(|(s, f)| (s, key.to_vec(), f))
+                    .collect(),
+            );
+        }
+        Ok(r.value)
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
+        let keys = self.gather(prefix)?;
+        let mut out = Vec::with_capacity(keys.len());
+        let mut repairs = Vec::new();
+        for (key, seen) in keys {
+            let r = self.resolve(&key, seen)?;
+            repairs.extend(r.repairs.into_iter().map(|(s, f)| (s, key.clone(), f)));
+            if let Some(v) = r.value {
+                out.push((key, v));
+            }
+        }
+        if !repairs.is_empty() {
+            self.repair(repairs);
+        }
+        Ok(out)
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
+        let reqs = (0..self.n())
+            .map(|i| {
+                (
+                    i,
+                    Request::Delete {
+                        key: ByteBuf::from(key.to_vec()),
+                    },
+                )
+            })
+            .collect();
+        let need = match self.spec.ack {
+            Ack::All => self.n(),
+            Ack::Quorum => (self.k() + 1).min(self.n()),
+        };
+        self.write_all("delete", reqs, need)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        // Writes are durable when acknowledged (protocol rule 2): nothing is pending here.
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        StoreSpec::Remote(self.spec.clone()).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<StoreSpec, StoreError> {
+        s.parse()
+    }
+
+    #[test]
+    fn specs_parse_and_print_back() {
+        for s in [
+            "local:/tmp/x",
+            "memory",
+            "central:127.0.0.1:7000",
+            "replicate:2:a:1,b:2",
+            "parity:3:a:1,b:1,c:1,d:1",
+            "ida:2,1:a:1,b:1,c:1",
+            "ida:2,1,quorum:a:1,b:1,c:1",
+            "ida:1,1:[::1]:5,[::1]:6",
+        ] {
+            let spec = p(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(spec.to_string(), s);
+        }
+        assert_eq!(
+            p("ida:4,2,quorum:a:1,b:1,c:1,d:1,e:1,f:1").unwrap(),
+            StoreSpec::Remote(RemoteSpec {
+                layout: Layout::Ida { m: 4, k: 2 },
+                addrs: "a:1,b:1,c:1,d:1,e:1,f:1"
+                    .split(',')
+                    .map(String::from)
+                    .collect(),
+                ack: Ack::Quorum,
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_specs_say_what_is_wrong() {
+        for (s, says) in [
+            ("", "expected"),
+            ("nfs:/x", "unknown strategy"),
+            ("local:", "directory"),
+            ("ida:4,2:a:1,b:1,c:1", "exactly 6 servers, 3 given"),
+            ("ida:0,2:a:1,b:1", "at least 1"),
+            ("ida:2,0:a:1,b:1", "at least 1"),
+            ("ida:4:a:1", "wrong parameters"),
+            ("ida:x,1:a:1,b:1", "must be a number"),
+            ("ida:200,100:a:1", "M + K"),
+            ("parity:2:a:1,b:1", "exactly 3 servers"),
+            ("parity:2:a:1,a:1,b:1", "distinct servers"),
+            ("replicate:2:a:1", "exactly 2 servers"),
+            ("replicate:2", "missing the server list"),
+            ("central:nohost", "HOST:PORT"),
+            ("central:a:1,b:2", "exactly 1 servers"),
+            ("central:a:99999", "HOST:PORT"),
+        ] {
+            let e = p(s).expect_err(s).to_string();
+            assert!(
+                e.contains(says),
+                "{s:?} gave {e:?}, expected it to mention {says:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn remote_needs_a_key() {
+        let e = open_store(&p("central:127.0.0.1:1").unwrap(), None)
+            .err()
+            .expect("no key must fail")
+            .to_string();
+        assert!(e.contains("--key"), "{e}");
+    }
+}
