@@ -2,12 +2,17 @@
 //!
 //! ```text
 //! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR] [--no-checkpoint]
-//!         [--seed S] [--json]
+//!         [--seed S] [--json] [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
 //! APP inspect --log-dir DIR [--json] [--dot FILE]
+//! APP certify --log-dir DIR [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
+//!         [--full] [--out FILE] [--json] [--key FILE]
+//! APP certify --verify CERT --log-dir DIR [--key FILE]
+//! APP keygen FILE
 //! ```
 //!
-//! Exit status: 0 on success, 1 when the run fails or its result is wrong, 2 on bad usage
-//! (clap's own code for a bad flag, also used for invalid program options).
+//! Exit status: 0 on success (and ACCEPT), 1 when the run fails, its result is wrong or the
+//! certifier says REJECT, 2 on bad usage (clap's own code for a bad flag, also used for invalid
+//! program options).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -20,9 +25,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use veriflow_checkpoint::{SledStore, Store, StoreError};
+use veriflow_certifier::{Certificate, CertifyError, Decision, Track, VerifyError};
+use veriflow_checkpoint::{Key, KeyError, MemoryStore, SledStore, Store, StoreError};
 use veriflow_runtime::log::{CommitPolicy, LogError};
-use veriflow_runtime::{Kill, Registry, RegistryError, RunError, Runtime, Task, VnodeId};
+use veriflow_runtime::{
+    DataId, Forge, IdSet, Kill, Registry, RegistryError, RunError, Runtime, Task, TaskId, VnodeId,
+};
 
 use crate::inspect;
 
@@ -80,6 +88,16 @@ enum CliError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Wrong(#[from] WrongResult),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Certify(#[from] CertifyError),
+    #[error("certificate {path}: {source}")]
+    Verify { path: PathBuf, source: VerifyError },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("certification: REJECT")]
+    Rejected,
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -100,6 +118,67 @@ enum Command<P: Program> {
     Run(RunArgs<P>),
     /// Show what a run's logs hold.
     Inspect(InspectArgs),
+    /// Certify a finished run: re-run randomly drawn tasks on the trusted oracle (paper 001 §V).
+    Certify(CertifyArgs),
+    /// Write a fresh 32-byte key to FILE (owner-only; never overwrites).
+    Keygen(KeygenArgs),
+}
+
+#[derive(Args, Debug)]
+struct KeygenArgs {
+    /// Where to write the key.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+/// Parameters of a certification, shared by `run --certify` and `certify`.
+#[derive(Args, Debug, Clone)]
+struct CertifyParams {
+    /// Risk accepted of certifying a forged run.
+    #[arg(long, value_name = "E", default_value_t = 0.05)]
+    epsilon: f64,
+    /// Assumed bound on the fraction of forged tasks.
+    #[arg(long, value_name = "Q", default_value_t = 0.01)]
+    q: f64,
+    /// The oracle's key file, which signs certificates [default: veriflow/oracle.key in the
+    /// user's config directory, created with owner-only permissions on first use].
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct CertifyArgs {
+    /// Directory of the run's event logs.
+    #[arg(long, value_name = "DIR")]
+    log_dir: PathBuf,
+    #[command(flatten)]
+    params: CertifyParams,
+    /// Terminal outputs to certify: `all`, or full data ids separated by commas.
+    #[arg(long, value_name = "all|ID,..", default_value = "all")]
+    outputs: String,
+    /// Seed of the draw [default: derived from the digest of the log, and recorded].
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Correct forged tasks (Algorithm 1): re-execute them and their successors, write the
+    /// corrected log as a new generation (the original is kept), and certify again.
+    #[arg(long)]
+    correct: bool,
+    /// Re-run every task of G_S (full duplication) instead of a sample.
+    #[arg(long)]
+    full: bool,
+    /// Write the signed certificate (JSON) to FILE.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Print the certificate as JSON instead of the human summary.
+    #[arg(long)]
+    json: bool,
+    /// Instead of certifying: check that certificate CERT is intact (its MAC under --key) and
+    /// belongs to the log in --log-dir.
+    #[arg(long, value_name = "CERT", conflicts_with_all = ["correct", "full", "out", "seed"])]
+    verify: Option<PathBuf>,
+    /// Oracle threads [default: the machine's cores].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -108,8 +187,36 @@ struct RunArgs<P: Program> {
     program: P,
     #[command(flatten)]
     runtime: RuntimeArgs,
+    #[command(flatten)]
+    forge: ForgeArgs,
+    /// Certify the run right after it (needs the log).
+    #[arg(long, conflicts_with = "no_checkpoint")]
+    certify: bool,
+    #[command(flatten)]
+    certify_params: CertifyParams,
+    /// With --certify: write the signed certificate (JSON) to FILE.
+    #[arg(long, value_name = "FILE", requires = "certify")]
+    cert_out: Option<PathBuf>,
 }
 
+/// Forgery injection: lying vnodes, for tests and demos of the certifier.
+#[derive(Args, Debug, Clone)]
+struct ForgeArgs {
+    /// Make vnode V lie: return and log wrong (plausible) outputs, each task with probability
+    /// --forge-rate; repeatable.
+    #[arg(long = "forge-vnode", value_name = "V", requires = "forge_rate")]
+    forge_vnode: Vec<u32>,
+    /// Probability that a task run on a --forge-vnode lies.
+    #[arg(long = "forge-rate", value_name = "Q", requires = "forge_vnode")]
+    forge_rate: Option<f64>,
+    /// Make exactly N tasks lie, drawn at random among the tasks that write a value (a first,
+    /// unlogged run finds them).
+    #[arg(long = "forge-tasks", value_name = "N", conflicts_with = "forge_vnode")]
+    forge_tasks: Option<u64>,
+    /// Seed of the choice of lying tasks and of their wrong values.
+    #[arg(long = "forge-seed", value_name = "S", default_value_t = 0)]
+    forge_seed: u64,
+}
 /// Options of every `run`.
 #[derive(Args, Debug, Clone)]
 struct RuntimeArgs {
@@ -251,6 +358,8 @@ impl<P: Program> App<P> {
                 let checked = args
                     .program
                     .validate()
+                    .and_then(|()| args.forge.check(vnodes))
+                    .and_then(|()| check_params(&args.certify_params))
                     .and_then(|()| args.runtime.kills(vnodes, args.program.expected_tasks()));
                 let kills = match checked {
                     Ok(kills) => kills,
@@ -264,9 +373,26 @@ impl<P: Program> App<P> {
                         return ExitCode::from(2);
                     }
                 };
-                run::<P>(&args.program, &args.runtime, kills)
+                run::<P>(&args, kills)
             }
             Command::Inspect(args) => inspect_cmd::<P>(&args),
+            Command::Certify(args) => {
+                if let Err(e) = check_params(&args.params) {
+                    let err = match cmd.find_subcommand_mut("certify") {
+                        Some(c) => c.error(clap::error::ErrorKind::ValueValidation, e.0),
+                        None => cmd.error(clap::error::ErrorKind::ValueValidation, e.0),
+                    };
+                    let _ = err.print();
+                    return ExitCode::from(2);
+                }
+                certify_cmd::<P>(&args)
+            }
+            Command::Keygen(args) => Key::create(&args.file).map_err(CliError::from).map(|_| {
+                println!(
+                    "wrote a new key to {} (owner-only); give it to every process with --key",
+                    args.file.display()
+                )
+            }),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -294,7 +420,8 @@ fn registry<P: Program>() -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<(), CliError> {
+fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> {
+    let (program, rt) = (&args.program, &args.runtime);
     let log_dir = if rt.no_checkpoint {
         None
     } else {
@@ -325,11 +452,17 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
     if let Some(v) = rt.vnodes {
         builder = builder.vnodes(v);
     }
-    if let Some(dir) = &log_dir {
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(dir)?);
-        builder = builder.store(store);
+    let store: Option<Arc<dyn Store>> = match &log_dir {
+        Some(dir) => Some(Arc::new(SledStore::open(dir)?)),
+        None => None,
+    };
+    if let Some(store) = &store {
+        builder = builder.store(store.clone());
     }
     builder = builder.kills(kills);
+    if let Some(forge) = args.forge.plan::<P>(program, rt)? {
+        builder = builder.forge(forge);
+    }
     let bar = progress_bar(rt.json, program.expected_tasks());
     if let Some(bar) = &bar {
         let bar = bar.clone();
@@ -347,6 +480,22 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
     }
     let report = outcome?;
     let checked = program.check(&report.outputs);
+    let certificate = match (store, args.certify) {
+        (Some(store), true) => {
+            let opts = veriflow_certifier::Options {
+                epsilon: args.certify_params.epsilon,
+                q: args.certify_params.q,
+                ..Default::default()
+            };
+            let (cert, key_path) =
+                certify_signed::<P>(store, &opts, &args.certify_params, rt.json)?;
+            if let Some(path) = &args.cert_out {
+                write_file(path, &cert.to_json())?;
+            }
+            Some((cert, key_path))
+        }
+        _ => None,
+    };
     let secs = report.elapsed.as_secs_f64();
     let log_dir_text = log_dir.as_ref().map(|d| d.display().to_string());
     if rt.json {
@@ -369,6 +518,10 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
             "recovered_tasks": report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
             "reused_tasks": report.vnodes.iter().map(|s| s.reused_tasks).sum::<u64>(),
             "per_vnode": report.vnodes,
+            "forged": report.forged.iter().map(|(t, v)| json!({
+                "task": format!("{t:#}"), "vnode": v.0,
+            })).collect::<Vec<_>>(),
+            "certificate": certificate.as_ref().map(|(c, _)| c),
         });
         println!("{summary}");
     } else {
@@ -405,8 +558,353 @@ fn run<P: Program>(program: &P, rt: &RuntimeArgs, kills: Vec<Kill>) -> Result<()
             ),
             None => println!("events: none (--no-checkpoint)"),
         }
+        if !report.forged.is_empty() {
+            println!(
+                "forgery injection: {} task(s) lied, e.g. {} on {}",
+                report.forged.len(),
+                report.forged[0].0,
+                report.forged[0].1
+            );
+        }
+        if let Some((cert, key)) = &certificate {
+            print!("{}", certificate_text(cert, args.cert_out.as_deref(), key));
+        }
     }
-    checked.map(drop).map_err(CliError::from)
+    checked.map(drop).map_err(CliError::from)?;
+    match certificate {
+        Some((c, _)) if c.decision == Decision::Reject => Err(CliError::Rejected),
+        _ => Ok(()),
+    }
+}
+
+impl ForgeArgs {
+    fn check(&self, vnodes: u32) -> Result<(), InvalidArgs> {
+        if let Some(v) = self.forge_vnode.iter().find(|&&v| v >= vnodes) {
+            return Err(InvalidArgs(format!(
+                "--forge-vnode {v}: the run has {vnodes} vnodes"
+            )));
+        }
+        if let Some(q) = self.forge_rate.filter(|q| !(0.0..=1.0).contains(q)) {
+            return Err(InvalidArgs(format!(
+                "--forge-rate {q}: a probability is between 0 and 1"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The forgery plan, if any. `--forge-tasks N` first runs the program without a log to
+    /// learn which tasks write values, then draws N of them with the forge seed.
+    fn plan<P: Program>(&self, program: &P, rt: &RuntimeArgs) -> Result<Option<Forge>, CliError> {
+        if let Some(rate) = self.forge_rate {
+            return Ok(Some(Forge {
+                vnodes: self.forge_vnode.iter().map(|&v| VnodeId(v)).collect(),
+                rate,
+                seed: self.forge_seed,
+                ..Forge::default()
+            }));
+        }
+        let Some(n) = self.forge_tasks else {
+            return Ok(None);
+        };
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut b = Runtime::builder(registry::<P>()?)
+            .program(P::NAME)
+            .seed(rt.seed)
+            .store(store.clone());
+        if let Some(t) = rt.threads {
+            b = b.threads(t as usize);
+        }
+        let (root, inputs) = program.root();
+        b.build()?.run(root, inputs)?;
+        let track = Track::load(store)?;
+        let mut writers: Vec<TaskId> = track
+            .tasks
+            .iter()
+            .filter(|t| t.wrote.as_ref().is_some_and(|w| !w.is_empty()))
+            .map(|t| t.id)
+            .collect();
+        writers.sort_unstable();
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        if n > writers.len() {
+            return Err(CliError::Invalid(format!(
+                "--forge-tasks {n}: the run has only {} tasks that write a value",
+                writers.len()
+            )));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(self.forge_seed);
+        let tasks: IdSet<TaskId> = rand::seq::index::sample(&mut rng, writers.len(), n)
+            .into_iter()
+            .map(|i| writers[i])
+            .collect();
+        Ok(Some(Forge {
+            tasks,
+            seed: self.forge_seed,
+            ..Forge::default()
+        }))
+    }
+}
+
+fn check_params(p: &CertifyParams) -> Result<(), InvalidArgs> {
+    veriflow_certifier::sample::n_eps_q(p.epsilon, p.q)
+        .map(drop)
+        .map_err(|e| InvalidArgs(format!("{e} (--epsilon, --q)")))
+}
+
+fn write_file(path: &std::path::Path, text: &str) -> Result<(), CliError> {
+    std::fs::write(path, text).map_err(|source| CliError::Io {
+        what: "cannot write",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Progress bars over the k checks and over the re-execution of G_F.
+struct Bars {
+    checks: ProgressBar,
+    fix: ProgressBar,
+}
+
+impl Bars {
+    fn new(quiet: bool) -> Option<Bars> {
+        if quiet || !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let multi = indicatif::MultiProgress::new();
+        let style = |what: &str| {
+            ProgressStyle::with_template(&format!(
+                "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {what} {{msg}}"
+            ))
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+        };
+        let checks = multi.add(ProgressBar::new(0).with_style(style("checks")));
+        let fix = multi.add(ProgressBar::hidden().with_style(style("re-executed")));
+        Some(Bars { checks, fix })
+    }
+}
+
+impl veriflow_certifier::Progress for Bars {
+    fn pass(&self, generation: u32, k: u64) {
+        self.checks.reset();
+        self.checks.set_length(k);
+        self.checks
+            .set_message(format!("(generation {generation})"));
+    }
+    fn checked(&self) {
+        self.checks.inc(1);
+    }
+    fn correcting(&self, tasks: u64) {
+        self.fix.reset();
+        self.fix.set_length(tasks);
+        self.fix
+            .set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    }
+    fn corrected(&self) {
+        self.fix.inc(1);
+    }
+}
+
+/// Certifies with a progress bar and signs with the oracle's key.
+fn certify_signed<P: Program>(
+    store: Arc<dyn Store>,
+    opts: &veriflow_certifier::Options,
+    params: &CertifyParams,
+    quiet: bool,
+) -> Result<(Certificate, PathBuf), CliError> {
+    let (key, key_path) = Key::load_or_default(params.key.as_deref(), "oracle")?;
+    let registry = registry::<P>()?;
+    let bars = Bars::new(quiet);
+    let progress: &dyn veriflow_certifier::Progress = match &bars {
+        Some(b) => b,
+        None => &veriflow_certifier::NoProgress,
+    };
+    let mut cert = veriflow_certifier::certify(store, &registry, opts, progress)?;
+    if let Some(b) = bars {
+        b.checks.finish_and_clear();
+        b.fix.finish_and_clear();
+    }
+    cert.sign(&key)
+        .map_err(|e| CliError::Invalid(format!("cannot sign the certificate: {e}")))?;
+    Ok((cert, key_path))
+}
+
+/// The human summary of a certificate.
+fn certificate_text(
+    cert: &Certificate,
+    file: Option<&std::path::Path>,
+    key: &std::path::Path,
+) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let what = if cert.full {
+        "full duplication".to_string()
+    } else {
+        format!("epsilon {}, q {}", cert.epsilon, cert.q)
+    };
+    for c in &cert.corrections {
+        let _ = writeln!(
+            s,
+            "certify: corrected {} forged task(s): {} task(s) invalidated, {} re-executed on the \
+             oracle -> log generation {}",
+            c.detected.len(),
+            c.invalidated,
+            c.re_executed,
+            c.generation
+        );
+    }
+    match cert.decision {
+        Decision::Accept => {
+            let _ = writeln!(
+                s,
+                "certify: ACCEPT ({what}): {} of {} tasks re-run on the oracle, none forged",
+                cert.checked.len(),
+                cert.n
+            );
+            if !cert.full {
+                let _ = writeln!(
+                    s,
+                    "  fewer than {:.3}% of the tasks are forged, at confidence {}%",
+                    cert.q_hat * 100.0,
+                    (1.0 - cert.epsilon) * 100.0
+                );
+            }
+        }
+        Decision::Reject if !cert.structural.is_empty() => {
+            let _ = writeln!(
+                s,
+                "certify: REJECT: the logs contradict each other ({} structural error(s))",
+                cert.structural.len()
+            );
+            for e in cert.structural.iter().take(10) {
+                let _ = writeln!(
+                    s,
+                    "  task {} ({}) on {}{}: {}",
+                    e.task,
+                    e.name.as_deref().unwrap_or("?"),
+                    e.vnode.map_or("-".to_string(), |v| VnodeId(v).to_string()),
+                    e.data
+                        .as_ref()
+                        .map_or(String::new(), |d| format!(", edge {d}")),
+                    e.message
+                );
+            }
+        }
+        Decision::Reject => {
+            let _ = writeln!(
+                s,
+                "certify: REJECT ({what}): {} forged task(s) among {} re-run on the oracle",
+                cert.detections.len(),
+                cert.checked.len()
+            );
+            for d in cert.detections.iter().take(10) {
+                let _ = writeln!(
+                    s,
+                    "  task {} ({}) on {}: {}",
+                    d.task,
+                    d.name,
+                    d.vnode.map_or("-".to_string(), |v| VnodeId(v).to_string()),
+                    d.reason
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "  seed {} (from the {}), log generation {}, G_S Merkle root {}",
+        cert.seed,
+        cert.seed_source,
+        cert.generation,
+        &cert.merkle_root[..16]
+    );
+    match file {
+        Some(f) => {
+            let _ = writeln!(
+                s,
+                "  certificate: {} (signed with {})",
+                f.display(),
+                key.display()
+            );
+        }
+        None => {
+            let _ = writeln!(s, "  certificate signed with {}", key.display());
+        }
+    }
+    s
+}
+
+fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
+    let store: Arc<dyn Store> = Arc::new(SledStore::open_existing(&args.log_dir)?);
+    if let Some(path) = &args.verify {
+        let (key, _) = Key::load_or_default(args.params.key.as_deref(), "oracle")?;
+        let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+            what: "cannot read",
+            path: path.clone(),
+            source,
+        })?;
+        let verify = |e| CliError::Verify {
+            path: path.clone(),
+            source: e,
+        };
+        let cert = Certificate::from_json(&text).map_err(verify)?;
+        cert.verify(&key, store).map_err(verify)?;
+        if args.json {
+            println!(
+                "{}",
+                json!({"valid": true, "decision": cert.decision, "generation": cert.generation})
+            );
+        } else {
+            println!(
+                "certificate {}: valid (MAC and G_S Merkle root match); it says {} for generation {} of this log",
+                path.display(),
+                cert.decision,
+                cert.generation
+            );
+        }
+        return Ok(());
+    }
+    let outputs = if args.outputs.trim() == "all" {
+        None
+    } else {
+        Some(
+            args.outputs
+                .split(',')
+                .map(|s| s.trim().parse::<DataId>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| CliError::Invalid(format!("--outputs: {e}")))?,
+        )
+    };
+    let opts = veriflow_certifier::Options {
+        epsilon: args.params.epsilon,
+        q: args.params.q,
+        outputs,
+        seed: args.seed,
+        correct: args.correct,
+        full: args.full,
+        ..Default::default()
+    };
+    let work = || certify_signed::<P>(store.clone(), &opts, &args.params, args.json);
+    let (cert, key_path) = match args.threads {
+        Some(t) => rayon::ThreadPoolBuilder::new()
+            .num_threads(t as usize)
+            .build()
+            .map_err(|e| CliError::Invalid(format!("cannot start {t} threads: {e}")))?
+            .install(work)?,
+        None => work()?,
+    };
+    if let Some(path) = &args.out {
+        write_file(path, &cert.to_json())?;
+    }
+    if args.json {
+        println!("{}", cert.to_json());
+    } else {
+        print!(
+            "{}",
+            certificate_text(&cert, args.out.as_deref(), &key_path)
+        );
+    }
+    match cert.decision {
+        Decision::Accept => Ok(()),
+        Decision::Reject => Err(CliError::Rejected),
+    }
 }
 
 fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {

@@ -62,7 +62,7 @@ pub struct Inspection {
 
 /// Reads and checks every log in `store`.
 pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection, RunError> {
-    let reader = LogReader::new(store);
+    let reader = LogReader::latest(store)?;
     let manifest = reader.manifest()?;
     let logs = reader.read_all()?;
     let mut vnodes = Vec::with_capacity(logs.len());
@@ -180,6 +180,7 @@ impl Inspection {
             "root_name": m.root_name,
             "vnodes_configured": m.vnodes,
             "seed": m.seed,
+            "generation": m.generation,
             "tasks": { "declared": declared, "started": started, "completed": completed },
             "events": self.vnodes.iter().map(|v| v.events).sum::<u64>(),
             "graph": { "tasks": self.graph.task_count(), "data": self.graph.data_count() },
@@ -203,6 +204,14 @@ impl Inspection {
             "run: {}  root {} ({})  status: {:?}  vnodes: {}  seed: {}",
             m.program, m.root, m.root_name, m.status, m.vnodes, m.seed
         );
+        if m.generation > 0 {
+            let _ = writeln!(
+                s,
+                "log generation {} (written by the certifier's correction; the run's own log \
+                 is generation 0)",
+                m.generation
+            );
+        }
         let _ = writeln!(
             s,
             "tasks: {declared} declared, {started} started, {completed} completed"
@@ -245,7 +254,7 @@ impl Inspection {
         for t in &self.terminal {
             let _ = writeln!(
                 s,
-                "  {} = {}  (digest {}, on {})",
+                "  {:#} = {}  (digest {}, on {})",
                 t.id,
                 t.value.as_deref().unwrap_or("<not in the logs>"),
                 t.digest.as_deref().map_or("-", |d| &d[..16]),

@@ -129,6 +129,9 @@ wide_id_fmt!(DataId, "d");
 
 impl fmt::Display for VnodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == VnodeId::ORACLE {
+            return f.write_str("oracle");
+        }
         write!(f, "v{}", self.0)
     }
 }

@@ -1,0 +1,426 @@
+//! `knary certify`, `run --certify`, forgery injection and `keygen` from the command line:
+//! verdicts and exit statuses, correction into a new log generation, certificates that verify
+//! and certificates that must not, and usage errors.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+
+fn key(dir: &Path) -> String {
+    let k = dir.join("oracle.key");
+    if !k.exists() {
+        knary(&["keygen", s(&k)]).expect_code(0);
+    }
+    s(&k).to_string()
+}
+
+#[test]
+fn run_certify_accepts_an_honest_run_and_says_so_in_json_and_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key(tmp.path());
+    let log = tmp.path().join("log");
+    let cert = tmp.path().join("cert.json");
+    let j = logged_run(
+        &log,
+        4,
+        4,
+        2,
+        &["--certify", "--key", &k, "--cert-out", s(&cert)],
+    );
+    let c = &j["certificate"];
+    assert_eq!(c["decision"], "ACCEPT", "{j}");
+    assert_eq!(
+        c["n"], j["tasks"],
+        "every knary task is an ancestor of the result"
+    );
+    assert_eq!(
+        c["k"].as_u64(),
+        Some(c["checked"].as_array().unwrap().len() as u64)
+    );
+    assert_eq!(c["seed_source"], "log digest");
+    knary(&[
+        "certify",
+        "--verify",
+        s(&cert),
+        "--log-dir",
+        s(&log),
+        "--key",
+        &k,
+    ])
+    .expect_code(0);
+
+    let out = knary(&[
+        "run",
+        "--depth",
+        "3",
+        "--fanout",
+        "3",
+        "--certify",
+        "--key",
+        &k,
+        "--log-dir",
+        s(&tmp.path().join("log2")),
+    ]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    assert!(out.stdout.contains("fewer than"), "{out}");
+}
+
+#[test]
+fn forged_tasks_are_rejected_named_then_corrected_into_a_new_generation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key(tmp.path());
+    let log = tmp.path().join("log");
+    let out = knary(&[
+        "run",
+        "--depth",
+        "4",
+        "--fanout",
+        "3",
+        "--threads",
+        "2",
+        "--vnodes",
+        "2",
+        "--forge-tasks",
+        "3",
+        "--forge-seed",
+        "7",
+        "--json",
+        "--log-dir",
+        s(&log),
+    ]);
+    out.expect_code(1); // the lie reaches the result, which knary checks
+    let j = out.json();
+    assert_eq!(j["correct"], false);
+    let forged: Vec<String> = j["forged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["task"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forged.len(), 3, "{j}");
+
+    // Full duplication finds every one of them and rejects.
+    let out = knary(&[
+        "certify",
+        "--log-dir",
+        s(&log),
+        "--key",
+        &k,
+        "--full",
+        "--json",
+    ]);
+    out.expect_code(1);
+    let c = out.json();
+    assert_eq!(c["decision"], "REJECT");
+    let mut found: Vec<String> = c["detections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["task"].as_str().unwrap().to_string())
+        .collect();
+    found.sort();
+    let mut want = forged.clone();
+    want.sort();
+    assert_eq!(found, want, "{c}");
+
+    // Correction: re-executed, written as generation 1, accepted; the result is right again.
+    let cert = tmp.path().join("c.json");
+    let out = knary(&[
+        "certify",
+        "--log-dir",
+        s(&log),
+        "--key",
+        &k,
+        "--full",
+        "--correct",
+        "--out",
+        s(&cert),
+    ]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("corrected 3 forged task(s)"), "{out}");
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    let (ins, j) = inspect_json(&log);
+    ins.expect_code(0);
+    let j = j.unwrap();
+    assert_eq!(j["generation"], 1);
+    let expected = knary::expected_nodes(4, 3).unwrap().to_string();
+    assert_eq!(j["terminal"][0]["value"], Value::String(expected), "{j}");
+    knary(&[
+        "certify",
+        "--verify",
+        s(&cert),
+        "--log-dir",
+        s(&log),
+        "--key",
+        &k,
+    ])
+    .expect_code(0);
+    // Certifying again needs no more correction.
+    let out = knary(&["certify", "--log-dir", s(&log), "--key", &k, "--json"]);
+    out.expect_code(0);
+    assert_eq!(out.json()["generation"], 1);
+}
+
+#[test]
+fn a_lying_vnode_is_caught_by_sampling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key(tmp.path());
+    let log = tmp.path().join("log");
+    // q = 0.3 on vnode 1 of 2: about 15% of the tasks lie; eps 1e-3, q 0.05 checks ~135.
+    let out = knary(&[
+        "run",
+        "--depth",
+        "5",
+        "--fanout",
+        "3",
+        "--threads",
+        "2",
+        "--vnodes",
+        "2",
+        "--forge-vnode",
+        "1",
+        "--forge-rate",
+        "0.3",
+        "--json",
+        "--log-dir",
+        s(&log),
+    ]);
+    let j = out.json();
+    assert!(!j["forged"].as_array().unwrap().is_empty(), "{out}");
+    let out = knary(&[
+        "certify",
+        "--log-dir",
+        s(&log),
+        "--key",
+        &k,
+        "--epsilon",
+        "0.001",
+        "--q",
+        "0.05",
+    ]);
+    out.expect_code(1);
+    assert!(out.stdout.contains("REJECT"), "{out}");
+    assert!(
+        out.stdout.contains("on v1"),
+        "the lying vnode is named\n{out}"
+    );
+    assert!(
+        !out.stdout.contains("on v0"),
+        "the honest vnode is not\n{out}"
+    );
+}
+
+#[test]
+fn tampered_or_foreign_certificates_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    logged_run(&a, 3, 3, 2, &[]);
+    logged_run(&b, 3, 4, 2, &[]);
+    let cert = tmp.path().join("a.json");
+    knary(&[
+        "certify",
+        "--log-dir",
+        s(&a),
+        "--key",
+        &k,
+        "--out",
+        s(&cert),
+    ])
+    .expect_code(0);
+
+    knary(&[
+        "certify",
+        "--verify",
+        s(&cert),
+        "--log-dir",
+        s(&b),
+        "--key",
+        &k,
+    ])
+    .expect_code(1)
+    .stderr_has("does not belong to this log");
+
+    let text = std::fs::read_to_string(&cert).unwrap();
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, text.replace("\"epsilon\": 0.05", "\"epsilon\": 0.5")).unwrap();
+    knary(&[
+        "certify",
+        "--verify",
+        s(&bad),
+        "--log-dir",
+        s(&a),
+        "--key",
+        &k,
+    ])
+    .expect_code(1)
+    .stderr_has("MAC does not match");
+
+    let other = tmp.path().join("other.key");
+    knary(&["keygen", s(&other)]).expect_code(0);
+    knary(&[
+        "certify",
+        "--verify",
+        s(&cert),
+        "--log-dir",
+        s(&a),
+        "--key",
+        s(&other),
+    ])
+    .expect_code(1)
+    .stderr_has("MAC does not match");
+
+    std::fs::write(&bad, "{not json").unwrap();
+    knary(&[
+        "certify",
+        "--verify",
+        s(&bad),
+        "--log-dir",
+        s(&a),
+        "--key",
+        &k,
+    ])
+    .expect_code(1)
+    .stderr_has("not a veriflow certificate");
+}
+
+#[test]
+fn certify_usage_and_input_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key(tmp.path());
+    let log = tmp.path().join("log");
+    logged_run(&log, 2, 3, 1, &[]);
+    let l = s(&log);
+    knary(&["certify", "--log-dir", l, "--epsilon", "0"]).expect_code(2);
+    knary(&["certify", "--log-dir", l, "--q", "1.5"]).expect_code(2);
+    knary(&["certify", "--log-dir", l, "--key", &k, "--outputs", "d:12"])
+        .expect_code(1)
+        .stderr_has("--outputs");
+    knary(&[
+        "certify",
+        "--log-dir",
+        l,
+        "--key",
+        &k,
+        "--outputs",
+        &format!("d:{}", "ab".repeat(16)),
+    ])
+    .expect_code(1)
+    .stderr_has("is not a terminal output");
+    knary(&[
+        "certify",
+        "--log-dir",
+        s(&tmp.path().join("nothing")),
+        "--key",
+        &k,
+    ])
+    .expect_code(1);
+    knary(&[
+        "certify",
+        "--log-dir",
+        l,
+        "--key",
+        s(&tmp.path().join("missing.key")),
+    ])
+    .expect_code(1)
+    .stderr_has("missing.key");
+    let run = ["run", "--depth", "2", "--fanout", "2", "--vnodes", "2"];
+    let with = |extra: &[&'static str]| [&run[..], extra].concat();
+    knary(&with(&["--forge-vnode", "5", "--forge-rate", "0.1"]))
+        .expect_code(2)
+        .stderr_has("the run has 2 vnodes");
+    knary(&with(&["--forge-vnode", "0", "--forge-rate", "2"]))
+        .expect_code(2)
+        .stderr_has("between 0 and 1");
+    knary(&with(&["--forge-vnode", "0"]))
+        .expect_code(2)
+        .stderr_has("--forge-rate");
+    knary(&[
+        "run",
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+        "--forge-tasks",
+        "1000000",
+    ])
+    .expect_code(1)
+    .stderr_has("only");
+    knary(&[
+        "run",
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+        "--no-checkpoint",
+        "--certify",
+    ])
+    .expect_code(2)
+    .stderr_has("cannot be used with");
+}
+
+#[test]
+fn keygen_writes_an_owner_only_key_and_never_overwrites() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = tmp.path().join("k");
+    knary(&["keygen", s(&k)]).expect_code(0);
+    let first = std::fs::read(&k).unwrap();
+    assert_eq!(first.len(), 65, "64 hex digits and a newline");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&k).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    knary(&["keygen", s(&k)])
+        .expect_code(1)
+        .stderr_has("exists already");
+    assert_eq!(std::fs::read(&k).unwrap(), first, "the key is untouched");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let log = tmp.path().join("log");
+        logged_run(&log, 2, 2, 1, &[]);
+        knary(&["certify", "--log-dir", s(&log), "--key", s(&k)])
+            .expect_code(1)
+            .stderr_has("chmod 600");
+    }
+}
+
+#[test]
+fn the_default_key_is_created_once_in_the_config_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    logged_run(&log, 2, 3, 1, &[]);
+    let a = knary_in(
+        tmp.path(),
+        &[
+            "certify",
+            "--log-dir",
+            s(&log),
+            "--out",
+            s(&tmp.path().join("a.json")),
+        ],
+    );
+    a.expect_code(0);
+    let key = tmp.path().join("veriflow").join("oracle.key");
+    assert!(key.is_file(), "{a}");
+    let bytes = std::fs::read(&key).unwrap();
+    knary_in(
+        tmp.path(),
+        &[
+            "certify",
+            "--verify",
+            s(&tmp.path().join("a.json")),
+            "--log-dir",
+            s(&log),
+        ],
+    )
+    .expect_code(0);
+    assert_eq!(std::fs::read(&key).unwrap(), bytes);
+}
