@@ -86,7 +86,7 @@ pub enum ClientError {
 struct Remote {
     addr: String,
     conn: tokio::sync::Mutex<Option<Connection<TcpStream>>>,
-    down_until: Mutex<Option<Instant>>,
+    down_until: Mutex<Option<(Instant, String)>>,
 }
 
 /// A blocking client for a fixed list of servers (rules 1-4).
@@ -175,12 +175,15 @@ impl Client {
     }
 }
 
-fn is_down(remote: &Remote) -> bool {
+/// The failure that put `remote` down, while its down mark lasts (rule 3).
+fn down_reason(remote: &Remote) -> Option<String> {
     let d = remote.down_until.lock().unwrap_or_else(|p| p.into_inner());
-    d.is_some_and(|t| Instant::now() < t)
+    d.as_ref()
+        .filter(|(t, _)| Instant::now() < *t)
+        .map(|(_, why)| why.clone())
 }
 
-fn mark(remote: &Remote, until: Option<Instant>) {
+fn mark(remote: &Remote, until: Option<(Instant, String)>) {
     *remote.down_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
 }
 
@@ -190,10 +193,10 @@ async fn call(
     cfg: &ClientConfig,
     req: Request,
 ) -> Result<Response, ClientError> {
-    if is_down(remote) {
+    if let Some(why) = down_reason(remote) {
         return Err(ClientError::Unreachable {
             addr: remote.addr.clone(),
-            reason: "failed recently; skipped".into(),
+            reason: why,
         });
     }
     let mut last = String::new();
@@ -226,10 +229,14 @@ async fn call(
             }
         }
     }
-    mark(remote, Some(Instant::now() + cfg.down_for));
+    let reason = format!("{last} (after {} tries)", cfg.retries + 1);
+    mark(
+        remote,
+        Some((Instant::now() + cfg.down_for, reason.clone())),
+    );
     Err(ClientError::Unreachable {
         addr: remote.addr.clone(),
-        reason: format!("{last} (after {} tries)", cfg.retries + 1),
+        reason,
     })
 }
 

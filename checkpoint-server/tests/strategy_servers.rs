@@ -1,0 +1,203 @@
+//! Storage strategies over real checkpoint-server processes (SIGKILL, restart, scrub).
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::{addrs, Setup};
+use veriflow_checkpoint::{open_store, Key, Store, StoreError, StoreSpec};
+
+fn open(spec: &str, key: &Key) -> Arc<dyn Store> {
+    let spec: StoreSpec = spec.parse().expect("spec");
+    open_store(&spec, Some(key)).unwrap_or_else(|e| panic!("open {spec}: {e}"))
+}
+
+/// A value of `len` bytes that depends on `seed` (no two keys alike).
+fn value(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ seed.wrapping_mul(131)) as u8)
+        .collect()
+}
+
+/// What the runtime's log does: a group-commit batch of segments, a manifest, read back.
+fn round_trip(store: &dyn Store) {
+    let batch: Vec<(Vec<u8>, Vec<u8>)> = (0..5)
+        .map(|i| (format!("seg/{i:04}").into_bytes(), value(i, 1000 * i + 1)))
+        .collect();
+    store.put_batch(&batch).expect("put_batch");
+    store.flush().expect("flush");
+    store.put(b"manifest", b"m1").expect("put");
+    store.put(b"manifest", b"m2").expect("overwrite");
+    store.put(b"empty", b"").expect("empty value");
+    assert_eq!(store.get(b"manifest").unwrap().as_deref(), Some(&b"m2"[..]));
+    assert_eq!(store.get(b"empty").unwrap().as_deref(), Some(&b""[..]));
+    assert_eq!(store.get(b"nothing").unwrap(), None);
+    assert_eq!(store.scan_prefix(b"seg/").unwrap(), batch);
+    store.delete(b"seg/0002").unwrap();
+    assert_eq!(store.get(b"seg/0002").unwrap(), None);
+    assert_eq!(store.scan_prefix(b"seg/").unwrap().len(), 4);
+}
+
+#[test]
+fn central_replicate_parity_and_ida_round_trip() {
+    let s = Setup::new();
+    let servers = s.servers(5, false);
+    round_trip(&*open(&format!("central:{}", servers[0].addr), &s.key));
+    round_trip(&*open(
+        &format!("replicate:2:{}", addrs(&servers[1..3])),
+        &s.key,
+    ));
+    round_trip(&*open(
+        &format!("parity:4:{}", addrs(&servers[0..5])),
+        &s.key,
+    ));
+    round_trip(&*open(
+        &format!("ida:3,2,quorum:{}", addrs(&servers[0..5])),
+        &s.key,
+    ));
+}
+
+#[test]
+fn memory_servers_round_trip() {
+    let s = Setup::new();
+    let servers = s.servers(3, true);
+    round_trip(&*open(&format!("ida:2,1:{}", addrs(&servers)), &s.key));
+}
+
+#[test]
+fn a_server_with_another_key_is_refused_by_name() {
+    let s = Setup::new();
+    let servers = s.servers(1, true);
+    let other = Key::generate();
+    let spec: StoreSpec = format!("central:{}", servers[0].addr).parse().unwrap();
+    let e = open_store(&spec, Some(&other))
+        .err()
+        .expect("wrong key must fail");
+    assert!(matches!(e, StoreError::Refused(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&servers[0].addr) && msg.contains("key"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn replicate_survives_losing_a_copy() {
+    let s = Setup::new();
+    let mut servers = s.servers(2, false);
+    let spec = format!("replicate:2:{}", addrs(&servers));
+    let store = open(&spec, &s.key);
+    store.put(b"k", b"v").unwrap();
+    servers[0].kill();
+    assert_eq!(store.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    // ack=all: a write with a copy missing is refused, naming the server.
+    let e = store.put(b"k2", b"v").expect_err("write needs both copies");
+    assert!(e.to_string().contains(&servers[0].addr), "{e}");
+}
+
+fn scrub(spec: &str, key: &std::path::Path) -> (bool, serde_json::Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_checkpoint-server"))
+        .args(["scrub", "--json", "--store", spec, "--key"])
+        .arg(key)
+        .output()
+        .expect("run scrub");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "scrub output {text:?} ({e}); stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), report)
+}
+
+#[test]
+fn ida_4_2_survives_two_sigkills_refuses_a_third_and_scrub_repairs() {
+    let s = Setup::new();
+    let mut servers = s.servers(6, false);
+    let all = addrs(&servers);
+    let strict = open(&format!("ida:4,2:{all}"), &s.key);
+    let mut want: Vec<(Vec<u8>, Vec<u8>)> = (0..20)
+        .map(|i| (format!("seg/{i:03}").into_bytes(), value(i, 300 * i + 7)))
+        .collect();
+    strict.put_batch(&want[..10]).unwrap();
+    for (k, v) in &want[10..] {
+        strict.put(k, v).unwrap();
+    }
+
+    // Server 0 dies; a quorum writer (5 of 6) adds keys and overwrites two old ones: server 0
+    // misses those fragments and keeps stale ones.
+    servers[0].kill();
+    let quorum = open(&format!("ida:4,2,quorum:{all}"), &s.key);
+    for i in 20..25 {
+        want.push((format!("seg/{i:03}").into_bytes(), value(i, 5000 + i)));
+    }
+    want[3].1 = b"overwritten three".to_vec();
+    want[4].1 = value(99, 70_000);
+    let fresh: Vec<_> = want[20..].iter().chain(&want[3..5]).cloned().collect();
+    quorum.put_batch(&fresh).unwrap();
+    // ack=all refuses with a server down; the fragments it did write stay (a failed write may
+    // still be applied: here on 5 of 6 servers, so it is readable and scrub completes it).
+    assert!(
+        strict.put(b"x", b"y").is_err(),
+        "ack=all must refuse with a server down"
+    );
+
+    // A second SIGKILL: every value still reads (any 4 of 6).
+    servers[1].kill();
+    let reader = open(&format!("ida:4,2:{all}"), &s.key);
+    want.sort();
+    assert_eq!(reader.scan_prefix(b"seg/").unwrap(), want);
+    for (k, v) in &want {
+        assert_eq!(reader.get(k).unwrap().as_ref(), Some(v));
+    }
+
+    // A third: a clean error naming the three unreachable servers and how many are needed.
+    servers[2].kill();
+    let e = reader.get(&want[0].0).expect_err("3 of 6 down");
+    let msg = e.to_string();
+    assert!(
+        matches!(e, StoreError::Unavailable { need: 4, .. }),
+        "{msg}"
+    );
+    for srv in &servers[..3] {
+        assert!(msg.contains(&srv.addr), "{msg} should name {}", srv.addr);
+    }
+    assert!(msg.contains("4 must be reachable"), "{msg}");
+    let e = reader.scan_prefix(b"seg/").expect_err("3 of 6 down");
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+
+    // Restart servers 0 and 2 on their data dirs; server 1 stays down. Scrub rebuilds the
+    // 8 fragments server 0 missed ("x" and 5 new keys) or holds stale (2 overwritten keys),
+    // and cannot write server 1's.
+    servers[0].restart(&s.key_path);
+    servers[2].restart(&s.key_path);
+    let spec = format!("ida:4,2:{all}");
+    let (ok, r) = scrub(&spec, &s.key_path);
+    assert!(ok, "{r}");
+    assert_eq!(r["keys"], 26, "{r}");
+    assert_eq!(r["fragments_repaired"], 8, "{r}");
+    assert_eq!(r["fragments_missing"], 26, "{r}");
+    assert_eq!(r["fragments_ok"], 26 * 6 - 8 - 26, "{r}");
+    assert!(
+        r["unrecoverable"].as_array().is_some_and(|a| a.is_empty()),
+        "{r}"
+    );
+    let unreachable = r["unreachable"].to_string();
+    assert!(unreachable.contains(&servers[1].addr), "{r}");
+
+    // A second scrub finds nothing more to repair; server 0's fragments now carry the load:
+    // with servers 1 and 4 down every value still reads.
+    let (ok, r) = scrub(&spec, &s.key_path);
+    assert!(ok);
+    assert_eq!(r["fragments_repaired"], 0, "{r}");
+    servers[4].kill();
+    let reader = open(&spec, &s.key);
+    assert_eq!(reader.scan_prefix(b"seg/").unwrap(), want);
+    for srv in servers.iter_mut() {
+        if srv.is_running() {
+            srv.kill();
+        }
+    }
+}
