@@ -494,3 +494,115 @@ fn matrix_product_refuses_wrong_shapes() {
         .unwrap();
     assert_eq!(ok.outputs.0, vec![42]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Certification of both applications (paper 001 §V).
+
+fn certify_opts(full: bool, correct: bool) -> veriflow::certifier::Options {
+    veriflow::certifier::Options {
+        epsilon: 0.01,
+        q: 0.05,
+        full,
+        correct,
+        ..Default::default()
+    }
+}
+
+/// Honest runs are never rejected: merge sort and the matrix product on several schedules,
+/// sampled and fully duplicated.
+#[test]
+fn honest_merge_sorts_and_products_are_certified() {
+    use veriflow::certifier::NoProgress;
+    for seed in 0..6u64 {
+        let vnodes = 1 + (seed % 4) as u32;
+        let data = random_vec(seed, 3000, None);
+        let store = Arc::new(MemoryStore::default());
+        let rt = runtime(msort_registry(), "msort", vnodes, seed, Some(store.clone()));
+        rt.run(Sort { cutoff: 16 }, (data,)).unwrap();
+        for full in [false, true] {
+            let c = veriflow::certify(
+                store.clone(),
+                &msort_registry(),
+                &certify_opts(full, false),
+                &NoProgress,
+            )
+            .unwrap();
+            assert_eq!(
+                c.decision,
+                veriflow::Decision::Accept,
+                "msort seed {seed}: {c:?}"
+            );
+        }
+
+        let (a, b) = (
+            random_vec(seed, 400, Some((-9, 9))),
+            random_vec(seed + 1, 400, Some((-9, 9))),
+        );
+        let store = Arc::new(MemoryStore::default());
+        let rt = runtime(mm_registry(), "matmul", vnodes, seed, Some(store.clone()));
+        rt.run(MatMul { n: 20, rows: 3 }, (a, b)).unwrap();
+        let c = veriflow::certify(
+            store,
+            &mm_registry(),
+            &certify_opts(true, false),
+            &NoProgress,
+        )
+        .unwrap();
+        assert_eq!(
+            c.decision,
+            veriflow::Decision::Accept,
+            "matmul seed {seed}: {c:?}"
+        );
+    }
+}
+
+/// A lying vnode in merge sort: found by full duplication, and corrected into the sorted
+/// vector the honest run gives.
+#[test]
+fn a_forged_merge_sort_is_corrected_to_the_sorted_vector() {
+    use veriflow::certifier::{NoProgress, Track};
+    let data = random_vec(5, 2000, None);
+    let mut want = data.clone();
+    want.sort();
+    let store = Arc::new(MemoryStore::default());
+    let forge = veriflow::Forge {
+        vnodes: vec![veriflow::VnodeId(1)],
+        rate: 0.2,
+        seed: 3,
+        ..Default::default()
+    };
+    let report = veriflow::Runtime::builder(msort_registry())
+        .program("msort")
+        .threads(2)
+        .vnodes(3)
+        .seed(9)
+        .store(store.clone())
+        .forge(forge)
+        .build()
+        .unwrap()
+        .run(Sort { cutoff: 16 }, (data,))
+        .unwrap();
+    assert!(!report.forged.is_empty());
+    assert!(report.outputs.0 != want, "the lies reach the output");
+    let c = veriflow::certify(
+        store.clone(),
+        &msort_registry(),
+        &certify_opts(true, false),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(c.decision, veriflow::Decision::Reject);
+    let c = veriflow::certify(
+        store.clone(),
+        &msort_registry(),
+        &certify_opts(true, true),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(c.decision, veriflow::Decision::Accept, "{c:?}");
+    let track = Track::load(store).unwrap();
+    let out = track.terminal()[0];
+    let bytes = &track.data[&out].value.as_ref().unwrap().0;
+    let sorted: Vec<i64> = codec::decode(bytes).unwrap();
+    assert!(sorted == want, "the corrected output is the sorted vector");
+}

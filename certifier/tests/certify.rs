@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use veriflow_certifier::{certify, Certificate, Decision, NoProgress, Options, Track};
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{
-    Ctx, Forge, ForgeMode, IdSet, MemoryStore, Registry, RunReport, Runtime, Store, Task, TaskId,
+    Ctx, Forge, ForgeMode, IdSet, Kill, MemoryStore, Registry, RunReport, Runtime, Store, Task, TaskId,
     TaskResult, VnodeId, Writes,
 };
 
@@ -73,11 +73,22 @@ fn run(
     seed: u64,
     forge: Option<Forge>,
 ) -> (Arc<dyn Store>, RunReport<(u64,)>) {
+    run_with(depth, vnodes, seed, forge, Vec::new())
+}
+
+fn run_with(
+    depth: u32,
+    vnodes: u32,
+    seed: u64,
+    forge: Option<Forge>,
+    kills: Vec<Kill>,
+) -> (Arc<dyn Store>, RunReport<(u64,)>) {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
     let mut b = Runtime::builder(registry())
         .threads(2)
         .vnodes(vnodes)
         .seed(seed)
+        .kills(kills)
         .store(store.clone());
     if let Some(f) = forge {
         b = b.forge(f);
@@ -127,6 +138,29 @@ fn honest_runs_are_accepted() {
         );
         assert_eq!(cert.checked.len() as u64, cert.k);
         assert!(cert.structural.is_empty() && cert.detections.is_empty());
+    }
+}
+
+#[test]
+fn honest_runs_with_failures_and_recovery_are_accepted() {
+    for seed in 0..8u64 {
+        let kills = vec![
+            Kill {
+                vnode: VnodeId(1),
+                after: 10 + seed * 7,
+            },
+            Kill {
+                vnode: VnodeId(2),
+                after: 40 + seed * 3,
+            },
+        ];
+        let (store, report) = run_with(4, 3, seed, None, kills);
+        assert!(report.vnodes.iter().map(|v| v.failures).sum::<u64>() > 0);
+        let mut o = opts(0.05, 0.05);
+        o.full = true;
+        let cert = certify(store, &registry(), &o, &NoProgress).unwrap();
+        assert_eq!(cert.decision, Decision::Accept, "seed {seed}: {cert:?}");
+        assert_eq!(cert.n, report.tasks);
     }
 }
 
