@@ -65,26 +65,51 @@ pub enum CorrectError {
     },
 }
 
-/// Rule 1: marks G_F, the closure of `forged` under successors.
-pub fn closure(track: &Track, forged: &[Ix]) -> Vec<bool> {
-    let readers = track.readers();
-    let mut in_gf = vec![false; track.len()];
-    let mut stack: Vec<Ix> = Vec::new();
-    for &t in forged {
-        if !in_gf[t as usize] {
-            in_gf[t as usize] = true;
-            stack.push(t);
+/// Rule 1: G_F, grown one forged task at a time (each addition visits only what is new).
+pub struct Closure {
+    readers: IdMap<DataId, Vec<Ix>>,
+    in_gf: Vec<bool>,
+}
+
+impl Closure {
+    /// An empty G_F over `track`.
+    pub fn new(track: &Track) -> Closure {
+        Closure {
+            readers: track.readers(),
+            in_gf: vec![false; track.len()],
         }
     }
-    while let Some(t) = stack.pop() {
-        for s in track.successors(t, &readers) {
-            if !in_gf[s as usize] {
-                in_gf[s as usize] = true;
-                stack.push(s);
+
+    /// Adds `t` and all its successors.
+    pub fn add(&mut self, track: &Track, t: Ix) {
+        if self.in_gf[t as usize] {
+            return;
+        }
+        self.in_gf[t as usize] = true;
+        let mut stack = vec![t];
+        while let Some(t) = stack.pop() {
+            for s in track.successors(t, &self.readers) {
+                if !self.in_gf[s as usize] {
+                    self.in_gf[s as usize] = true;
+                    stack.push(s);
+                }
             }
         }
     }
-    in_gf
+
+    /// Membership of each task.
+    pub fn marks(&self) -> &[bool] {
+        &self.in_gf
+    }
+}
+
+/// Rule 1: marks G_F, the closure of `forged` under successors.
+pub fn closure(track: &Track, forged: &[Ix]) -> Vec<bool> {
+    let mut c = Closure::new(track);
+    for &t in forged {
+        c.add(track, t);
+    }
+    c.in_gf
 }
 
 /// Rule 2-3: re-executes G_F; `progress(done)` after each task.

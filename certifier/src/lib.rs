@@ -295,11 +295,12 @@ fn check_loop(
     tx: &mpsc::Sender<Vec<bool>>,
 ) -> Result<(), CertifyError> {
     let batch = (rayon::current_num_threads() * 8).max(16);
-    let mut in_gf = vec![false; track.len()];
+    let mut gf: Option<correct::Closure> = None;
+    let no_gf = vec![false; track.len()];
     let mut counted: u64 = 0; // clean checks since the last detection (rule 5), or all checks
-    let mut forged_ix: Vec<Ix> = Vec::new();
     'outer: loop {
         let mut picks: Vec<Ix> = Vec::with_capacity(batch);
+        let in_gf = gf.as_ref().map_or(&no_gf[..], |c| c.marks());
         while picks.len() < batch {
             let Some(i) = draws.next() else { break };
             let t = out.gs[i];
@@ -315,7 +316,7 @@ fn check_loop(
             .map(|&t| oracle::check(track, registry, t))
             .collect();
         for (t, v) in picks.into_iter().zip(verdicts) {
-            if in_gf[t as usize] {
+            if gf.as_ref().is_some_and(|c| c.marks()[t as usize]) {
                 continue; // fell into G_F after it was drawn
             }
             let v = v.map_err(CertifyError::Program)?;
@@ -326,9 +327,9 @@ fn check_loop(
                 Verdict::Forged(d) => {
                     out.forged.push((t, d));
                     if opts.correct {
-                        forged_ix.push(t);
-                        in_gf = correct::closure(track, &forged_ix);
-                        let _ = tx.send(in_gf.clone());
+                        let c = gf.get_or_insert_with(|| correct::Closure::new(track));
+                        c.add(track, t);
+                        let _ = tx.send(c.marks().to_vec());
                         counted = 0;
                     } else {
                         counted += 1;

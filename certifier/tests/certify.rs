@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use veriflow_certifier::{certify, Certificate, Decision, NoProgress, Options, Track};
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{
-    Ctx, Forge, ForgeMode, IdSet, Kill, MemoryStore, Registry, RunReport, Runtime, Store, Task, TaskId,
-    TaskResult, VnodeId, Writes,
+    Ctx, Forge, ForgeMode, IdSet, Kill, MemoryStore, Registry, RunReport, Runtime, Store, Task,
+    TaskId, TaskResult, VnodeId, Writes,
 };
 
 /// A k-ary tree: leaves write a value that depends on their path; inner nodes sum children.
