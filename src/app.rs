@@ -5,8 +5,8 @@
 //!         [--seed S] [--json] [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
 //! APP inspect --log-dir DIR [--json] [--dot FILE]
 //! APP certify --log-dir DIR [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
-//!         [--full] [--out FILE] [--json] [--key FILE]
-//! APP certify --verify CERT --log-dir DIR [--key FILE]
+//!         [--full] [--out FILE] [--json] [--oracle-key FILE]
+//! APP certify --verify CERT --log-dir DIR [--oracle-key FILE]
 //! APP keygen FILE
 //! ```
 //!
@@ -141,9 +141,10 @@ struct CertifyParams {
     #[arg(long, value_name = "Q", default_value_t = 0.01)]
     q: f64,
     /// The oracle's key file, which signs certificates [default: veriflow/oracle.key in the
-    /// user's config directory, created with owner-only permissions on first use].
-    #[arg(long, value_name = "FILE")]
-    key: Option<PathBuf>,
+    /// user's config directory, created with owner-only permissions on first use]. Keep it
+    /// apart from the cluster's --key: workers hold that one, and must not sign certificates.
+    #[arg(long = "oracle-key", value_name = "FILE")]
+    oracle_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -172,7 +173,7 @@ struct CertifyArgs {
     /// Print the certificate as JSON instead of the human summary.
     #[arg(long)]
     json: bool,
-    /// Instead of certifying: check that certificate CERT is intact (its MAC under --key) and
+    /// Instead of certifying: check that certificate CERT is intact (its MAC under --oracle-key) and
     /// belongs to the log in --log-dir.
     #[arg(long, value_name = "CERT", conflicts_with_all = ["correct", "full", "out", "seed"])]
     verify: Option<PathBuf>,
@@ -710,7 +711,7 @@ fn certify_signed<P: Program>(
     params: &CertifyParams,
     quiet: bool,
 ) -> Result<(Certificate, PathBuf), CliError> {
-    let (key, key_path) = Key::load_or_default(params.key.as_deref(), "oracle")?;
+    let (key, key_path) = Key::load_or_default(params.oracle_key.as_deref(), "oracle")?;
     let registry = registry::<P>()?;
     let bars = Bars::new(quiet);
     let progress: &dyn veriflow_certifier::Progress = match &bars {
@@ -834,7 +835,7 @@ fn certificate_text(
 fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
     let store: Arc<dyn Store> = Arc::new(SledStore::open_existing(&args.log_dir)?);
     if let Some(path) = &args.verify {
-        let (key, _) = Key::load_or_default(args.params.key.as_deref(), "oracle")?;
+        let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
         let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
             what: "cannot read",
             path: path.clone(),

@@ -62,7 +62,8 @@ pub struct Options {
     pub q: f64,
     /// Terminal outputs to certify (`None`: all of them).
     pub outputs: Option<Vec<DataId>>,
-    /// Seed of the draw (`None`: derived from the log digest, rule 2).
+    /// Seed of the draw (`None`: derived from the log digest, rule 2). A later generation
+    /// written by a correction is drawn with this seed XOR its generation number.
     pub seed: Option<u64>,
     /// Correct forged tasks (rule 5).
     pub correct: bool,

@@ -28,7 +28,7 @@ fn run_certify_accepts_an_honest_run_and_says_so_in_json_and_text() {
         4,
         4,
         2,
-        &["--certify", "--key", &k, "--cert-out", s(&cert)],
+        &["--certify", "--oracle-key", &k, "--cert-out", s(&cert)],
     );
     let c = &j["certificate"];
     assert_eq!(c["decision"], "ACCEPT", "{j}");
@@ -47,7 +47,7 @@ fn run_certify_accepts_an_honest_run_and_says_so_in_json_and_text() {
         s(&cert),
         "--log-dir",
         s(&log),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(0);
@@ -59,7 +59,7 @@ fn run_certify_accepts_an_honest_run_and_says_so_in_json_and_text() {
         "--fanout",
         "3",
         "--certify",
-        "--key",
+        "--oracle-key",
         &k,
         "--log-dir",
         s(&tmp.path().join("log2")),
@@ -108,7 +108,7 @@ fn forged_tasks_are_rejected_named_then_corrected_into_a_new_generation() {
         "certify",
         "--log-dir",
         s(&log),
-        "--key",
+        "--oracle-key",
         &k,
         "--full",
         "--json",
@@ -133,7 +133,7 @@ fn forged_tasks_are_rejected_named_then_corrected_into_a_new_generation() {
         "certify",
         "--log-dir",
         s(&log),
-        "--key",
+        "--oracle-key",
         &k,
         "--full",
         "--correct",
@@ -155,12 +155,19 @@ fn forged_tasks_are_rejected_named_then_corrected_into_a_new_generation() {
         s(&cert),
         "--log-dir",
         s(&log),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(0);
     // Certifying again needs no more correction.
-    let out = knary(&["certify", "--log-dir", s(&log), "--key", &k, "--json"]);
+    let out = knary(&[
+        "certify",
+        "--log-dir",
+        s(&log),
+        "--oracle-key",
+        &k,
+        "--json",
+    ]);
     out.expect_code(0);
     assert_eq!(out.json()["generation"], 1);
 }
@@ -195,7 +202,7 @@ fn a_lying_vnode_is_caught_by_sampling() {
         "certify",
         "--log-dir",
         s(&log),
-        "--key",
+        "--oracle-key",
         &k,
         "--epsilon",
         "0.001",
@@ -226,7 +233,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         "certify",
         "--log-dir",
         s(&a),
-        "--key",
+        "--oracle-key",
         &k,
         "--out",
         s(&cert),
@@ -239,7 +246,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         s(&cert),
         "--log-dir",
         s(&b),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(1)
@@ -254,7 +261,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         s(&bad),
         "--log-dir",
         s(&a),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(1)
@@ -268,7 +275,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         s(&cert),
         "--log-dir",
         s(&a),
-        "--key",
+        "--oracle-key",
         s(&other),
     ])
     .expect_code(1)
@@ -281,7 +288,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         s(&bad),
         "--log-dir",
         s(&a),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(1)
@@ -297,14 +304,22 @@ fn certify_usage_and_input_errors() {
     let l = s(&log);
     knary(&["certify", "--log-dir", l, "--epsilon", "0"]).expect_code(2);
     knary(&["certify", "--log-dir", l, "--q", "1.5"]).expect_code(2);
-    knary(&["certify", "--log-dir", l, "--key", &k, "--outputs", "d:12"])
-        .expect_code(1)
-        .stderr_has("--outputs");
     knary(&[
         "certify",
         "--log-dir",
         l,
-        "--key",
+        "--oracle-key",
+        &k,
+        "--outputs",
+        "d:12",
+    ])
+    .expect_code(1)
+    .stderr_has("--outputs");
+    knary(&[
+        "certify",
+        "--log-dir",
+        l,
+        "--oracle-key",
         &k,
         "--outputs",
         &format!("d:{}", "ab".repeat(16)),
@@ -315,7 +330,7 @@ fn certify_usage_and_input_errors() {
         "certify",
         "--log-dir",
         s(&tmp.path().join("nothing")),
-        "--key",
+        "--oracle-key",
         &k,
     ])
     .expect_code(1);
@@ -323,7 +338,7 @@ fn certify_usage_and_input_errors() {
         "certify",
         "--log-dir",
         l,
-        "--key",
+        "--oracle-key",
         s(&tmp.path().join("missing.key")),
     ])
     .expect_code(1)
@@ -386,7 +401,7 @@ fn keygen_writes_an_owner_only_key_and_never_overwrites() {
         std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).unwrap();
         let log = tmp.path().join("log");
         logged_run(&log, 2, 2, 1, &[]);
-        knary(&["certify", "--log-dir", s(&log), "--key", s(&k)])
+        knary(&["certify", "--log-dir", s(&log), "--oracle-key", s(&k)])
             .expect_code(1)
             .stderr_has("chmod 600");
     }
