@@ -177,3 +177,73 @@ pub(crate) fn handle(store: &dyn Store, req: Request) -> Response {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::erasure::Codec;
+    use crate::store::MemoryStore;
+
+    fn b(x: &[u8]) -> ByteBuf {
+        ByteBuf::from(x.to_vec())
+    }
+
+    #[test]
+    fn non_fragments_are_refused_whole_and_corruption_is_reported() {
+        let store = MemoryStore::default();
+        let good = Codec::replicate(1).unwrap().encode(b"value", 1).remove(0);
+        assert!(matches!(
+            handle(
+                &store,
+                Request::Put {
+                    key: b(b"a"),
+                    value: b(b"not a fragment")
+                }
+            ),
+            Response::Refused(_)
+        ));
+        // One bad pair refuses the whole batch (protocol rule 1): nothing is stored.
+        let r = handle(
+            &store,
+            Request::Batch(vec![(b(b"a"), b(&good)), (b(b"b"), b(b"junk"))]),
+        );
+        assert!(matches!(r, Response::Refused(_)), "{r:?}");
+        assert!(matches!(
+            handle(&store, Request::Get { key: b(b"a") }),
+            Response::Value(None)
+        ));
+        assert!(matches!(
+            handle(
+                &store,
+                Request::Put {
+                    key: b(b"a"),
+                    value: b(&good)
+                }
+            ),
+            Response::Done
+        ));
+        // A stored fragment that rots is returned as Corrupt, never as bytes (rule 4).
+        let mut rotten = good.clone();
+        let last = rotten.len() - 1;
+        rotten[last] ^= 1;
+        store.put(b"r", &rotten).unwrap();
+        assert!(matches!(
+            handle(&store, Request::Get { key: b(b"r") }),
+            Response::Value(Some(Slot::Corrupt(_)))
+        ));
+        match handle(
+            &store,
+            Request::Scan {
+                prefix: b(b""),
+                after: None,
+                max_bytes: 1,
+            },
+        ) {
+            Response::Page { entries, more } => {
+                assert_eq!(entries.len(), 1, "a page holds at least one entry");
+                assert!(more);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -306,6 +306,9 @@ enum Seen {
     Unreachable(String),
 }
 
+/// What one server listed in a scan, or why it did not answer.
+type Listing = Result<Vec<(Vec<u8>, Slot)>, String>;
+
 /// What reading one key found and did.
 #[derive(Debug, Default)]
 struct Resolved {
@@ -573,8 +576,7 @@ impl RemoteStore {
     /// Every key under `prefix` with what each server holds (paged scans, rule 5).
     fn gather(&self, prefix: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<Seen>>, StoreError> {
         let n = self.n();
-        let mut per_server: Vec<Result<Vec<(Vec<u8>, Slot)>, String>> =
-            (0..n).map(|_| Ok(Vec::new())).collect();
+        let mut per_server: Vec<Listing> = (0..n).map(|_| Ok(Vec::new())).collect();
         let mut cursor: Vec<Option<Option<ByteBuf>>> = vec![Some(None); n];
         // Pages of half a frame leave room for the framing and postcard's length prefixes.
         let page = (self.client_max_frame() / 2) as u64;
@@ -637,20 +639,16 @@ impl RemoteStore {
             .collect();
         self.check_reachable("list keys", &unreachable, self.m())?;
         let mut keys: BTreeMap<Vec<u8>, Vec<Seen>> = BTreeMap::new();
-        for (i, r) in per_server.iter().enumerate() {
-            if let Ok(list) = r {
-                for (k, _) in list {
-                    keys.entry(k.clone()).or_insert_with(|| {
-                        (0..n)
-                            .map(|j| match &per_server[j] {
-                                Ok(_) => Seen::Absent,
-                                Err(e) => Seen::Unreachable(e.clone()),
-                            })
-                            .collect()
-                    });
-                }
-                let _ = i;
-            }
+        for (k, _) in per_server.iter().flatten().flatten() {
+            keys.entry(k.clone()).or_insert_with(|| {
+                per_server
+                    .iter()
+                    .map(|r| match r {
+                        Ok(_) => Seen::Absent,
+                        Err(e) => Seen::Unreachable(e.clone()),
+                    })
+                    .collect()
+            });
         }
         for (i, r) in per_server.into_iter().enumerate() {
             if let Ok(list) = r {
