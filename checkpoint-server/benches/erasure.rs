@@ -42,6 +42,21 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| codec.decode(f).expect("decodes"))
             });
         }
+        // The code alone (no framing, no digests): M pieces of 1 MiB / M in, K pieces out.
+        let code = codec.code();
+        let m = code.data_pieces();
+        let piece = (1usize << 20) / m;
+        let data: Vec<Vec<u8>> = (0..m).map(|i| vec![i as u8; piece]).collect();
+        let ins: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; piece]; code.parity_pieces()];
+        g.throughput(Throughput::Bytes((piece * m) as u64));
+        g.bench_function("code-only/1MiB", |b| {
+            b.iter(|| {
+                let mut outs: Vec<&mut [u8]> =
+                    parity.iter_mut().map(|p| p.as_mut_slice()).collect();
+                code.encode(&ins, &mut outs)
+            })
+        });
         g.finish();
     }
 }

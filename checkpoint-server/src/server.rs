@@ -1,5 +1,5 @@
 //! The checkpoint server: holds fragments in a [`Store`] (sled on disk, or RAM with `--memory`:
-//! the diskless checkpoint of paper 002) and answers [`crate::protocol`] requests over
+//! the diskless checkpoint of paper 002) and answers the requests of `protocol.rs` over
 //! [`crate::wire`] connections.
 //!
 //! Rules (beside those of `protocol.rs`):

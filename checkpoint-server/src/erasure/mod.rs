@@ -178,6 +178,11 @@ impl Codec {
         Ok(Self::new(Arc::new(ReedSolomonCode::new(m, k)?)))
     }
 
+    /// The code underneath (benchmarks time it alone).
+    pub fn code(&self) -> &Arc<dyn ErasureCode> {
+        &self.code
+    }
+
     /// The code kind.
     pub fn kind(&self) -> CodeKind {
         self.code.kind()
