@@ -1,12 +1,13 @@
 //! [`App`]: the command line every application binary gets.
 //!
 //! ```text
-//! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR] [--no-checkpoint]
-//!         [--seed S] [--json] [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
-//! APP inspect --log-dir DIR [--json] [--dot FILE]
-//! APP certify --log-dir DIR [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
+//! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR | --store SPEC
+//!         --key FILE | --no-checkpoint] [--seed S] [--json] [fault and forgery injection]
+//!         [--certify [--epsilon E] [--q Q]]
+//! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE]
+//! APP certify (--log-dir DIR | --store SPEC --key FILE) [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
 //!         [--full] [--out FILE] [--json] [--oracle-key FILE]
-//! APP certify --verify CERT --log-dir DIR [--oracle-key FILE]
+//! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE) [--oracle-key FILE]
 //! APP keygen FILE
 //! ```
 //!
@@ -26,7 +27,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use veriflow_certifier::{Certificate, CertifyError, Decision, Track, VerifyError};
-use veriflow_checkpoint::{Key, KeyError, MemoryStore, SledStore, Store, StoreError};
+use veriflow_checkpoint::{
+    open_store, Key, KeyError, MemoryStore, SledStore, Store, StoreError, StoreSpec,
+};
 use veriflow_runtime::log::{CommitPolicy, LogError};
 use veriflow_runtime::{
     DataId, Forge, IdSet, Kill, Registry, RegistryError, RunError, Runtime, Task, TaskId, VnodeId,
@@ -148,10 +151,11 @@ struct CertifyParams {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("where").required(true).args(["log_dir", "store"])))]
 struct CertifyArgs {
-    /// Directory of the run's event logs.
-    #[arg(long, value_name = "DIR")]
-    log_dir: PathBuf,
+    /// The run's logs.
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(flatten)]
     params: CertifyParams,
     /// Terminal outputs to certify: `all`, or full data ids separated by commas.
@@ -218,6 +222,61 @@ struct ForgeArgs {
     #[arg(long = "forge-seed", value_name = "S", default_value_t = 0)]
     forge_seed: u64,
 }
+/// Where a run's logs live: `--log-dir DIR` (short for `--store local:DIR`) or `--store SPEC`,
+/// with `--key FILE` for checkpoint servers.
+#[derive(Args, Debug, Clone, Default)]
+struct StoreArgs {
+    /// Directory of the event logs (a sled store; short for --store local:DIR).
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
+    log_dir: Option<PathBuf>,
+    /// Where the event logs live: local:DIR, memory, central:ADDR, replicate:R:ADDR,...,
+    /// parity:M:ADDR,... or ida:M,K:ADDR,... (checkpoint servers; add ,quorum after the
+    /// numbers to acknowledge writes at M+1 servers).
+    #[arg(long, value_name = "SPEC")]
+    store: Option<StoreSpec>,
+    /// Key file shared with the checkpoint servers (every remote --store needs it).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn spec(&self) -> Option<StoreSpec> {
+        match (&self.log_dir, &self.store) {
+            (Some(d), _) => Some(StoreSpec::Local(d.clone())),
+            (None, Some(s)) => Some(s.clone()),
+            (None, None) => None,
+        }
+    }
+
+    fn key(&self, spec: &StoreSpec) -> Result<Option<Key>, CliError> {
+        match (spec, &self.key) {
+            (StoreSpec::Remote(_), Some(k)) => Ok(Some(Key::load(k)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Opens the store to write a run into (created if local).
+    fn open(&self, spec: &StoreSpec) -> Result<Arc<dyn Store>, CliError> {
+        Ok(open_store(spec, self.key(spec)?.as_ref())?)
+    }
+
+    /// Opens the store of an existing run (a local directory must exist: a typo does not
+    /// create an empty log).
+    fn open_existing(&self) -> Result<Arc<dyn Store>, CliError> {
+        match self.spec() {
+            Some(StoreSpec::Local(dir)) => Ok(Arc::new(SledStore::open_existing(&dir)?)),
+            Some(StoreSpec::Memory) => Err(CliError::Invalid(
+                "--store memory holds nothing once its run has ended: give the run's store"
+                    .to_string(),
+            )),
+            Some(spec) => self.open(&spec),
+            None => Err(CliError::Invalid(
+                "give --log-dir DIR or --store SPEC".to_string(),
+            )),
+        }
+    }
+}
+
 /// Options of every `run`.
 #[derive(Args, Debug, Clone)]
 struct RuntimeArgs {
@@ -227,16 +286,16 @@ struct RuntimeArgs {
     /// Virtual nodes [default: one per thread].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     vnodes: Option<u32>,
-    /// Directory of the event logs (a sled store); must not hold a run yet
-    /// [default: a fresh directory, printed].
-    #[arg(long, value_name = "DIR", conflicts_with = "no_checkpoint")]
-    log_dir: Option<PathBuf>,
+    /// Where the event logs go; must not hold a run yet [default: a fresh local directory,
+    /// printed].
+    #[command(flatten)]
+    store: StoreArgs,
     /// Log nothing (the S0 baseline of paper 001).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["log_dir", "store"])]
     no_checkpoint: bool,
-    /// Finish an interrupted run from the logs in --log-dir (same program options and vnodes):
-    /// completed tasks are not run again.
-    #[arg(long, requires = "log_dir")]
+    /// Finish an interrupted run from its logs in --log-dir or --store (same program options
+    /// and vnodes): completed tasks are not run again.
+    #[arg(long)]
     resume: bool,
     /// Seed of the vnodes' random choices.
     #[arg(long, default_value_t = 0)]
@@ -309,10 +368,11 @@ impl RuntimeArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("where").required(true).args(["log_dir", "store"])))]
 struct InspectArgs {
-    /// Directory of the event logs.
-    #[arg(long, value_name = "DIR")]
-    log_dir: PathBuf,
+    /// The run's logs.
+    #[command(flatten)]
+    store: StoreArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -423,20 +483,27 @@ fn registry<P: Program>() -> Result<Registry, RegistryError> {
 
 fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> {
     let (program, rt) = (&args.program, &args.runtime);
-    let log_dir = if rt.no_checkpoint {
+    if rt.resume && rt.store.spec().is_none() {
+        return Err(CliError::Invalid(
+            "--resume needs the run's logs: give --log-dir DIR or --store SPEC".to_string(),
+        ));
+    }
+    let spec = if rt.no_checkpoint {
         None
     } else {
-        Some(match &rt.log_dir {
-            Some(d) => d.clone(),
-            None => tempfile::Builder::new()
-                .prefix(&format!("veriflow-{}-", P::NAME))
-                .tempdir()
-                .map_err(|source| CliError::Io {
-                    what: "cannot create a log directory in",
-                    path: std::env::temp_dir(),
-                    source,
-                })?
-                .keep(),
+        Some(match rt.store.spec() {
+            Some(spec) => spec,
+            None => StoreSpec::Local(
+                tempfile::Builder::new()
+                    .prefix(&format!("veriflow-{}-", P::NAME))
+                    .tempdir()
+                    .map_err(|source| CliError::Io {
+                        what: "cannot create a log directory in",
+                        path: std::env::temp_dir(),
+                        source,
+                    })?
+                    .keep(),
+            ),
         })
     };
     let mut builder = Runtime::builder(registry::<P>()?)
@@ -453,10 +520,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
     if let Some(v) = rt.vnodes {
         builder = builder.vnodes(v);
     }
-    let store: Option<Arc<dyn Store>> = match &log_dir {
-        Some(dir) => Some(Arc::new(SledStore::open(dir)?)),
-        None => None,
-    };
+    let store: Option<Arc<dyn Store>> = spec.as_ref().map(|sp| rt.store.open(sp)).transpose()?;
     if let Some(store) = &store {
         builder = builder.store(store.clone());
     }
@@ -498,7 +562,10 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         _ => None,
     };
     let secs = report.elapsed.as_secs_f64();
-    let log_dir_text = log_dir.as_ref().map(|d| d.display().to_string());
+    let log_dir_text = match &spec {
+        Some(StoreSpec::Local(d)) => Some(d.display().to_string()),
+        _ => None,
+    };
     if rt.json {
         let summary = json!({
             "program": P::NAME,
@@ -509,7 +576,8 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             "tasks_per_s": report.tasks as f64 / secs.max(1e-9),
             "events": report.events,
             "log_dir": log_dir_text,
-            "checkpoint": log_dir.is_some(),
+            "store": spec.as_ref().map(|sp| sp.to_string()),
+            "checkpoint": spec.is_some(),
             "threads": runtime.threads(),
             "vnodes": runtime.vnodes(),
             "seed": rt.seed,
@@ -552,12 +620,15 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
                 report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
             );
         }
-        match &log_dir_text {
-            Some(d) => println!(
+        match (&log_dir_text, &spec) {
+            (Some(d), _) => println!(
                 "events: {} logged, all durable; log dir: {d}",
                 report.events
             ),
-            None => println!("events: none (--no-checkpoint)"),
+            (None, Some(sp)) => {
+                println!("events: {} logged, all durable; store: {sp}", report.events)
+            }
+            (None, None) => println!("events: none (--no-checkpoint)"),
         }
         if !report.forged.is_empty() {
             println!(
@@ -833,7 +904,7 @@ fn certificate_text(
 }
 
 fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
-    let store: Arc<dyn Store> = Arc::new(SledStore::open_existing(&args.log_dir)?);
+    let store = args.store.open_existing()?;
     if let Some(path) = &args.verify {
         let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
         let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
@@ -926,7 +997,7 @@ fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {
 
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
-    let store: Arc<dyn Store> = Arc::new(SledStore::open_existing(&args.log_dir)?);
+    let store = args.store.open_existing()?;
     let report = inspect::inspect(store, &registry)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, report.graph.to_dot()).map_err(|source| CliError::Io {

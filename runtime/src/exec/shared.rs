@@ -83,6 +83,17 @@ impl RunShared {
         Some(kills.remove(i).vnode)
     }
 
+    /// Whether a planned failure is due and not yet injected: the run must not end before its
+    /// vnode's driver has injected it (an idle vnode's driver may be asleep).
+    pub(crate) fn kill_due(&self) -> bool {
+        let kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+        if kills.is_empty() {
+            return false;
+        }
+        let done = self.completed();
+        kills.iter().any(|k| k.after <= done)
+    }
+
     pub(crate) fn epoch(&self, v: VnodeId) -> u64 {
         self.epochs[v.0 as usize].0.load(Ordering::SeqCst)
     }
