@@ -11,8 +11,8 @@
 //! ```
 //!
 //! `replicate`, `parity` and `ida` accept `,quorum` after their numbers
-//! (`ida:4,2,quorum:ADDR,...`) to acknowledge writes at a quorum instead of on every server
-//! (rule 3).
+//! (`ida:4,2,quorum:ADDR,...`) to acknowledge writes at a quorum instead of on every server,
+//! or `,quorum=W` for an explicit write quorum W between M and M + K (rule 3).
 //!
 //! Paper 003's replication keeps "a copy locally and another remotely": here every copy lives
 //! on a checkpoint server, and "local" means a server on the writer's own machine: list it
@@ -28,8 +28,10 @@
 //!    its fragments of the batch or none, so no value is half-visible on it.
 //! 3. **Acknowledgement.** A write returns `Ok` when every server has flushed its fragments
 //!    (`ack=all`, the default) or, with `quorum`, when at least `min(M + 1, M + K)` have: one
-//!    more than decoding needs, so a value survives one further loss right after its write. A
-//!    delete needs `min(K + 1, M + K)` servers under `quorum` so that at most M - 1 fragments
+//!    more than decoding needs, so a value survives one further loss right after its write;
+//!    with `quorum=W`, when W have (W = M keeps a run writing with K servers down, at the price
+//!    of no margin until they are back and scrubbed). A
+//!    delete needs `min(K + 1, M + K)` servers under a quorum so that at most M - 1 fragments
 //!    of it can remain. Fragments not written are rebuilt by read repair or `scrub`.
 //! 4. **Stamps.** Each write carries a stamp larger than every earlier stamp of this process
 //!    (nanoseconds since the epoch, bumped past the last); reading picks the newest version and
@@ -108,6 +110,15 @@ impl Layout {
             Layout::Ida { m, k } => m + k,
         }
     }
+
+    /// Fragments needed to read a value (M).
+    pub fn needed(&self) -> usize {
+        match *self {
+            Layout::Central | Layout::Replicate { .. } => 1,
+            Layout::Parity { m } => m,
+            Layout::Ida { m, .. } => m,
+        }
+    }
 }
 
 /// When a write is acknowledged (rule 3).
@@ -118,6 +129,9 @@ pub enum Ack {
     All,
     /// At least M + 1 servers did.
     Quorum,
+    /// At least this many servers did (M ≤ W ≤ M + K; `,quorum=W`). W = M keeps writing
+    /// with K servers down, with no margin left until they are back and scrubbed.
+    AtLeast(usize),
 }
 
 /// A remote strategy: its layout, its servers in slot order, and its acknowledgement.
@@ -181,9 +195,13 @@ fn parse_addrs(s: &str) -> Result<Vec<String>, StoreError> {
 /// Splits `"4,2,quorum"` into numbers and the ack policy.
 fn parse_params(s: &str) -> Result<(Vec<&str>, Ack), StoreError> {
     let mut parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    let ack = if parts.last() == Some(&"quorum") {
+    let last = parts.last().copied().unwrap_or_default();
+    let ack = if last == "quorum" {
         parts.pop();
         Ack::Quorum
+    } else if let Some(w) = last.strip_prefix("quorum=") {
+        parts.pop();
+        Ack::AtLeast(parse_count("the write quorum W", w)?)
     } else {
         Ack::All
     };
@@ -244,6 +262,15 @@ impl FromStr for StoreSpec {
                     _ => return Err(bad(format!("{s:?}: wrong parameters {params:?}; {SYNTAX}"))),
                 };
                 layout.codec().map_err(|e| bad(format!("{s:?}: {e}")))?;
+                if let Ack::AtLeast(w) = ack {
+                    let (m, n) = (layout.needed(), layout.servers());
+                    if w < m || w > n {
+                        return Err(bad(format!(
+                            "{s:?}: the write quorum must be between {m} (fragments needed \
+                             to read) and {n} (servers), not {w}"
+                        )));
+                    }
+                }
                 RemoteSpec {
                     layout,
                     addrs: parse_addrs(&addrs)?,
@@ -263,7 +290,11 @@ impl fmt::Display for StoreSpec {
             StoreSpec::Local(p) => write!(f, "local:{}", p.display()),
             StoreSpec::Memory => f.write_str("memory"),
             StoreSpec::Remote(r) => {
-                let q = if r.ack == Ack::Quorum { ",quorum" } else { "" };
+                let q = match r.ack {
+                    Ack::All => String::new(),
+                    Ack::Quorum => ",quorum".to_string(),
+                    Ack::AtLeast(w) => format!(",quorum={w}"),
+                };
                 let a = r.addrs.join(",");
                 match r.layout {
                     Layout::Central => write!(f, "central:{a}"),
@@ -475,6 +506,7 @@ impl RemoteStore {
         match self.spec.ack {
             Ack::All => self.n(),
             Ack::Quorum => (self.m() + 1).min(self.n()),
+            Ack::AtLeast(w) => w.min(self.n()),
         }
     }
 
@@ -794,7 +826,7 @@ impl Store for RemoteStore {
             .collect();
         let need = match self.spec.ack {
             Ack::All => self.n(),
-            Ack::Quorum => (self.k() + 1).min(self.n()),
+            Ack::Quorum | Ack::AtLeast(_) => (self.k() + 1).min(self.n()),
         };
         self.write_all("delete", reqs, need)
     }
@@ -827,6 +859,8 @@ mod tests {
             "parity:3:a:1,b:1,c:1,d:1",
             "ida:2,1:a:1,b:1,c:1",
             "ida:2,1,quorum:a:1,b:1,c:1",
+            "ida:2,1,quorum=2:a:1,b:1,c:1",
+            "parity:2,quorum=3:a:1,b:1,c:1",
             "ida:1,1:[::1]:5,[::1]:6",
         ] {
             let spec = p(s).unwrap_or_else(|e| panic!("{s}: {e}"));
@@ -843,6 +877,13 @@ mod tests {
                 ack: Ack::Quorum,
             })
         );
+        for bad_w in [
+            "ida:4,2,quorum=3:a:1,b:1,c:1,d:1,e:1,f:1",
+            "ida:4,2,quorum=7:a:1,b:1,c:1,d:1,e:1,f:1",
+        ] {
+            let e = p(bad_w).expect_err(bad_w).to_string();
+            assert!(e.contains("between 4") && e.contains("and 6"), "{e}");
+        }
     }
 
     #[test]
