@@ -37,6 +37,7 @@
 pub mod client;
 pub mod erasure;
 pub mod key;
+pub mod launch;
 mod protocol;
 pub mod server;
 mod store;

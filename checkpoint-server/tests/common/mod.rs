@@ -2,87 +2,42 @@
 
 #![allow(dead_code, unreachable_pub)] // each test file uses a different part; pub for the tests, not a crate API
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
+use veriflow_checkpoint::launch::ServerProcess;
 use veriflow_checkpoint::Key;
 
-/// A running `checkpoint-server`; SIGKILLed and reaped on drop.
-pub struct ServerProc {
-    child: Option<Child>,
-    pub addr: String,
-    pub data: PathBuf,
-    memory: bool,
+/// A running `checkpoint-server` (the library's launcher, with panics for tests).
+pub struct ServerProc(ServerProcess);
+
+impl std::ops::Deref for ServerProc {
+    type Target = ServerProcess;
+    fn deref(&self) -> &ServerProcess {
+        &self.0
+    }
 }
 
 impl ServerProc {
-    /// Starts a server on `listen` (e.g. `127.0.0.1:0`) over `data`, and waits for its
-    /// "listening on ADDR" line.
+    /// Starts a server on `listen` (e.g. `127.0.0.1:0`) over `data` (or in RAM).
     pub fn start(listen: &str, data: &Path, key: &Path, memory: bool) -> ServerProc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_checkpoint-server"));
-        cmd.args(["--listen", listen, "--key"]).arg(key);
-        if memory {
-            cmd.arg("--memory");
-        } else {
-            cmd.arg("--data").arg(data);
-        }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn checkpoint-server");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read stdout");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        ServerProc {
-            child: Some(child),
-            addr,
-            data: data.to_path_buf(),
-            memory,
-        }
+        let bin = Path::new(env!("CARGO_BIN_EXE_checkpoint-server"));
+        let data = (!memory).then_some(data);
+        ServerProc(ServerProcess::start(bin, listen, data, key).expect("start checkpoint-server"))
     }
 
-    /// SIGKILL (std's Child::kill) and reap.
+    /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.kill();
     }
 
     /// Starts again on the same address and data directory.
-    pub fn restart(&mut self, key: &Path) {
-        self.kill();
-        // sled's lock file goes with the killed process; the same port is free again once
-        // the process is reaped (the listener had SO_REUSEADDR from tokio).
-        let again = ServerProc::start(&self.addr, &self.data, key, self.memory);
-        self.child = again.into_child();
+    pub fn restart(&mut self, _key: &Path) {
+        self.0.restart().expect("restart checkpoint-server");
     }
 
-    fn into_child(mut self) -> Option<Child> {
-        self.child.take()
-    }
-
-    /// Whether the process is still running (not exited on its own).
+    /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
-    }
-}
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        self.kill();
+        self.0.is_running()
     }
 }
 
