@@ -201,3 +201,81 @@ fn ida_4_2_survives_two_sigkills_refuses_a_third_and_scrub_repairs() {
         }
     }
 }
+
+/// Servers SIGKILLed while batches stream in leave no half-visible commit: each server applies
+/// a batch whole or not at all, and every key of a batch has its fragments on the same servers,
+/// so after the servers come back each batch reads entirely (with its own values) or not at all.
+#[test]
+fn servers_killed_mid_batch_leave_no_half_visible_commit() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Setup::new();
+    let mut servers = s.servers(6, false);
+    let all = addrs(&servers);
+    let spec = format!("ida:4,2,quorum=4:{all}");
+    let store = open(&spec, &s.key);
+    let stop = Arc::new(AtomicBool::new(false));
+    const KEYS: usize = 12;
+    let writer = {
+        let store = store.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            for b in 0..400usize {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let batch: Vec<(Vec<u8>, Vec<u8>)> = (0..KEYS)
+                    .map(|i| {
+                        (
+                            format!("b{b:04}/k{i:02}").into_bytes(),
+                            value(b * 100 + i, 40_000),
+                        )
+                    })
+                    .collect();
+                if store.put_batch(&batch).and_then(|()| store.flush()).is_ok() {
+                    acked.push(b);
+                }
+            }
+            acked
+        })
+    };
+    // Let some batches land, then kill three servers at once (more than K: writes now fail).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for srv in &mut servers[0..3] {
+        srv.kill();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    stop.store(true, Ordering::SeqCst);
+    let acked = writer.join().unwrap();
+    assert!(
+        !acked.is_empty(),
+        "some batches were acknowledged before the kills"
+    );
+    for srv in &mut servers[0..3] {
+        srv.restart(&s.key_path);
+    }
+    let reader = open(&format!("ida:4,2:{all}"), &s.key);
+    let mut visible = 0;
+    for b in 0..400usize {
+        let got = reader.scan_prefix(format!("b{b:04}/").as_bytes()).unwrap();
+        if got.is_empty() {
+            assert!(!acked.contains(&b), "acknowledged batch {b} vanished");
+            continue;
+        }
+        assert_eq!(
+            got.len(),
+            KEYS,
+            "batch {b} is half visible: {} of {KEYS} keys",
+            got.len()
+        );
+        for (i, (k, v)) in got.iter().enumerate() {
+            assert_eq!(k, format!("b{b:04}/k{i:02}").as_bytes());
+            assert!(
+                *v == value(b * 100 + i, 40_000),
+                "batch {b} key {i}: wrong value"
+            );
+        }
+        visible += 1;
+    }
+    assert!(visible >= acked.len());
+}
