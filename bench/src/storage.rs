@@ -1,0 +1,1818 @@
+//! `paper storage`: what the checkpoint storage strategies cost (paper 003, Fig. 2 and Fig. 3).
+//!
+//! ```text
+//! cargo run --release -p veriflow-bench --bin paper -- storage [--runs N] [--quick]
+//!     [--sizes N,N] [--rows R] [--threads T] [--out DIR] [--scratch DIR] [--server-bin PATH]
+//!     [--quiet-wait SECS] [--retries N] [--skip-coding] [--skip-overhead]
+//! ```
+//!
+//! Three measurements, one report (`storage.json`, `storage.md`, `storage_overhead.svg`):
+//!
+//! 1. **Coding throughput on one core** (Fig. 2 analog): `Codec::encode` and `Codec::decode`
+//!    (framing and blake3 digests included) of parity(9), ida(9,1), ida(8,2) and ida(24,8) at
+//!    64 KiB, 1 MiB and 16 MiB blobs; decode with every fragment present and with the first K
+//!    data fragments lost (the rebuild path); and the code alone ([`ErasureCode::encode`] and
+//!    `reconstruct_data` over the same stripes `Codec` uses, no copies, no digests). Each
+//!    figure is the median of several repetitions, each repetition a loop of at least
+//!    `MIN_LOOP` of calls, in GB/s (10^9 bytes of blob per second).
+//! 2. **Run-time overhead** (Fig. 3 analog): a blocked matrix product whose every task is
+//!    logged, run with no log (`none`, the baseline), with the log kept in RAM (`memory`: the
+//!    paper's "generates checkpoints but doesn't store them"), in a local sled store (`local`),
+//!    and through `central`, `replicate:2`, `parity:3` (4 servers), `ida:9,1` and `ida:8,2`
+//!    (10 servers). Servers are real `checkpoint-server` processes on 127.0.0.1, started fresh
+//!    for every run in a new data directory and killed after it. The settings are interleaved
+//!    (none, memory, local, ..., then again) so that drifts hit all alike; a round in which
+//!    other processes (not ours, not our servers) took CPU is run again.
+//! 3. **Storage overhead**: (M+K)/M per strategy and the bytes on disk (du of the local store's
+//!    or the servers' data directories after a run) relative to the local store.
+//!
+//! The matrix product (`storage.matmul`): C = A B for n x n matrices of small integers held as
+//! f64 (so every sum is exact and the result is checked exactly). The root spawns one `GenB`
+//! task per panel of `rows` rows of B, one `RowBlock` task per `rows` rows of C (it generates
+//! its rows of A from the seed and reads every panel of B), and a `Checksum` that reads every
+//! block of C and writes the row sums of C, the run's output, checked against A (B's row sums)
+//! computed by the driver. The log therefore holds B and C once each (2 n^2 f64) plus small
+//! records. The run uses one vnode and `--threads` threads: a `RowBlock` multiplies its rows in
+//! parallel with rayon inside the task. One vnode because a stolen task's log records its
+//! input values (`Event::Adopted`): with two vnodes, every stolen `RowBlock` would log all of B
+//! again.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{json, Value};
+use veriflow::{Ctx, MemoryStore, Registry, Runtime, SledStore, Store, Task, TaskResult, Writes};
+use veriflow_checkpoint::erasure::{Codec, ErasureCode, STRIPE_BYTES};
+use veriflow_checkpoint::{open_store, Key, StoreSpec};
+
+use crate::{wait_for_quiet, CpuSnapshot, Stats};
+
+/// Options of `paper storage`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StorageArgs {
+    /// Repetitions of every strategy per matrix size (medians over them; at least 3 unless
+    /// --quick).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Worker threads of the runtime (the matrix product uses all of them inside its tasks).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+    /// Matrix sizes n of the overhead series [default: 1350,2700; --quick: 270,540].
+    #[arg(long, value_delimiter = ',', value_name = "N,N")]
+    pub sizes: Option<Vec<usize>>,
+    /// Rows of B per `GenB` panel and rows of C per `RowBlock` task.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rows: u64,
+    /// Small matrices, short coding loops, one run: a smoke run (writes storage-quick.*).
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory of the results [default: the package's `results`].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Where the stores' and servers' data directories go [default: the system's temp
+    /// directory].
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// The `checkpoint-server` binary [default: beside this binary, built first with
+    /// `cargo build -p veriflow-checkpoint --bin checkpoint-server` in this binary's profile].
+    #[arg(long, value_name = "PATH")]
+    pub server_bin: Option<PathBuf>,
+    /// Before each round of runs, wait up to this many seconds for other processes to use less
+    /// than a quarter of a core (0: do not wait).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub quiet_wait: u64,
+    /// Rounds disturbed by other processes are run again at most this many times per size.
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Skip the coding throughput (part 1).
+    #[arg(long)]
+    pub skip_coding: bool,
+    /// Skip the run-time and storage overhead (parts 2 and 3).
+    #[arg(long)]
+    pub skip_overhead: bool,
+}
+
+/// Targets of the issue (issue 5, "Benchmarks").
+const TARGET_IDA_8_2_GBPS: f64 = 5.0;
+const TARGET_PARITY_GBPS: f64 = 10.0;
+const TARGET_OVERHEAD: f64 = 1.01;
+/// Paper 003's bound on IDA's overhead ("always below 3 percent").
+const PAPER_OVERHEAD: f64 = 1.03;
+
+/// Other processes may use up to this many cores before a round starts.
+const QUIET_CORES: f64 = 0.25;
+/// A run is disturbed when other processes (not this one, not its servers) took more than
+/// 0.05 CPU-s plus this share of the CPU time the run's threads could use; the same rule as
+/// `paper overhead`.
+const DISTURBED_SHARE: f64 = 0.05;
+
+/// Runs `paper storage` and writes its results.
+pub fn run(args: &StorageArgs) -> Result<()> {
+    if args.runs < 3 && !args.quick {
+        bail!("--runs must be at least 3 (medians of >= 3 runs); use --quick for a smoke run");
+    }
+    if args.skip_coding && args.skip_overhead {
+        bail!("--skip-coding and --skip-overhead together leave nothing to measure");
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
+    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("cannot create the scratch directory {}", scratch.display()))?;
+    let started = Instant::now();
+    let date = utc_now();
+    let machine = Machine::now();
+    let load_before = loadavg();
+
+    let coding = if args.skip_coding {
+        Vec::new()
+    } else {
+        coding_series(args.quick)?
+    };
+    let overhead = if args.skip_overhead {
+        None
+    } else {
+        Some(overhead_series(args, &scratch)?)
+    };
+    let report = Report {
+        quick: args.quick,
+        runs: args.runs as usize,
+        threads: args.threads as usize,
+        rows: usize::try_from(args.rows).context("--rows too large")?,
+        date,
+        machine,
+        load: [load_before, loadavg()],
+        total: started.elapsed(),
+        coding,
+        overhead,
+    };
+    let stem = if args.quick {
+        "storage-quick"
+    } else {
+        "storage"
+    };
+    let md = report.markdown();
+    let json_path = out.join(format!("{stem}.json"));
+    let md_path = out.join(format!("{stem}.md"));
+    let text = serde_json::to_string_pretty(&report.json()).context("encoding the results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    std::fs::write(&md_path, &md).with_context(|| format!("cannot write {}", md_path.display()))?;
+    println!("{md}");
+    println!("written: {} and {}", json_path.display(), md_path.display());
+    if let Some(o) = &report.overhead {
+        let svg = out.join(if args.quick {
+            "storage_overhead-quick.svg"
+        } else {
+            "storage_overhead.svg"
+        });
+        plot_overhead(&svg, o).with_context(|| format!("cannot draw {}", svg.display()))?;
+        println!("written: {}", svg.display());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 1: coding throughput.
+
+/// The codes of paper 003 Fig. 2 and the issue.
+fn codecs() -> Result<Vec<Codec>> {
+    Ok(vec![
+        Codec::parity(9)?,
+        Codec::ida(9, 1)?,
+        Codec::ida(8, 2)?,
+        Codec::ida(24, 8)?,
+    ])
+}
+
+/// Blob sizes of the coding series.
+const BLOB_SIZES: [usize; 3] = [64 << 10, 1 << 20, 16 << 20];
+
+/// A repetition loops for at least this long (the coder's rate is then not the timer's).
+const MIN_LOOP: Duration = Duration::from_millis(100);
+const MIN_LOOP_QUICK: Duration = Duration::from_millis(10);
+/// Repetitions per figure.
+const CODING_REPS: usize = 7;
+const CODING_REPS_QUICK: usize = 3;
+
+/// The smallest stripe piece of `Codec` (`erasure/mod.rs` `MIN_PIECE`, private there): below
+/// 4 KiB the coder's per-call overhead shows.
+const MIN_PIECE: usize = 4 * 1024;
+
+/// One code at one blob size: GB/s per repetition of each operation.
+struct CodingRow {
+    code: String,
+    m: usize,
+    k: usize,
+    blob: usize,
+    /// `Codec::encode`.
+    encode: Vec<f64>,
+    /// `Codec::decode`, every fragment present.
+    decode: Vec<f64>,
+    /// `Codec::decode`, the first K data fragments lost.
+    rebuild: Vec<f64>,
+    /// The code alone: `ErasureCode::encode` over the stripes.
+    code_encode: Vec<f64>,
+    /// The code alone: `ErasureCode::reconstruct_data` of K lost data pieces over the stripes.
+    code_rebuild: Vec<f64>,
+}
+
+/// Deterministic pseudo-random bytes (splitmix64).
+fn blob(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x = splitmix64(x);
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// GB/s of `reps` repetitions of `f`, each a loop of at least `min` (calibrated on one call).
+fn rates(bytes: usize, reps: usize, min: Duration, mut f: impl FnMut()) -> Vec<f64> {
+    f(); // warm up: caches, page faults of first allocations
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().max(Duration::from_nanos(100));
+    let iters = (min.as_secs_f64() / one.as_secs_f64()).ceil().max(1.0) as u64;
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            bytes as f64 * iters as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect()
+}
+
+fn coding_series(quick: bool) -> Result<Vec<CodingRow>> {
+    let (reps, min) = if quick {
+        (CODING_REPS_QUICK, MIN_LOOP_QUICK)
+    } else {
+        (CODING_REPS, MIN_LOOP)
+    };
+    eprintln!("coding: one core, median of {reps} repetitions of >= {min:?} loops");
+    let mut rows = Vec::new();
+    for codec in codecs()? {
+        let (m, k) = (codec.data_fragments(), codec.parity_fragments());
+        for &len in &BLOB_SIZES {
+            let data = blob(len, len as u64);
+            let frags: Vec<Option<Vec<u8>>> =
+                codec.encode(&data, 1).into_iter().map(Some).collect();
+            let mut lost = frags.clone();
+            for slot in lost.iter_mut().take(k) {
+                *slot = None;
+            }
+            for (what, f) in [("intact", &frags), ("rebuilt", &lost)] {
+                let got = codec
+                    .decode(f)
+                    .with_context(|| format!("{codec} {what} decode"))?;
+                if got.blob != data {
+                    bail!("{codec}: {what} decode of {len} bytes gave other bytes");
+                }
+            }
+            let encode = rates(len, reps, min, || {
+                black_box(codec.encode(black_box(&data), 1));
+            });
+            let decode = rates(len, reps, min, || {
+                black_box(codec.decode(black_box(&frags)).ok());
+            });
+            let rebuild = rates(len, reps, min, || {
+                black_box(codec.decode(black_box(&lost)).ok());
+            });
+            let (code_encode, code_rebuild) = code_alone(&codec, &data, reps, min)?;
+            let row = CodingRow {
+                code: codec.to_string(),
+                m,
+                k,
+                blob: len,
+                encode,
+                decode,
+                rebuild,
+                code_encode,
+                code_rebuild,
+            };
+            eprintln!(
+                "  {:<10} {:>7}: encode {:.2}, decode {:.2}, rebuild {:.2}, code alone {:.2} / \
+                 {:.2} GB/s",
+                row.code,
+                size_text(len),
+                median(&row.encode),
+                median(&row.decode),
+                median(&row.rebuild),
+                median(&row.code_encode),
+                median(&row.code_rebuild)
+            );
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The code alone over the stripes `Codec` uses (`erasure/mod.rs` rule 2), on the blob cut
+/// into M pieces: encode (M pieces in, K out), and rebuild of the first K data pieces.
+fn code_alone(
+    codec: &Codec,
+    data: &[u8],
+    reps: usize,
+    min: Duration,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let code: &dyn ErasureCode = &**codec.code();
+    let (m, k) = (code.data_pieces(), code.parity_pieces());
+    let s = data.len().div_ceil(m);
+    let mut pieces: Vec<Vec<u8>> = (0..m + k)
+        .map(|i| {
+            let mut p = vec![0u8; s];
+            if i < m {
+                let start = (i * s).min(data.len());
+                let end = ((i + 1) * s).min(data.len());
+                p[..end - start].copy_from_slice(&data[start..end]);
+            }
+            p
+        })
+        .collect();
+    let stripe = (STRIPE_BYTES / m).max(MIN_PIECE);
+    let encode_all = |pieces: &mut [Vec<u8>]| {
+        let (ins, outs) = pieces.split_at_mut(m);
+        let mut off = 0;
+        while off < s {
+            let end = (off + stripe).min(s);
+            let i: Vec<&[u8]> = ins.iter().map(|p| &p[off..end]).collect();
+            let mut o: Vec<&mut [u8]> = outs.iter_mut().map(|p| &mut p[off..end]).collect();
+            code.encode(&i, &mut o);
+            off = end;
+        }
+    };
+    let encode = rates(data.len(), reps, min, || encode_all(&mut pieces));
+    let original = pieces.clone();
+    let mut present = vec![true; m + k];
+    for p in present.iter_mut().take(k) {
+        *p = false;
+    }
+    let rebuild_all = |pieces: &mut [Vec<u8>]| -> Result<()> {
+        let mut off = 0;
+        while off < s {
+            let end = (off + stripe).min(s);
+            let mut v: Vec<&mut [u8]> = pieces.iter_mut().map(|p| &mut p[off..end]).collect();
+            code.reconstruct_data(&mut v, &present)
+                .context("reconstructing with the code alone")?;
+            off = end;
+        }
+        Ok(())
+    };
+    for p in pieces.iter_mut().take(k) {
+        p.fill(0);
+    }
+    rebuild_all(&mut pieces)?;
+    if pieces != original {
+        bail!("{codec}: the code alone rebuilt other bytes");
+    }
+    let mut failed = None;
+    let rebuild = rates(data.len(), reps, min, || {
+        if let Err(e) = rebuild_all(&mut pieces) {
+            failed = Some(e);
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok((encode, rebuild))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checkpointing application: a blocked matrix product.
+
+/// Rows of a matrix, shared without copies between the tasks of one process (`Arc`), encoded
+/// as a plain sequence of f64 when logged.
+#[derive(Clone)]
+pub(crate) struct Panel(Arc<[f64]>);
+
+impl std::fmt::Debug for Panel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Panel({} values)", self.0.len())
+    }
+}
+
+impl Serialize for Panel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Panel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<f64>::deserialize(d).map(|v| Panel(v.into()))
+    }
+}
+
+/// Which matrix an entry belongs to (part of its hash).
+const MATRIX_A: u64 = 1;
+const MATRIX_B: u64 = 2;
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Entry (i, j) of matrix `which`: an integer in -4..=4, so that every product and sum of the
+/// matrix product is an exact f64 (|C| <= 16 n, row sums <= 16 n^2: far below 2^53).
+fn entry(seed: u64, which: u64, i: usize, j: usize) -> f64 {
+    let h = splitmix64(seed ^ which.rotate_left(56) ^ (i as u64).rotate_left(28) ^ j as u64);
+    (h % 9) as f64 - 4.0
+}
+
+/// Rows `lo..hi` of matrix `which`, row-major.
+fn rows_of(seed: u64, which: u64, n: usize, lo: usize, hi: usize) -> Vec<f64> {
+    let mut v = vec![0.0; (hi - lo) * n];
+    v.par_chunks_mut(n.max(1)).enumerate().for_each(|(r, row)| {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = entry(seed, which, lo + r, j);
+        }
+    });
+    v
+}
+
+/// C = A B, n x n, `rows` rows per panel of B and per block of C.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct MatMul {
+    n: usize,
+    rows: usize,
+    seed: u64,
+}
+
+impl Task for MatMul {
+    const NAME: &'static str = "storage.matmul";
+    type Inputs = ();
+    type Outputs = (Vec<f64>,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let (n, rows, seed) = (self.n, self.rows.max(1), self.seed);
+        let ranges: Vec<(usize, usize)> = (0..n)
+            .step_by(rows)
+            .map(|lo| (lo, (lo + rows).min(n)))
+            .collect();
+        let panels: Vec<_> = ranges
+            .iter()
+            .map(|&(lo, hi)| ctx.spawn(GenB { n, lo, hi, seed }, ()).0)
+            .collect();
+        let blocks: Vec<_> = ranges
+            .iter()
+            .map(|&(lo, hi)| ctx.spawn(RowBlock { n, lo, hi, seed }, panels.clone()).0)
+            .collect();
+        ctx.spawn_delegate(Checksum { n }, blocks, (out,));
+        Ok(())
+    }
+}
+
+/// Rows `lo..hi` of B.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct GenB {
+    n: usize,
+    lo: usize,
+    hi: usize,
+    seed: u64,
+}
+
+impl Task for GenB {
+    const NAME: &'static str = "storage.gen-b";
+    type Inputs = ();
+    type Outputs = (Panel,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let v = rows_of(self.seed, MATRIX_B, self.n, self.lo, self.hi);
+        ctx.write(out, Panel(v.into()));
+        Ok(())
+    }
+}
+
+/// Rows `lo..hi` of C: its rows of A (generated) times B (every panel, read).
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct RowBlock {
+    n: usize,
+    lo: usize,
+    hi: usize,
+    seed: u64,
+}
+
+/// Rows of C a rayon job updates together: each row of B is loaded once per group, and the
+/// group's rows of C (8 x 21.6 KB at n = 2700) stay in the L2 cache.
+const GROUP: usize = 8;
+
+impl Task for RowBlock {
+    const NAME: &'static str = "storage.row-block";
+    type Inputs = Vec<Panel>;
+    type Outputs = (Panel,);
+    fn run(self, ctx: &mut Ctx<'_>, panels: Vec<Panel>, (out,): Writes<Self>) -> TaskResult {
+        let n = self.n;
+        let have: usize = panels.iter().map(|p| p.0.len()).sum();
+        if have != n * n {
+            return Err(veriflow::TaskError::msg(format!(
+                "B has {have} values, expected {n}x{n}"
+            )));
+        }
+        let a = rows_of(self.seed, MATRIX_A, n, self.lo, self.hi);
+        let mut c = vec![0.0; a.len()];
+        if n > 0 {
+            c.par_chunks_mut(GROUP * n)
+                .zip(a.par_chunks(GROUP * n))
+                .for_each(|(cg, ag)| {
+                    let g = cg.len() / n;
+                    let mut k = 0;
+                    for p in &panels {
+                        for b in p.0.chunks_exact(n) {
+                            for r in 0..g {
+                                let aik = ag[r * n + k];
+                                for (cv, bv) in cg[r * n..(r + 1) * n].iter_mut().zip(b) {
+                                    *cv += aik * bv;
+                                }
+                            }
+                            k += 1;
+                        }
+                    }
+                });
+        }
+        ctx.write(out, Panel(c.into()));
+        Ok(())
+    }
+}
+
+/// The row sums of C, from its blocks in order.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct Checksum {
+    n: usize,
+}
+
+impl Task for Checksum {
+    const NAME: &'static str = "storage.checksum";
+    type Inputs = Vec<Panel>;
+    type Outputs = (Vec<f64>,);
+    fn run(self, ctx: &mut Ctx<'_>, blocks: Vec<Panel>, (out,): Writes<Self>) -> TaskResult {
+        let n = self.n.max(1);
+        let sums: Vec<f64> = blocks
+            .iter()
+            .flat_map(|b| b.0.chunks_exact(n).map(|row| row.iter().sum::<f64>()))
+            .collect();
+        ctx.write(out, sums);
+        Ok(())
+    }
+}
+
+fn matmul_registry() -> Result<Registry> {
+    Registry::new()
+        .with::<MatMul>()
+        .and_then(|r| r.with::<GenB>())
+        .and_then(|r| r.with::<RowBlock>())
+        .and_then(|r| r.with::<Checksum>())
+        .context("registering the matrix product's tasks")
+}
+
+/// The row sums of C = A B, computed directly: r_i = sum_k a_ik (sum_j b_kj).
+fn expected_row_sums(n: usize, seed: u64) -> Vec<f64> {
+    let b_sums: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|k| (0..n).map(|j| entry(seed, MATRIX_B, k, j)).sum())
+        .collect();
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            (0..n)
+                .map(|k| entry(seed, MATRIX_A, i, k) * b_sums[k])
+                .sum()
+        })
+        .collect()
+}
+
+/// Tasks of one product: the root, the panels, the blocks and the checksum.
+fn matmul_tasks(n: usize, rows: usize) -> usize {
+    2 + 2 * n.div_ceil(rows.max(1))
+}
+
+/// Seed of the matrices (any; fixed so that every run computes the same product).
+const MATRIX_SEED: u64 = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Strategies and checkpoint servers.
+
+/// Where a run's log goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Strategy {
+    /// No log at all (the baseline).
+    None,
+    /// The log in this process's RAM (`memory`).
+    Memory,
+    /// One sled directory (`local:DIR`).
+    Local,
+    /// One checkpoint server.
+    Central,
+    /// R copies on R servers.
+    Replicate(usize),
+    /// M slices + XOR parity on M + 1 servers.
+    Parity(usize),
+    /// Reed-Solomon, any M of M + K, on M + K servers.
+    Ida(usize, usize),
+}
+
+/// The strategies of the overhead series, in the order they run in each round.
+const STRATEGIES: [Strategy; 8] = [
+    Strategy::None,
+    Strategy::Memory,
+    Strategy::Local,
+    Strategy::Central,
+    Strategy::Replicate(2),
+    Strategy::Parity(3),
+    Strategy::Ida(9, 1),
+    Strategy::Ida(8, 2),
+];
+
+impl Strategy {
+    fn name(self) -> String {
+        match self {
+            Strategy::None => "none".into(),
+            Strategy::Memory => "memory".into(),
+            Strategy::Local => "local".into(),
+            Strategy::Central => "central".into(),
+            Strategy::Replicate(r) => format!("replicate:{r}"),
+            Strategy::Parity(m) => format!("parity:{m}"),
+            Strategy::Ida(m, k) => format!("ida:{m},{k}"),
+        }
+    }
+
+    /// Checkpoint servers it needs.
+    fn servers(self) -> usize {
+        match self {
+            Strategy::None | Strategy::Memory | Strategy::Local => 0,
+            Strategy::Central => 1,
+            Strategy::Replicate(r) => r,
+            Strategy::Parity(m) => m + 1,
+            Strategy::Ida(m, k) => m + k,
+        }
+    }
+
+    /// (M + K) / M: bytes stored per byte of log; `None` without a store.
+    fn expansion(self) -> Option<f64> {
+        match self {
+            Strategy::None | Strategy::Memory => None,
+            Strategy::Local | Strategy::Central => Some(1.0),
+            Strategy::Replicate(r) => Some(r as f64),
+            Strategy::Parity(m) => Some((m + 1) as f64 / m as f64),
+            Strategy::Ida(m, k) => Some((m + k) as f64 / m as f64),
+        }
+    }
+
+    /// The `--store` spec over `addrs`.
+    fn spec(self, addrs: &[String]) -> String {
+        let a = addrs.join(",");
+        match self {
+            Strategy::Central => format!("central:{a}"),
+            Strategy::Replicate(r) => format!("replicate:{r}:{a}"),
+            Strategy::Parity(m) => format!("parity:{m}:{a}"),
+            Strategy::Ida(m, k) => format!("ida:{m},{k}:{a}"),
+            Strategy::None | Strategy::Memory | Strategy::Local => self.name(),
+        }
+    }
+}
+
+/// How long a server may take to say where it listens.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Checkpoint server processes of one run, killed (SIGKILL) and reaped when dropped.
+struct Servers {
+    procs: Vec<Child>,
+    addrs: Vec<String>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Servers {
+    /// Starts `count` servers on 127.0.0.1 (any free port), server `i` with data directory
+    /// `root/server-i`, and waits until each prints `listening on ADDR`.
+    fn start(bin: &Path, key: &Path, root: &Path, count: usize) -> Result<Servers> {
+        let mut servers = Servers {
+            procs: Vec::new(),
+            addrs: Vec::new(),
+            dirs: Vec::new(),
+        };
+        let mut waiting = Vec::new();
+        for i in 0..count {
+            let dir = root.join(format!("server-{i}"));
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let errlog = root.join(format!("server-{i}.stderr"));
+            let err = std::fs::File::create(&errlog)
+                .with_context(|| format!("cannot create {}", errlog.display()))?;
+            let mut child = Command::new(bin)
+                .arg("--listen")
+                .arg("127.0.0.1:0")
+                .arg("--data")
+                .arg(&dir)
+                .arg("--key")
+                .arg(key)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(err)
+                .spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))?;
+            let stdout = child.stdout.take().context("server stdout")?;
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let r = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+                let _ = tx.send(r);
+            });
+            servers.procs.push(child);
+            servers.dirs.push(dir);
+            waiting.push((rx, errlog));
+        }
+        for (rx, errlog) in waiting {
+            let line = match rx.recv_timeout(SERVER_START_TIMEOUT) {
+                Ok(Ok(line)) => line,
+                Ok(Err(e)) => bail!("reading a checkpoint server's stdout: {e}"),
+                Err(_) => bail!(
+                    "a checkpoint server did not say where it listens within {:?}",
+                    SERVER_START_TIMEOUT
+                ),
+            };
+            let Some(addr) = line.trim().strip_prefix("listening on ") else {
+                let err = std::fs::read_to_string(&errlog).unwrap_or_default();
+                bail!(
+                    "a checkpoint server printed {:?} instead of `listening on ADDR`; its \
+                     stderr: {}",
+                    line.trim(),
+                    err.trim()
+                );
+            };
+            servers.addrs.push(addr.to_string());
+        }
+        Ok(servers)
+    }
+
+    /// CPU seconds the servers used so far (all threads; from `/proc/PID/stat`).
+    fn cpu_s(&self) -> Option<f64> {
+        self.procs
+            .iter()
+            .map(|c| process_cpu_s(c.id()))
+            .sum::<Option<f64>>()
+    }
+
+    /// Kills and reaps every server.
+    fn stop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.procs.clear();
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// User + system CPU seconds of process `pid` (ticks of 10 ms).
+fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// Bytes on disk (allocated blocks, as `du`) and apparent bytes of everything under `path`.
+fn disk_usage(path: &Path) -> Result<(u64, u64)> {
+    let mut used = 0;
+    let mut apparent = 0;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p)
+            .with_context(|| format!("cannot stat {}", p.display()))?;
+        used += meta.blocks() * 512;
+        if meta.is_dir() {
+            for e in
+                std::fs::read_dir(&p).with_context(|| format!("cannot list {}", p.display()))?
+            {
+                stack.push(
+                    e.with_context(|| format!("cannot list {}", p.display()))?
+                        .path(),
+                );
+            }
+        } else {
+            apparent += meta.len();
+        }
+    }
+    Ok((used, apparent))
+}
+
+/// The `checkpoint-server` binary: `--server-bin`, or the one beside this binary after
+/// `cargo build -p veriflow-checkpoint --bin checkpoint-server` in this binary's profile (so
+/// that it is never stale); without cargo, whatever is beside this binary.
+fn server_binary(args: &StorageArgs) -> Result<PathBuf> {
+    if let Some(p) = &args.server_bin {
+        if !p.is_file() {
+            bail!("--server-bin {}: no such file", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let exe = std::env::current_exe().context("cannot find this binary's path")?;
+    let dir = exe
+        .parent()
+        .context("this binary has no directory")?
+        .to_path_buf();
+    let bin = dir.join("checkpoint-server");
+    let release = dir.file_name().is_some_and(|d| d == "release");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let mut cmd = Command::new(&cargo);
+    cmd.args([
+        "build",
+        "-q",
+        "-p",
+        "veriflow-checkpoint",
+        "--bin",
+        "checkpoint-server",
+    ])
+    .arg("--manifest-path")
+    .arg(&manifest);
+    if release {
+        cmd.arg("--release");
+    }
+    eprintln!(
+        "building checkpoint-server: {} build -p veriflow-checkpoint --bin checkpoint-server{}",
+        cargo.to_string_lossy(),
+        if release { " --release" } else { "" }
+    );
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) if bin.is_file() => eprintln!("  (cargo build failed: {s}; using {})", bin.display()),
+        Ok(s) => bail!("building checkpoint-server failed ({s}); pass --server-bin PATH"),
+        Err(e) if bin.is_file() => {
+            eprintln!("  (cannot run cargo: {e}; using {})", bin.display())
+        }
+        Err(e) => {
+            bail!("cannot run cargo to build checkpoint-server ({e}); pass --server-bin PATH")
+        }
+    }
+    if !bin.is_file() {
+        bail!(
+            "no checkpoint-server at {}; pass --server-bin PATH",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2 and 3: run-time and storage overhead.
+
+/// What one run of the matrix product measured.
+#[derive(Clone, Debug)]
+struct MatRun {
+    /// `RunReport::elapsed`: root declared until every event is durable.
+    seconds: f64,
+    tasks: u64,
+    events: u64,
+    /// CPU seconds of this process during the run.
+    cpu_s: Option<f64>,
+    /// CPU seconds of the run's checkpoint servers during the run.
+    servers_cpu_s: Option<f64>,
+    /// CPU seconds other processes took during the run (not ours, not our servers).
+    other_cpu_s: Option<f64>,
+    /// Allocated bytes of the store's data directories after the run (local and servers).
+    disk_bytes: Option<u64>,
+    /// Apparent size of the same files.
+    file_bytes: Option<u64>,
+    /// Bytes of keys and values in the store after the run (memory and local only).
+    log_bytes: Option<u64>,
+}
+
+/// The state of one `paper storage` overhead series.
+struct Bench {
+    threads: usize,
+    rows: usize,
+    scratch: PathBuf,
+    server_bin: PathBuf,
+    key_file: PathBuf,
+    key: Key,
+}
+
+impl Bench {
+    /// One run of the product of size `n` with `strategy`, in a fresh directory (removed
+    /// after) with fresh servers (killed after).
+    fn run(&self, n: usize, strategy: Strategy, expected: &[f64]) -> Result<MatRun> {
+        let dir = tempfile::Builder::new()
+            .prefix("veriflow-storage-")
+            .tempdir_in(&self.scratch)
+            .with_context(|| format!("cannot create a directory in {}", self.scratch.display()))?;
+        let mut servers = None;
+        let mut local_dir = None;
+        let store: Option<Arc<dyn Store>> = match strategy {
+            Strategy::None => None,
+            Strategy::Memory => Some(Arc::new(MemoryStore::default())),
+            Strategy::Local => {
+                let d = dir.path().join("local");
+                let s = SledStore::open(&d)
+                    .with_context(|| format!("cannot open a sled store in {}", d.display()))?;
+                local_dir = Some(d);
+                Some(Arc::new(s))
+            }
+            _ => {
+                let s = Servers::start(
+                    &self.server_bin,
+                    &self.key_file,
+                    dir.path(),
+                    strategy.servers(),
+                )?;
+                let text = strategy.spec(&s.addrs);
+                let spec: StoreSpec = text
+                    .parse()
+                    .with_context(|| format!("bad store spec {text}"))?;
+                let store = open_store(&spec, Some(&self.key))
+                    .with_context(|| format!("cannot open {text}"))?;
+                servers = Some(s);
+                Some(store)
+            }
+        };
+        let mut builder = Runtime::builder(matmul_registry()?)
+            .program("storage-matmul")
+            .threads(self.threads)
+            .vnodes(1);
+        builder = match &store {
+            Some(s) => builder.store(s.clone()).checkpoint(true),
+            None => builder.checkpoint(false),
+        };
+        let runtime = builder.build().context("building the runtime")?;
+        let root = MatMul {
+            n,
+            rows: self.rows,
+            seed: MATRIX_SEED,
+        };
+        let servers_before = servers.as_ref().and_then(Servers::cpu_s);
+        let before = CpuSnapshot::now();
+        let report = runtime.run(root, ());
+        let cpu_s = CpuSnapshot::own_since(before);
+        let machine_foreign = CpuSnapshot::foreign_since(before);
+        let servers_cpu_s = match (servers.as_ref().and_then(Servers::cpu_s), servers_before) {
+            (Some(a), Some(b)) => Some(a - b),
+            _ => None,
+        };
+        let report =
+            report.with_context(|| format!("matrix product n={n} with {}", strategy.name()))?;
+        if report.outputs.0 != expected {
+            bail!(
+                "matrix product n={n} with {}: wrong row sums of C",
+                strategy.name()
+            );
+        }
+        if store.is_some() && report.events == 0 {
+            bail!(
+                "matrix product n={n} with {} logged nothing",
+                strategy.name()
+            );
+        }
+        let other_cpu_s = machine_foreign.map(|f| (f - servers_cpu_s.unwrap_or(0.0)).max(0.0));
+        drop(runtime);
+        let log_bytes = match strategy {
+            Strategy::Memory | Strategy::Local => {
+                let s = store.as_ref().context("no store")?;
+                let pairs = s.scan_prefix(b"").context("reading the log back")?;
+                Some(pairs.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum())
+            }
+            _ => None,
+        };
+        drop(store);
+        if let Some(s) = servers.as_mut() {
+            s.stop();
+        }
+        let data_dirs: Vec<PathBuf> = match (&servers, local_dir) {
+            (Some(s), _) => s.dirs.clone(),
+            (None, Some(d)) => vec![d],
+            (None, None) => Vec::new(),
+        };
+        let (disk_bytes, file_bytes) = if data_dirs.is_empty() {
+            (None, None)
+        } else {
+            let mut used = 0;
+            let mut apparent = 0;
+            for d in &data_dirs {
+                let (u, a) = disk_usage(d)?;
+                used += u;
+                apparent += a;
+            }
+            (Some(used), Some(apparent))
+        };
+        drop(servers);
+        let path = dir.path().to_path_buf();
+        dir.close()
+            .with_context(|| format!("cannot remove {}", path.display()))?;
+        Ok(MatRun {
+            seconds: report.elapsed.as_secs_f64(),
+            tasks: report.tasks,
+            events: report.events,
+            cpu_s,
+            servers_cpu_s,
+            other_cpu_s,
+            disk_bytes,
+            file_bytes,
+            log_bytes,
+        })
+    }
+}
+
+/// Every run of one matrix size.
+struct SizeRuns {
+    n: usize,
+    /// Kept runs per strategy (in `STRATEGIES` order).
+    runs: Vec<Vec<MatRun>>,
+    /// Rounds disturbed by other processes and run again.
+    discarded: usize,
+    /// Disturbed rounds kept because no retry was left.
+    kept_disturbed: usize,
+    /// Rounds started although the machine was not quiet.
+    not_quiet: usize,
+}
+
+/// The overhead series: every size, every strategy.
+struct Overhead {
+    sizes: Vec<SizeRuns>,
+    server_bin: PathBuf,
+}
+
+fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
+    let sizes = args.sizes.clone().unwrap_or_else(|| {
+        if args.quick {
+            vec![270, 540]
+        } else {
+            vec![1350, 2700]
+        }
+    });
+    if sizes.contains(&0) {
+        bail!("--sizes: a matrix needs at least one row");
+    }
+    let runs = if args.quick { 1 } else { args.runs as usize };
+    let server_bin = server_binary(args)?;
+    let keydir = tempfile::Builder::new()
+        .prefix("veriflow-storage-key-")
+        .tempdir_in(scratch)
+        .with_context(|| format!("cannot create a directory in {}", scratch.display()))?;
+    let key_file = keydir.path().join("key");
+    let key = Key::create(&key_file)
+        .with_context(|| format!("cannot create the key {}", key_file.display()))?;
+    let bench = Bench {
+        threads: args.threads as usize,
+        rows: usize::try_from(args.rows).context("--rows too large")?,
+        scratch: scratch.to_path_buf(),
+        server_bin: server_bin.clone(),
+        key_file,
+        key,
+    };
+    let mut out = Vec::new();
+    for &n in &sizes {
+        eprintln!(
+            "overhead: n = {n}, {} rows per task ({} tasks), {runs} rounds of {} strategies, \
+             {} threads, 1 vnode, data in {}",
+            bench.rows,
+            matmul_tasks(n, bench.rows),
+            STRATEGIES.len(),
+            bench.threads,
+            scratch.display()
+        );
+        let expected = expected_row_sums(n, MATRIX_SEED);
+        let mut size = SizeRuns {
+            n,
+            runs: vec![Vec::new(); STRATEGIES.len()],
+            discarded: 0,
+            kept_disturbed: 0,
+            not_quiet: 0,
+        };
+        let mut retries = args.retries;
+        while size.runs[0].len() < runs {
+            if args.quiet_wait > 0
+                && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
+            {
+                size.not_quiet += 1;
+                eprintln!(
+                    "  (machine still busy after {} s: running anyway)",
+                    args.quiet_wait
+                );
+            }
+            let mut round = Vec::with_capacity(STRATEGIES.len());
+            let mut line = format!("  n={n} round {}/{runs}:", size.runs[0].len() + 1);
+            for &s in &STRATEGIES {
+                let r = bench.run(n, s, &expected)?;
+                let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
+                round.push(r);
+            }
+            let bad = round.iter().any(|r| {
+                r.other_cpu_s
+                    .is_some_and(|f| f > 0.05 + DISTURBED_SHARE * bench.threads as f64 * r.seconds)
+            });
+            let others: Vec<String> = round.iter().map(|r| cpu_text(r.other_cpu_s)).collect();
+            eprintln!(
+                "{line}; other processes' CPU {} s{}",
+                others.join("/"),
+                match (bad, retries > 0) {
+                    (false, _) => "",
+                    (true, true) => " -- disturbed, run again",
+                    (true, false) => " -- disturbed, kept (no retry left)",
+                }
+            );
+            if bad && retries > 0 {
+                retries -= 1;
+                size.discarded += 1;
+                continue;
+            }
+            size.kept_disturbed += usize::from(bad);
+            for (kept, r) in size.runs.iter_mut().zip(round) {
+                kept.push(r);
+            }
+        }
+        out.push(size);
+    }
+    drop(keydir);
+    Ok(Overhead {
+        sizes: out,
+        server_bin,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+struct Report {
+    quick: bool,
+    runs: usize,
+    threads: usize,
+    rows: usize,
+    date: String,
+    machine: Machine,
+    load: [Option<String>; 2],
+    total: Duration,
+    coding: Vec<CodingRow>,
+    overhead: Option<Overhead>,
+}
+
+struct Target {
+    what: String,
+    measured: String,
+    met: bool,
+}
+
+fn median(v: &[f64]) -> f64 {
+    Stats::of(v).map_or(f64::NAN, |s| s.median)
+}
+
+fn median_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = v.flatten().collect();
+    Stats::of(&v).map(|s| s.median)
+}
+
+fn size_text(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+fn cpu_text(s: Option<f64>) -> String {
+    s.map_or_else(|| "?".to_string(), |s| format!("{s:.2}"))
+}
+
+fn mb(bytes: f64) -> String {
+    format!("{:.1}", bytes / 1e6)
+}
+
+/// Summary of one strategy at one size.
+struct Row {
+    strategy: Strategy,
+    seconds: Stats,
+    /// Median time over the median time of `none`.
+    ratio: f64,
+    cpu_s: Option<f64>,
+    servers_cpu_s: Option<f64>,
+    disk_bytes: Option<f64>,
+    file_bytes: Option<f64>,
+    log_bytes: Option<f64>,
+    events: u64,
+    tasks: u64,
+}
+
+impl SizeRuns {
+    fn rows(&self) -> Result<Vec<Row>> {
+        let base = median(&secs(&self.runs[0]));
+        STRATEGIES
+            .iter()
+            .zip(&self.runs)
+            .map(|(&strategy, runs)| {
+                let seconds = Stats::of(&secs(runs)).context("no runs")?;
+                let disk: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.disk_bytes)
+                    .map(|b| b as f64)
+                    .collect();
+                let files: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.file_bytes)
+                    .map(|b| b as f64)
+                    .collect();
+                let log: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.log_bytes)
+                    .map(|b| b as f64)
+                    .collect();
+                Ok(Row {
+                    strategy,
+                    ratio: seconds.median / base,
+                    seconds,
+                    cpu_s: median_opt(runs.iter().map(|r| r.cpu_s)),
+                    servers_cpu_s: median_opt(runs.iter().map(|r| r.servers_cpu_s)),
+                    disk_bytes: Stats::of(&disk).map(|s| s.median),
+                    file_bytes: Stats::of(&files).map(|s| s.median),
+                    log_bytes: Stats::of(&log).map(|s| s.median),
+                    events: runs.iter().map(|r| r.events).max().unwrap_or(0),
+                    tasks: runs.iter().map(|r| r.tasks).max().unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}
+
+fn secs(runs: &[MatRun]) -> Vec<f64> {
+    runs.iter().map(|r| r.seconds).collect()
+}
+
+/// The logical log size of a size's runs (median over the memory and local runs).
+fn log_size(rows: &[Row]) -> Option<f64> {
+    let v: Vec<f64> = rows.iter().filter_map(|r| r.log_bytes).collect();
+    Stats::of(&v).map(|s| s.median)
+}
+
+impl Report {
+    fn coding_targets(&self) -> Vec<Target> {
+        let mut t = Vec::new();
+        for r in &self.coding {
+            let goal = match (r.code.as_str(), r.k) {
+                ("ida(8,2)", _) => TARGET_IDA_8_2_GBPS,
+                (c, _) if c.starts_with("parity") => TARGET_PARITY_GBPS,
+                _ => continue,
+            };
+            for (op, v) in [
+                ("encode", &r.encode),
+                ("decode, all fragments", &r.decode),
+                ("decode, K data fragments lost", &r.rebuild),
+                ("code alone, encode", &r.code_encode),
+                ("code alone, rebuild", &r.code_rebuild),
+            ] {
+                let x = median(v);
+                t.push(Target {
+                    what: format!("{} {op} at {} >= {goal} GB/s", r.code, size_text(r.blob)),
+                    measured: format!("{x:.2} GB/s"),
+                    met: x >= goal,
+                });
+            }
+        }
+        t
+    }
+
+    fn overhead_targets(&self) -> Result<Vec<Target>> {
+        let mut t = Vec::new();
+        let Some(o) = &self.overhead else {
+            return Ok(t);
+        };
+        for size in &o.sizes {
+            for row in size.rows()?.iter().skip(1) {
+                t.push(Target {
+                    what: format!(
+                        "{} / none <= {TARGET_OVERHEAD} at n = {}",
+                        row.strategy.name(),
+                        size.n
+                    ),
+                    measured: format!("{:.4}", row.ratio),
+                    met: row.ratio <= TARGET_OVERHEAD,
+                });
+            }
+        }
+        Ok(t)
+    }
+
+    fn header(&self) -> String {
+        let m = &self.machine;
+        format!(
+            "Measured {} at commit {} on {} ({} cores available), rustc {}{}; whole command {:.0} \
+             s; load average before/after: {} / {}.\n",
+            self.date,
+            m.git.as_deref().unwrap_or("?"),
+            m.cpu.as_deref().unwrap_or("unknown CPU"),
+            m.cores,
+            m.rustc.as_deref().unwrap_or("?"),
+            if self.quick {
+                " (--quick: smoke run, not the measurement)"
+            } else {
+                ""
+            },
+            self.total.as_secs_f64(),
+            self.load[0].as_deref().unwrap_or("?"),
+            self.load[1].as_deref().unwrap_or("?"),
+        )
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = self.header();
+        if !self.coding.is_empty() {
+            s.push_str(
+                "\nCoding throughput on one core (paper 003 Fig. 2): GB/s of blob (10^9 B/s), \
+                 median of the repetitions. `Codec` = framing + blake3 digests of every \
+                 fragment; \"K lost\" = the first K data fragments missing (rebuilt from \
+                 parity); \"code alone\" = `ErasureCode::encode` / `reconstruct_data` over the \
+                 same stripes, no copies, no digests.\n\n",
+            );
+            s.push_str(
+                "| code | blob | encode | decode (all) | decode (K lost) | code alone: encode | \
+                 code alone: rebuild | 100 MB encode (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            );
+            for r in &self.coding {
+                let enc = median(&r.encode);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                    r.code,
+                    size_text(r.blob),
+                    enc,
+                    median(&r.decode),
+                    median(&r.rebuild),
+                    median(&r.code_encode),
+                    median(&r.code_rebuild),
+                    0.1 / enc
+                );
+            }
+        }
+        if let Some(o) = &self.overhead {
+            let _ = writeln!(
+                s,
+                "\nRun-time overhead (paper 003 Fig. 3): matrix product C = A B (f64), {} rows \
+                 of B per `GenB` panel and of C per `RowBlock`, {} threads, 1 vnode, every task \
+                 logged (B and C once each); median of {} interleaved rounds; time = \
+                 `RunReport::elapsed` (until every event is durable); servers are \
+                 `checkpoint-server` processes on 127.0.0.1 on the same 2 cores, fresh for \
+                 every run (`{}`). \"/ none\" is on the medians. CPU: this process and the \
+                 servers, during the run.",
+                self.rows,
+                self.threads,
+                if self.quick { 1 } else { self.runs },
+                o.server_bin.display()
+            );
+            for size in &o.sizes {
+                let rows = match size.rows() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = writeln!(s, "\nn = {}: {e}", size.n);
+                        continue;
+                    }
+                };
+                let log = log_size(&rows);
+                let none = rows[0].seconds.median;
+                let _ = writeln!(
+                    s,
+                    "\nn = {} ({} tasks, {} events, log {} MB, i.e. {} MB/s of the baseline \
+                     run; {} disturbed round(s) run again, {} kept, {} started on a busy \
+                     machine):\n",
+                    size.n,
+                    rows.last().map_or(0, |r| r.tasks),
+                    rows.last().map_or(0, |r| r.events),
+                    log.map_or_else(|| "?".into(), mb),
+                    log.map_or_else(|| "?".into(), |l| format!("{:.1}", l / 1e6 / none)),
+                    size.discarded,
+                    size.kept_disturbed,
+                    size.not_quiet
+                );
+                s.push_str(
+                    "| strategy | median (s) | / none | min–max (s) | CPU process (s) | CPU \
+                     servers (s) | on disk (MB) | / local on disk | (M+K)/M |\n\
+                     |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                );
+                let local_disk = rows
+                    .iter()
+                    .find(|r| r.strategy == Strategy::Local)
+                    .and_then(|r| r.disk_bytes);
+                for r in &rows {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {:.3} | {:.4} | {:.3}–{:.3} | {} | {} | {} | {} | {} |",
+                        r.strategy.name(),
+                        r.seconds.median,
+                        r.ratio,
+                        r.seconds.min,
+                        r.seconds.max,
+                        cpu_text(r.cpu_s),
+                        cpu_text(r.servers_cpu_s),
+                        r.disk_bytes.map_or_else(|| "–".into(), mb),
+                        match (r.disk_bytes, local_disk) {
+                            (Some(d), Some(l)) if l > 0.0 => format!("{:.2}", d / l),
+                            _ => "–".into(),
+                        },
+                        r.strategy
+                            .expansion()
+                            .map_or_else(|| "–".into(), |e| format!("{e:.3}")),
+                    );
+                }
+                let files: Vec<String> = rows
+                    .iter()
+                    .filter_map(|r| {
+                        r.file_bytes
+                            .map(|f| format!("{} {}", r.strategy.name(), mb(f)))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "\nApparent file sizes (MB, sled preallocates): {}.",
+                    files.join(", ")
+                );
+            }
+        }
+        let mut targets = self.coding_targets();
+        match self.overhead_targets() {
+            Ok(t) => targets.extend(t),
+            Err(e) => {
+                let _ = writeln!(s, "\n(overhead targets: {e})");
+            }
+        }
+        if !targets.is_empty() {
+            s.push_str("\n| target | measured | met |\n|---|---:|---|\n");
+            for t in &targets {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} |",
+                    t.what,
+                    t.measured,
+                    if t.met { "yes" } else { "**no**" }
+                );
+            }
+        }
+        s
+    }
+
+    fn json(&self) -> Value {
+        let m = &self.machine;
+        let coding: Vec<Value> = self
+            .coding
+            .iter()
+            .map(|r| {
+                let stat = |v: &[f64]| {
+                    let st = Stats::of(v);
+                    json!({
+                        "gb_per_s": v,
+                        "median": st.map(|s| s.median),
+                        "min": st.map(|s| s.min),
+                        "max": st.map(|s| s.max),
+                    })
+                };
+                json!({
+                    "code": r.code, "m": r.m, "k": r.k, "blob_bytes": r.blob,
+                    "encode": stat(&r.encode),
+                    "decode_all_fragments": stat(&r.decode),
+                    "decode_k_data_fragments_lost": stat(&r.rebuild),
+                    "code_alone_encode": stat(&r.code_encode),
+                    "code_alone_rebuild": stat(&r.code_rebuild),
+                })
+            })
+            .collect();
+        let overhead = self.overhead.as_ref().map(|o| {
+            let sizes: Vec<Value> = o
+                .sizes
+                .iter()
+                .map(|size| {
+                    let rows = size.rows().unwrap_or_default();
+                    let by_name: BTreeMap<String, &Row> =
+                        rows.iter().map(|r| (r.strategy.name(), r)).collect();
+                    let local_disk = by_name.get("local").and_then(|r| r.disk_bytes);
+                    let strategies: Vec<Value> = STRATEGIES
+                        .iter()
+                        .zip(&size.runs)
+                        .map(|(&st, runs)| {
+                            let row = by_name.get(&st.name());
+                            json!({
+                                "strategy": st.name(),
+                                "servers": st.servers(),
+                                "expansion_m_plus_k_over_m": st.expansion(),
+                                "seconds": secs(runs),
+                                "median_s": row.map(|r| r.seconds.median),
+                                "min_s": row.map(|r| r.seconds.min),
+                                "max_s": row.map(|r| r.seconds.max),
+                                "over_none": row.map(|r| r.ratio),
+                                "cpu_s": runs.iter().map(|r| r.cpu_s).collect::<Vec<_>>(),
+                                "servers_cpu_s": runs.iter().map(|r| r.servers_cpu_s).collect::<Vec<_>>(),
+                                "other_processes_cpu_s": runs.iter().map(|r| r.other_cpu_s).collect::<Vec<_>>(),
+                                "disk_bytes": runs.iter().map(|r| r.disk_bytes).collect::<Vec<_>>(),
+                                "file_bytes": runs.iter().map(|r| r.file_bytes).collect::<Vec<_>>(),
+                                "log_bytes": runs.iter().map(|r| r.log_bytes).collect::<Vec<_>>(),
+                                "disk_over_local": match (row.and_then(|r| r.disk_bytes), local_disk) {
+                                    (Some(d), Some(l)) if l > 0.0 => Some(d / l),
+                                    _ => None,
+                                },
+                                "tasks": runs.iter().map(|r| r.tasks).collect::<Vec<_>>(),
+                                "events": runs.iter().map(|r| r.events).collect::<Vec<_>>(),
+                            })
+                        })
+                        .collect();
+                    json!({
+                        "n": size.n,
+                        "tasks": matmul_tasks(size.n, self.rows),
+                        "log_bytes": log_size(&rows),
+                        "rounds_discarded": size.discarded,
+                        "rounds_kept_disturbed": size.kept_disturbed,
+                        "rounds_started_on_busy_machine": size.not_quiet,
+                        "strategies": strategies,
+                    })
+                })
+                .collect();
+            json!({ "server_bin": o.server_bin, "sizes": sizes })
+        });
+        let targets: Vec<Value> = self
+            .coding_targets()
+            .into_iter()
+            .chain(self.overhead_targets().unwrap_or_default())
+            .map(|t| json!({ "target": t.what, "measured": t.measured, "met": t.met }))
+            .collect();
+        json!({
+            "benchmark": "storage",
+            "date_utc": self.date,
+            "quick": self.quick,
+            "machine": {
+                "cores": m.cores,
+                "cpu_model": m.cpu,
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "kernel": m.kernel,
+                "rustc": m.rustc,
+                "git_commit": m.git,
+            },
+            "total_seconds": self.total.as_secs_f64(),
+            "loadavg_before": self.load[0],
+            "loadavg_after": self.load[1],
+            "parameters": {
+                "coding": {
+                    "codes": ["parity(9)", "ida(9,1)", "ida(8,2)", "ida(24,8)"],
+                    "blob_bytes": BLOB_SIZES,
+                    "repetitions": if self.quick { CODING_REPS_QUICK } else { CODING_REPS },
+                    "min_loop_s": if self.quick { MIN_LOOP_QUICK } else { MIN_LOOP }.as_secs_f64(),
+                    "unit": "GB/s = 1e9 bytes of blob per second, one core",
+                    "stripe_bytes": STRIPE_BYTES,
+                },
+                "overhead": {
+                    "app": "C = A B, f64 entries in -4..=4 (exact), GenB panels + RowBlocks + Checksum",
+                    "rows_per_task": self.rows,
+                    "threads": self.threads,
+                    "vnodes": 1,
+                    "runs": if self.quick { 1 } else { self.runs },
+                    "strategies": STRATEGIES.iter().map(|s| s.name()).collect::<Vec<_>>(),
+                    "timing": "RunReport::elapsed (root declared until every event is durable; \
+                               runtime build, store open and server start excluded)",
+                    "servers": "checkpoint-server processes on 127.0.0.1, sled data dirs in \
+                                the scratch dir, fresh per run, SIGKILLed after it",
+                    "quiet_cores": QUIET_CORES,
+                    "disturbed": format!("a run whose other processes (not this one, not its \
+                                          servers) took more than 0.05 CPU-s + \
+                                          {DISTURBED_SHARE} x threads x its wall time"),
+                },
+            },
+            "coding": coding,
+            "overhead": overhead,
+            "targets": targets,
+        })
+    }
+}
+
+/// Draws the overhead of every strategy over `none`, in percent, one bar per matrix size.
+fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
+    use plotters::prelude::*;
+    let names: Vec<String> = STRATEGIES.iter().skip(1).map(|s| s.name()).collect();
+    let mut series: Vec<(usize, Vec<f64>)> = Vec::new();
+    for size in &o.sizes {
+        let rows = size.rows()?;
+        series.push((
+            size.n,
+            rows.iter()
+                .skip(1)
+                .map(|r| (r.ratio - 1.0) * 100.0)
+                .collect(),
+        ));
+    }
+    let all = series.iter().flat_map(|(_, v)| v.iter().copied());
+    let top = all.clone().fold((PAPER_OVERHEAD - 1.0) * 100.0, f64::max) * 1.1;
+    let bottom = all.fold(0.0, f64::min).min(0.0) * 1.1 - 0.5;
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let groups = names.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Run-time overhead of checkpoint storage (matrix product, 2 cores)",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..groups as f64, bottom..top)?;
+    let labels = names.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor();
+            if (x - i - 0.5).abs() < 1e-6 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("time over no log − 1 (%)")
+        .draw()?;
+    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN];
+    let width = 0.8 / series.len().max(1) as f64;
+    for (si, (n, values)) in series.iter().enumerate() {
+        let color = palette[si % palette.len()];
+        chart
+            .draw_series(values.iter().enumerate().map(|(i, &v)| {
+                let x0 = i as f64 + 0.1 + si as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width, v)], color.filled())
+            }))?
+            .label(format!("n = {n}"))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    for (pct, label, color) in [
+        ((TARGET_OVERHEAD - 1.0) * 100.0, "target 1 %", BLACK),
+        (
+            (PAPER_OVERHEAD - 1.0) * 100.0,
+            "paper 003: < 3 %",
+            RGBColor(128, 128, 128),
+        ),
+    ] {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, pct), (groups as f64, pct)],
+                color.stroke_width(1),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine.
+
+struct Machine {
+    cores: usize,
+    cpu: Option<String>,
+    kernel: Option<String>,
+    rustc: Option<String>,
+    /// `git rev-parse HEAD` (10 digits), with ` (dirty)` when tracked files differ.
+    git: Option<String>,
+}
+
+impl Machine {
+    fn now() -> Machine {
+        let out = |cmd: &str, args: &[&str]| {
+            Command::new(cmd)
+                .args(args)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let git = out("git", &["rev-parse", "HEAD"]).map(|head| {
+            let short = head.get(..10).unwrap_or(&head).to_string();
+            match out("git", &["status", "--porcelain", "--untracked-files=no"]) {
+                Some(c) if !c.is_empty() => format!("{short} (dirty)"),
+                _ => short,
+            }
+        });
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu: std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            }),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .map(|s| s.trim().to_string()),
+            rustc: out("rustc", &["--version"]),
+            git,
+        }
+    }
+}
+
+fn loadavg() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+/// The current time in UTC, `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days).
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_product_is_exact_with_and_without_a_log() {
+        let n = 37;
+        let expected = expected_row_sums(n, MATRIX_SEED);
+        for store in [
+            None,
+            Some(Arc::new(MemoryStore::default()) as Arc<dyn Store>),
+        ] {
+            let mut b = Runtime::builder(matmul_registry().unwrap())
+                .threads(2)
+                .vnodes(1);
+            b = match store {
+                Some(s) => b.store(s),
+                None => b.checkpoint(false),
+            };
+            let report = b
+                .build()
+                .unwrap()
+                .run(
+                    MatMul {
+                        n,
+                        rows: 5,
+                        seed: MATRIX_SEED,
+                    },
+                    (),
+                )
+                .unwrap();
+            assert_eq!(report.outputs.0, expected);
+            assert_eq!(report.tasks as usize, matmul_tasks(n, 5));
+        }
+    }
+
+    #[test]
+    fn strategy_specs_parse() {
+        let addrs: Vec<String> = (0..10).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect();
+        for s in STRATEGIES.iter().filter(|s| s.servers() > 0) {
+            let spec = s.spec(&addrs[..s.servers()]);
+            assert!(spec.parse::<StoreSpec>().is_ok(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn code_alone_round_trips() {
+        for codec in codecs().unwrap() {
+            let data = blob(100_000, 1);
+            let (e, r) = code_alone(&codec, &data, 1, Duration::ZERO).unwrap();
+            assert!(e[0] > 0.0 && r[0] > 0.0);
+        }
+    }
+}
