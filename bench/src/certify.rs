@@ -1,0 +1,1221 @@
+//! `paper certify`: the certifier's figures (paper 001 §V Fig. 4, §VI Fig. 7) and the
+//! throughput of its linear phases.
+//!
+//! ```text
+//! cargo run --release -p veriflow-bench --bin paper -- certify [--runs N] [--grain-us G]
+//!     [--store sled|memory] [--quick] [--out DIR] [--scratch DIR] [--quiet-wait SECS]
+//!     [--retries N]
+//! ```
+//!
+//! What it measures, in order:
+//!
+//! 1. **Fig. 4** (no run needed): k = min(⌈f_{ε,q}(n)⌉, n) for ε ∈ {0.1, 0.05, 0.01} and
+//!    q ∈ {0.01, 0.05}, n from 1 to 10⁶ (a 1-2-5 table; a log-spaced curve in the plot),
+//!    straight from `certifier::sample`.
+//! 2. **Logs**: for each size, knary of fanout [`FANOUT`] and depth 3..=7 (122 to 1,222,222
+//!    tasks; every node spins `--grain-us`, the `Sum` tasks do not) runs once on a 2-thread
+//!    runtime into a fresh store in a temporary directory under `--scratch`. A sled store is
+//!    then closed and opened again, as a separate `knary certify` process would.
+//! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: reading and
+//!    decoding the vnodes' segments alone (`LogReader::read_vnode` on every vnode, in parallel,
+//!    as `Track::load` does), then the whole `Track::load` (read + decode + merge into G), G_S
+//!    (`terminal_subgraph`), the structural check, the Merkle root of G_S and the log digest
+//!    (the Merkle root over G, which `certify` computes too). The target is on
+//!    load + G_S + structural check, in tasks per second.
+//! 4. **Fig. 7**: `certify` at ε = 0.1, q = 0.01 with a given seed, partial (k tasks) and full
+//!    (`Options { full: true }`, every task of G_S re-run), `--runs` times each, interleaved;
+//!    every certificate must ACCEPT (the runs are honest) and name n = the run's tasks.
+//!
+//! Times are wall clock around the library call (`Instant`), with rayon's global pool (one
+//! thread per core) doing the parallel parts. Every timed call records the CPU time other
+//! processes took meanwhile; a disturbed call is run again up to `--retries` times per size.
+//! Results: `certify.json`, `certify.md`, `certify_fig4.svg` (+ `.png` when fonts are found)
+//! and `certify_fig7.svg` in `--out` (`certify-quick*` with `--quick`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use veriflow::certifier::{sample, NoProgress, Options, Track};
+use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, SledStore, Store};
+
+use crate::{knary_registry, wait_for_quiet, CpuSnapshot, Shape, Stats};
+
+/// Fig. 4's parameters: every ε with every q.
+const FIG4_EPSILONS: [f64; 3] = [0.1, 0.05, 0.01];
+const FIG4_QS: [f64; 2] = [0.01, 0.05];
+
+/// Fig. 4's largest n.
+const FIG4_MAX_N: u64 = 1_000_000;
+
+/// Fig. 7's parameters (paper 001 §VI: ε = 0.1, q = 0.01, so N = 229.1 and k ≤ 230).
+const FIG7_EPSILON: f64 = 0.1;
+const FIG7_Q: f64 = 0.01;
+
+/// The knary trees of Fig. 7: fanout 10, depths 3..=7, i.e. 122, 1,222, 12,222, 122,222 and
+/// 1,222,222 tasks (nodes plus one `Sum` per internal node); `--quick` stops at depth 5.
+pub const FANOUT: u32 = 10;
+const DEPTHS: std::ops::RangeInclusive<u32> = 3..=7;
+const QUICK_DEPTHS: std::ops::RangeInclusive<u32> = 3..=5;
+
+/// Target of the issue on this 2-core machine: G load + G_S + structural check.
+const TARGET_TASKS_PER_S: f64 = 1_000_000.0;
+
+/// Other processes may use up to this many cores before a size's series starts.
+const QUIET_CORES: f64 = 0.25;
+
+/// A timed call is disturbed when other processes took more than 0.05 CPU-s plus this share
+/// of the machine's CPU time during it (the same rule as `paper overhead`).
+const DISTURBED_SHARE: f64 = 0.05;
+
+/// Where the logs are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A durable sled store in a temporary directory (closed and opened again before
+    /// certifying).
+    Sled,
+    /// In memory (no disk, no decoding of sled pages).
+    Memory,
+}
+
+/// Options of `paper certify`.
+#[derive(Args, Debug)]
+pub struct CertifyArgs {
+    /// Timed runs of every measurement per size (medians are taken; at least 3 unless --quick).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    runs: u32,
+    /// Busy loop of every knary node, in µs: what re-running a node costs the oracle.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    grain_us: u64,
+    /// Worker threads of the knary runs that write the logs.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: u32,
+    /// Store of the logs.
+    #[arg(long, value_enum, default_value_t = StoreKind::Sled)]
+    store: StoreKind,
+    /// Trees up to 12,222 tasks, for a smoke run (writes certify-quick.* instead).
+    #[arg(long)]
+    quick: bool,
+    /// Directory of the results [default: the package's `results`].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Where the logs' temporary directories go [default: the system's temp directory].
+    #[arg(long, value_name = "DIR")]
+    scratch: Option<PathBuf>,
+    /// Before each size, wait up to this many seconds for other processes to use less than a
+    /// quarter of a core (0: do not wait).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    quiet_wait: u64,
+    /// Timed calls that other processes disturbed are run again, at most this many times per
+    /// size; past that they are kept and counted.
+    #[arg(long, default_value_t = 3)]
+    retries: u32,
+}
+
+/// Runs `paper certify` (module docs) and writes its results.
+pub fn run(args: &CertifyArgs) -> Result<()> {
+    if args.runs < 3 && !args.quick {
+        bail!("--runs must be at least 3 (medians of >= 3 runs); use --quick for a smoke run");
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("cannot create the scratch directory {}", scratch.display()))?;
+    let stem = if args.quick {
+        "certify-quick"
+    } else {
+        "certify"
+    };
+    let started = Instant::now();
+    let date = utc_now();
+    let machine = Machine::now();
+
+    eprintln!("Fig. 4: k against n");
+    let fig4 = Fig4::compute()?;
+    let fig4_plots = fig4.plot(&out, stem);
+
+    let depths = if args.quick { QUICK_DEPTHS } else { DEPTHS };
+    let mut sizes = Vec::new();
+    for depth in depths {
+        let shape = Shape {
+            depth,
+            fanout: FANOUT,
+            serial: 0,
+            grain_us: args.grain_us,
+        };
+        eprintln!("knary depth {depth} fanout {FANOUT}: {} tasks", shape.tasks()?);
+        sizes.push(measure_size(args, shape, &scratch)?);
+    }
+    let fig7_plot = plot_file(&out.join(format!("{stem}_fig7.svg")), |root| {
+        draw_fig7(root, &sizes)
+    });
+
+    let report = Report {
+        args,
+        date,
+        machine,
+        total: started.elapsed(),
+        fig4,
+        fig4_plots,
+        fig7_plot,
+        sizes,
+    };
+    let md = report.markdown();
+    let json = report.json();
+    let json_path = out.join(format!("{stem}.json"));
+    let md_path = out.join(format!("{stem}.md"));
+    let text = serde_json::to_string_pretty(&json).context("encoding the results")?;
+    std::fs::write(&json_path, text + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    std::fs::write(&md_path, &md).with_context(|| format!("cannot write {}", md_path.display()))?;
+    println!("{md}");
+    println!("written: {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fig. 4
+
+/// k against n for every (ε, q) of Fig. 4.
+struct Fig4 {
+    /// (ε, q, N_{ε,q}) in column order.
+    pairs: Vec<(f64, f64, f64)>,
+    /// n of the table: 1, 2, 5, 10, ..., 10⁶.
+    table_n: Vec<u64>,
+    /// k per row of `table_n`, one per pair.
+    table_k: Vec<Vec<u64>>,
+    /// n of the plot: log-spaced, 50 per decade.
+    plot_n: Vec<u64>,
+    /// k per pair, per `plot_n`.
+    plot_k: Vec<Vec<u64>>,
+}
+
+impl Fig4 {
+    fn compute() -> Result<Fig4> {
+        let mut pairs = Vec::new();
+        for eps in FIG4_EPSILONS {
+            for q in FIG4_QS {
+                pairs.push((eps, q, sample::n_eps_q(eps, q)?));
+            }
+        }
+        let mut table_n = Vec::new();
+        let mut decade = 1u64;
+        while decade <= FIG4_MAX_N {
+            table_n.extend([decade, 2 * decade, 5 * decade].iter().filter(|&&n| n <= FIG4_MAX_N));
+            decade *= 10;
+        }
+        let mut plot_n: Vec<u64> = (0..=300)
+            .map(|i| 10f64.powf(f64::from(i) / 50.0).round() as u64)
+            .collect();
+        plot_n.dedup();
+        let ks = |ns: &[u64], eps: f64, q: f64| -> Result<Vec<u64>> {
+            ns.iter()
+                .map(|&n| Ok(sample::sample_size(eps, q, n)?))
+                .collect()
+        };
+        let table_k = table_n
+            .iter()
+            .map(|&n| {
+                pairs
+                    .iter()
+                    .map(|&(eps, q, _)| Ok(sample::sample_size(eps, q, n)?))
+                    .collect::<Result<Vec<u64>>>()
+            })
+            .collect::<Result<_>>()?;
+        let plot_k = pairs
+            .iter()
+            .map(|&(eps, q, _)| ks(&plot_n, eps, q))
+            .collect::<Result<_>>()?;
+        Ok(Fig4 {
+            pairs,
+            table_n,
+            table_k,
+            plot_n,
+            plot_k,
+        })
+    }
+
+    /// Writes the SVG (and a PNG if the bitmap backend finds its fonts); what was written or
+    /// why not.
+    fn plot(&self, out: &Path, stem: &str) -> Vec<(String, Result<(), String>)> {
+        let svg = out.join(format!("{stem}_fig4.svg"));
+        let png = out.join(format!("{stem}_fig4.png"));
+        let svg_result = plot_file(&svg, |root| draw_fig4(root, self));
+        let png_result = (|| {
+            let root = BitMapBackend::new(&png, (960, 640)).into_drawing_area();
+            draw_fig4(root, self).map_err(|e| e.to_string())
+        })();
+        if let Err(e) = &png_result {
+            eprintln!("  (no PNG of Fig. 4: {e}; the SVG has it)");
+            let _ = std::fs::remove_file(&png);
+        }
+        vec![
+            (file_name(&svg), svg_result),
+            (file_name(&png), png_result),
+        ]
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
+}
+
+/// Draws into an SVG file at `path`.
+fn plot_file<F>(path: &Path, draw: F) -> Result<(), String>
+where
+    F: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
+{
+    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
+    let r = draw(root);
+    if let Err(e) = &r {
+        eprintln!("  (cannot draw {}: {e})", path.display());
+    }
+    r
+}
+
+/// One colour per series, readable on white.
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+fn draw_fig4<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, f: &Fig4) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let y_max = f.pairs.iter().map(|p| p.2).fold(0.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Fig. 4: tasks to check k = min(ceil f(n), n) for beta <= eps",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1f64..FIG4_MAX_N as f64).log_scale(), 0f64..y_max)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("n, tasks in G_S (log scale)")
+        .y_desc("k, tasks re-run by the oracle")
+        .x_label_formatter(&|x| thousands(*x))
+        .draw()
+        .map_err(e)?;
+    let grey = BLACK.mix(0.35);
+    chart
+        .draw_series(LineSeries::new(
+            f.plot_n
+                .iter()
+                .map(|&n| n as f64)
+                .filter(|&n| n <= y_max)
+                .map(|n| (n, n)),
+            grey.stroke_width(1),
+        ))
+        .map_err(e)?
+        .label("k = n (check every task)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1)));
+    for (i, (&(eps, q, big_n), ks)) in f.pairs.iter().zip(&f.plot_k).enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                f.plot_n.iter().zip(ks).map(|(&n, &k)| (n as f64, k as f64)),
+                color.stroke_width(2),
+            ))
+            .map_err(e)?
+            .label(format!("eps = {eps}, q = {q}: N = {big_n:.1}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs, phases and Fig. 7
+
+/// One timed call: wall time and the CPU other processes took meanwhile.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Timed {
+    seconds: f64,
+    foreign_cpu_s: Option<f64>,
+}
+
+/// The linear phases of one certification, timed once.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Phases {
+    /// `read_vnode` on every vnode (segments read from the store and decoded), in parallel.
+    read_decode: f64,
+    /// `Track::load`: the above, plus merging the events into G.
+    load: f64,
+    /// `terminal_subgraph`.
+    gs: f64,
+    /// `structural_check` over G_S.
+    structural: f64,
+    /// `merkle_root` over G_S.
+    merkle: f64,
+    /// `log_digest` (Merkle root over G).
+    log_digest: f64,
+    /// Most CPU seconds other processes took during one of the phases.
+    foreign_cpu_s: Option<f64>,
+}
+
+impl Phases {
+    /// What the target is on.
+    fn load_gs_structural(&self) -> f64 {
+        self.load + self.gs + self.structural
+    }
+
+    /// Everything certify does that does not depend on k.
+    fn linear_total(&self) -> f64 {
+        self.load_gs_structural() + self.merkle + self.log_digest
+    }
+}
+
+/// Everything measured on one size.
+struct SizeResult {
+    shape: Shape,
+    tasks: u64,
+    events: u64,
+    create_seconds: f64,
+    store_bytes: Option<u64>,
+    /// k, checks counted and n of the partial certificates (the same for every seed).
+    k: u64,
+    checked_partial: u64,
+    n: u64,
+    phases: Vec<Phases>,
+    partial: Vec<Timed>,
+    full: Vec<Timed>,
+    /// Calls that were disturbed and run again / kept.
+    rerun: u32,
+    kept_disturbed: u32,
+    not_quiet: bool,
+}
+
+impl SizeResult {
+    fn phase_stats(&self, f: impl Fn(&Phases) -> f64) -> Result<Stats> {
+        stats(&self.phases.iter().map(f).collect::<Vec<_>>())
+    }
+
+    fn partial_stats(&self) -> Result<Stats> {
+        stats(&self.partial.iter().map(|t| t.seconds).collect::<Vec<_>>())
+    }
+
+    fn full_stats(&self) -> Result<Stats> {
+        stats(&self.full.iter().map(|t| t.seconds).collect::<Vec<_>>())
+    }
+}
+
+fn stats(values: &[f64]) -> Result<Stats> {
+    Stats::of(values).context("no run measured")
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn disturbed(foreign_cpu_s: Option<f64>, seconds: f64) -> bool {
+    foreign_cpu_s.is_some_and(|f| f > 0.05 + DISTURBED_SHARE * cores() as f64 * seconds)
+}
+
+/// Opens the store of a log directory.
+fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn Store>> {
+    Ok(match kind {
+        StoreKind::Sled => Arc::new(
+            SledStore::open(dir)
+                .with_context(|| format!("cannot open a sled store in {}", dir.display()))?,
+        ),
+        StoreKind::Memory => Arc::new(MemoryStore::default()),
+    })
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let meta = entry.metadata().ok()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Some(total)
+}
+
+/// Rules 2-4 of the module docs on one tree.
+fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<SizeResult> {
+    let dir = tempfile::Builder::new()
+        .prefix("veriflow-bench-certify-")
+        .tempdir_in(scratch)
+        .with_context(|| format!("cannot create a log directory in {}", scratch.display()))?;
+    let mut store = open_store(args.store, dir.path())?;
+    let runtime = Runtime::builder(knary_registry()?)
+        .program(<knary::Knary as Program>::NAME)
+        .threads(args.threads as usize)
+        .store(store.clone())
+        .checkpoint(true)
+        .build()
+        .context("building the runtime")?;
+    let (root, inputs) = shape.program().root();
+    let report = runtime
+        .run(root, inputs)
+        .with_context(|| format!("knary run {shape:?}"))?;
+    drop(runtime);
+    if report.outputs.0 != shape.nodes()? {
+        bail!(
+            "knary {shape:?}: counted {} nodes, expected {}",
+            report.outputs.0,
+            shape.nodes()?
+        );
+    }
+    eprintln!(
+        "  log written: {} tasks, {} events in {:.2} s",
+        report.tasks,
+        report.events,
+        report.elapsed.as_secs_f64()
+    );
+    if args.store == StoreKind::Sled {
+        // As a separate `knary certify` would: the store closed, then opened again.
+        drop(store);
+        store = open_store(args.store, dir.path())?;
+    }
+    let store_bytes = match args.store {
+        StoreKind::Sled => dir_bytes(dir.path()),
+        StoreKind::Memory => None,
+    };
+    let mut size = SizeResult {
+        shape,
+        tasks: report.tasks,
+        events: report.events,
+        create_seconds: report.elapsed.as_secs_f64(),
+        store_bytes,
+        k: 0,
+        checked_partial: 0,
+        n: 0,
+        phases: Vec::new(),
+        partial: Vec::new(),
+        full: Vec::new(),
+        rerun: 0,
+        kept_disturbed: 0,
+        not_quiet: false,
+    };
+    if args.quiet_wait > 0 {
+        size.not_quiet = !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES);
+        if size.not_quiet {
+            eprintln!("  (machine still busy after {} s: measuring anyway)", args.quiet_wait);
+        }
+    }
+    let registry = knary_registry()?;
+    let mut retries = args.retries;
+    let runs = args.runs as usize;
+    while size.phases.len() < runs {
+        let p = phases(&store, report.tasks)?;
+        let bad = disturbed(p.foreign_cpu_s, p.linear_total());
+        eprintln!(
+            "  phases {}/{runs}: read+decode {:.4} s, load {:.4} s, G_S {:.4} s, structural {:.4} s, \
+             merkle {:.4} s, log digest {:.4} s{}",
+            size.phases.len() + 1,
+            p.read_decode,
+            p.load,
+            p.gs,
+            p.structural,
+            p.merkle,
+            p.log_digest,
+            note(bad, retries > 0)
+        );
+        if keep(bad, &mut retries, &mut size) {
+            size.phases.push(p);
+        }
+    }
+    // Fig. 7: partial and full interleaved, a different draw seed per run.
+    let mut seed = 0u64;
+    while size.partial.len() < runs || size.full.len() < runs {
+        for full in [false, true] {
+            let done = if full { &size.full } else { &size.partial };
+            if done.len() >= runs {
+                continue;
+            }
+            seed += 1;
+            let (t, cert) = certify_once(&store, &registry, full, seed)?;
+            if cert.n != report.tasks {
+                bail!(
+                    "knary {shape:?}: G_S has {} tasks, the run {}",
+                    cert.n,
+                    report.tasks
+                );
+            }
+            let bad = disturbed(t.foreign_cpu_s, t.seconds);
+            eprintln!(
+                "  {} certification: {:.4} s, {} of {} tasks re-run{}",
+                if full { "full" } else { "partial" },
+                t.seconds,
+                cert.checked.len(),
+                cert.n,
+                note(bad, retries > 0)
+            );
+            if !keep(bad, &mut retries, &mut size) {
+                continue;
+            }
+            if full {
+                size.full.push(t);
+            } else {
+                size.k = cert.k;
+                size.checked_partial = cert.checked.len() as u64;
+                size.n = cert.n;
+                size.partial.push(t);
+            }
+        }
+    }
+    drop(store);
+    let path = dir.path().to_path_buf();
+    dir.close()
+        .with_context(|| format!("cannot remove the log directory {}", path.display()))?;
+    Ok(size)
+}
+
+/// Whether to keep a timed call (`bad`: disturbed), counting retries.
+fn keep(bad: bool, retries: &mut u32, size: &mut SizeResult) -> bool {
+    if bad && *retries > 0 {
+        *retries -= 1;
+        size.rerun += 1;
+        return false;
+    }
+    size.kept_disturbed += u32::from(bad);
+    true
+}
+
+fn note(bad: bool, retry_left: bool) -> &'static str {
+    match (bad, retry_left) {
+        (false, _) => "",
+        (true, true) => " -- disturbed, run again",
+        (true, false) => " -- disturbed, kept (no retry left)",
+    }
+}
+
+/// Times `f`, with the CPU other processes took meanwhile.
+fn time<T>(f: impl FnOnce() -> T) -> (T, Timed) {
+    let before = CpuSnapshot::now();
+    let t0 = Instant::now();
+    let out = f();
+    let seconds = t0.elapsed().as_secs_f64();
+    let timed = Timed {
+        seconds,
+        foreign_cpu_s: CpuSnapshot::foreign_since(before),
+    };
+    (out, timed)
+}
+
+/// Rule 3 of the module docs, once.
+fn phases(store: &Arc<dyn Store>, tasks: u64) -> Result<Phases> {
+    let reader = LogReader::latest(store.clone()).context("reading the log's manifest")?;
+    let (logs, read) = time(|| {
+        reader
+            .vnodes()?
+            .into_par_iter()
+            .map(|v| reader.read_vnode(v))
+            .collect::<Result<Vec<_>, _>>()
+    });
+    let logs = logs.context("reading the logs")?;
+    if logs.iter().map(|l| l.events.len()).sum::<usize>() == 0 {
+        bail!("the log holds no events");
+    }
+    drop(logs);
+    let (track, load) = time(|| Track::load(store.clone()));
+    let track = track.context("loading G from the logs")?;
+    let outputs = track.terminal().to_vec();
+    let ((gs, mut errors), gs_t) = time(|| track.terminal_subgraph(&outputs));
+    let (structural, st) = time(|| track.structural_check(&gs));
+    errors.extend(structural);
+    let (_, merkle) = time(|| track.merkle_root(&gs));
+    let (_, digest) = time(|| track.log_digest());
+    if !errors.is_empty() {
+        bail!("the honest run's log fails the structural check: {:?}", errors[0]);
+    }
+    if gs.len() as u64 != tasks {
+        bail!("G_S has {} tasks, the run {tasks}", gs.len());
+    }
+    drop(track);
+    let foreign = [read, load, gs_t, st, merkle, digest]
+        .iter()
+        .filter_map(|t| t.foreign_cpu_s)
+        .fold(None, |m: Option<f64>, f| Some(m.map_or(f, |m| m.max(f))));
+    Ok(Phases {
+        read_decode: read.seconds,
+        load: load.seconds,
+        gs: gs_t.seconds,
+        structural: st.seconds,
+        merkle: merkle.seconds,
+        log_digest: digest.seconds,
+        foreign_cpu_s: foreign,
+    })
+}
+
+/// Rule 4 of the module docs, once: `certify` at Fig. 7's ε and q.
+fn certify_once(
+    store: &Arc<dyn Store>,
+    registry: &veriflow::Registry,
+    full: bool,
+    seed: u64,
+) -> Result<(Timed, veriflow::Certificate)> {
+    let opts = Options {
+        epsilon: FIG7_EPSILON,
+        q: FIG7_Q,
+        seed: Some(seed),
+        full,
+        ..Options::default()
+    };
+    let (cert, t) = time(|| certify(store.clone(), registry, &opts, &NoProgress));
+    let cert = cert.context("certifying")?;
+    if cert.decision != Decision::Accept {
+        bail!(
+            "an honest run was rejected: {:?} {:?}",
+            cert.detections.first(),
+            cert.structural.first()
+        );
+    }
+    Ok((t, cert))
+}
+
+fn draw_fig7<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    sizes: &[SizeResult],
+) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let mut rows: Vec<(f64, f64, f64, f64)> = Vec::new();
+    for s in sizes {
+        let (Ok(p), Ok(f), Ok(l)) = (
+            s.partial_stats(),
+            s.full_stats(),
+            s.phase_stats(Phases::linear_total),
+        ) else {
+            return Err("a size has no measurement".to_string());
+        };
+        rows.push((s.tasks as f64, p.median, f.median, l.median));
+    }
+    let (Some(x_min), Some(x_max)) = (
+        rows.iter().map(|r| r.0).reduce(f64::min),
+        rows.iter().map(|r| r.0).reduce(f64::max),
+    ) else {
+        return Err("nothing to plot".to_string());
+    };
+    let all = rows.iter().flat_map(|r| [r.1, r.2, r.3]);
+    let y_min = all.clone().fold(f64::INFINITY, f64::min).max(1e-5) / 2.0;
+    let y_max = all.fold(0.0, f64::max) * 2.0;
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("Fig. 7: certification time, full vs partial (eps = {FIG7_EPSILON}, q = {FIG7_Q})"),
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (x_min / 2.0..x_max * 2.0).log_scale(),
+            (y_min..y_max).log_scale(),
+        )
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("n, tasks of the run (knary fanout 10; log scale)")
+        .y_desc("seconds (median; log scale)")
+        .x_label_formatter(&|x| thousands(*x))
+        .draw()
+        .map_err(e)?;
+    let series: [(&str, RGBColor, fn(&(f64, f64, f64, f64)) -> f64); 3] = [
+        ("full duplication: every task re-run", COLORS[3], |r| r.2),
+        ("partial: k = min(ceil f(n), n) tasks re-run", COLORS[0], |r| r.1),
+        ("load + G_S + structural + Merkle roots", COLORS[2], |r| r.3),
+    ];
+    for (label, color, pick) in series {
+        let pts: Vec<(f64, f64)> = rows.iter().map(|r| (r.0, pick(r))).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(e)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+struct Report<'a> {
+    args: &'a CertifyArgs,
+    date: String,
+    machine: Machine,
+    total: Duration,
+    fig4: Fig4,
+    fig4_plots: Vec<(String, Result<(), String>)>,
+    fig7_plot: Result<(), String>,
+    sizes: Vec<SizeResult>,
+}
+
+impl Report<'_> {
+    /// The size the target is measured at: the largest.
+    fn largest(&self) -> Option<&SizeResult> {
+        self.sizes.iter().max_by_key(|s| s.tasks)
+    }
+
+    fn target(&self) -> Option<(f64, bool)> {
+        let s = self.largest()?;
+        let t = s.phase_stats(Phases::load_gs_structural).ok()?.median;
+        let rate = s.tasks as f64 / t;
+        Some((rate, rate >= TARGET_TASKS_PER_S))
+    }
+
+    fn markdown(&self) -> String {
+        let mut md = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            md,
+            "Measured {} at commit {} on {} ({} cores available){}; whole command {:.0} s.\n",
+            self.date,
+            m.git.as_deref().unwrap_or("?"),
+            m.cpu.as_deref().unwrap_or("unknown CPU"),
+            m.cores,
+            if self.args.quick {
+                " (--quick: small trees, not the real measurement)"
+            } else {
+                ""
+            },
+            self.total.as_secs_f64()
+        );
+        // Fig. 4.
+        let _ = writeln!(
+            md,
+            "Fig. 4: tasks to check k = min(⌈f_ε,q(n)⌉, n) so that β ≤ ε (`certifier::sample`); \
+             the last row is N_ε,q = ln ε / ln(1 − q). Plot: {}.\n",
+            self.fig4_plots
+                .iter()
+                .map(|(f, r)| match r {
+                    Ok(()) => format!("`{f}`"),
+                    Err(e) => format!("no `{f}` ({e})"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        md.push_str("| n |");
+        for &(eps, q, _) in &self.fig4.pairs {
+            let _ = write!(md, " ε {eps}, q {q} |");
+        }
+        md.push_str("\n|---:|");
+        md.push_str(&"---:|".repeat(self.fig4.pairs.len()));
+        md.push('\n');
+        for (n, ks) in self.fig4.table_n.iter().zip(&self.fig4.table_k) {
+            let _ = write!(md, "| {} |", thousands(*n as f64));
+            for k in ks {
+                let _ = write!(md, " {k} |");
+            }
+            md.push('\n');
+        }
+        md.push_str("| N |");
+        for &(_, _, big_n) in &self.fig4.pairs {
+            let _ = write!(md, " {big_n:.2} |");
+        }
+        md.push_str("\n\n");
+        // Fig. 7.
+        let _ = writeln!(
+            md,
+            "Fig. 7: `certify` at ε = {FIG7_EPSILON}, q = {FIG7_Q}, partial (k tasks re-run) \
+             against full duplication (`Options {{ full: true }}`: every task re-run), on honest \
+             knary logs (fanout {FANOUT}, grain {} µs per node, `Sum` tasks none; {} store, \
+             written by a {}-thread run, {}); medians of {} runs each, rayon's global pool of {} \
+             threads. Plot: {}.\n",
+            self.args.grain_us,
+            match self.args.store {
+                StoreKind::Sled => "sled",
+                StoreKind::Memory => "memory",
+            },
+            self.args.threads,
+            match self.args.store {
+                StoreKind::Sled => "closed and opened again before certifying",
+                StoreKind::Memory => "kept open",
+            },
+            self.args.runs,
+            rayon::current_num_threads(),
+            match &self.fig7_plot {
+                Ok(()) => "`certify_fig7.svg`".to_string(),
+                Err(e) => format!("none ({e})"),
+            }
+        );
+        md.push_str(
+            "| tasks n | depth | k | re-run (partial) | partial median (s) | full median (s) | \
+             full / partial | partial min–max (s) | full min–max (s) | log written in (s) | \
+             store (MB) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for s in &self.sizes {
+            let (Ok(p), Ok(f)) = (s.partial_stats(), s.full_stats()) else {
+                continue;
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} % | {:.4} | {:.4} | {:.1} | {:.4}–{:.4} | {:.4}–{:.4} | \
+                 {:.2} | {} |",
+                thousands(s.tasks as f64),
+                s.shape.depth,
+                s.k,
+                100.0 * s.checked_partial as f64 / s.n.max(1) as f64,
+                p.median,
+                f.median,
+                f.median / p.median,
+                p.min,
+                p.max,
+                f.min,
+                f.max,
+                s.create_seconds,
+                s.store_bytes
+                    .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
+            );
+        }
+        md.push('\n');
+        // Phases.
+        md.push_str(
+            "Linear phases of a certification (medians over the runs; tasks/s = n / time): \
+             read + decode is `LogReader::read_vnode` on every vnode alone, load is the whole \
+             `Track::load` (read + decode + merge into G), then G_S, the structural check, the \
+             Merkle root of G_S and the log digest (Merkle root over G). Target: load + G_S + \
+             structural ≥ 1,000,000 tasks/s.\n\n",
+        );
+        md.push_str(
+            "| tasks n | events | read + decode (s) | load (s) | G_S (s) | structural (s) | \
+             Merkle G_S (s) | log digest (s) | load + G_S + structural (s) | tasks/s | all \
+             linear (s) | tasks/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for s in &self.sizes {
+            let get = |f: fn(&Phases) -> f64| s.phase_stats(f).map(|st| st.median).unwrap_or(0.0);
+            let lgs = get(Phases::load_gs_structural);
+            let all = get(Phases::linear_total);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {} | {:.4} | \
+                 {} |",
+                thousands(s.tasks as f64),
+                thousands(s.events as f64),
+                get(|p| p.read_decode),
+                get(|p| p.load),
+                get(|p| p.gs),
+                get(|p| p.structural),
+                get(|p| p.merkle),
+                get(|p| p.log_digest),
+                lgs,
+                thousands(s.tasks as f64 / lgs),
+                all,
+                thousands(s.tasks as f64 / all),
+            );
+        }
+        md.push('\n');
+        let disturbed: u32 = self.sizes.iter().map(|s| s.rerun).sum();
+        let kept: u32 = self.sizes.iter().map(|s| s.kept_disturbed).sum();
+        let busy = self.sizes.iter().filter(|s| s.not_quiet).count();
+        let _ = writeln!(
+            md,
+            "Timed calls disturbed by other processes: {disturbed} run again, {kept} kept; \
+             {busy} size(s) started on a busy machine.\n"
+        );
+        if let (Some((rate, met)), Some(s)) = (self.target(), self.largest()) {
+            let _ = writeln!(
+                md,
+                "| target | measured | met |\n|---|---:|---|\n| load + G_S + structural check \
+                 ≥ {} tasks/s at {} tasks | {} tasks/s | {} |",
+                thousands(TARGET_TASKS_PER_S),
+                thousands(s.tasks as f64),
+                thousands(rate),
+                if met { "yes" } else { "**no**" }
+            );
+        }
+        md
+    }
+
+    fn json(&self) -> Value {
+        let m = &self.machine;
+        let fig4_rows: Vec<Value> = self
+            .fig4
+            .table_n
+            .iter()
+            .zip(&self.fig4.table_k)
+            .map(|(n, ks)| json!({ "n": n, "k": ks }))
+            .collect();
+        let fig4_curves: Vec<Value> = self
+            .fig4
+            .pairs
+            .iter()
+            .zip(&self.fig4.plot_k)
+            .map(|(&(eps, q, big_n), ks)| {
+                json!({ "epsilon": eps, "q": q, "n_eps_q": big_n,
+                        "points": self.fig4.plot_n.iter().zip(ks)
+                            .map(|(n, k)| json!([n, k])).collect::<Vec<_>>() })
+            })
+            .collect();
+        let sizes: Vec<Value> = self
+            .sizes
+            .iter()
+            .map(|s| {
+                let stat = |f: fn(&Phases) -> f64| s.phase_stats(f).ok();
+                json!({
+                    "shape": s.shape,
+                    "tasks": s.tasks,
+                    "events": s.events,
+                    "log_written_seconds": s.create_seconds,
+                    "store_bytes": s.store_bytes,
+                    "n": s.n,
+                    "k": s.k,
+                    "checked_partial": s.checked_partial,
+                    "fraction_rerun_partial": s.checked_partial as f64 / s.n.max(1) as f64,
+                    "partial": { "runs": s.partial, "seconds": s.partial_stats().ok() },
+                    "full": { "runs": s.full, "seconds": s.full_stats().ok() },
+                    "phases": {
+                        "runs": s.phases,
+                        "read_decode": stat(|p| p.read_decode),
+                        "load": stat(|p| p.load),
+                        "gs": stat(|p| p.gs),
+                        "structural": stat(|p| p.structural),
+                        "merkle": stat(|p| p.merkle),
+                        "log_digest": stat(|p| p.log_digest),
+                        "load_gs_structural": stat(Phases::load_gs_structural),
+                        "linear_total": stat(Phases::linear_total),
+                        "load_gs_structural_tasks_per_s": stat(Phases::load_gs_structural)
+                            .map(|st| s.tasks as f64 / st.median),
+                    },
+                    "disturbed_rerun": s.rerun,
+                    "disturbed_kept": s.kept_disturbed,
+                    "started_on_busy_machine": s.not_quiet,
+                })
+            })
+            .collect();
+        let target = self.target().map(|(rate, met)| {
+            json!({
+                "what": "Track::load + terminal_subgraph + structural_check at the largest size",
+                "target_tasks_per_s": TARGET_TASKS_PER_S,
+                "measured_tasks_per_s": rate,
+                "met": met,
+            })
+        });
+        json!({
+            "benchmark": "certify",
+            "date_utc": self.date,
+            "quick": self.args.quick,
+            "machine": {
+                "cores": m.cores,
+                "cpu_model": m.cpu,
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "kernel": m.kernel,
+                "rustc": m.rustc,
+                "git_commit": m.git,
+            },
+            "total_seconds": self.total.as_secs_f64(),
+            "parameters": {
+                "runs": self.args.runs,
+                "grain_us": self.args.grain_us,
+                "threads_of_the_run": self.args.threads,
+                "certifier_threads": rayon::current_num_threads(),
+                "store": self.args.store,
+                "fanout": FANOUT,
+                "timing": "wall clock (Instant) around each library call; a sled store is \
+                           closed and opened again after the run, before any measurement",
+                "quiet_wait_s": self.args.quiet_wait,
+                "retries": self.args.retries,
+                "disturbed": format!("a call during which other processes took more than \
+                                      0.05 CPU-s + {DISTURBED_SHARE} x cores x its wall time"),
+            },
+            "fig4": {
+                "what": "k = min(ceil(f_{eps,q}(n)), n), sample::sample_size",
+                "pairs": self.fig4.pairs.iter()
+                    .map(|&(eps, q, n)| json!({ "epsilon": eps, "q": q, "n_eps_q": n }))
+                    .collect::<Vec<_>>(),
+                "table": fig4_rows,
+                "curves": fig4_curves,
+                "plots": self.fig4_plots.iter()
+                    .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
+                    .collect::<Vec<_>>(),
+            },
+            "fig7": {
+                "epsilon": FIG7_EPSILON,
+                "q": FIG7_Q,
+                "plot_error": self.fig7_plot.as_ref().err(),
+                "sizes": sizes,
+            },
+            "target": target,
+        })
+    }
+}
+
+/// `x` rounded, with thousands separators.
+fn thousands(x: f64) -> String {
+    let s = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// What we know of the machine (the same fields as `paper overhead` records).
+struct Machine {
+    cores: usize,
+    cpu: Option<String>,
+    kernel: Option<String>,
+    rustc: Option<String>,
+    /// `git rev-parse --short=10 HEAD` of the workspace, with ` (dirty)` when tracked files
+    /// differ.
+    git: Option<String>,
+}
+
+impl Machine {
+    fn now() -> Machine {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        });
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .map(|s| s.trim().to_string());
+        let run = |cmd: &str, args: &[&str]| {
+            std::process::Command::new(cmd)
+                .args(args)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let rustc = run(
+            &std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()),
+            &["--version"],
+        );
+        let git = run("git", &["rev-parse", "--short=10", "HEAD"]).map(|head| {
+            match run("git", &["status", "--porcelain", "--untracked-files=no"]) {
+                Some(changes) if changes.is_empty() => head,
+                Some(_) => format!("{head} (dirty)"),
+                None => head,
+            }
+        });
+        Machine {
+            cores: cores(),
+            cpu,
+            kernel,
+            rustc,
+            git,
+        }
+    }
+}
+
+/// The current time in UTC, `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fig4_matches_the_paper() {
+        let f = Fig4::compute().unwrap();
+        let col = f
+            .pairs
+            .iter()
+            .position(|&(eps, q, _)| eps == 0.05 && q == 0.01)
+            .unwrap();
+        let row = f.table_n.iter().position(|&n| n == 1_000_000).unwrap();
+        // ln 0.05 / ln 0.99 = 298.07 (paper: "≃ 298").
+        assert_eq!(f.table_k[row][col], 299);
+        assert_eq!(f.table_k[0], vec![1; f.pairs.len()]);
+        assert_eq!(f.table_n.len(), 19);
+        assert_eq!(*f.plot_n.last().unwrap(), FIG4_MAX_N);
+    }
+
+    #[test]
+    fn thousands_separates() {
+        assert_eq!(thousands(1_222_222.0), "1,222,222");
+        assert_eq!(thousands(122.0), "122");
+        assert_eq!(thousands(1000.4), "1,000");
+    }
+
+    #[test]
+    fn a_small_size_is_measured() {
+        let scratch = tempfile::tempdir().unwrap();
+        let args = CertifyArgs {
+            runs: 1,
+            grain_us: 0,
+            threads: 2,
+            store: StoreKind::Memory,
+            quick: true,
+            out: None,
+            scratch: None,
+            quiet_wait: 0,
+            retries: 0,
+        };
+        let shape = Shape {
+            depth: 3,
+            fanout: FANOUT,
+            serial: 0,
+            grain_us: 0,
+        };
+        let s = measure_size(&args, shape, scratch.path()).unwrap();
+        assert_eq!(s.tasks, 122);
+        assert_eq!(s.n, 122);
+        assert_eq!(s.k, sample::sample_size(FIG7_EPSILON, FIG7_Q, 122).unwrap());
+        assert_eq!((s.partial.len(), s.full.len(), s.phases.len()), (1, 1, 1));
+    }
+}
