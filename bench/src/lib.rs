@@ -4,10 +4,14 @@
 //!   measures the cost of the durable event log on knary (S1 against the S0 baseline without a
 //!   log) and the empty-task throughput against rayon; `paper recovery` adds S2, a run in which
 //!   one vnode fails half-way and is recovered from its log;
+//! - `paper storage` ([`storage`]) measures the checkpoint storage strategies: coding
+//!   throughput, and run-time and storage overhead on a logged matrix product (paper 003);
 //! - the `micro` criterion bench measures hot paths (id derivation, codec, a small run).
 //!
 //! This library holds what both share: one knary run on a fresh runtime ([`run_knary`]), the
 //! same tree built with `rayon::scope` ([`rayon_tree`]) and small statistics ([`Stats`]).
+
+pub mod storage;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -54,6 +54,9 @@ enum Command {
     Overhead(RunArgs),
     /// Cost of one vnode failing half-way (S2) against S0 and S1 on knary.
     Recovery(RunArgs),
+    /// Checkpoint storage strategies (paper 003): coding throughput, run-time and storage
+    /// overhead on a logged matrix product with real checkpoint servers.
+    Storage(veriflow_bench::storage::StorageArgs),
 }
 
 #[derive(Args, Debug)]
@@ -102,6 +105,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Overhead(args) => overhead(&args),
         Command::Recovery(args) => recovery(&args),
+        Command::Storage(args) => veriflow_bench::storage::run(&args),
     }
 }
 
