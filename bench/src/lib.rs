@@ -13,6 +13,8 @@
 
 pub mod storage;
 
+pub mod certify;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

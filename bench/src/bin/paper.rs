@@ -57,6 +57,9 @@ enum Command {
     /// Checkpoint storage strategies (paper 003): coding throughput, run-time and storage
     /// overhead on a logged matrix product with real checkpoint servers.
     Storage(veriflow_bench::storage::StorageArgs),
+    /// The certifier: Fig. 4 (k against n), Fig. 7 (full vs partial duplication) and the
+    /// throughput of its linear phases.
+    Certify(veriflow_bench::certify::CertifyArgs),
 }
 
 #[derive(Args, Debug)]
@@ -105,6 +108,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Overhead(args) => overhead(&args),
         Command::Recovery(args) => recovery(&args),
+        Command::Certify(args) => veriflow_bench::certify::run(&args),
         Command::Storage(args) => veriflow_bench::storage::run(&args),
     }
 }
