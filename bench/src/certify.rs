@@ -145,7 +145,12 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
 
     eprintln!("Fig. 4: k against n");
     let fig4 = Fig4::compute()?;
-    let fig4_plots = fig4.plot(&out, stem);
+    let fig4_plots = plots(
+        &out,
+        &format!("{stem}_fig4"),
+        |root| draw_fig4(root, &fig4),
+        |root| draw_fig4(root, &fig4),
+    );
 
     let depths = if args.quick { QUICK_DEPTHS } else { DEPTHS };
     let mut sizes = Vec::new();
@@ -156,12 +161,18 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
             serial: 0,
             grain_us: args.grain_us,
         };
-        eprintln!("knary depth {depth} fanout {FANOUT}: {} tasks", shape.tasks()?);
+        eprintln!(
+            "knary depth {depth} fanout {FANOUT}: {} tasks",
+            shape.tasks()?
+        );
         sizes.push(measure_size(args, shape, &scratch)?);
     }
-    let fig7_plot = plot_file(&out.join(format!("{stem}_fig7.svg")), |root| {
-        draw_fig7(root, &sizes)
-    });
+    let fig7_plots = plots(
+        &out,
+        &format!("{stem}_fig7"),
+        |root| draw_fig7(root, &sizes),
+        |root| draw_fig7(root, &sizes),
+    );
 
     let report = Report {
         args,
@@ -170,7 +181,7 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
         total: started.elapsed(),
         fig4,
         fig4_plots,
-        fig7_plot,
+        fig7_plots,
         sizes,
     };
     let md = report.markdown();
@@ -214,7 +225,11 @@ impl Fig4 {
         let mut table_n = Vec::new();
         let mut decade = 1u64;
         while decade <= FIG4_MAX_N {
-            table_n.extend([decade, 2 * decade, 5 * decade].iter().filter(|&&n| n <= FIG4_MAX_N));
+            table_n.extend(
+                [decade, 2 * decade, 5 * decade]
+                    .iter()
+                    .filter(|&&n| n <= FIG4_MAX_N),
+            );
             decade *= 10;
         }
         let mut plot_n: Vec<u64> = (0..=300)
@@ -247,44 +262,59 @@ impl Fig4 {
             plot_k,
         })
     }
-
-    /// Writes the SVG (and a PNG if the bitmap backend finds its fonts); what was written or
-    /// why not.
-    fn plot(&self, out: &Path, stem: &str) -> Vec<(String, Result<(), String>)> {
-        let svg = out.join(format!("{stem}_fig4.svg"));
-        let png = out.join(format!("{stem}_fig4.png"));
-        let svg_result = plot_file(&svg, |root| draw_fig4(root, self));
-        let png_result = (|| {
-            let root = BitMapBackend::new(&png, (960, 640)).into_drawing_area();
-            draw_fig4(root, self).map_err(|e| e.to_string())
-        })();
-        if let Err(e) = &png_result {
-            eprintln!("  (no PNG of Fig. 4: {e}; the SVG has it)");
-            let _ = std::fs::remove_file(&png);
-        }
-        vec![
-            (file_name(&svg), svg_result),
-            (file_name(&png), png_result),
-        ]
-    }
 }
+
+/// What was drawn: (file name, `Err(why)` when it could not be).
+type Plots = Vec<(String, Result<(), String>)>;
+
+/// Draws one figure into `<name>.svg` and `<name>.png` in `out` (the PNG needs system fonts:
+/// when the bitmap backend finds none, the PNG is left out and the SVG alone has the figure).
+fn plots<S, B>(out: &Path, name: &str, svg: S, png: B) -> Plots
+where
+    S: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
+    B: FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
+{
+    let svg_path = out.join(format!("{name}.svg"));
+    let png_path = out.join(format!("{name}.png"));
+    let svg_result = svg(SVGBackend::new(&svg_path, PLOT_SIZE).into_drawing_area());
+    let png_result = png(BitMapBackend::new(&png_path, PLOT_SIZE).into_drawing_area());
+    for (path, r) in [(&svg_path, &svg_result), (&png_path, &png_result)] {
+        if let Err(e) = r {
+            eprintln!("  (cannot draw {}: {e})", path.display());
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    vec![
+        (file_name(&svg_path), svg_result),
+        (file_name(&png_path), png_result),
+    ]
+}
+
+/// Pixels of every plot.
+const PLOT_SIZE: (u32, u32) = (960, 640);
 
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
 }
 
-/// Draws into an SVG file at `path`.
-fn plot_file<F>(path: &Path, draw: F) -> Result<(), String>
-where
-    F: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
-{
-    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
-    let r = draw(root);
-    if let Err(e) = &r {
-        eprintln!("  (cannot draw {}: {e})", path.display());
-    }
-    r
+/// The plots as markdown: the files written, and why any is missing.
+fn plots_markdown(plots: &Plots) -> String {
+    plots
+        .iter()
+        .map(|(f, r)| match r {
+            Ok(()) => format!("`{f}`"),
+            Err(e) => format!("no `{f}` ({e})"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn plots_json(plots: &Plots) -> Vec<Value> {
+    plots
+        .iter()
+        .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
+        .collect()
 }
 
 /// One colour per series, readable on white.
@@ -303,10 +333,11 @@ fn draw_fig4<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, f: &Fig4) -> Resu
     let y_max = f.pairs.iter().map(|p| p.2).fold(0.0, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Fig. 4: tasks to check k = min(ceil f(n), n) for beta <= eps",
+            "Fig. 4: tasks to check, k = min(⌈f(n)⌉, n), for β ≤ ε",
             ("sans-serif", 22),
         )
         .margin(15)
+        .margin_right(45)
         .x_label_area_size(45)
         .y_label_area_size(60)
         .build_cartesian_2d((1f64..FIG4_MAX_N as f64).log_scale(), 0f64..y_max)
@@ -316,6 +347,7 @@ fn draw_fig4<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, f: &Fig4) -> Resu
         .x_desc("n, tasks in G_S (log scale)")
         .y_desc("k, tasks re-run by the oracle")
         .x_label_formatter(&|x| thousands(*x))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(e)?;
     let grey = BLACK.mix(0.35);
@@ -339,8 +371,10 @@ fn draw_fig4<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, f: &Fig4) -> Resu
                 color.stroke_width(2),
             ))
             .map_err(e)?
-            .label(format!("eps = {eps}, q = {q}: N = {big_n:.1}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .label(format!("ε = {eps}, q = {q}: N = {big_n:.1}"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -525,7 +559,10 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     if args.quiet_wait > 0 {
         size.not_quiet = !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES);
         if size.not_quiet {
-            eprintln!("  (machine still busy after {} s: measuring anyway)", args.quiet_wait);
+            eprintln!(
+                "  (machine still busy after {} s: measuring anyway)",
+                args.quiet_wait
+            );
         }
     }
     let registry = knary_registry()?;
@@ -652,7 +689,10 @@ fn phases(store: &Arc<dyn Store>, tasks: u64) -> Result<Phases> {
     let (_, merkle) = time(|| track.merkle_root(&gs));
     let (_, digest) = time(|| track.log_digest());
     if !errors.is_empty() {
-        bail!("the honest run's log fails the structural check: {:?}", errors[0]);
+        bail!(
+            "the honest run's log fails the structural check: {:?}",
+            errors[0]
+        );
     }
     if gs.len() as u64 != tasks {
         bail!("G_S has {} tasks, the run {tasks}", gs.len());
@@ -704,33 +744,41 @@ fn draw_fig7<DB: DrawingBackend>(
     sizes: &[SizeResult],
 ) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let mut rows: Vec<(f64, f64, f64, f64)> = Vec::new();
+    // Per size: n, and the medians of full, partial and the linear phases.
+    let mut ns = Vec::new();
+    let mut times: [Vec<f64>; 3] = Default::default();
     for s in sizes {
-        let (Ok(p), Ok(f), Ok(l)) = (
-            s.partial_stats(),
+        let (Ok(f), Ok(p), Ok(l)) = (
             s.full_stats(),
+            s.partial_stats(),
             s.phase_stats(Phases::linear_total),
         ) else {
             return Err("a size has no measurement".to_string());
         };
-        rows.push((s.tasks as f64, p.median, f.median, l.median));
+        ns.push(s.tasks as f64);
+        for (series, t) in times.iter_mut().zip([f.median, p.median, l.median]) {
+            series.push(t);
+        }
     }
     let (Some(x_min), Some(x_max)) = (
-        rows.iter().map(|r| r.0).reduce(f64::min),
-        rows.iter().map(|r| r.0).reduce(f64::max),
+        ns.iter().copied().reduce(f64::min),
+        ns.iter().copied().reduce(f64::max),
     ) else {
         return Err("nothing to plot".to_string());
     };
-    let all = rows.iter().flat_map(|r| [r.1, r.2, r.3]);
+    let all = times.iter().flatten().copied();
     let y_min = all.clone().fold(f64::INFINITY, f64::min).max(1e-5) / 2.0;
     let y_max = all.fold(0.0, f64::max) * 2.0;
     root.fill(&WHITE).map_err(e)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Fig. 7: certification time, full vs partial (eps = {FIG7_EPSILON}, q = {FIG7_Q})"),
+            format!(
+                "Fig. 7: certification time, full vs partial (ε = {FIG7_EPSILON}, q = {FIG7_Q})"
+            ),
             ("sans-serif", 22),
         )
         .margin(15)
+        .margin_right(45)
         .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d(
@@ -745,18 +793,20 @@ fn draw_fig7<DB: DrawingBackend>(
         .x_label_formatter(&|x| thousands(*x))
         .draw()
         .map_err(e)?;
-    let series: [(&str, RGBColor, fn(&(f64, f64, f64, f64)) -> f64); 3] = [
-        ("full duplication: every task re-run", COLORS[3], |r| r.2),
-        ("partial: k = min(ceil f(n), n) tasks re-run", COLORS[0], |r| r.1),
-        ("load + G_S + structural + Merkle roots", COLORS[2], |r| r.3),
+    let labels = [
+        ("full duplication: every task re-run", COLORS[3]),
+        ("partial: k = min(⌈f(n)⌉, n) tasks re-run", COLORS[0]),
+        ("load + G_S + structural + Merkle roots", COLORS[2]),
     ];
-    for (label, color, pick) in series {
-        let pts: Vec<(f64, f64)> = rows.iter().map(|r| (r.0, pick(r))).collect();
+    for ((label, color), series) in labels.into_iter().zip(&times) {
+        let pts: Vec<(f64, f64)> = ns.iter().copied().zip(series.iter().copied()).collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(e)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
             .map_err(e)?;
@@ -780,8 +830,8 @@ struct Report<'a> {
     machine: Machine,
     total: Duration,
     fig4: Fig4,
-    fig4_plots: Vec<(String, Result<(), String>)>,
-    fig7_plot: Result<(), String>,
+    fig4_plots: Plots,
+    fig7_plots: Plots,
     sizes: Vec<SizeResult>,
 }
 
@@ -820,14 +870,7 @@ impl Report<'_> {
             md,
             "Fig. 4: tasks to check k = min(⌈f_ε,q(n)⌉, n) so that β ≤ ε (`certifier::sample`); \
              the last row is N_ε,q = ln ε / ln(1 − q). Plot: {}.\n",
-            self.fig4_plots
-                .iter()
-                .map(|(f, r)| match r {
-                    Ok(()) => format!("`{f}`"),
-                    Err(e) => format!("no `{f}` ({e})"),
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
+            plots_markdown(&self.fig4_plots)
         );
         md.push_str("| n |");
         for &(eps, q, _) in &self.fig4.pairs {
@@ -868,10 +911,7 @@ impl Report<'_> {
             },
             self.args.runs,
             rayon::current_num_threads(),
-            match &self.fig7_plot {
-                Ok(()) => "`certify_fig7.svg`".to_string(),
-                Err(e) => format!("none ({e})"),
-            }
+            plots_markdown(&self.fig7_plots)
         );
         md.push_str(
             "| tasks n | depth | k | re-run (partial) | partial median (s) | full median (s) | \
@@ -1060,14 +1100,12 @@ impl Report<'_> {
                     .collect::<Vec<_>>(),
                 "table": fig4_rows,
                 "curves": fig4_curves,
-                "plots": self.fig4_plots.iter()
-                    .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
-                    .collect::<Vec<_>>(),
+                "plots": plots_json(&self.fig4_plots),
             },
             "fig7": {
                 "epsilon": FIG7_EPSILON,
                 "q": FIG7_Q,
-                "plot_error": self.fig7_plot.as_ref().err(),
+                "plots": plots_json(&self.fig7_plots),
                 "sizes": sizes,
             },
             "target": target,
@@ -1101,12 +1139,14 @@ struct Machine {
 
 impl Machine {
     fn now() -> Machine {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        });
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            });
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .ok()
             .map(|s| s.trim().to_string());
