@@ -283,11 +283,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     fn mac(&self, dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
-        let mut h = blake3::Hasher::new_keyed(&self.session);
-        h.update(&[dir]);
-        h.update(&seq.to_le_bytes());
-        h.update(payload);
-        *h.finalize().as_bytes()
+        frame_mac(&self.session, dir, seq, payload)
     }
 
     /// Sends one message (rule 3).
@@ -314,30 +310,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Receives one message (rules 1, 3-6).
     pub async fn recv<M: DeserializeOwned>(&mut self) -> Result<M, WireError> {
         let frame = read_raw(&mut self.stream, self.max_frame).await?;
-        if frame.len() < AUTH_LEN {
-            return Err(WireError::Malformed(format!(
-                "frame of {} bytes is shorter than its authentication",
-                frame.len()
-            )));
-        }
-        let mut seq = [0u8; 8];
-        seq.copy_from_slice(&frame[..8]);
-        let seq = u64::from_le_bytes(seq);
-        let tag = array32(&frame[8..AUTH_LEN])?;
-        let payload = &frame[AUTH_LEN..];
-        let want = self.mac(self.side.recv_dir(), seq, payload);
-        // Constant-time comparison through blake3::Hash's PartialEq.
-        if blake3::Hash::from(want) != blake3::Hash::from(tag) {
-            return Err(WireError::BadMac);
-        }
-        if seq != self.recv_seq {
-            return Err(WireError::Sequence {
-                got: seq,
-                expected: self.recv_seq,
-            });
-        }
+        let msg = open_frame(&self.session, self.side.recv_dir(), self.recv_seq, &frame)?;
         self.recv_seq += 1;
-        postcard::from_bytes(payload).map_err(|e| WireError::Malformed(format!("decode: {e}")))
+        Ok(msg)
     }
 
     /// The underlying stream (tests use it to inject bad frames).
@@ -350,6 +325,129 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     pub async fn send_raw_with_seq(&mut self, seq: u64, payload: &[u8]) -> Result<(), WireError> {
         let mac = self.mac(self.side.send_dir(), seq, payload);
         write_raw(&mut self.stream, &[&seq.to_le_bytes(), &mac, payload]).await
+    }
+}
+
+/// The sending half of a split connection (rules 3-4 for one direction).
+#[derive(Debug)]
+pub struct WireWriter<W> {
+    stream: W,
+    session: [u8; 32],
+    dir: u8,
+    seq: u64,
+    max_frame: usize,
+}
+
+/// The receiving half of a split connection (rules 1, 3-6 for one direction).
+#[derive(Debug)]
+pub struct WireReader<R> {
+    stream: R,
+    session: [u8; 32],
+    dir: u8,
+    seq: u64,
+    max_frame: usize,
+}
+
+fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(session);
+    h.update(&[dir]);
+    h.update(&seq.to_le_bytes());
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+/// Checks a received frame's authentication and sequence number and decodes its payload
+/// (rules 3-6).
+fn open_frame<M: DeserializeOwned>(
+    session: &[u8; 32],
+    dir: u8,
+    expected: u64,
+    frame: &[u8],
+) -> Result<M, WireError> {
+    if frame.len() < AUTH_LEN {
+        return Err(WireError::Malformed(format!(
+            "frame of {} bytes is shorter than its authentication",
+            frame.len()
+        )));
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&frame[..8]);
+    let seq = u64::from_le_bytes(seq);
+    let tag = array32(&frame[8..AUTH_LEN])?;
+    let payload = &frame[AUTH_LEN..];
+    let want = frame_mac(session, dir, seq, payload);
+    // Constant-time comparison through blake3::Hash's PartialEq.
+    if blake3::Hash::from(want) != blake3::Hash::from(tag) {
+        return Err(WireError::BadMac);
+    }
+    if seq != expected {
+        return Err(WireError::Sequence { got: seq, expected });
+    }
+    postcard::from_bytes(payload).map_err(|e| WireError::Malformed(format!("decode: {e}")))
+}
+
+impl Connection<tokio::net::TcpStream> {
+    /// Splits an authenticated TCP connection into halves that can be used from two tasks at
+    /// once (a reader and a writer); each keeps its own sequence numbers.
+    pub fn into_split(
+        self,
+    ) -> (
+        WireReader<tokio::net::tcp::OwnedReadHalf>,
+        WireWriter<tokio::net::tcp::OwnedWriteHalf>,
+    ) {
+        let (r, w) = self.stream.into_split();
+        (
+            WireReader {
+                stream: r,
+                session: self.session,
+                dir: self.side.recv_dir(),
+                seq: self.recv_seq,
+                max_frame: self.max_frame,
+            },
+            WireWriter {
+                stream: w,
+                session: self.session,
+                dir: self.side.send_dir(),
+                seq: self.send_seq,
+                max_frame: self.max_frame,
+            },
+        )
+    }
+}
+
+impl<W: AsyncWrite + Unpin> WireWriter<W> {
+    /// Sends one message, as one write of one frame.
+    pub async fn send<M: Serialize>(&mut self, msg: &M) -> Result<(), WireError> {
+        let payload =
+            postcard::to_stdvec(msg).map_err(|e| WireError::Malformed(format!("encode: {e}")))?;
+        if payload.len() + AUTH_LEN > self.max_frame {
+            return Err(WireError::FrameTooLarge {
+                len: (payload.len() + AUTH_LEN) as u64,
+                max: self.max_frame,
+            });
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let mac = frame_mac(&self.session, self.dir, seq, &payload);
+        let len = (payload.len() + AUTH_LEN) as u32; // bounded by max_frame above
+        let mut buf = Vec::with_capacity(4 + AUTH_LEN + payload.len());
+        buf.extend_from_slice(&len.to_le_bytes());
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(&mac);
+        buf.extend_from_slice(&payload);
+        self.stream.write_all(&buf).await?;
+        self.stream.flush().await?;
+        Ok(())
+    }
+}
+
+impl<R: AsyncRead + Unpin> WireReader<R> {
+    /// Receives one message (rules 1, 3-6).
+    pub async fn recv<M: DeserializeOwned>(&mut self) -> Result<M, WireError> {
+        let frame = read_raw(&mut self.stream, self.max_frame).await?;
+        let msg = open_frame(&self.session, self.dir, self.seq, &frame)?;
+        self.seq += 1;
+        Ok(msg)
     }
 }
 
