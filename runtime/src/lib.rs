@@ -51,8 +51,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::Digest;
 pub use error::RunError;
 pub use exec::{
-    Forge, ForgeMode, Kill, ProgressFn, RunReport, Runtime, RuntimeBuilder, Timers,
-    TransportFactory, VnodeStats,
+    Control, Forge, ForgeMode, Kill, Member, MemberReport, MemberStatus, ProgressFn, RunReport,
+    Runtime, RuntimeBuilder, Timers, TransportFactory, VnodeStats,
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{

@@ -24,6 +24,7 @@
 
 pub(crate) mod core;
 pub(crate) mod forge;
+mod member;
 mod recover;
 mod shared;
 mod vnode;
@@ -38,6 +39,7 @@ use veriflow_checkpoint::Store;
 
 use self::core::Core;
 pub use self::forge::{Forge, ForgeMode};
+pub use self::member::{Control, Member, MemberReport, MemberStatus};
 use self::recover::{plant_root, RecoveryContext, RootSetup};
 pub use self::shared::Kill;
 use self::shared::RunShared;
@@ -353,18 +355,17 @@ impl Runtime {
         self.start(root, inputs, true)
     }
 
-    fn start<T: Task>(
+    /// The root, its inputs and terminal outputs with their ids, and the run's manifest.
+    fn prepare<T: Task>(
         &self,
         root: T,
         inputs: T::Inputs,
-        resume: bool,
-    ) -> Result<RunReport<T::Outputs>, RunError> {
+    ) -> Result<(RootSetup, Manifest), RunError> {
         if !self.registry.contains::<T>() {
             return Err(RunError::UnregisteredTask {
                 name: T::NAME.to_string(),
             });
         }
-        let started = Instant::now();
         let root_args = codec::encode(&root).map_err(|e| RunError::Encode {
             what: format!("arguments of root task {}", T::NAME),
             reason: e.to_string(),
@@ -377,8 +378,7 @@ impl Runtime {
         let terminal: Vec<DataId> = (0..T::Outputs::LEN)
             .map(|i| DataId::output(root_id, index_u32(i)))
             .collect();
-
-        let mut manifest = Manifest {
+        let manifest = Manifest {
             program: self.program.clone(),
             root: root_id,
             root_name: T::NAME.to_string(),
@@ -391,6 +391,26 @@ impl Runtime {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             generation: 0,
         };
+        let setup = RootSetup {
+            id: root_id,
+            name: T::NAME.to_string(),
+            args: root_args,
+            inputs: input_ids.into_iter().zip(input_values).collect(),
+            terminal,
+        };
+        Ok((setup, manifest))
+    }
+
+    fn start<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+        resume: bool,
+    ) -> Result<RunReport<T::Outputs>, RunError> {
+        let started = Instant::now();
+        let (setup, mut manifest) = self.prepare(root, inputs)?;
+        let root_id = setup.id;
+        let terminal = setup.terminal.clone();
         let writer = match &self.store {
             Some(store) => {
                 match (Manifest::load(&**store)?, resume) {
@@ -463,13 +483,6 @@ impl Runtime {
         }
 
         // Rule 2: program inputs, then the root, on vnode 0.
-        let setup = RootSetup {
-            id: root_id,
-            name: T::NAME.to_string(),
-            args: root_args,
-            inputs: input_ids.iter().copied().zip(input_values).collect(),
-            terminal: terminal.clone(),
-        };
         match &writer {
             Some(w) if resume => {
                 for v in &mut vnodes {
@@ -549,8 +562,16 @@ impl Runtime {
         })
     }
 
-    /// Rule 1: min(T, V) drivers on the pool, plus the progress reporter.
+    /// Rule 1: min(T, V) drivers on the pool, plus the progress reporter. Returns when the run
+    /// stops (then everything is stopped) or, in a member run, when interrupted.
     fn drive(&self, vnodes: &mut [Vnode], shared: &Arc<RunShared>, rc: &RecoveryContext<'_>) {
+        if vnodes.is_empty() {
+            // A member hosting nothing (a spare): wait for work or the end.
+            while !shared.stopped() && !shared.interrupted() {
+                std::thread::sleep(IDLE_WAIT);
+            }
+            return;
+        }
         let drivers = self.threads.min(vnodes.len());
         let mut shares: Vec<Vec<&mut Vnode>> = (0..drivers).map(|_| Vec::new()).collect();
         for (i, v) in vnodes.iter_mut().enumerate() {
@@ -559,7 +580,7 @@ impl Runtime {
         let reporter = self.progress.clone().map(|f| {
             let shared = shared.clone();
             std::thread::spawn(move || {
-                while !shared.stopped() {
+                while !shared.stopped() && !shared.interrupted() {
                     f(shared.completed());
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -579,7 +600,9 @@ impl Runtime {
                 });
             }
         });
-        shared.stop();
+        if !shared.distributed() || !shared.interrupted() {
+            shared.stop();
+        }
         if let Some(r) = reporter {
             let _ = r.join();
         }
@@ -588,7 +611,7 @@ impl Runtime {
 
 fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared, rc: &RecoveryContext<'_>) {
     let mine: Vec<VnodeId> = share.iter().map(|v| v.core.vnode).collect();
-    while !shared.stopped() {
+    while !shared.stopped() && !shared.interrupted() {
         while let Some(dead) = shared.due_kill(&mine) {
             if let Some(v) = share.iter_mut().find(|v| v.core.vnode == dead) {
                 match v.fail_and_recover(rc) {
@@ -615,7 +638,7 @@ fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared, rc: &RecoveryCont
             }
         }
         if !worked {
-            if shared.quiescent() && !shared.kill_due() {
+            if !shared.distributed() && shared.quiescent() && !shared.kill_due() {
                 shared.stop();
                 return;
             }

@@ -36,6 +36,11 @@ pub(crate) struct RunShared {
     error: Mutex<Option<RunError>>,
     /// Forgery injection, if any (`forge.rs`).
     pub(crate) forge: Option<Forge>,
+    /// A member of a cluster run: termination is decided by the coordinator, not by scanning
+    /// this process's counters (`member.rs`).
+    distributed: AtomicBool,
+    /// Drivers return to their caller (a member run changes its vnodes), without stopping.
+    interrupt: AtomicBool,
     /// Tasks forged so far, with the vnode that forged them.
     forged: Mutex<Vec<(TaskId, VnodeId)>>,
 }
@@ -50,8 +55,40 @@ impl RunShared {
             stop: AtomicBool::new(false),
             error: Mutex::new(None),
             forge,
+            distributed: AtomicBool::new(false),
+            interrupt: AtomicBool::new(false),
             forged: Mutex::new(Vec::new()),
         }
+    }
+
+    pub(crate) fn set_distributed(&self) {
+        self.distributed.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn distributed(&self) -> bool {
+        self.distributed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_interrupt(&self, on: bool) {
+        self.interrupt.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn interrupted(&self) -> bool {
+        self.interrupt.load(Ordering::Relaxed)
+    }
+
+    /// Sets the incarnation of `v` (a member run: the coordinator numbers them).
+    pub(crate) fn set_epoch(&self, v: VnodeId, epoch: u64) {
+        if let Some(e) = self.epochs.get(v.0 as usize) {
+            e.0.fetch_max(epoch, Ordering::SeqCst);
+        }
+    }
+
+    /// The work word (outstanding units, change count) of `v`.
+    pub(crate) fn work_word(&self, v: VnodeId) -> u64 {
+        self.work
+            .get(v.0 as usize)
+            .map_or(0, |w| w.0.load(Ordering::SeqCst))
     }
 
     pub(crate) fn record_forged(&self, task: TaskId, vnode: VnodeId) {

@@ -11,12 +11,14 @@
 
 mod inproc;
 mod lossy;
+mod routed;
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 pub use inproc::InProcTransport;
 pub use lossy::LossyTransport;
+pub use routed::{Outbound, Router};
 
 use crate::ids::{DataId, Epoch, TaskId, VnodeId};
 use crate::log::{Declared, Output};

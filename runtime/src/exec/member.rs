@@ -1,0 +1,347 @@
+//! A member of a cluster run: this process hosts some of the run's vnodes; a coordinator
+//! elsewhere decides when the run ends and which process hosts each vnode (DESIGN.md
+//! "Execution", cluster mode; paper 001 §IV's fault-tolerance module).
+//!
+//! Rules:
+//!
+//! 1. The member drives its vnodes exactly as an embedded run does (`exec/mod.rs` rules 1, 3,
+//!    5), over the caller's transport (a [`Router`](crate::transport::Router)); each logs into
+//!    the shared store under its own vnode's keys.
+//! 2. It never ends the run by itself: [`MemberStatus::work`] exposes the work words of the
+//!    vnodes it hosts so that the coordinator can run the two-scan termination test over all
+//!    of them, and [`Control::Stop`] ends it.
+//! 3. [`Control::Host`] makes it host a vnode of a process declared dead, at a new epoch: the
+//!    vnode is rebuilt from its log (recovery rules 2-5) while the other vnodes keep their
+//!    state; drivers pause only while the vnode is added. [`Control::Epoch`] fences an old
+//!    incarnation: its late messages are dropped.
+//! 4. The member hosting vnode 0 when the run starts writes the manifest (if the store has
+//!    none) and plants the root; whoever hosts vnode 0 at the end returns the terminal
+//!    outputs.
+//! 5. At the end every hosted vnode's log is synced and the writer shut down before the
+//!    report is returned: what the member did is durable when the coordinator hears of it.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::core::Core;
+use super::recover::{plant_root, RecoveryContext, RootSetup};
+use super::shared::RunShared;
+use super::vnode::{Vnode, VnodeStats};
+use super::Runtime;
+use crate::error::RunError;
+use crate::ids::{Epoch, TaskId, VnodeId};
+use crate::log::{LogWriter, Manifest};
+use crate::task::value::Value;
+use crate::task::{OutputSet, Task};
+use crate::transport::Transport;
+
+/// What the coordinator tells a member while it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Host `vnode` from now on, at `epoch`: rebuild it from its log (rule 3).
+    Host(VnodeId, Epoch),
+    /// `vnode` is now at `epoch`: drop messages of older incarnations (rule 3).
+    Epoch(VnodeId, Epoch),
+    /// The run is over (or abandoned): finish and report (rule 5).
+    Stop,
+}
+
+/// What a member shares with its network layer while it runs (rule 2).
+#[derive(Default)]
+pub struct MemberStatus {
+    shared: OnceLock<Arc<RunShared>>,
+    hosted: Mutex<Vec<VnodeId>>,
+}
+
+impl std::fmt::Debug for MemberStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberStatus")
+            .field("hosted", &self.hosted())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemberStatus {
+    /// A status for a run that has not started.
+    pub fn new() -> Arc<MemberStatus> {
+        Arc::default()
+    }
+
+    /// The vnodes hosted here.
+    pub fn hosted(&self) -> Vec<VnodeId> {
+        self.hosted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The work word of each hosted vnode (low 32 bits: outstanding work; high: changes), or
+    /// `None` before the run has started here.
+    pub fn work(&self) -> Option<Vec<(VnodeId, u64)>> {
+        let shared = self.shared.get()?;
+        Some(
+            self.hosted()
+                .into_iter()
+                .map(|v| (v, shared.work_word(v)))
+                .collect(),
+        )
+    }
+
+    /// Tasks completed by the vnodes hosted here.
+    pub fn completed(&self) -> u64 {
+        self.shared.get().map_or(0, |s| s.completed())
+    }
+
+    /// The first error met here, as text, if the member has failed.
+    pub fn failed(&self) -> bool {
+        self.shared.get().is_some_and(|s| s.stopped())
+    }
+}
+
+/// The cluster's side of a member run.
+pub struct Member {
+    /// The member's transport (hosted vnodes take their endpoints from it).
+    pub transport: Arc<dyn Transport>,
+    /// Vnodes hosted from the start, with their epochs.
+    pub hosted: Vec<(VnodeId, Epoch)>,
+    /// Whether this member starts the run (writes the manifest, plants the root on vnode 0).
+    pub starts: bool,
+    /// Orders from the coordinator.
+    pub control: Receiver<Control>,
+    /// Shared with the network layer.
+    pub status: Arc<MemberStatus>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("hosted", &self.hosted)
+            .field("starts", &self.starts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a member did.
+#[derive(Debug, Clone)]
+pub struct MemberReport {
+    /// The terminal outputs, encoded, if vnode 0 was hosted here at the end.
+    pub outputs: Option<Vec<Vec<u8>>>,
+    /// Root task of the run.
+    pub root: TaskId,
+    /// Per hosted vnode counts.
+    pub vnodes: Vec<VnodeStats>,
+    /// Tasks completed here.
+    pub tasks: u64,
+    /// Events logged here.
+    pub events: u64,
+    /// Tasks forged here (forgery injection).
+    pub forged: Vec<(TaskId, VnodeId)>,
+}
+
+/// How long the control watcher blocks before looking at the run's state again.
+const CONTROL_POLL: Duration = Duration::from_millis(20);
+
+impl Runtime {
+    /// Runs this process's share of a cluster run (rules 1-5). `root` and `inputs` are the
+    /// program's, on every member (any member may end up hosting vnode 0).
+    pub fn run_member<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+        member: Member,
+    ) -> Result<MemberReport, RunError> {
+        let Some(store) = self.store.clone() else {
+            return Err(RunError::Config(
+                "a cluster run needs a store that every member reaches".to_string(),
+            ));
+        };
+        let (setup, manifest) = self.prepare(root, inputs)?;
+        let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
+        shared.set_distributed();
+        let _ = member.status.shared.set(shared.clone());
+        let writer = LogWriter::start(store.clone(), self.vnodes, self.policy)?;
+        let mut vnodes = Vec::new();
+        for &(v, epoch) in &member.hosted {
+            shared.set_epoch(v, epoch.0);
+            vnodes.push(self.member_vnode(v, epoch, &writer, &shared, &*member.transport)?);
+        }
+        *member
+            .status
+            .hosted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = member.hosted.iter().map(|(v, _)| *v).collect();
+        if member.starts {
+            if Manifest::load(&*store)?.is_none() {
+                manifest.store(&*store)?;
+            }
+            if let Some(v0) = vnodes.iter_mut().find(|v| v.core.vnode == VnodeId(0)) {
+                plant_root(&mut v0.core, &setup)?;
+            }
+        }
+        let Member {
+            transport,
+            control,
+            status,
+            ..
+        } = member;
+        let outcome = self.member_loop(
+            &mut vnodes,
+            &shared,
+            &writer,
+            &setup,
+            &*transport,
+            &status,
+            control,
+        );
+        // Rule 5, after an error too (best effort then).
+        let mut error = outcome.err().or_else(|| shared.take_error());
+        let mut stats = Vec::with_capacity(vnodes.len());
+        for v in &mut vnodes {
+            let synced = v.finish();
+            if let (None, Err(e)) = (&error, synced) {
+                error = Some(e);
+            }
+            stats.push(v.stats.clone());
+        }
+        let mut outputs = None;
+        if let Some(v0) = vnodes.iter().find(|v| v.core.vnode == VnodeId(0)) {
+            let mut values = Vec::new();
+            for &o in &setup.terminal {
+                match v0.core.value(o).map(Value::encode) {
+                    Some(Ok(bytes)) => values.push(bytes),
+                    _ => break,
+                }
+            }
+            if values.len() == setup.terminal.len() {
+                outputs = Some(values);
+            }
+        }
+        drop(vnodes);
+        if let Err(e) = writer.shutdown() {
+            error.get_or_insert(RunError::Log(e));
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let _ = T::Outputs::LEN; // outputs are decoded by the caller, which knows T
+        Ok(MemberReport {
+            outputs,
+            root: setup.id,
+            tasks: stats.iter().map(|s| s.tasks).sum(),
+            events: stats.iter().map(|s| s.events).sum(),
+            vnodes: stats,
+            forged: shared.take_forged(),
+        })
+    }
+
+    fn member_vnode(
+        &self,
+        v: VnodeId,
+        epoch: Epoch,
+        writer: &LogWriter,
+        shared: &Arc<RunShared>,
+        transport: &dyn Transport,
+    ) -> Result<Vnode, RunError> {
+        let core = Core::new(
+            v,
+            self.registry.clone(),
+            Some(writer.vnode_log(v)?),
+            shared.clone(),
+        );
+        let endpoint = transport.endpoint(v).map_err(|e| RunError::Internal {
+            vnode: v,
+            message: e.to_string(),
+        })?;
+        let rng = ChaCha8Rng::seed_from_u64(
+            self.seed ^ u64::from(v.0).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ epoch.0,
+        );
+        let mut vnode = Vnode::new(
+            core,
+            endpoint,
+            self.clock.clone(),
+            rng,
+            self.vnodes,
+            self.timers,
+        );
+        vnode.reset(epoch);
+        Ok(vnode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn member_loop(
+        &self,
+        vnodes: &mut Vec<Vnode>,
+        shared: &Arc<RunShared>,
+        writer: &LogWriter,
+        setup: &RootSetup,
+        transport: &dyn Transport,
+        status: &MemberStatus,
+        control: Receiver<Control>,
+    ) -> Result<(), RunError> {
+        let pending: Mutex<Vec<Control>> = Mutex::default();
+        let pending = &pending;
+        let rc = RecoveryContext {
+            writer: Some(writer),
+            root: setup,
+        };
+        std::thread::scope(|scope| {
+            // The watcher: applies epochs at once, queues hosting orders and interrupts the
+            // drivers for them, stops the run on Stop or when the coordinator is gone.
+            scope.spawn(move || loop {
+                if shared.stopped() {
+                    return;
+                }
+                match control.recv_timeout(CONTROL_POLL) {
+                    Ok(Control::Epoch(v, e)) => shared.set_epoch(v, e.0),
+                    Ok(c @ Control::Host(..)) => {
+                        pending.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+                        shared.set_interrupt(true);
+                    }
+                    Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                        shared.stop();
+                        return;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            });
+            let result = (|| -> Result<(), RunError> {
+                loop {
+                    self.drive(vnodes, shared, &rc);
+                    if shared.stopped() {
+                        return Ok(());
+                    }
+                    shared.set_interrupt(false);
+                    let orders: Vec<Control> =
+                        std::mem::take(&mut *pending.lock().unwrap_or_else(|p| p.into_inner()));
+                    for order in orders {
+                        if let Control::Host(v, epoch) = order {
+                            if vnodes.iter().any(|x| x.core.vnode == v) {
+                                continue;
+                            }
+                            shared.set_epoch(v, epoch.0);
+                            let mut vn = self.member_vnode(v, epoch, writer, shared, transport)?;
+                            let r = vn.resume_from_log(writer, setup)?;
+                            vn.stats.failures += 1;
+                            vn.stats.recovered_tasks += r.restarted;
+                            vn.stats.reused_tasks += r.reused;
+                            vnodes.push(vn);
+                            status
+                                .hosted
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(v);
+                        }
+                    }
+                }
+            })();
+            if result.is_err() {
+                shared.stop();
+            }
+            result
+        })
+    }
+}
