@@ -37,7 +37,6 @@
 //! input values (`Event::Adopted`): with two vnodes, every stolen `RowBlock` would log all of B
 //! again.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::io::{BufRead, BufReader};
@@ -100,6 +99,11 @@ pub struct StorageArgs {
     /// Skip the run-time and storage overhead (parts 2 and 3).
     #[arg(long)]
     pub skip_overhead: bool,
+    /// A strategy of the overhead series, by name (repeat the option for several) [default:
+    /// all: none, memory, local, central, replicate:2, parity:3, ida:9,1, ida:8,2]; `none`,
+    /// the baseline, always runs.
+    #[arg(long = "strategy", value_name = "NAME")]
+    pub strategies: Vec<String>,
 }
 
 /// Targets of the issue (issue 5, "Benchmarks").
@@ -897,8 +901,12 @@ struct MatRun {
     disk_bytes: Option<u64>,
     /// Apparent size of the same files.
     file_bytes: Option<u64>,
-    /// Bytes of keys and values in the store after the run (memory and local only).
+    /// Bytes of keys and values of the log (memory and local only: read back from the store).
     log_bytes: Option<u64>,
+    /// Bytes of keys and values the store holds after the run: the log for local, every
+    /// fragment on every server (read back from the killed servers' sled directories) for the
+    /// remote strategies.
+    stored_bytes: Option<u64>,
 }
 
 /// The state of one `paper storage` overhead series.
@@ -1016,6 +1024,23 @@ impl Bench {
             }
             (Some(used), Some(apparent))
         };
+        let stored_bytes = match (&servers, strategy) {
+            (Some(s), _) => {
+                let mut total = 0;
+                for d in &s.dirs {
+                    let pairs = SledStore::open_existing(d)
+                        .and_then(|db| db.scan_prefix(b""))
+                        .with_context(|| format!("cannot read the fragments in {}", d.display()))?;
+                    total += pairs
+                        .iter()
+                        .map(|(k, v)| (k.len() + v.len()) as u64)
+                        .sum::<u64>();
+                }
+                Some(total)
+            }
+            (None, Strategy::Local) => log_bytes,
+            (None, _) => None,
+        };
         drop(servers);
         let path = dir.path().to_path_buf();
         dir.close()
@@ -1030,6 +1055,7 @@ impl Bench {
             disk_bytes,
             file_bytes,
             log_bytes,
+            stored_bytes,
         })
     }
 }
@@ -1037,7 +1063,7 @@ impl Bench {
 /// Every run of one matrix size.
 struct SizeRuns {
     n: usize,
-    /// Kept runs per strategy (in `STRATEGIES` order).
+    /// Kept runs per strategy (in the order of [`Overhead::strategies`]).
     runs: Vec<Vec<MatRun>>,
     /// Rounds disturbed by other processes and run again.
     discarded: usize,
@@ -1049,8 +1075,32 @@ struct SizeRuns {
 
 /// The overhead series: every size, every strategy.
 struct Overhead {
+    /// The strategies run, `none` first, in [`STRATEGIES`] order.
+    strategies: Vec<Strategy>,
     sizes: Vec<SizeRuns>,
     server_bin: PathBuf,
+}
+
+/// The strategies `--strategy` names (all without any), `none` first, in [`STRATEGIES`] order.
+fn selected_strategies(names: &[String]) -> Result<Vec<Strategy>> {
+    if names.is_empty() {
+        return Ok(STRATEGIES.to_vec());
+    }
+    let mut out = vec![Strategy::None];
+    for name in names {
+        let Some(&s) = STRATEGIES.iter().find(|s| s.name() == name.trim()) else {
+            let known: Vec<String> = STRATEGIES.iter().map(|s| s.name()).collect();
+            bail!(
+                "--strategy {name:?}: unknown strategy; known: {}",
+                known.join(", ")
+            );
+        };
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out.sort_by_key(|s| STRATEGIES.iter().position(|t| t == s));
+    Ok(out)
 }
 
 fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
@@ -1064,6 +1114,7 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
     if sizes.contains(&0) {
         bail!("--sizes: a matrix needs at least one row");
     }
+    let strategies = selected_strategies(&args.strategies)?;
     let runs = if args.quick { 1 } else { args.runs as usize };
     let server_bin = server_binary(args)?;
     let keydir = tempfile::Builder::new()
@@ -1088,14 +1139,14 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
              {} threads, 1 vnode, data in {}",
             bench.rows,
             matmul_tasks(n, bench.rows),
-            STRATEGIES.len(),
+            strategies.len(),
             bench.threads,
             scratch.display()
         );
         let expected = expected_row_sums(n, MATRIX_SEED);
         let mut size = SizeRuns {
             n,
-            runs: vec![Vec::new(); STRATEGIES.len()],
+            runs: vec![Vec::new(); strategies.len()],
             discarded: 0,
             kept_disturbed: 0,
             not_quiet: 0,
@@ -1111,9 +1162,9 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
                     args.quiet_wait
                 );
             }
-            let mut round = Vec::with_capacity(STRATEGIES.len());
+            let mut round = Vec::with_capacity(strategies.len());
             let mut line = format!("  n={n} round {}/{runs}:", size.runs[0].len() + 1);
-            for &s in &STRATEGIES {
+            for &s in &strategies {
                 let r = bench.run(n, s, &expected)?;
                 let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
                 round.push(r);
@@ -1146,6 +1197,7 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
     }
     drop(keydir);
     Ok(Overhead {
+        strategies,
         sizes: out,
         server_bin,
     })
@@ -1153,6 +1205,11 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
 
 // ---------------------------------------------------------------------------------------------
 // Report.
+
+/// Paper 003 Table 1: the highest checkpoint rate of one of its nodes (one AthlonXP core): a
+/// local checkpoint of 116.6 MB per 616.1 s segment (5400 x 5400). At 2700 it is 29.2 MB per
+/// 303.1 s, at 1350 7.3 MB per 54.8 s: lower.
+const PAPER_MB_PER_CORE_S: f64 = 116.6 / 616.1;
 
 struct Report {
     quick: bool,
@@ -1177,8 +1234,11 @@ fn median(v: &[f64]) -> f64 {
     Stats::of(v).map_or(f64::NAN, |s| s.median)
 }
 
-fn median_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
-    let v: Vec<f64> = v.flatten().collect();
+fn median_of<T>(runs: &[MatRun], f: impl Fn(&MatRun) -> Option<T>) -> Option<f64>
+where
+    T: Into<f64>,
+{
+    let v: Vec<f64> = runs.iter().filter_map(|r| f(r).map(Into::into)).collect();
     Stats::of(&v).map(|s| s.median)
 }
 
@@ -1191,14 +1251,23 @@ fn size_text(bytes: usize) -> String {
 }
 
 fn cpu_text(s: Option<f64>) -> String {
-    s.map_or_else(|| "?".to_string(), |s| format!("{s:.2}"))
+    s.map_or_else(|| "–".to_string(), |s| format!("{s:.2}"))
 }
 
 fn mb(bytes: f64) -> String {
     format!("{:.1}", bytes / 1e6)
 }
 
-/// Summary of one strategy at one size.
+fn opt_text(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "–".to_string(), f)
+}
+
+/// Bytes (u64) as f64 for the medians: exact below 2^53, far above any log here.
+fn bytes_f64(b: u64) -> f64 {
+    b as f64
+}
+
+/// Summary of one strategy at one size (medians over its runs).
 struct Row {
     strategy: Strategy,
     seconds: Stats,
@@ -1206,45 +1275,40 @@ struct Row {
     ratio: f64,
     cpu_s: Option<f64>,
     servers_cpu_s: Option<f64>,
+    /// CPU seconds above the baseline's: process + servers − `none`'s process.
+    extra_cpu_s: Option<f64>,
     disk_bytes: Option<f64>,
-    file_bytes: Option<f64>,
     log_bytes: Option<f64>,
+    stored_bytes: Option<f64>,
     events: u64,
     tasks: u64,
 }
 
 impl SizeRuns {
-    fn rows(&self) -> Result<Vec<Row>> {
+    /// One row per strategy, `none` first.
+    fn rows(&self, strategies: &[Strategy]) -> Result<Vec<Row>> {
         let base = median(&secs(&self.runs[0]));
-        STRATEGIES
+        let base_cpu = median_of(&self.runs[0], |r| r.cpu_s);
+        strategies
             .iter()
             .zip(&self.runs)
             .map(|(&strategy, runs)| {
                 let seconds = Stats::of(&secs(runs)).context("no runs")?;
-                let disk: Vec<f64> = runs
-                    .iter()
-                    .filter_map(|r| r.disk_bytes)
-                    .map(|b| b as f64)
-                    .collect();
-                let files: Vec<f64> = runs
-                    .iter()
-                    .filter_map(|r| r.file_bytes)
-                    .map(|b| b as f64)
-                    .collect();
-                let log: Vec<f64> = runs
-                    .iter()
-                    .filter_map(|r| r.log_bytes)
-                    .map(|b| b as f64)
-                    .collect();
+                let cpu_s = median_of(runs, |r| r.cpu_s);
+                let servers_cpu_s = median_of(runs, |r| r.servers_cpu_s);
                 Ok(Row {
                     strategy,
                     ratio: seconds.median / base,
                     seconds,
-                    cpu_s: median_opt(runs.iter().map(|r| r.cpu_s)),
-                    servers_cpu_s: median_opt(runs.iter().map(|r| r.servers_cpu_s)),
-                    disk_bytes: Stats::of(&disk).map(|s| s.median),
-                    file_bytes: Stats::of(&files).map(|s| s.median),
-                    log_bytes: Stats::of(&log).map(|s| s.median),
+                    cpu_s,
+                    servers_cpu_s,
+                    extra_cpu_s: match (cpu_s, base_cpu) {
+                        (Some(c), Some(b)) => Some(c + servers_cpu_s.unwrap_or(0.0) - b),
+                        _ => None,
+                    },
+                    disk_bytes: median_of(runs, |r| r.disk_bytes.map(bytes_f64)),
+                    log_bytes: median_of(runs, |r| r.log_bytes.map(bytes_f64)),
+                    stored_bytes: median_of(runs, |r| r.stored_bytes.map(bytes_f64)),
                     events: runs.iter().map(|r| r.events).max().unwrap_or(0),
                     tasks: runs.iter().map(|r| r.tasks).max().unwrap_or(0),
                 })
@@ -1257,19 +1321,60 @@ fn secs(runs: &[MatRun]) -> Vec<f64> {
     runs.iter().map(|r| r.seconds).collect()
 }
 
-/// The logical log size of a size's runs (median over the memory and local runs).
+/// The log's size at one matrix size (median over the memory and local runs).
 fn log_size(rows: &[Row]) -> Option<f64> {
     let v: Vec<f64> = rows.iter().filter_map(|r| r.log_bytes).collect();
     Stats::of(&v).map(|s| s.median)
+}
+
+/// Derived figures of a row, given the log's size.
+struct Derived {
+    /// Extra CPU per MB of log, in seconds.
+    cpu_per_mb: Option<f64>,
+    /// Overhead projected at paper 003's checkpoint rate, as a fraction (0.01 = 1 %).
+    projected: Option<f64>,
+    /// Bytes stored over bytes of log.
+    stored_over_log: Option<f64>,
+    /// Bytes on disk over the local store's bytes on disk.
+    disk_over_local: Option<f64>,
+}
+
+impl Row {
+    fn derived(&self, log: Option<f64>, local_disk: Option<f64>) -> Derived {
+        let log_mb = log.filter(|&l| l > 0.0).map(|l| l / 1e6);
+        let cpu_per_mb = match (self.extra_cpu_s, log_mb) {
+            (Some(c), Some(l)) if self.strategy != Strategy::None => Some(c / l),
+            _ => None,
+        };
+        Derived {
+            cpu_per_mb,
+            projected: cpu_per_mb.map(|c| c * PAPER_MB_PER_CORE_S),
+            stored_over_log: match (self.stored_bytes, log) {
+                (Some(s), Some(l)) if l > 0.0 => Some(s / l),
+                _ => None,
+            },
+            disk_over_local: match (self.disk_bytes, local_disk) {
+                (Some(d), Some(l)) if l > 0.0 => Some(d / l),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The local store's bytes on disk at one size.
+fn local_disk(rows: &[Row]) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.strategy == Strategy::Local)
+        .and_then(|r| r.disk_bytes)
 }
 
 impl Report {
     fn coding_targets(&self) -> Vec<Target> {
         let mut t = Vec::new();
         for r in &self.coding {
-            let goal = match (r.code.as_str(), r.k) {
-                ("ida(8,2)", _) => TARGET_IDA_8_2_GBPS,
-                (c, _) if c.starts_with("parity") => TARGET_PARITY_GBPS,
+            let goal = match r.code.as_str() {
+                "ida(8,2)" => TARGET_IDA_8_2_GBPS,
+                c if c.starts_with("parity") => TARGET_PARITY_GBPS,
                 _ => continue,
             };
             for (op, v) in [
@@ -1296,7 +1401,7 @@ impl Report {
             return Ok(t);
         };
         for size in &o.sizes {
-            for row in size.rows()?.iter().skip(1) {
+            for row in size.rows(&o.strategies)?.iter().skip(1) {
                 t.push(Target {
                     what: format!(
                         "{} / none <= {TARGET_OVERHEAD} at n = {}",
@@ -1314,13 +1419,13 @@ impl Report {
     fn header(&self) -> String {
         let m = &self.machine;
         format!(
-            "Measured {} at commit {} on {} ({} cores available), rustc {}{}; whole command {:.0} \
+            "Measured {} at commit {} on {} ({} cores available), {}{}; whole command {:.0} \
              s; load average before/after: {} / {}.\n",
             self.date,
             m.git.as_deref().unwrap_or("?"),
             m.cpu.as_deref().unwrap_or("unknown CPU"),
             m.cores,
-            m.rustc.as_deref().unwrap_or("?"),
+            m.rustc.as_deref().unwrap_or("rustc ?"),
             if self.quick {
                 " (--quick: smoke run, not the measurement)"
             } else {
@@ -1337,14 +1442,17 @@ impl Report {
         if !self.coding.is_empty() {
             s.push_str(
                 "\nCoding throughput on one core (paper 003 Fig. 2): GB/s of blob (10^9 B/s), \
-                 median of the repetitions. `Codec` = framing + blake3 digests of every \
-                 fragment; \"K lost\" = the first K data fragments missing (rebuilt from \
-                 parity); \"code alone\" = `ErasureCode::encode` / `reconstruct_data` over the \
-                 same stripes, no copies, no digests.\n\n",
+                 median of the repetitions. Encode and decode are `Codec`'s (fragment headers \
+                 and blake3 digests of every fragment included); \"K lost\": the first K data \
+                 fragments missing, rebuilt from parity; \"code alone\": \
+                 `ErasureCode::encode` / `reconstruct_data` over the same stripes, no copies, \
+                 no digests. Last column: seconds to encode 100 MB at the encode rate (paper \
+                 003: \"a few seconds\").\n\n",
             );
             s.push_str(
                 "| code | blob | encode | decode (all) | decode (K lost) | code alone: encode | \
-                 code alone: rebuild | 100 MB encode (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+                 code alone: rebuild | 100 MB encode (s) |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for r in &self.coding {
                 let enc = median(&r.encode);
@@ -1363,87 +1471,7 @@ impl Report {
             }
         }
         if let Some(o) = &self.overhead {
-            let _ = writeln!(
-                s,
-                "\nRun-time overhead (paper 003 Fig. 3): matrix product C = A B (f64), {} rows \
-                 of B per `GenB` panel and of C per `RowBlock`, {} threads, 1 vnode, every task \
-                 logged (B and C once each); median of {} interleaved rounds; time = \
-                 `RunReport::elapsed` (until every event is durable); servers are \
-                 `checkpoint-server` processes on 127.0.0.1 on the same 2 cores, fresh for \
-                 every run (`{}`). \"/ none\" is on the medians. CPU: this process and the \
-                 servers, during the run.",
-                self.rows,
-                self.threads,
-                if self.quick { 1 } else { self.runs },
-                o.server_bin.display()
-            );
-            for size in &o.sizes {
-                let rows = match size.rows() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = writeln!(s, "\nn = {}: {e}", size.n);
-                        continue;
-                    }
-                };
-                let log = log_size(&rows);
-                let none = rows[0].seconds.median;
-                let _ = writeln!(
-                    s,
-                    "\nn = {} ({} tasks, {} events, log {} MB, i.e. {} MB/s of the baseline \
-                     run; {} disturbed round(s) run again, {} kept, {} started on a busy \
-                     machine):\n",
-                    size.n,
-                    rows.last().map_or(0, |r| r.tasks),
-                    rows.last().map_or(0, |r| r.events),
-                    log.map_or_else(|| "?".into(), mb),
-                    log.map_or_else(|| "?".into(), |l| format!("{:.1}", l / 1e6 / none)),
-                    size.discarded,
-                    size.kept_disturbed,
-                    size.not_quiet
-                );
-                s.push_str(
-                    "| strategy | median (s) | / none | min–max (s) | CPU process (s) | CPU \
-                     servers (s) | on disk (MB) | / local on disk | (M+K)/M |\n\
-                     |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-                );
-                let local_disk = rows
-                    .iter()
-                    .find(|r| r.strategy == Strategy::Local)
-                    .and_then(|r| r.disk_bytes);
-                for r in &rows {
-                    let _ = writeln!(
-                        s,
-                        "| {} | {:.3} | {:.4} | {:.3}–{:.3} | {} | {} | {} | {} | {} |",
-                        r.strategy.name(),
-                        r.seconds.median,
-                        r.ratio,
-                        r.seconds.min,
-                        r.seconds.max,
-                        cpu_text(r.cpu_s),
-                        cpu_text(r.servers_cpu_s),
-                        r.disk_bytes.map_or_else(|| "–".into(), mb),
-                        match (r.disk_bytes, local_disk) {
-                            (Some(d), Some(l)) if l > 0.0 => format!("{:.2}", d / l),
-                            _ => "–".into(),
-                        },
-                        r.strategy
-                            .expansion()
-                            .map_or_else(|| "–".into(), |e| format!("{e:.3}")),
-                    );
-                }
-                let files: Vec<String> = rows
-                    .iter()
-                    .filter_map(|r| {
-                        r.file_bytes
-                            .map(|f| format!("{} {}", r.strategy.name(), mb(f)))
-                    })
-                    .collect();
-                let _ = writeln!(
-                    s,
-                    "\nApparent file sizes (MB, sled preallocates): {}.",
-                    files.join(", ")
-                );
-            }
+            self.overhead_markdown(&mut s, o);
         }
         let mut targets = self.coding_targets();
         match self.overhead_targets() {
@@ -1465,6 +1493,153 @@ impl Report {
             }
         }
         s
+    }
+
+    fn overhead_markdown(&self, s: &mut String, o: &Overhead) {
+        let _ = writeln!(
+            s,
+            "\nRun-time overhead (paper 003 Fig. 3): matrix product C = A B (f64), {} rows of B \
+             per `GenB` panel and of C per `RowBlock`, {} threads, 1 vnode, every task logged \
+             (B and C once each); median of {} interleaved rounds; time = \
+             `RunReport::elapsed` (until every event is durable); servers are \
+             `checkpoint-server` processes on 127.0.0.1 sharing the same cores, fresh for \
+             every run (`{}`). \"/ none\" is on the medians. CPU: of this process and of the \
+             servers during the run; extra CPU = both minus the baseline's. \"At paper 003's \
+             rate\": extra CPU per MB of log times {:.3} MB/s per core (paper 003 Table 1, \
+             5400 x 5400: 116.6 MB per node every 616.1 s), a projection, not a measurement.",
+            self.rows,
+            self.threads,
+            if self.quick { 1 } else { self.runs },
+            o.server_bin.display(),
+            PAPER_MB_PER_CORE_S
+        );
+        for size in &o.sizes {
+            let rows = match size.rows(&o.strategies) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = writeln!(s, "\nn = {}: {e}", size.n);
+                    continue;
+                }
+            };
+            let log = log_size(&rows);
+            let local = local_disk(&rows);
+            let none = rows[0].seconds.median;
+            let _ = writeln!(
+                s,
+                "\nn = {} ({} tasks, {} events; log {} MB, {} MB/s of the baseline's time; {} \
+                 disturbed round(s) run again, {} kept, {} started on a busy machine):\n",
+                size.n,
+                rows.last().map_or(0, |r| r.tasks),
+                rows.last().map_or(0, |r| r.events),
+                opt_text(log, mb),
+                opt_text(log, |l| format!("{:.1}", l / 1e6 / none)),
+                size.discarded,
+                size.kept_disturbed,
+                size.not_quiet
+            );
+            s.push_str(
+                "| strategy | median (s) | / none | min–max (s) | CPU process (s) | CPU servers \
+                 (s) | extra CPU (s) | extra CPU per MB of log (ms) | at paper 003's rate |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            );
+            for r in &rows {
+                let d = r.derived(log, local);
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.3} | {:.4} | {:.3}–{:.3} | {} | {} | {} | {} | {} |",
+                    r.strategy.name(),
+                    r.seconds.median,
+                    r.ratio,
+                    r.seconds.min,
+                    r.seconds.max,
+                    cpu_text(r.cpu_s),
+                    cpu_text(r.servers_cpu_s),
+                    cpu_text(r.extra_cpu_s.filter(|_| r.strategy != Strategy::None)),
+                    opt_text(d.cpu_per_mb, |c| format!("{:.2}", c * 1e3)),
+                    opt_text(d.projected, |p| format!("{:.2} %", p * 100.0)),
+                );
+            }
+            s.push_str(
+                "\nStorage (medians): bytes of keys and values stored (the log for local; every \
+                 fragment on every server, read back from their data directories), and bytes \
+                 on disk (`du` of the data directories: sled's files).\n\n\
+                 | strategy | (M+K)/M | stored (MB) | stored / log | on disk (MB) | on disk / \
+                 local's |\n|---|---:|---:|---:|---:|---:|\n",
+            );
+            for r in rows.iter().filter(|r| r.strategy.expansion().is_some()) {
+                let d = r.derived(log, local);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    r.strategy.name(),
+                    opt_text(r.strategy.expansion(), |e| format!("{e:.3}")),
+                    opt_text(r.stored_bytes, mb),
+                    opt_text(d.stored_over_log, |x| format!("{x:.3}")),
+                    opt_text(r.disk_bytes, mb),
+                    opt_text(d.disk_over_local, |x| format!("{x:.2}")),
+                );
+            }
+        }
+    }
+
+    fn overhead_json(&self, o: &Overhead) -> Value {
+        let sizes: Vec<Value> = o
+            .sizes
+            .iter()
+            .map(|size| {
+                let rows = size.rows(&o.strategies).unwrap_or_default();
+                let log = log_size(&rows);
+                let local = local_disk(&rows);
+                let strategies: Vec<Value> = o
+                    .strategies
+                    .iter()
+                    .zip(&size.runs)
+                    .enumerate()
+                    .map(|(i, (&st, runs))| {
+                        let row = rows.get(i);
+                        let d = row.map(|r| r.derived(log, local));
+                        json!({
+                            "strategy": st.name(),
+                            "servers": st.servers(),
+                            "expansion_m_plus_k_over_m": st.expansion(),
+                            "seconds": secs(runs),
+                            "median_s": row.map(|r| r.seconds.median),
+                            "min_s": row.map(|r| r.seconds.min),
+                            "max_s": row.map(|r| r.seconds.max),
+                            "over_none": row.map(|r| r.ratio),
+                            "cpu_s": runs.iter().map(|r| r.cpu_s).collect::<Vec<_>>(),
+                            "servers_cpu_s": runs.iter().map(|r| r.servers_cpu_s).collect::<Vec<_>>(),
+                            "other_processes_cpu_s": runs.iter().map(|r| r.other_cpu_s).collect::<Vec<_>>(),
+                            "extra_cpu_s_median": row.and_then(|r| r.extra_cpu_s),
+                            "extra_cpu_s_per_mb_of_log": d.as_ref().and_then(|d| d.cpu_per_mb),
+                            "projected_overhead_at_paper_rate": d.as_ref().and_then(|d| d.projected),
+                            "log_bytes": runs.iter().map(|r| r.log_bytes).collect::<Vec<_>>(),
+                            "stored_bytes": runs.iter().map(|r| r.stored_bytes).collect::<Vec<_>>(),
+                            "stored_over_log": d.as_ref().and_then(|d| d.stored_over_log),
+                            "disk_bytes": runs.iter().map(|r| r.disk_bytes).collect::<Vec<_>>(),
+                            "file_bytes": runs.iter().map(|r| r.file_bytes).collect::<Vec<_>>(),
+                            "disk_over_local": d.as_ref().and_then(|d| d.disk_over_local),
+                            "tasks": runs.iter().map(|r| r.tasks).collect::<Vec<_>>(),
+                            "events": runs.iter().map(|r| r.events).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "n": size.n,
+                    "tasks": matmul_tasks(size.n, self.rows),
+                    "log_bytes": log,
+                    "rounds_discarded": size.discarded,
+                    "rounds_kept_disturbed": size.kept_disturbed,
+                    "rounds_started_on_busy_machine": size.not_quiet,
+                    "strategies": strategies,
+                })
+            })
+            .collect();
+        json!({
+            "server_bin": o.server_bin,
+            "paper_mb_per_core_s": PAPER_MB_PER_CORE_S,
+            "sizes": sizes,
+        })
     }
 
     fn json(&self) -> Value {
@@ -1492,57 +1667,7 @@ impl Report {
                 })
             })
             .collect();
-        let overhead = self.overhead.as_ref().map(|o| {
-            let sizes: Vec<Value> = o
-                .sizes
-                .iter()
-                .map(|size| {
-                    let rows = size.rows().unwrap_or_default();
-                    let by_name: BTreeMap<String, &Row> =
-                        rows.iter().map(|r| (r.strategy.name(), r)).collect();
-                    let local_disk = by_name.get("local").and_then(|r| r.disk_bytes);
-                    let strategies: Vec<Value> = STRATEGIES
-                        .iter()
-                        .zip(&size.runs)
-                        .map(|(&st, runs)| {
-                            let row = by_name.get(&st.name());
-                            json!({
-                                "strategy": st.name(),
-                                "servers": st.servers(),
-                                "expansion_m_plus_k_over_m": st.expansion(),
-                                "seconds": secs(runs),
-                                "median_s": row.map(|r| r.seconds.median),
-                                "min_s": row.map(|r| r.seconds.min),
-                                "max_s": row.map(|r| r.seconds.max),
-                                "over_none": row.map(|r| r.ratio),
-                                "cpu_s": runs.iter().map(|r| r.cpu_s).collect::<Vec<_>>(),
-                                "servers_cpu_s": runs.iter().map(|r| r.servers_cpu_s).collect::<Vec<_>>(),
-                                "other_processes_cpu_s": runs.iter().map(|r| r.other_cpu_s).collect::<Vec<_>>(),
-                                "disk_bytes": runs.iter().map(|r| r.disk_bytes).collect::<Vec<_>>(),
-                                "file_bytes": runs.iter().map(|r| r.file_bytes).collect::<Vec<_>>(),
-                                "log_bytes": runs.iter().map(|r| r.log_bytes).collect::<Vec<_>>(),
-                                "disk_over_local": match (row.and_then(|r| r.disk_bytes), local_disk) {
-                                    (Some(d), Some(l)) if l > 0.0 => Some(d / l),
-                                    _ => None,
-                                },
-                                "tasks": runs.iter().map(|r| r.tasks).collect::<Vec<_>>(),
-                                "events": runs.iter().map(|r| r.events).collect::<Vec<_>>(),
-                            })
-                        })
-                        .collect();
-                    json!({
-                        "n": size.n,
-                        "tasks": matmul_tasks(size.n, self.rows),
-                        "log_bytes": log_size(&rows),
-                        "rounds_discarded": size.discarded,
-                        "rounds_kept_disturbed": size.kept_disturbed,
-                        "rounds_started_on_busy_machine": size.not_quiet,
-                        "strategies": strategies,
-                    })
-                })
-                .collect();
-            json!({ "server_bin": o.server_bin, "sizes": sizes })
-        });
+        let overhead = self.overhead.as_ref().map(|o| self.overhead_json(o));
         let targets: Vec<Value> = self
             .coding_targets()
             .into_iter()
@@ -1567,7 +1692,7 @@ impl Report {
             "loadavg_after": self.load[1],
             "parameters": {
                 "coding": {
-                    "codes": ["parity(9)", "ida(9,1)", "ida(8,2)", "ida(24,8)"],
+                    "codes": codecs().map(|c| c.iter().map(|c| c.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
                     "blob_bytes": BLOB_SIZES,
                     "repetitions": if self.quick { CODING_REPS_QUICK } else { CODING_REPS },
                     "min_loop_s": if self.quick { MIN_LOOP_QUICK } else { MIN_LOOP }.as_secs_f64(),
@@ -1575,12 +1700,13 @@ impl Report {
                     "stripe_bytes": STRIPE_BYTES,
                 },
                 "overhead": {
-                    "app": "C = A B, f64 entries in -4..=4 (exact), GenB panels + RowBlocks + Checksum",
+                    "app": "C = A B, n x n, f64 entries in -4..=4 (exact): GenB panels, \
+                            RowBlocks (rayon inside), Checksum (row sums, checked)",
                     "rows_per_task": self.rows,
                     "threads": self.threads,
                     "vnodes": 1,
                     "runs": if self.quick { 1 } else { self.runs },
-                    "strategies": STRATEGIES.iter().map(|s| s.name()).collect::<Vec<_>>(),
+                    "strategies": self.overhead.as_ref().map(|o| o.strategies.iter().map(|s| s.name()).collect::<Vec<_>>()),
                     "timing": "RunReport::elapsed (root declared until every event is durable; \
                                runtime build, store open and server start excluded)",
                     "servers": "checkpoint-server processes on 127.0.0.1, sled data dirs in \
@@ -1601,10 +1727,10 @@ impl Report {
 /// Draws the overhead of every strategy over `none`, in percent, one bar per matrix size.
 fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
     use plotters::prelude::*;
-    let names: Vec<String> = STRATEGIES.iter().skip(1).map(|s| s.name()).collect();
+    let names: Vec<String> = o.strategies.iter().skip(1).map(|s| s.name()).collect();
     let mut series: Vec<(usize, Vec<f64>)> = Vec::new();
     for size in &o.sizes {
-        let rows = size.rows()?;
+        let rows = size.rows(&o.strategies)?;
         series.push((
             size.n,
             rows.iter()
@@ -1618,7 +1744,7 @@ fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
     let bottom = all.fold(0.0, f64::min).min(0.0) * 1.1 - 0.5;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let groups = names.len();
+    let groups = names.len().max(1);
     let mut chart = ChartBuilder::on(&root)
         .caption(
             "Run-time overhead of checkpoint storage (matrix product, 2 cores)",
@@ -1805,6 +1931,17 @@ mod tests {
             let spec = s.spec(&addrs[..s.servers()]);
             assert!(spec.parse::<StoreSpec>().is_ok(), "{spec}");
         }
+    }
+
+    #[test]
+    fn strategies_are_selected_by_name_with_the_baseline_first() {
+        let names = |v: &[&str]| -> Vec<String> { v.iter().map(|s| s.to_string()).collect() };
+        assert_eq!(selected_strategies(&[]).unwrap(), STRATEGIES.to_vec());
+        assert_eq!(
+            selected_strategies(&names(&["ida:8,2", "local", "ida:8,2"])).unwrap(),
+            vec![Strategy::None, Strategy::Local, Strategy::Ida(8, 2)]
+        );
+        assert!(selected_strategies(&names(&["ida:7,3"])).is_err());
     }
 
     #[test]
