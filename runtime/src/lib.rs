@@ -9,6 +9,7 @@
 //! - [`log`]: the event log SC_v of each vnode, group commit, reader;
 //! - [`codec`]: the one place where bytes are encoded and checked;
 //! - [`transport`]: messages between vnodes;
+//! - [`detect`]: the Phoenix failure detector (paper 004 §4): heartbeats, broken peers and vnodes;
 //! - [`graph`]: the data-flow graph G rebuilt from logs (petgraph);
 //! - [`replay`]: one task re-run alone from its logged record (the certifier's oracle).
 //!
@@ -37,6 +38,7 @@
 
 pub mod clock;
 pub mod codec;
+pub mod detect;
 mod error;
 pub mod exec;
 pub mod graph;
