@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p veriflow-bench --bin paper -- certify [--runs N] [--grain-us G]
-//!     [--store sled|memory] [--quick] [--out DIR] [--scratch DIR] [--quiet-wait SECS]
-//!     [--retries N]
+//!     [--store sled|memory] [--depths D,..] [--quick] [--out DIR] [--scratch DIR]
+//!     [--quiet-wait SECS] [--retries N]
 //! ```
 //!
 //! What it measures, in order:
@@ -13,7 +13,7 @@
 //!    q ∈ {0.01, 0.05}, n from 1 to 10⁶ (a 1-2-5 table; a log-spaced curve in the plot),
 //!    straight from `certifier::sample`.
 //! 2. **Logs**: for each size, knary of fanout [`FANOUT`] and depth 3..=7 (122 to 1,222,222
-//!    tasks; every node spins `--grain-us`, the `Sum` tasks do not) runs once on a 2-thread
+//!    tasks, or `--depths`; every node spins `--grain-us`, the `Sum` tasks do not) runs once on a 2-thread
 //!    runtime into a fresh store in a temporary directory under `--scratch`. A sled store is
 //!    then closed and opened again, as a separate `knary certify` process would.
 //! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: reading and
@@ -115,9 +115,13 @@ pub struct CertifyArgs {
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     quiet_wait: u64,
     /// Timed calls that other processes disturbed are run again, at most this many times per
-    /// size; past that they are kept and counted.
-    #[arg(long, default_value_t = 3)]
+    /// size (of 3 × --runs calls); past that they are kept and counted.
+    #[arg(long, default_value_t = 5)]
     retries: u32,
+    /// Depths of the knary trees, comma-separated [default: 3,4,5,6,7; --quick: 3,4,5]
+    /// (depth d has (10^d − 1)/9 + (10^(d−1) − 1)/9 tasks).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=7))]
+    depths: Vec<u32>,
 }
 
 /// Runs `paper certify` (module docs) and writes its results.
@@ -152,7 +156,11 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
         |root| draw_fig4(root, &fig4),
     );
 
-    let depths = if args.quick { QUICK_DEPTHS } else { DEPTHS };
+    let depths: Vec<u32> = match (&args.depths[..], args.quick) {
+        ([], false) => DEPTHS.collect(),
+        ([], true) => QUICK_DEPTHS.collect(),
+        (given, _) => given.to_vec(),
+    };
     let mut sizes = Vec::new();
     for depth in depths {
         let shape = Shape {
@@ -583,7 +591,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             p.log_digest,
             note(bad, retries > 0)
         );
-        if keep(bad, &mut retries, &mut size) {
+        if keep(bad, &mut retries, &mut size, args.quiet_wait) {
             size.phases.push(p);
         }
     }
@@ -613,7 +621,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
                 cert.n,
                 note(bad, retries > 0)
             );
-            if !keep(bad, &mut retries, &mut size) {
+            if !keep(bad, &mut retries, &mut size, args.quiet_wait) {
                 continue;
             }
             if full {
@@ -633,11 +641,15 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     Ok(size)
 }
 
-/// Whether to keep a timed call (`bad`: disturbed), counting retries.
-fn keep(bad: bool, retries: &mut u32, size: &mut SizeResult) -> bool {
+/// Whether to keep a timed call (`bad`: disturbed), counting retries; before a retry, waits
+/// (up to `quiet_wait` s) for the machine to calm down.
+fn keep(bad: bool, retries: &mut u32, size: &mut SizeResult, quiet_wait: u64) -> bool {
     if bad && *retries > 0 {
         *retries -= 1;
         size.rerun += 1;
+        if quiet_wait > 0 {
+            wait_for_quiet(Duration::from_secs(quiet_wait), QUIET_CORES);
+        }
         return false;
     }
     size.kept_disturbed += u32::from(bad);
@@ -1245,6 +1257,7 @@ mod tests {
             scratch: None,
             quiet_wait: 0,
             retries: 0,
+            depths: Vec::new(),
         };
         let shape = Shape {
             depth: 3,
