@@ -80,7 +80,7 @@ pub struct WrongResult {
 
 /// Why a command failed (exit status 1).
 #[derive(Debug, thiserror::Error)]
-enum CliError {
+pub(crate) enum CliError {
     #[error(transparent)]
     Run(#[from] RunError),
     #[error(transparent)]
@@ -125,6 +125,33 @@ enum Command<P: Program> {
     Certify(CertifyArgs),
     /// Write a fresh 32-byte key to FILE (owner-only; never overwrites).
     Keygen(KeygenArgs),
+    /// Run the cluster's coordinator (the trusted fault-tolerance module).
+    Coordinator(crate::cluster_cli::CoordinatorArgs),
+    /// Run a worker that joins a coordinator and hosts vnodes of its jobs.
+    Worker(crate::cluster_cli::WorkerArgs),
+    /// Run the program on a cluster and print the same summary as `run`.
+    Submit(crate::cluster_cli::SubmitArgs<P>),
+    /// Start a whole cluster on loopback (checkpoint servers, coordinator, workers), run the
+    /// program on it, tear it down, and print the summary.
+    Cluster(crate::cluster_cli::ClusterArgs<P>),
+}
+
+/// Parses a job's command line (`submit ...` or `cluster ...`, as typed) for its job
+/// arguments: every worker reads the program's options the way the client did.
+pub(crate) fn parse_job_args<P: Program>(
+    argv: &[String],
+) -> Result<crate::cluster_cli::JobArgs<P>, String> {
+    let cmd = Cli::<P>::command().name(P::NAME).bin_name(P::NAME);
+    let all = std::iter::once(P::NAME.to_string()).chain(argv.iter().cloned());
+    let m = cmd.try_get_matches_from(all).map_err(|e| e.to_string())?;
+    match Cli::<P>::from_arg_matches(&m)
+        .map_err(|e| e.to_string())?
+        .command
+    {
+        Command::Submit(a) => Ok(a.job),
+        Command::Cluster(a) => Ok(a.job),
+        _ => Err("a job's command line is `submit ...` or `cluster ...`".to_string()),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -136,13 +163,13 @@ struct KeygenArgs {
 
 /// Parameters of a certification, shared by `run --certify` and `certify`.
 #[derive(Args, Debug, Clone)]
-struct CertifyParams {
+pub(crate) struct CertifyParams {
     /// Risk accepted of certifying a forged run.
     #[arg(long, value_name = "E", default_value_t = 0.05)]
-    epsilon: f64,
+    pub(crate) epsilon: f64,
     /// Assumed bound on the fraction of forged tasks.
     #[arg(long, value_name = "Q", default_value_t = 0.01)]
-    q: f64,
+    pub(crate) q: f64,
     /// The oracle's key file, which signs certificates [default: veriflow/oracle.key in the
     /// user's config directory, created with owner-only permissions on first use]. Keep it
     /// apart from the cluster's --key: workers hold that one, and must not sign certificates.
@@ -398,6 +425,13 @@ impl<P: Program> App<P> {
         T: Into<std::ffi::OsString> + Clone,
     {
         init_tracing();
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        // The job's command line as typed, for the workers (`submit`, `cluster`).
+        let argv: Vec<String> = args
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         let mut cmd = Cli::<P>::command().name(P::NAME).bin_name(P::NAME);
         let cli = match cmd
             .try_get_matches_from_mut(args)
@@ -448,6 +482,16 @@ impl<P: Program> App<P> {
                 }
                 certify_cmd::<P>(&args)
             }
+            Command::Coordinator(args) => crate::cluster_cli::coordinator_cmd(&args, P::NAME),
+            Command::Worker(args) => crate::cluster_cli::worker_cmd::<P>(&args),
+            Command::Submit(args) => match args.job.program.validate() {
+                Ok(()) => crate::cluster_cli::submit_cmd::<P>(&args, argv),
+                Err(e) => Err(CliError::Invalid(e.0)),
+            },
+            Command::Cluster(args) => match args.job.program.validate() {
+                Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
+                Err(e) => Err(CliError::Invalid(e.0)),
+            },
             Command::Keygen(args) => Key::create(&args.file).map_err(CliError::from).map(|_| {
                 println!(
                     "wrote a new key to {} (owner-only); give it to every process with --key",
@@ -474,7 +518,7 @@ fn init_tracing() {
         .try_init();
 }
 
-fn registry<P: Program>() -> Result<Registry, RegistryError> {
+pub(crate) fn registry<P: Program>() -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
     P::register(&mut r)?;
     r.register::<P::Root>()?;
@@ -776,7 +820,7 @@ impl veriflow_certifier::Progress for Bars {
 }
 
 /// Certifies with a progress bar and signs with the oracle's key.
-fn certify_signed<P: Program>(
+pub(crate) fn certify_signed<P: Program>(
     store: Arc<dyn Store>,
     opts: &veriflow_certifier::Options,
     params: &CertifyParams,
@@ -800,7 +844,7 @@ fn certify_signed<P: Program>(
 }
 
 /// The human summary of a certificate.
-fn certificate_text(
+pub(crate) fn certificate_text(
     cert: &Certificate,
     file: Option<&std::path::Path>,
     key: &std::path::Path,
@@ -979,7 +1023,7 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
     }
 }
 
-fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {
+pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {
     if json || !std::io::stderr().is_terminal() {
         return None;
     }

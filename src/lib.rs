@@ -9,6 +9,8 @@
 //! A complete example, that `cargo test` compiles, is in README.md ("Write your own app").
 
 mod app;
+mod cluster;
+mod cluster_cli;
 mod inspect;
 
 pub use app::{App, InvalidArgs, Program, WrongResult};

@@ -71,7 +71,10 @@ impl Server {
                 let (store, key, max_frame) = &*shared;
                 if let Err(e) = serve_connection(stream, store.clone(), key, *max_frame).await {
                     match e {
-                        WireError::Closed => tracing::debug!("{peer}: closed"),
+                        // A client that went away (closed, reset, killed) is no news.
+                        WireError::Closed | WireError::Io(_) => {
+                            tracing::debug!("{peer}: closed: {e}")
+                        }
                         e => tracing::warn!("{peer}: connection dropped: {e}"),
                     }
                 }

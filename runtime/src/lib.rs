@@ -58,7 +58,7 @@ pub use exec::{
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{
-    Ctx, Data, InputSet, OutputReads, OutputSet, Read, Reads, Registry, RegistryError, Task,
-    TaskError, TaskKind, TaskResult, Write, Writes,
+    decode_outputs, Ctx, Data, InputSet, OutputReads, OutputSet, Read, Reads, Registry,
+    RegistryError, Task, TaskError, TaskKind, TaskResult, Write, Writes,
 };
 pub use veriflow_checkpoint::{MemoryStore, SledStore, Store, StoreError};

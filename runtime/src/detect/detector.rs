@@ -256,7 +256,11 @@ impl Detector {
         }
         p.watch = Watch::Broken;
         self.monitors.retain(|&m| m != peer);
-        tracing::debug!(me = self.me, peer, "failure detector: connection closed, broken");
+        tracing::debug!(
+            me = self.me,
+            peer,
+            "failure detector: connection closed, broken"
+        );
         self.push_pending(Action::Broken { peer }, now);
     }
 
@@ -369,7 +373,11 @@ impl Detector {
             return;
         };
         if peer.heard(now, promise) {
-            tracing::debug!(me = self.me, peer = from, "failure detector: reachable again");
+            tracing::debug!(
+                me = self.me,
+                peer = from,
+                "failure detector: reachable again"
+            );
             self.push_pending(Action::Reachable { peer: from }, now);
         }
     }
@@ -437,6 +445,12 @@ impl Detector {
                 _ => None,
             })
             .min()
+    }
+
+    /// Test hook: when the next round is due (None before the first tick).
+    #[cfg(test)]
+    pub(super) fn next_round_at(&self) -> Option<Duration> {
+        self.next_round
     }
 
     /// Test hook: the promise `peer` last made to us, if it is not Broken.

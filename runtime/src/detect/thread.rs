@@ -304,7 +304,12 @@ fn apply(det: &mut Detector, input: Input) {
 
 /// Applies the message times recorded by [`DetectorHandle::message`] and `sent` (rule 5).
 fn fold(det: &mut Detector, shared: &Shared) {
-    let received = mem::take(&mut *shared.received.lock().unwrap_or_else(PoisonError::into_inner));
+    let received = mem::take(
+        &mut *shared
+            .received
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
     for (peer, at) in received {
         det.on_message(peer, at);
     }

@@ -87,7 +87,11 @@ impl VnodeMap {
 
     /// The vnodes of `set` that run on a broken process, in the order of `set`
     /// (`ph_get_broken_vps`). Unmapped vnodes are not broken: their messages wait for a map.
-    pub fn broken_vnodes<L: Liveness + ?Sized>(&self, detector: &L, set: &[VnodeId]) -> Vec<VnodeId> {
+    pub fn broken_vnodes<L: Liveness + ?Sized>(
+        &self,
+        detector: &L,
+        set: &[VnodeId],
+    ) -> Vec<VnodeId> {
         set.iter()
             .copied()
             .filter(|&v| self.on_broken(detector, v))

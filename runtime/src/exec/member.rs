@@ -162,7 +162,6 @@ impl Runtime {
         let (setup, manifest) = self.prepare(root, inputs)?;
         let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
         shared.set_distributed();
-        let _ = member.status.shared.set(shared.clone());
         let writer = LogWriter::start(store.clone(), self.vnodes, self.policy)?;
         let mut vnodes = Vec::new();
         for &(v, epoch) in &member.hosted {
@@ -182,6 +181,9 @@ impl Runtime {
                 plant_root(&mut v0.core, &setup)?;
             }
         }
+        // Only now may the coordinator count this member's work: before the root is planted,
+        // every counter is zero and the run would look over (rule 2).
+        let _ = member.status.shared.set(shared.clone());
         let Member {
             transport,
             control,
@@ -249,7 +251,7 @@ impl Runtime {
         let core = Core::new(
             v,
             self.registry.clone(),
-            Some(writer.vnode_log(v)?),
+            Some(writer.vnode_log_at(v, epoch.0)?),
             shared.clone(),
         );
         let endpoint = transport.endpoint(v).map_err(|e| RunError::Internal {

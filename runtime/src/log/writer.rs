@@ -123,6 +123,13 @@ impl LogWriter {
 
     /// The log of `vnode`, continuing after any segments it already has in the store.
     pub fn vnode_log(&self, vnode: VnodeId) -> Result<VnodeLog, LogError> {
+        self.vnode_log_at(vnode, 0)
+    }
+
+    /// The log of incarnation `epoch` of `vnode` (a cluster member hosting it after its host
+    /// died): its segment numbers start at `epoch << 40`, so a zombie of an older incarnation
+    /// that writes late never overwrites this one's segments.
+    pub fn vnode_log_at(&self, vnode: VnodeId, epoch: u64) -> Result<VnodeLog, LogError> {
         let slot = self.shared.durable.get(vnode.0 as usize).ok_or_else(|| {
             LogError::Stopped(format!(
                 "{vnode} is outside the {} vnodes",
@@ -154,6 +161,7 @@ impl LogWriter {
                 }
             }
         }
+        next_segno = next_segno.max(epoch << 40);
         slot.0.fetch_max(next_seq, Ordering::Release);
         let tx = self
             .tx

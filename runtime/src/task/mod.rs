@@ -150,6 +150,12 @@ use crate::error::RunError;
 use crate::ids::DataId;
 use value::Value;
 
+/// Decodes a task's outputs from their encoded values (as a cluster client receives the
+/// terminal outputs).
+pub fn decode_outputs<O: OutputSet>(encoded: Vec<Vec<u8>>) -> Result<O, ValueError> {
+    O::from_values(encoded.into_iter().map(Value::bytes).collect())
+}
+
 /// A value that can flow along the graph: serializable (to be logged, sent and checked),
 /// cloneable (several tasks may read it), printable (for `inspect`).
 pub trait Data: Serialize + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static {}

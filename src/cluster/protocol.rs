@@ -1,0 +1,147 @@
+//! The messages between a coordinator, its workers and a submitting client, and between
+//! workers (all carried in authenticated frames: `veriflow_checkpoint::wire`).
+
+use serde::{Deserialize, Serialize};
+use veriflow_runtime::transport::Envelope;
+use veriflow_runtime::VnodeStats;
+
+/// A worker process, numbered by the coordinator from 1 in order of joining.
+pub(crate) type WorkerId = u32;
+
+/// The first message on a connection to the coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Hello {
+    /// A worker joins.
+    Worker {
+        /// Program (app) it runs: must be the coordinator's.
+        program: String,
+        /// Where its peers reach it.
+        peer_addr: String,
+        /// Its threads.
+        threads: u32,
+        /// Whether it waits idle until needed for recovery.
+        spare: bool,
+    },
+    /// A client submits a job.
+    Submit {
+        /// Program (app) of the job.
+        program: String,
+        /// The job.
+        job: JobSpec,
+    },
+}
+
+/// A job: the submit command's own arguments (each worker parses them with the same command
+/// line), and the run options the coordinator needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct JobSpec {
+    /// `submit` and its arguments, as typed.
+    pub(crate) argv: Vec<String>,
+    /// Vnodes (0: one per worker thread).
+    pub(crate) vnodes: u32,
+    /// Wait until this many workers have joined (up to a deadline) before starting.
+    pub(crate) min_workers: u32,
+}
+
+/// Coordinator to worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ToWorker {
+    /// Admitted: its id, the store every member logs into, and the heartbeat period.
+    Welcome {
+        id: WorkerId,
+        store: String,
+        heartbeat_ms: u64,
+    },
+    /// Start job `job`: host these vnodes (at these epochs); `map` gives every vnode's host.
+    Start {
+        job: u64,
+        spec: JobSpec,
+        vnodes: u32,
+        hosted: Vec<(u32, u64)>,
+        starts: bool,
+        map: Vec<(u32, WorkerId, u64)>,
+        peers: Vec<(WorkerId, String)>,
+    },
+    /// Vnodes moved (their host died): new hosts and epochs.
+    Map {
+        job: u64,
+        map: Vec<(u32, WorkerId, u64)>,
+        peers: Vec<(WorkerId, String)>,
+    },
+    /// Host `vnode` from now on, rebuilt from its log, at `epoch`.
+    Host { job: u64, vnode: u32, epoch: u64 },
+    /// Report the work words of the hosted vnodes (termination test).
+    Probe { job: u64, round: u64 },
+    /// The job is over: finish and report.
+    Stop { job: u64 },
+}
+
+/// Worker to coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ToCoord {
+    /// Answer to a probe.
+    Status {
+        job: u64,
+        round: u64,
+        work: Vec<(u32, u64)>,
+        completed: u64,
+        started: bool,
+    },
+    /// The worker's part of the job is over.
+    Done { job: u64, report: WorkerReport },
+    /// The worker's part of the job failed.
+    Failed { job: u64, error: String },
+    /// Heartbeat (every message counts as one).
+    Heartbeat,
+}
+
+/// What a worker did in a job.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct WorkerReport {
+    pub(crate) outputs: Option<Vec<Vec<u8>>>,
+    pub(crate) tasks: u64,
+    pub(crate) events: u64,
+    pub(crate) vnodes: Vec<VnodeStats>,
+}
+
+/// Coordinator to a submitting client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ToSubmit {
+    /// The job runs on these workers.
+    Accepted {
+        workers: u32,
+        spares: u32,
+        vnodes: u32,
+        store: String,
+    },
+    /// Tasks completed so far.
+    Progress { completed: u64 },
+    /// A worker was lost; its vnodes moved.
+    WorkerLost {
+        worker: WorkerId,
+        reason: String,
+        moved: Vec<(u32, WorkerId)>,
+    },
+    /// The job finished.
+    Finished {
+        outputs: Vec<Vec<u8>>,
+        root: String,
+        tasks: u64,
+        events: u64,
+        elapsed_s: f64,
+        vnodes: Vec<VnodeStats>,
+        workers_lost: u32,
+    },
+    /// The job failed.
+    Failed { error: String },
+}
+
+/// Worker to worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[allow(clippy::large_enum_variant)] // nearly every frame is a `Msg`
+pub(crate) enum Peer {
+    /// First frame: who is calling.
+    Hello { from: WorkerId },
+    /// A vnode message.
+    Msg { to: u32, env: Envelope },
+}

@@ -1,0 +1,666 @@
+//! The cluster commands of [`App`](crate::App): `coordinator`, `worker`, `submit` and
+//! `cluster` (a whole cluster on loopback for one job).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use veriflow_checkpoint::server::Server;
+use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
+use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
+use veriflow_runtime::log::CommitPolicy;
+use veriflow_runtime::{decode_outputs, Runtime, Task};
+
+use crate::app::{registry, CertifyParams, CliError, Program};
+use crate::cluster::coordinator::{self, CoordinatorConfig};
+use crate::cluster::protocol::{JobSpec, ToSubmit, WorkerReport};
+use crate::cluster::worker::{self, JobContext, WorkerConfig};
+use crate::cluster::{self as cl, FdParams};
+
+/// The failure detector's five parameters (paper 004 §4).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct FdArgs {
+    /// Heartbeat period T_interval, in ms.
+    #[arg(long = "fd-interval-ms", value_name = "MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    interval_ms: u64,
+    /// T_timeout: a monitored process silent for T_interval + T_timeout is unreachable, in ms.
+    #[arg(long = "fd-timeout-ms", value_name = "MS", default_value_t = 400,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    timeout_ms: u64,
+    /// T_broken: unreachable this long more, a process is declared broken, in ms.
+    #[arg(long = "fd-broken-ms", value_name = "MS", default_value_t = 400,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    broken_ms: u64,
+    /// T_insurance: period of the insurance heartbeats to every other connection, in ms.
+    #[arg(long = "fd-insurance-ms", value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    insurance_ms: u64,
+    /// k: peers each process sends heartbeats to every T_interval.
+    #[arg(long = "fd-k", value_name = "K", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    k: u64,
+}
+
+impl FdArgs {
+    fn params(&self) -> FdParams {
+        FdParams {
+            interval: Duration::from_millis(self.interval_ms),
+            timeout: Duration::from_millis(self.timeout_ms),
+            broken: Duration::from_millis(self.broken_ms),
+        }
+    }
+
+    fn to_args(&self) -> Vec<String> {
+        vec![
+            format!("--fd-interval-ms={}", self.interval_ms),
+            format!("--fd-timeout-ms={}", self.timeout_ms),
+            format!("--fd-broken-ms={}", self.broken_ms),
+            format!("--fd-insurance-ms={}", self.insurance_ms),
+            format!("--fd-k={}", self.k),
+        ]
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CoordinatorArgs {
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: String,
+    /// The cluster's key file (workers, clients and checkpoint servers share it).
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Where every member logs: checkpoint servers every worker reaches (central:,
+    /// replicate:, parity: or ida:; a local: directory is one process's only).
+    #[arg(long, value_name = "SPEC")]
+    store: StoreSpec,
+    #[command(flatten)]
+    fd: FdArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WorkerArgs {
+    /// The coordinator's address.
+    #[arg(long, value_name = "ADDR")]
+    join: String,
+    /// The cluster's key file.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Worker threads [default: the machine's cores].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
+    /// Wait idle until needed to host the vnodes of a lost worker.
+    #[arg(long)]
+    spare: bool,
+    /// Address other workers reach this one at.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: String,
+}
+
+/// What a job runs: the program and the run options a cluster honours.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct JobArgs<P: Program> {
+    #[command(flatten)]
+    pub(crate) program: P,
+    /// Virtual nodes [default: one per worker thread].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    vnodes: Option<u32>,
+    /// Seed of the vnodes' random choices (and of `cluster --kill-random`).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Group commit: seal a log segment at this many KiB.
+    #[arg(long, value_name = "KIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    commit_kib: u64,
+    /// Group commit: seal a non-empty segment after this many ms.
+    #[arg(long, value_name = "MS", default_value_t = 5)]
+    commit_ms: u64,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    json: bool,
+    /// Certify the run right after it.
+    #[arg(long)]
+    certify: bool,
+    #[command(flatten)]
+    certify_params: CertifyParams,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SubmitArgs<P: Program> {
+    /// The coordinator's address.
+    #[arg(long, value_name = "ADDR")]
+    coordinator: String,
+    /// The cluster's key file.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    #[command(flatten)]
+    pub(crate) job: JobArgs<P>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ClusterArgs<P: Program> {
+    /// Worker processes.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    workers: u32,
+    /// Spare worker processes (idle until needed for recovery).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
+    spares: u32,
+    /// Threads of each worker.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: u32,
+    /// Checkpoint servers [default: as many as --store-strategy needs].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    checkpoint_servers: Option<u32>,
+    /// How the logs are spread over the checkpoint servers: central, replicate:R, parity:M or
+    /// ida:M,K (with ,quorum or ,quorum=W as in --store).
+    #[arg(long, value_name = "STRATEGY", default_value = "central")]
+    store_strategy: String,
+    /// Kill K worker processes with SIGKILL at points drawn from --seed.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    kill_random: u32,
+    #[command(flatten)]
+    fd: FdArgs,
+    #[command(flatten)]
+    pub(crate) job: JobArgs<P>,
+}
+
+/// `APP coordinator`: serves until killed.
+pub(crate) fn coordinator_cmd(
+    args: &CoordinatorArgs,
+    program: &'static str,
+) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    let store = open_store(&args.store, Some(&key))?;
+    let fd = args.fd.params();
+    let cfg = CoordinatorConfig {
+        program,
+        key,
+        store_spec: args.store.to_string(),
+        store,
+        heartbeat: fd.interval,
+        silence: fd.bound(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Invalid(format!("cannot start the network: {e}")))?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .map_err(|e| CliError::Invalid(format!("cannot listen on {}: {e}", args.listen)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+        println!("coordinator listening on {addr}");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        coordinator::serve(listener, cfg).await;
+        Ok(())
+    })
+}
+
+/// `APP worker`: serves the coordinator's jobs until it goes away.
+pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
+    });
+    let cfg = WorkerConfig {
+        program: P::NAME,
+        join: args.join.clone(),
+        listen: args.listen.clone(),
+        key,
+        threads,
+        spare: args.spare,
+    };
+    let run_job: worker::RunJob = Arc::new(move |ctx: JobContext| run_job::<P>(ctx, threads));
+    worker::run_worker(cfg, run_job).map_err(CliError::Invalid)
+}
+
+/// The job arguments in a job's command line (`submit ...` or `cluster ...`).
+fn parse_job<P: Program>(argv: &[String]) -> Result<JobArgs<P>, String> {
+    crate::app::parse_job_args::<P>(argv)
+}
+
+fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, String> {
+    let job = parse_job::<P>(&ctx.spec.argv)?;
+    let registry = registry::<P>().map_err(|e| e.to_string())?;
+    let runtime = Runtime::builder(registry)
+        .program(P::NAME)
+        .threads(threads as usize)
+        .vnodes(ctx.vnodes)
+        .seed(job.seed)
+        .store(ctx.store)
+        .commit_policy(CommitPolicy {
+            max_bytes: usize::try_from(job.commit_kib << 10).unwrap_or(usize::MAX),
+            max_delay: Duration::from_millis(job.commit_ms),
+        })
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (root, inputs) = job.program.root();
+    let report = runtime
+        .run_member(root, inputs, ctx.member)
+        .map_err(|e| e.to_string())?;
+    Ok(WorkerReport {
+        outputs: report.outputs,
+        tasks: report.tasks,
+        events: report.events,
+        vnodes: report.vnodes,
+    })
+}
+
+/// What a finished cluster job gives the summary.
+struct Finished {
+    outputs: Vec<Vec<u8>>,
+    root: String,
+    tasks: u64,
+    events: u64,
+    elapsed_s: f64,
+    vnodes: Vec<veriflow_runtime::VnodeStats>,
+    workers_lost: u32,
+    workers: u32,
+    store: String,
+}
+
+/// Follows a job to its end, printing what happens on the way unless `--json`.
+fn follow(
+    addr: &str,
+    key: &Key,
+    program: &str,
+    spec: JobSpec,
+    json: bool,
+    on_progress: &mut dyn FnMut(u64),
+) -> Result<Finished, CliError> {
+    let (mut workers, mut store) = (0, String::new());
+    let mut on_event = |m: &ToSubmit| match m {
+        ToSubmit::Accepted {
+            workers: w,
+            spares,
+            vnodes,
+            store: s,
+        } => {
+            workers = *w;
+            store = s.clone();
+            if !json {
+                eprintln!("cluster: {vnodes} vnodes on {w} workers ({spares} spare), logs in {s}");
+            }
+        }
+        ToSubmit::Progress { completed } => on_progress(*completed),
+        ToSubmit::WorkerLost {
+            worker,
+            reason,
+            moved,
+        } if !json => {
+            let to: Vec<String> = moved
+                .iter()
+                .map(|(v, w)| format!("v{v}->worker {w}"))
+                .collect();
+            eprintln!(
+                "cluster: worker {worker} lost ({reason}); recovering {}",
+                to.join(", ")
+            );
+        }
+        _ => {}
+    };
+    match cl::submit(addr, key, program, spec, &mut on_event).map_err(CliError::Invalid)? {
+        ToSubmit::Finished {
+            outputs,
+            root,
+            tasks,
+            events,
+            elapsed_s,
+            vnodes,
+            workers_lost,
+        } => Ok(Finished {
+            outputs,
+            root,
+            tasks,
+            events,
+            elapsed_s,
+            vnodes,
+            workers_lost,
+            workers,
+            store,
+        }),
+        ToSubmit::Failed { error } => Err(CliError::Invalid(format!("the job failed: {error}"))),
+        _ => Err(CliError::Invalid(
+            "the coordinator ended the job without a result".into(),
+        )),
+    }
+}
+
+/// Prints the summary of a finished job (the same fields as `run`) and checks the result.
+fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result<(), CliError> {
+    let outputs: <P::Root as Task>::Outputs = decode_outputs(done.outputs.clone())
+        .map_err(|e| CliError::Invalid(format!("terminal output {}: {}", e.index, e.reason)))?;
+    let checked = job.program.check(&outputs);
+    let recovered: u64 = done.vnodes.iter().map(|s| s.recovered_tasks).sum();
+    let reused: u64 = done.vnodes.iter().map(|s| s.reused_tasks).sum();
+    let certificate = if job.certify {
+        let spec: StoreSpec = done.store.parse()?;
+        let store = open_store(&spec, Some(key))?;
+        let opts = veriflow_certifier::Options {
+            epsilon: job.certify_params.epsilon,
+            q: job.certify_params.q,
+            ..Default::default()
+        };
+        Some(crate::app::certify_signed::<P>(
+            store,
+            &opts,
+            &job.certify_params,
+            job.json,
+        )?)
+    } else {
+        None
+    };
+    let secs = done.elapsed_s;
+    if job.json {
+        println!(
+            "{}",
+            json!({
+                "program": P::NAME,
+                "result": checked.as_ref().ok(),
+                "correct": checked.is_ok(),
+                "tasks": done.tasks,
+                "elapsed_s": secs,
+                "tasks_per_s": done.tasks as f64 / secs.max(1e-9),
+                "events": done.events,
+                "store": done.store,
+                "workers": done.workers,
+                "vnodes": done.vnodes.len(),
+                "root": done.root,
+                "seed": job.seed,
+                "steals": done.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
+                "failures": done.workers_lost,
+                "recovered_tasks": recovered,
+                "reused_tasks": reused,
+                "per_vnode": done.vnodes,
+                "certificate": certificate.as_ref().map(|(c, _)| c),
+            })
+        );
+    } else {
+        match &checked {
+            Ok(v) => println!("{}: result {v} (checked)", P::NAME),
+            Err(e) => println!("{}: {e}", P::NAME),
+        }
+        println!(
+            "tasks: {} in {secs:.3} s ({:.0} tasks/s) on {} workers, {} vnodes, {} steals",
+            done.tasks,
+            done.tasks as f64 / secs.max(1e-9),
+            done.workers,
+            done.vnodes.len(),
+            done.vnodes.iter().map(|s| s.adopted).sum::<u64>(),
+        );
+        if done.workers_lost > 0 {
+            println!(
+                "recovery: {} worker(s) lost; {recovered} tasks restarted from the logs, \
+                 {reused} completed tasks reused",
+                done.workers_lost
+            );
+        }
+        println!(
+            "events: {} logged, all durable; store: {}",
+            done.events, done.store
+        );
+        if let Some((cert, key)) = &certificate {
+            print!("{}", crate::app::certificate_text(cert, None, key));
+        }
+    }
+    checked.map(drop).map_err(CliError::from)?;
+    match certificate {
+        Some((c, _)) if c.decision == veriflow_certifier::Decision::Reject => {
+            Err(CliError::Rejected)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `APP submit`.
+pub(crate) fn submit_cmd<P: Program>(
+    args: &SubmitArgs<P>,
+    argv: Vec<String>,
+) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    let spec = JobSpec {
+        argv,
+        vnodes: args.job.vnodes.unwrap_or(0),
+        min_workers: 1,
+    };
+    let bar = crate::app::progress_bar(args.job.json, args.job.program.expected_tasks());
+    let mut progress = |n: u64| {
+        if let Some(b) = &bar {
+            b.set_position(n);
+        }
+    };
+    let done = follow(
+        &args.coordinator,
+        &key,
+        P::NAME,
+        spec,
+        args.job.json,
+        &mut progress,
+    );
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    summarize(&args.job, &done?, &key)
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn_self(args: &[String], log: &std::path::Path) -> Result<Child, CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Invalid(format!("cannot find this program's binary: {e}")))?;
+    let err = std::fs::File::create(log).map_err(|source| CliError::Io {
+        what: "cannot write",
+        path: log.to_path_buf(),
+        source,
+    })?;
+    Process::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .map_err(|e| CliError::Invalid(format!("cannot start {}: {e}", exe.display())))
+}
+
+/// `APP cluster`: checkpoint servers, a coordinator and workers on loopback, one job, then
+/// everything torn down.
+pub(crate) fn cluster_cmd<P: Program>(
+    args: &ClusterArgs<P>,
+    argv: Vec<String>,
+) -> Result<(), CliError> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("veriflow-{}-cluster-", P::NAME))
+        .tempdir()
+        .map_err(|source| CliError::Io {
+            what: "cannot create a directory in",
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let key_path = dir.path().join("cluster.key");
+    let key = Key::create(&key_path)?;
+    let kp = key_path.display().to_string();
+    // Checkpoint servers, in this process (each its own sled directory).
+    let strategy = args.store_strategy.trim().to_string();
+    let needed = servers_needed(&strategy)?;
+    let servers = args.checkpoint_servers.unwrap_or(needed);
+    if servers != needed {
+        return Err(CliError::Invalid(format!(
+            "--store-strategy {strategy} needs {needed} checkpoint servers, --checkpoint-servers says {servers}"
+        )));
+    }
+    let net = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Invalid(format!("cannot start the network: {e}")))?;
+    let mut addrs = Vec::new();
+    for i in 0..servers {
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join(format!("cs{i}")))?);
+        let server = net
+            .block_on(Server::bind(
+                "127.0.0.1:0",
+                store,
+                key.clone(),
+                DEFAULT_MAX_FRAME,
+            ))
+            .map_err(|e| CliError::Invalid(format!("cannot start a checkpoint server: {e}")))?;
+        addrs.push(
+            server
+                .local_addr()
+                .map_err(|e| CliError::Invalid(e.to_string()))?
+                .to_string(),
+        );
+        net.spawn(async move {
+            let _ = server.run().await;
+        });
+    }
+    let store_spec = format!("{strategy}:{}", addrs.join(","));
+    // The coordinator.
+    let mut coord_args = vec![
+        "coordinator".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--key".into(),
+        kp.clone(),
+        "--store".into(),
+        store_spec.clone(),
+    ];
+    coord_args.extend(args.fd.to_args());
+    let mut coordinator = spawn_self(&coord_args, &dir.path().join("coordinator.log"))?;
+    let mut line = String::new();
+    if let Some(out) = coordinator.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let coordinator = Proc(Some(coordinator));
+    let Some(caddr) = line
+        .trim()
+        .strip_prefix("coordinator listening on ")
+        .map(str::to_string)
+    else {
+        let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap_or_default();
+        return Err(CliError::Invalid(format!(
+            "the coordinator did not start: {}",
+            log.trim()
+        )));
+    };
+    // The workers.
+    let mut workers: Vec<Proc> = Vec::new();
+    for i in 0..args.workers + args.spares {
+        let mut wa = vec![
+            "worker".to_string(),
+            "--join".into(),
+            caddr.clone(),
+            "--key".into(),
+            kp.clone(),
+            "--threads".into(),
+            args.threads.to_string(),
+        ];
+        if i >= args.workers {
+            wa.push("--spare".into());
+        }
+        let log = dir.path().join(format!("worker{i}.log"));
+        workers.push(Proc(Some(spawn_self(&wa, &log)?)));
+    }
+    // Seeded kills: worker i at a fraction of the expected tasks (or after a delay).
+    let mut rng = ChaCha8Rng::seed_from_u64(args.job.seed ^ 0x6b69_6c6c);
+    let mut kills: Vec<(f64, usize)> = (0..args.kill_random.min(args.workers + args.spares))
+        .map(|_| {
+            (
+                rng.gen_range(0.2..0.7),
+                rng.gen_range(0..(args.workers + args.spares) as usize),
+            )
+        })
+        .collect();
+    kills.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let expected = args.job.program.expected_tasks();
+    let spec = JobSpec {
+        argv,
+        vnodes: args.job.vnodes.unwrap_or(0),
+        min_workers: args.workers + args.spares,
+    };
+    let bar = crate::app::progress_bar(args.job.json, expected);
+    let started = std::time::Instant::now();
+    let mut killed: Vec<usize> = Vec::new();
+    let mut progress = |n: u64| {
+        if let Some(b) = &bar {
+            b.set_position(n);
+        }
+        let frac = match expected {
+            Some(t) if t > 0 => n as f64 / t as f64,
+            _ => started.elapsed().as_secs_f64(), // no estimate: a kill per elapsed second
+        };
+        while let Some(&(at, w)) = kills.first() {
+            if frac < at {
+                break;
+            }
+            kills.remove(0);
+            let victim = (w..w + workers.len())
+                .map(|i| i % workers.len())
+                .find(|i| !killed.contains(i));
+            if let Some(v) = victim {
+                workers[v].kill();
+                killed.push(v);
+            }
+        }
+    };
+    let done = follow(&caddr, &key, P::NAME, spec, args.job.json, &mut progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let result = match done {
+        Ok(d) => summarize(&args.job, &d, &key),
+        Err(e) => Err(e),
+    };
+    drop(workers);
+    drop(coordinator);
+    drop(net);
+    if result.is_err() {
+        eprintln!(
+            "cluster: the processes' logs are in {}",
+            dir.keep().display()
+        );
+    }
+    result
+}
+
+fn servers_needed(strategy: &str) -> Result<u32, CliError> {
+    // Parse a spec with placeholder addresses: the strategy's own checks apply.
+    for n in 1..=256u32 {
+        let addrs: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 1 + i)).collect();
+        if format!("{strategy}:{}", addrs.join(","))
+            .parse::<StoreSpec>()
+            .is_ok()
+        {
+            return Ok(n);
+        }
+    }
+    Err(CliError::Invalid(format!(
+        "--store-strategy {strategy:?}: expected central, replicate:R, parity:M or ida:M,K"
+    )))
+}
