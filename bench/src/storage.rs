@@ -145,7 +145,7 @@ pub fn run(args: &StorageArgs) -> Result<()> {
     let coding = if args.skip_coding {
         Vec::new()
     } else {
-        coding_series(args.quick)?
+        coding_series(args)?
     };
     let overhead = if args.skip_overhead {
         None
@@ -233,6 +233,14 @@ struct CodingRow {
     code_encode: Vec<f64>,
     /// The code alone: `ErasureCode::reconstruct_data` of K lost data pieces over the stripes.
     code_rebuild: Vec<f64>,
+    /// CPU seconds other processes took while this row was measured.
+    other_cpu_s: Option<f64>,
+    /// Whether the machine was still busy when the quiet wait gave up.
+    not_quiet: bool,
+    /// Measurements discarded because other processes disturbed them.
+    reruns: u32,
+    /// Whether the kept measurement was disturbed (no retry left).
+    disturbed: bool,
 }
 
 /// Deterministic pseudo-random bytes (splitmix64).
@@ -265,8 +273,13 @@ fn rates(bytes: usize, reps: usize, min: Duration, mut f: impl FnMut()) -> Vec<f
         .collect()
 }
 
-fn coding_series(quick: bool) -> Result<Vec<CodingRow>> {
-    let (reps, min) = if quick {
+/// Others' load below which a coding row counts as undisturbed: more than 0.05 CPU-s plus
+/// this many cores over the row's time (it runs on one of the two cores, so a quarter of the
+/// other one is tolerated).
+const CODING_DISTURBED_CORES: f64 = 0.25;
+
+fn coding_series(args: &StorageArgs) -> Result<Vec<CodingRow>> {
+    let (reps, min) = if args.quick {
         (CODING_REPS_QUICK, MIN_LOOP_QUICK)
     } else {
         (CODING_REPS, MIN_LOOP)
@@ -274,59 +287,97 @@ fn coding_series(quick: bool) -> Result<Vec<CodingRow>> {
     eprintln!("coding: one core, median of {reps} repetitions of >= {min:?} loops");
     let mut rows = Vec::new();
     for codec in codecs()? {
-        let (m, k) = (codec.data_fragments(), codec.parity_fragments());
         for &len in &BLOB_SIZES {
-            let data = blob(len, len as u64);
-            let frags: Vec<Option<Vec<u8>>> =
-                codec.encode(&data, 1).into_iter().map(Some).collect();
-            let mut lost = frags.clone();
-            for slot in lost.iter_mut().take(k) {
-                *slot = None;
-            }
-            for (what, f) in [("intact", &frags), ("rebuilt", &lost)] {
-                let got = codec
-                    .decode(f)
-                    .with_context(|| format!("{codec} {what} decode"))?;
-                if got.blob != data {
-                    bail!("{codec}: {what} decode of {len} bytes gave other bytes");
+            let mut reruns = 0;
+            let row = loop {
+                let mut not_quiet = false;
+                if args.quiet_wait > 0
+                    && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
+                {
+                    not_quiet = true;
                 }
-            }
-            let encode = rates(len, reps, min, || {
-                black_box(codec.encode(black_box(&data), 1));
-            });
-            let decode = rates(len, reps, min, || {
-                black_box(codec.decode(black_box(&frags)).ok());
-            });
-            let rebuild = rates(len, reps, min, || {
-                black_box(codec.decode(black_box(&lost)).ok());
-            });
-            let (code_encode, code_rebuild) = code_alone(&codec, &data, reps, min)?;
-            let row = CodingRow {
-                code: codec.to_string(),
-                m,
-                k,
-                blob: len,
-                encode,
-                decode,
-                rebuild,
-                code_encode,
-                code_rebuild,
+                let before = CpuSnapshot::now();
+                let t = Instant::now();
+                let mut row = coding_row(&codec, len, reps, min)?;
+                let took = t.elapsed().as_secs_f64();
+                row.other_cpu_s = CpuSnapshot::foreign_since(before);
+                row.not_quiet = not_quiet;
+                let bad = row
+                    .other_cpu_s
+                    .is_some_and(|f| f > 0.05 + CODING_DISTURBED_CORES * took);
+                eprintln!(
+                    "  {:<10} {:>7}: encode {:.2}, decode {:.2}, rebuild {:.2}, code alone \
+                     {:.2} / {:.2} GB/s; other processes' CPU {} s in {took:.1} s{}",
+                    row.code,
+                    size_text(len),
+                    median(&row.encode),
+                    median(&row.decode),
+                    median(&row.rebuild),
+                    median(&row.code_encode),
+                    median(&row.code_rebuild),
+                    cpu_text(row.other_cpu_s),
+                    match (bad, reruns < args.retries) {
+                        (false, _) => "",
+                        (true, true) => " -- disturbed, run again",
+                        (true, false) => " -- disturbed, kept (no retry left)",
+                    }
+                );
+                if bad && reruns < args.retries {
+                    reruns += 1;
+                    continue;
+                }
+                row.reruns = reruns;
+                row.disturbed = bad;
+                break row;
             };
-            eprintln!(
-                "  {:<10} {:>7}: encode {:.2}, decode {:.2}, rebuild {:.2}, code alone {:.2} / \
-                 {:.2} GB/s",
-                row.code,
-                size_text(len),
-                median(&row.encode),
-                median(&row.decode),
-                median(&row.rebuild),
-                median(&row.code_encode),
-                median(&row.code_rebuild)
-            );
             rows.push(row);
         }
     }
     Ok(rows)
+}
+
+/// Measures one code at one blob size (after checking that it round-trips).
+fn coding_row(codec: &Codec, len: usize, reps: usize, min: Duration) -> Result<CodingRow> {
+    let (m, k) = (codec.data_fragments(), codec.parity_fragments());
+    let data = blob(len, len as u64);
+    let frags: Vec<Option<Vec<u8>>> = codec.encode(&data, 1).into_iter().map(Some).collect();
+    let mut lost = frags.clone();
+    for slot in lost.iter_mut().take(k) {
+        *slot = None;
+    }
+    for (what, f) in [("intact", &frags), ("rebuilt", &lost)] {
+        let got = codec
+            .decode(f)
+            .with_context(|| format!("{codec} {what} decode"))?;
+        if got.blob != data {
+            bail!("{codec}: {what} decode of {len} bytes gave other bytes");
+        }
+    }
+    let encode = rates(len, reps, min, || {
+        black_box(codec.encode(black_box(&data), 1));
+    });
+    let decode = rates(len, reps, min, || {
+        black_box(codec.decode(black_box(&frags)).ok());
+    });
+    let rebuild = rates(len, reps, min, || {
+        black_box(codec.decode(black_box(&lost)).ok());
+    });
+    let (code_encode, code_rebuild) = code_alone(codec, &data, reps, min)?;
+    Ok(CodingRow {
+        code: codec.to_string(),
+        m,
+        k,
+        blob: len,
+        encode,
+        decode,
+        rebuild,
+        code_encode,
+        code_rebuild,
+        other_cpu_s: None,
+        not_quiet: false,
+        reruns: 0,
+        disturbed: false,
+    })
 }
 
 /// The code alone over the stripes `Codec` uses (`erasure/mod.rs` rule 2), on the blob cut
@@ -1451,14 +1502,14 @@ impl Report {
             );
             s.push_str(
                 "| code | blob | encode | decode (all) | decode (K lost) | code alone: encode | \
-                 code alone: rebuild | 100 MB encode (s) |\n\
-                 |---|---:|---:|---:|---:|---:|---:|---:|\n",
+                 code alone: rebuild | 100 MB encode (s) | other CPU (s) | rerun / kept \
+                 disturbed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for r in &self.coding {
                 let enc = median(&r.encode);
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} / {} |",
                     r.code,
                     size_text(r.blob),
                     enc,
@@ -1466,7 +1517,10 @@ impl Report {
                     median(&r.rebuild),
                     median(&r.code_encode),
                     median(&r.code_rebuild),
-                    0.1 / enc
+                    0.1 / enc,
+                    cpu_text(r.other_cpu_s),
+                    r.reruns,
+                    u32::from(r.disturbed),
                 );
             }
         }
@@ -1664,6 +1718,10 @@ impl Report {
                     "decode_k_data_fragments_lost": stat(&r.rebuild),
                     "code_alone_encode": stat(&r.code_encode),
                     "code_alone_rebuild": stat(&r.code_rebuild),
+                    "other_processes_cpu_s": r.other_cpu_s,
+                    "started_on_busy_machine": r.not_quiet,
+                    "disturbed_measurements_rerun": r.reruns,
+                    "kept_disturbed": r.disturbed,
                 })
             })
             .collect();
