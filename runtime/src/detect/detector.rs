@@ -403,15 +403,25 @@ impl Detector {
         if self.monitors.len() == k && live > k {
             leaving.extend(self.monitors.pop_front());
         }
+        // The monitor rotating out is drawn back only if nobody else is left.
         let mut candidates: Vec<PeerId> = Vec::new();
         while self.monitors.len() < k {
-            candidates.clear();
-            candidates.extend(
-                self.peers
-                    .iter()
-                    .filter(|(id, p)| !p.is_broken() && !self.monitors.contains(id))
-                    .map(|(&id, _)| id),
-            );
+            for excluding_leaving in [true, false] {
+                candidates.clear();
+                candidates.extend(
+                    self.peers
+                        .iter()
+                        .filter(|(id, p)| {
+                            !p.is_broken()
+                                && !self.monitors.contains(id)
+                                && (!excluding_leaving || !leaving.contains(id))
+                        })
+                        .map(|(&id, _)| id),
+                );
+                if !candidates.is_empty() {
+                    break;
+                }
+            }
             match candidates.choose(&mut self.rng) {
                 Some(&drawn) => self.monitors.push_back(drawn),
                 None => break,

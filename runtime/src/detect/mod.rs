@@ -21,10 +21,12 @@
 //!    heartbeat received is the last one sent.
 //! 3. **Monitors** (§4.2.1). Every T_interval (a *round*) a process sends a heartbeat carrying
 //!    T_interval to each of its k monitors, so they watch it closely. One monitor rotates per
-//!    round: the oldest gets a last heartbeat carrying T_insurance and a peer drawn at random
-//!    (ChaCha8, stream (seed, me)) among the non-broken others takes its place. So k peers watch
-//!    each process at every instant, the watching load spreads evenly, and a round costs k + 1
-//!    heartbeats (k when there is nobody to rotate in).
+//!    round: the oldest (it has served k rounds) gets a last heartbeat carrying T_insurance, and
+//!    a peer drawn at random (ChaCha8, stream (seed, me)) among the non-broken non-monitors takes
+//!    its place. So k peers watch each process at every instant, the watching load spreads
+//!    evenly, and a round costs k + 1 heartbeats (k when there is nobody to rotate in). Each
+//!    promise covers exactly the gap to the next heartbeat, so re-drawing monitors never
+//!    leaves a peer expecting a heartbeat that will not come.
 //! 4. **Insurance** (§4.2.2). Every other connection gets a heartbeat when its promise runs out,
 //!    carrying T_insurance. This catches the failure of a process together with all its
 //!    monitors. A new peer is promised nothing yet, so it gets one at once (its introduction).

