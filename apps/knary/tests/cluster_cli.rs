@@ -1,0 +1,357 @@
+//! Cluster mode with real processes on loopback: `knary cluster`, and a coordinator, workers
+//! and `submit` started one by one so that the tests can SIGKILL, SIGSTOP and SIGCONT them.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_knary")
+}
+
+/// A process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} failed");
+    }
+}
+
+/// A coordinator over one checkpoint server, and workers, all processes.
+struct Cluster {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    coordinator: Proc,
+    addr: String,
+    workers: Vec<Proc>,
+    _server: veriflow_checkpoint::launch::ServerProcess,
+}
+
+fn checkpoint_server_binary() -> PathBuf {
+    if let Some(b) = veriflow_checkpoint::launch::server_binary() {
+        return b;
+    }
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "veriflow-checkpoint",
+            "--bin",
+            "checkpoint-server",
+        ])
+        .status()
+        .expect("cargo runs");
+    assert!(status.success());
+    veriflow_checkpoint::launch::server_binary().expect("built")
+}
+
+impl Cluster {
+    fn start(workers: usize, spares: usize, fd: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("cluster.key");
+        knary(&["keygen", s(&key)]).expect_code(0);
+        let server = veriflow_checkpoint::launch::ServerProcess::start(
+            &checkpoint_server_binary(),
+            "127.0.0.1:0",
+            Some(&dir.path().join("cs")),
+            &key,
+        )
+        .unwrap();
+        let store = format!("central:{}", server.addr);
+        let mut c = Command::new(bin());
+        c.args(["coordinator", "--key", s(&key), "--store", &store])
+            .args(fd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("coordinator listening on ")
+            .unwrap_or_else(|| panic!("coordinator said {line:?}"))
+            .to_string();
+        let coordinator = Proc(child);
+        let mut cl = Cluster {
+            dir,
+            key,
+            coordinator,
+            addr,
+            workers: Vec::new(),
+            _server: server,
+        };
+        for i in 0..workers + spares {
+            cl.add_worker(i >= workers);
+        }
+        cl
+    }
+
+    fn add_worker(&mut self, spare: bool) {
+        let mut c = Command::new(bin());
+        c.args([
+            "worker",
+            "--join",
+            &self.addr,
+            "--key",
+            s(&self.key),
+            "--threads",
+            "1",
+        ]);
+        if spare {
+            c.arg("--spare");
+        }
+        let log =
+            std::fs::File::create(self.dir.path().join(format!("w{}.log", self.workers.len())))
+                .unwrap();
+        let child = c.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.workers.push(Proc(child));
+    }
+
+    /// `knary submit ... --json` as a child process.
+    fn submit(&self, program: &[&str]) -> Child {
+        Command::new(bin())
+            .args([
+                "submit",
+                "--coordinator",
+                &self.addr,
+                "--key",
+                s(&self.key),
+                "--json",
+            ])
+            .args(program)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+fn wait_json(child: Child) -> (i32, Value, String) {
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+/// Waits until every worker has joined (the submit waits itself; this only paces kills).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+const PROGRAM: [&str; 6] = ["--depth", "7", "--fanout", "4", "--grain-us", "400"];
+
+fn expect_right(v: &Value, ctx: &str) {
+    assert_eq!(v["correct"], true, "{ctx}: {v}");
+    assert_eq!(
+        v["result"],
+        knary::expected_nodes(7, 4).unwrap(),
+        "{ctx}: {v}"
+    );
+    // No completed task ran twice: the tasks completed over all members are the program's.
+    assert_eq!(
+        v["tasks"],
+        knary::expected_tasks(7, 4).unwrap(),
+        "{ctx}: {v}"
+    );
+}
+
+#[test]
+fn knary_cluster_gives_the_embedded_result_with_and_without_kills() {
+    let embedded = knary(&["run", "--depth", "6", "--fanout", "5", "--json"]).json();
+    for extra in [&[][..], &["--kill-random", "1", "--seed", "4"][..]] {
+        let mut args = vec![
+            "cluster",
+            "--workers",
+            "4",
+            "--depth",
+            "6",
+            "--fanout",
+            "5",
+            "--grain-us",
+            "200",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = knary(&args);
+        out.expect_code(0);
+        let j = out.json();
+        assert_eq!(j["result"], embedded["result"], "{out}");
+        assert_eq!(j["tasks"], embedded["tasks"], "{out}");
+        assert_eq!(j["workers"], 4);
+        if !extra.is_empty() {
+            assert_eq!(j["failures"], 1, "{out}");
+        }
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_run_is_recovered_and_no_completed_task_runs_again() {
+    let c = Cluster::start(4, 0, &[]);
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(500));
+    c.workers[2].signal("-KILL");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "one kill");
+    assert_eq!(v["failures"], 1, "{v}");
+    assert!(
+        v["reused_tasks"].as_u64().unwrap() > 0,
+        "the lost vnode's completed tasks are reused: {v}"
+    );
+}
+
+#[test]
+fn two_workers_killed_at_once_and_a_kill_during_recovery() {
+    // Two at once.
+    let c = Cluster::start(4, 0, &[]);
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(500));
+    c.workers[1].signal("-KILL");
+    c.workers[3].signal("-KILL");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "two at once");
+    assert_eq!(v["failures"], 2, "{v}");
+
+    // A spare takes the first victim's vnodes and is killed while it recovers them; they move
+    // again to a live worker.
+    let c = Cluster::start(3, 1, &[]);
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(500));
+    c.workers[0].signal("-KILL");
+    std::thread::sleep(Duration::from_millis(30));
+    c.workers[3].signal("-KILL"); // the spare
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "kill during recovery");
+    assert_eq!(v["failures"], 2, "{v}");
+}
+
+#[test]
+fn a_short_sigstop_is_tolerated_and_a_long_one_is_a_failure_whose_late_messages_are_ignored() {
+    // Bound: 200 + 400 + 400 ms = 1 s.
+    let fd = [
+        "--fd-interval-ms",
+        "200",
+        "--fd-timeout-ms",
+        "400",
+        "--fd-broken-ms",
+        "400",
+    ];
+    let c = Cluster::start(3, 0, &fd);
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(300));
+    c.workers[1].signal("-STOP");
+    std::thread::sleep(Duration::from_millis(300)); // well under the bound
+    c.workers[1].signal("-CONT");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "short stop");
+    assert_eq!(v["failures"], 0, "a short stop is not a failure: {v}");
+
+    let c = Cluster::start(3, 0, &fd);
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(300));
+    c.workers[1].signal("-STOP");
+    // Far over the bound: declared failed, its vnodes move.
+    std::thread::sleep(Duration::from_millis(2500));
+    c.workers[1].signal("-CONT");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "long stop");
+    assert_eq!(v["failures"], 1, "{v}");
+}
+
+#[test]
+fn bad_clients_are_refused_and_the_cluster_goes_on() {
+    let c = Cluster::start(2, 0, &[]);
+    // No key: a plain TCP client sending garbage, then one claiming a huge frame.
+    use std::io::Write as _;
+    for payload in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[0xff, 0xff, 0xff, 0x7f][..],
+    ] {
+        let mut s = std::net::TcpStream::connect(&c.addr).unwrap();
+        let _ = s.write_all(payload);
+        drop(s);
+    }
+    // A client with another key.
+    let other = c.dir.path().join("other.key");
+    knary(&["keygen", s(&other)]).expect_code(0);
+    let out = knary(&[
+        "submit",
+        "--coordinator",
+        &c.addr,
+        "--key",
+        s(&other),
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+    ]);
+    out.expect_code(1).stderr_has("key");
+    // The cluster still runs a job.
+    let run = c.submit(&["--depth", "5", "--fanout", "3"], 2);
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["correct"], true);
+}
+
+#[test]
+fn unreachable_coordinator_is_a_clear_error_after_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    knary(&["keygen", s(&key)]).expect_code(0);
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let addr = port.to_string();
+    let t0 = Instant::now();
+    knary(&["worker", "--join", &addr, "--key", s(&key)])
+        .expect_code(1)
+        .stderr_has("unreachable after");
+    knary(&[
+        "submit",
+        "--coordinator",
+        &addr,
+        "--key",
+        s(&key),
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+    ])
+    .expect_code(1)
+    .stderr_has(&addr);
+    assert!(t0.elapsed() < Duration::from_secs(60));
+}
