@@ -319,7 +319,7 @@ fn bad_clients_are_refused_and_the_cluster_goes_on() {
     ]);
     out.expect_code(1).stderr_has("key");
     // The cluster still runs a job.
-    let run = c.submit(&["--depth", "5", "--fanout", "3"], 2);
+    let run = c.submit(&["--depth", "5", "--fanout", "3"]);
     let (code, v, err) = wait_json(run);
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["correct"], true);
