@@ -201,7 +201,8 @@ impl Detector {
 
     /// A connection to `peer` opened (rule 1): it is watched from `now`, held to our
     /// T_insurance until its first heartbeat, and introduced at the next tick (rule 4). A
-    /// peer already known, even Broken, is left as it is: Broken is final.
+    /// peer already known, even Broken, is left as it is: Broken is final (to admit a new
+    /// process under a used id, [`Detector::remove_peer`] it first).
     pub fn add_peer(&mut self, peer: PeerId, now: Duration) {
         if peer == self.me || self.peers.contains_key(&peer) {
             return;
@@ -403,16 +404,19 @@ impl Detector {
         if self.monitors.len() == k && live > k {
             leaving.extend(self.monitors.pop_front());
         }
-        // The monitor rotating out is drawn back only if nobody else is left.
+        // Draw among the Alive peers if any (an Unreachable one is probably dead and would
+        // watch nobody), and take the monitor rotating out back only if nobody else is left.
         let mut candidates: Vec<PeerId> = Vec::new();
         while self.monitors.len() < k {
-            for excluding_leaving in [true, false] {
+            let tiers = [(true, true), (true, false), (false, true), (false, false)];
+            for (alive_only, excluding_leaving) in tiers {
                 candidates.clear();
                 candidates.extend(
                     self.peers
                         .iter()
                         .filter(|(id, p)| {
                             !p.is_broken()
+                                && (!alive_only || p.status() == Status::Alive)
                                 && !self.monitors.contains(id)
                                 && (!excluding_leaving || !leaving.contains(id))
                         })

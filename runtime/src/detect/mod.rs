@@ -22,8 +22,8 @@
 //! 3. **Monitors** (§4.2.1). Every T_interval (a *round*) a process sends a heartbeat carrying
 //!    T_interval to each of its k monitors, so they watch it closely. One monitor rotates per
 //!    round: the oldest (it has served k rounds) gets a last heartbeat carrying T_insurance, and
-//!    a peer drawn at random (ChaCha8, stream (seed, me)) among the non-broken non-monitors takes
-//!    its place. So k peers watch each process at every instant, the watching load spreads
+//!    a peer drawn at random (ChaCha8, stream (seed, me)) among the Alive non-monitors (the
+//!    Unreachable ones if no Alive one is left) takes its place. So k peers watch each process at every instant, the watching load spreads
 //!    evenly, and a round costs k + 1 heartbeats (k when there is nobody to rotate in). Each
 //!    promise covers exactly the gap to the next heartbeat, so re-drawing monitors never
 //!    leaves a peer expecting a heartbeat that will not come.
@@ -54,6 +54,10 @@
 //! - no live peer is ever Unreachable while the jitter of its link (spread of delays) plus the
 //!   lateness of ticks stays below T_timeout (rule 2: the gap between two arrivals is at most the
 //!   promise plus the jitter);
+//! - a process stopped (SIGSTOP) for less than T_timeout + T_broken − jitter is never Broken
+//!   anywhere: each of its promises is kept late by at most the stop, so the peers that found it
+//!   Unreachable hear from it within T_broken (rule 8). Stopped longer, it is a hung process:
+//!   the first bound applies;
 //! - heartbeats per process per T_interval: k + 1 for the rounds, plus at most
 //!   (n - 1 - k) · T_interval / T_insurance insurance heartbeats when the application sends
 //!   nothing (fewer with traffic, rule 5). Measured numbers are in `tests.rs`, test

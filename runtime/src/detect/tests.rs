@@ -907,6 +907,37 @@ fn same_seed_same_actions_and_different_processes_draw_differently() {
     assert_ne!(monitors(50), monitors(51), "stream (seed, me)");
 }
 
+/// Monitors are drawn among Alive peers first (rule 3): once peers turn Unreachable, within
+/// k rounds every monitor is a peer that is still heard from.
+#[test]
+fn monitors_are_drawn_among_alive_peers_first() {
+    let p = FdParams {
+        broken: secs(100),
+        ..FdParams::default()
+    };
+    let mut det = Detector::new(0, p, 8);
+    for peer in 1..=6 {
+        det.add_peer(peer, Duration::ZERO);
+    }
+    for r in 0..40u32 {
+        let now = p.interval * r;
+        for peer in 4..=6 {
+            det.on_message(peer, now);
+        }
+        let _ = det.tick(now);
+        if r >= 6 {
+            assert_eq!(det.status(1), Some(Status::Unreachable), "silent since 0");
+        }
+        if r >= 6 + 3 {
+            let monitors = det.monitors();
+            assert!(
+                monitors.iter().all(|m| (4..=6).contains(m)),
+                "round {r}: {monitors:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn unknown_and_removed_peers_get_no_verdict() {
     let mut det = Detector::new(0, FdParams::default(), 1);
