@@ -23,10 +23,10 @@
 //!    T_interval to each of its k monitors, so they watch it closely. One monitor rotates per
 //!    round: the oldest (it has served k rounds) gets a last heartbeat carrying T_insurance, and
 //!    a peer drawn at random (ChaCha8, stream (seed, me)) among the Alive non-monitors (the
-//!    Unreachable ones if no Alive one is left) takes its place. So k peers watch each process at every instant, the watching load spreads
-//!    evenly, and a round costs k + 1 heartbeats (k when there is nobody to rotate in). Each
-//!    promise covers exactly the gap to the next heartbeat, so re-drawing monitors never
-//!    leaves a peer expecting a heartbeat that will not come.
+//!    Unreachable ones if no Alive one is left) takes its place. So k peers watch each process
+//!    at every instant, the watching load spreads evenly, and a round costs k + 1 heartbeats
+//!    (k when there is nobody to rotate in). Each promise covers exactly the gap to the next
+//!    heartbeat, so re-drawing monitors never leaves a peer expecting one that will not come.
 //! 4. **Insurance** (§4.2.2). Every other connection gets a heartbeat when its promise runs out,
 //!    carrying T_insurance. This catches the failure of a process together with all its
 //!    monitors. A new peer is promised nothing yet, so it gets one at once (its introduction).
