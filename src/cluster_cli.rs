@@ -18,10 +18,11 @@ use veriflow_runtime::log::CommitPolicy;
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
 use crate::app::{registry, CertifyParams, CliError, Program};
+use crate::cluster as cl;
 use crate::cluster::coordinator::{self, CoordinatorConfig};
 use crate::cluster::protocol::{JobSpec, ToSubmit, WorkerReport};
 use crate::cluster::worker::{self, JobContext, WorkerConfig};
-use crate::cluster::{self as cl, FdParams};
+use veriflow_runtime::detect::FdParams;
 
 /// The failure detector's five parameters (paper 004 §4).
 #[derive(Args, Debug, Clone)]
@@ -49,12 +50,17 @@ pub(crate) struct FdArgs {
 }
 
 impl FdArgs {
-    fn params(&self) -> FdParams {
-        FdParams {
+    fn params(&self) -> Result<FdParams, CliError> {
+        let p = FdParams {
             interval: Duration::from_millis(self.interval_ms),
             timeout: Duration::from_millis(self.timeout_ms),
+            insurance: Duration::from_millis(self.insurance_ms),
             broken: Duration::from_millis(self.broken_ms),
-        }
+            k: usize::try_from(self.k).unwrap_or(usize::MAX),
+        };
+        p.validate()
+            .map_err(|e| CliError::Invalid(format!("failure detector: {e}")))?;
+        Ok(p)
     }
 
     fn to_args(&self) -> Vec<String> {
@@ -177,14 +183,12 @@ pub(crate) fn coordinator_cmd(
 ) -> Result<(), CliError> {
     let key = Key::load(&args.key)?;
     let store = open_store(&args.store, Some(&key))?;
-    let fd = args.fd.params();
     let cfg = CoordinatorConfig {
         program,
         key,
         store_spec: args.store.to_string(),
         store,
-        heartbeat: fd.interval,
-        silence: fd.bound(),
+        fd: args.fd.params()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -201,8 +205,9 @@ pub(crate) fn coordinator_cmd(
         println!("coordinator listening on {addr}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        coordinator::serve(listener, cfg).await;
-        Ok(())
+        coordinator::serve(listener, cfg)
+            .await
+            .map_err(|e| CliError::Invalid(format!("coordinator: {e}")))
     })
 }
 

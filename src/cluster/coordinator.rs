@@ -12,9 +12,10 @@
 //!    hosts; when two complete rounds in a row cover all V vnodes, every word has no work
 //!    outstanding and no word changed, the run is over (the two-scan test of `exec/mod.rs`
 //!    rule 4 across processes) and every member is told to stop.
-//! 4. A worker is lost when its connection closes or resets (at once) or when it has been
-//!    silent for the detection bound (heartbeats; any message counts). A coordinator that was
-//!    itself stalled does not accuse anyone when it wakes: it restarts every silence timer.
+//! 4. A worker is lost when its connection closes or resets (at once), when the coordinator's
+//!    failure detector (`veriflow_runtime::detect`, paper 004 §4, on its own thread) declares
+//!    it broken, or when a worker's detector does. Every message counts as a heartbeat; a
+//!    coordinator that was itself stalled accuses nobody when it wakes.
 //! 5. A lost worker's vnodes move, each at a new epoch, to a spare if one is idle, else to the
 //!    live member with the fewest vnodes; the new host rebuilds them from their logs and every
 //!    member learns the new map and epochs (so late messages of the lost incarnation are
@@ -32,7 +33,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{Key, Store};
+use veriflow_runtime::detect::{Detector, DetectorHandle, DetectorThread, FdParams, Status};
 use veriflow_runtime::log::{Manifest, RunStatus};
+use veriflow_runtime::SystemClock;
 
 use super::protocol::{Hello, JobSpec, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
 
@@ -46,10 +49,8 @@ pub(crate) struct CoordinatorConfig {
     pub(crate) key: Key,
     pub(crate) store_spec: String,
     pub(crate) store: Arc<dyn Store>,
-    /// Workers send a heartbeat this often.
-    pub(crate) heartbeat: Duration,
-    /// A worker silent this long is lost (rule 4).
-    pub(crate) silence: Duration,
+    /// The failure detector's parameters (paper 004 §4), sent to every worker too.
+    pub(crate) fd: FdParams,
 }
 
 enum Ev {
@@ -70,8 +71,10 @@ struct Worker {
     threads: u32,
     spare: bool,
     tx: UnboundedSender<ToWorker>,
-    heard: Instant,
 }
+
+/// The writers of the workers' connections, for the detector's heartbeats.
+type Writers = Arc<std::sync::Mutex<HashMap<WorkerId, UnboundedSender<ToWorker>>>>;
 
 struct Job {
     id: u64,
@@ -94,8 +97,32 @@ struct Job {
 }
 
 /// Serves forever on `listener` (rules 1-7).
-pub(crate) async fn serve(listener: TcpListener, cfg: CoordinatorConfig) {
+pub(crate) async fn serve(listener: TcpListener, cfg: CoordinatorConfig) -> std::io::Result<()> {
     let (tx, rx) = unbounded_channel();
+    // Rule 4: the coordinator's failure detector (peer 0), on its own thread.
+    let writers: Writers = Arc::default();
+    let sink_writers = writers.clone();
+    let lost = tx.clone();
+    let detector = DetectorThread::spawn(
+        Detector::new(0, cfg.fd, 0),
+        Arc::new(SystemClock::default()),
+        move |to: WorkerId, hb| {
+            let w = sink_writers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(tx) = w.get(&to) {
+                let _ = tx.send(ToWorker::Heartbeat(hb));
+            }
+        },
+        move |peer, status| {
+            if status == Status::Broken {
+                let _ = lost.send(Ev::Lost(
+                    peer,
+                    "declared broken by the coordinator's failure detector (silent: hung or cut off)"
+                        .to_string(),
+                ));
+            }
+        },
+    )?;
+    let fd = detector.handle().clone();
     tokio::spawn(actor(rx, cfg.clone()));
     let mut next_id: WorkerId = 1;
     loop {
@@ -116,6 +143,8 @@ pub(crate) async fn serve(listener: TcpListener, cfg: CoordinatorConfig) {
             id,
             cfg.clone(),
             tx.clone(),
+            fd.clone(),
+            writers.clone(),
         ));
     }
 }
@@ -126,6 +155,8 @@ async fn connection(
     id: WorkerId,
     cfg: CoordinatorConfig,
     events: UnboundedSender<Ev>,
+    fd: DetectorHandle,
+    writers: Writers,
 ) {
     let conn = match Connection::server(stream, &cfg.key, DEFAULT_MAX_FRAME).await {
         Ok(c) => c,
@@ -162,11 +193,16 @@ async fn connection(
             let welcome = ToWorker::Welcome {
                 id,
                 store: cfg.store_spec.clone(),
-                heartbeat_ms: cfg.heartbeat.as_millis() as u64,
+                fd: cfg.fd,
             };
             if writer.send(&welcome).await.is_err() {
                 return;
             }
+            writers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, tx.clone());
+            fd.joined(id);
             let _ = events.send(Ev::Joined {
                 id,
                 peer_addr,
@@ -183,7 +219,9 @@ async fn connection(
             });
             let reason = loop {
                 match reader.recv::<ToCoord>().await {
+                    Ok(ToCoord::Heartbeat(hb)) => fd.heartbeat(id, hb),
                     Ok(m) => {
+                        fd.message(id);
                         if events.send(Ev::From(id, m)).is_err() {
                             break "coordinator stopping".to_string();
                         }
@@ -191,7 +229,13 @@ async fn connection(
                     Err(e) => break e.to_string(),
                 }
             };
+            // Rule 4: a closed or reset connection is a failure at once.
+            fd.closed(id);
             writing.abort();
+            writers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
             let _ = events.send(Ev::Lost(id, reason));
         }
         Hello::Submit { program, job } => {
@@ -222,7 +266,6 @@ async fn actor(mut rx: UnboundedReceiver<Ev>, cfg: CoordinatorConfig) {
     // Submissions waiting for enough workers, with their deadline.
     let mut waiting: Vec<(JobSpec, UnboundedSender<ToSubmit>, Instant)> = Vec::new();
     let tick = Duration::from_millis(10);
-    let mut last_tick = Instant::now();
     loop {
         let ev = match tokio::time::timeout(tick, rx.recv()).await {
             Ok(Some(ev)) => Some(ev),
@@ -230,13 +273,6 @@ async fn actor(mut rx: UnboundedReceiver<Ev>, cfg: CoordinatorConfig) {
             Err(_) => None,
         };
         let now = Instant::now();
-        // Rule 4: a stalled coordinator accuses nobody when it wakes.
-        if now.duration_since(last_tick) > cfg.silence {
-            for w in workers.values_mut() {
-                w.heard = now;
-            }
-        }
-        last_tick = now;
         match ev {
             None => {}
             Some(Ev::Joined {
@@ -257,14 +293,14 @@ async fn actor(mut rx: UnboundedReceiver<Ev>, cfg: CoordinatorConfig) {
                         threads,
                         spare,
                         tx,
-                        heard: now,
                     },
                 );
             }
+            Some(Ev::From(id, ToCoord::Broken { worker })) if workers.contains_key(&id) => {
+                let reason = format!("declared broken by worker {id}'s failure detector");
+                lose(&mut workers, &mut job, worker, reason, &cfg);
+            }
             Some(Ev::From(id, msg)) => {
-                if let Some(w) = workers.get_mut(&id) {
-                    w.heard = now;
-                }
                 // Messages of a worker that was declared lost are ignored (rule 5).
                 if let Some(j) = job.as_mut().filter(|j| j.members.contains(&id)) {
                     if on_message(j, &workers, id, msg, &cfg) {
@@ -304,16 +340,6 @@ async fn actor(mut rx: UnboundedReceiver<Ev>, cfg: CoordinatorConfig) {
             }
         }
         waiting = still;
-        // Rule 4: silence.
-        let silent: Vec<WorkerId> = workers
-            .iter()
-            .filter(|(_, w)| now.duration_since(w.heard) > cfg.silence)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in silent {
-            let reason = format!("silent for more than {:?} (hung or cut off)", cfg.silence);
-            lose(&mut workers, &mut job, id, reason, &cfg);
-        }
         if let Some(j) = job.as_mut() {
             probe(j, &workers);
         }
@@ -442,7 +468,7 @@ fn on_message(
     cfg: &CoordinatorConfig,
 ) -> bool {
     match msg {
-        ToCoord::Heartbeat => false,
+        ToCoord::Heartbeat(_) | ToCoord::Broken { .. } => false,
         ToCoord::Status {
             job,
             round,

@@ -7,8 +7,6 @@ pub(crate) mod coordinator;
 pub(crate) mod protocol;
 pub(crate) mod worker;
 
-use std::time::Duration;
-
 use veriflow_checkpoint::Key;
 
 use protocol::{Hello, JobSpec, ToSubmit};
@@ -47,20 +45,4 @@ pub(crate) fn submit(
             }
         }
     })
-}
-
-/// Heartbeat period and silence bound of the coordinator's detector, from the five Phoenix
-/// parameters (paper 004 §4).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FdParams {
-    pub(crate) interval: Duration,
-    pub(crate) timeout: Duration,
-    pub(crate) broken: Duration,
-}
-
-impl FdParams {
-    /// A process silent this long is lost: T_interval + T_timeout + T_broken.
-    pub(crate) fn bound(&self) -> Duration {
-        self.interval + self.timeout + self.broken
-    }
 }

@@ -2,6 +2,7 @@
 //! workers (all carried in authenticated frames: `veriflow_checkpoint::wire`).
 
 use serde::{Deserialize, Serialize};
+use veriflow_runtime::detect::{FdParams, Heartbeat};
 use veriflow_runtime::transport::Envelope;
 use veriflow_runtime::VnodeStats;
 
@@ -46,12 +47,15 @@ pub(crate) struct JobSpec {
 /// Coordinator to worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum ToWorker {
-    /// Admitted: its id, the store every member logs into, and the heartbeat period.
+    /// Admitted: its id, the store every member logs into, and the failure detector's
+    /// parameters.
     Welcome {
         id: WorkerId,
         store: String,
-        heartbeat_ms: u64,
+        fd: FdParams,
     },
+    /// A heartbeat of the coordinator's failure detector.
+    Heartbeat(Heartbeat),
     /// Start job `job`: host these vnodes (at these epochs); `map` gives every vnode's host.
     Start {
         job: u64,
@@ -91,8 +95,10 @@ pub(crate) enum ToCoord {
     Done { job: u64, report: WorkerReport },
     /// The worker's part of the job failed.
     Failed { job: u64, error: String },
-    /// Heartbeat (every message counts as one).
-    Heartbeat,
+    /// A heartbeat of the worker's failure detector (every message counts as one).
+    Heartbeat(Heartbeat),
+    /// The worker's failure detector declared another worker broken.
+    Broken { worker: WorkerId },
 }
 
 /// What a worker did in a job.
@@ -144,4 +150,6 @@ pub(crate) enum Peer {
     Hello { from: WorkerId },
     /// A vnode message.
     Msg { to: u32, env: Envelope },
+    /// A heartbeat of the sender's failure detector.
+    Heartbeat(Heartbeat),
 }

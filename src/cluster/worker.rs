@@ -10,8 +10,10 @@
 //!    dropped on the first error (the vnode protocol resends what matters). A message for a
 //!    vnode with no known host is held and sent when the coordinator maps it (paper 004); one
 //!    that reaches a worker not hosting its vnode is forwarded by the current map.
-//! 3. A heartbeat goes to the coordinator every period, from the network threads, so that
-//!    compute load does not delay it.
+//! 3. The failure detector (`veriflow_runtime::detect`, paper 004 §4) runs on its own thread
+//!    so that compute load does not delay it: heartbeats to k random peers (the coordinator is
+//!    peer 0) on the same links as the messages, every frame received counts, a closed link
+//!    is broken at once; a worker it declares broken is reported to the coordinator.
 //! 4. Every order of the coordinator about vnodes (new hosts, epochs, hosting one here) goes to
 //!    the member run at once; probes are answered from its shared status without waiting for
 //!    the compute threads.
@@ -25,8 +27,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{open_store, Key, Store, StoreSpec};
+use veriflow_runtime::detect::{Detector, DetectorHandle, DetectorThread, Heartbeat, Status};
 use veriflow_runtime::transport::{Envelope, Router};
-use veriflow_runtime::{Control, Epoch, Member, MemberStatus, VnodeId};
+use veriflow_runtime::{Control, Epoch, Member, MemberStatus, SystemClock, VnodeId};
 
 use super::protocol::{Hello, JobSpec, Peer, ToCoord, ToWorker, WorkerId, WorkerReport};
 
@@ -67,6 +70,7 @@ struct Net {
     key: Key,
     routes: Mutex<Routes>,
     rt: tokio::runtime::Handle,
+    fd: std::sync::OnceLock<DetectorHandle>,
 }
 
 impl Net {
@@ -87,11 +91,20 @@ impl Net {
             }
             return;
         }
+        drop(r);
+        self.to_peer(host, Peer::Msg { to, env });
+    }
+
+    /// Sends a frame to worker `host` on our link to it, opened on first use (rule 2).
+    fn to_peer(self: &Arc<Self>, host: WorkerId, frame: Peer) {
+        let mut r = self.routes();
         let link = match r.links.get(&host) {
             Some(l) if !l.is_closed() => l.clone(),
             _ => {
                 let Some(addr) = r.peers.get(&host).cloned() else {
-                    r.held.entry(to).or_default().push(env);
+                    if let Peer::Msg { to, env } = frame {
+                        r.held.entry(to).or_default().push(env);
+                    }
                     return;
                 };
                 let (tx, rx) = unbounded_channel::<Peer>();
@@ -106,7 +119,10 @@ impl Net {
                 tx
             }
         };
-        let _ = link.send(Peer::Msg { to, env });
+        let _ = link.send(frame);
+        if let Some(fd) = self.fd.get() {
+            fd.sent(host);
+        }
     }
 
     /// A vnode message from the network (rule 2).
@@ -134,6 +150,11 @@ impl Net {
             let mut r = self.routes();
             for (w, a) in peers {
                 r.peers.insert(*w, a.clone());
+                if *w != r.me {
+                    if let Some(fd) = self.fd.get() {
+                        fd.joined(*w);
+                    }
+                }
             }
             for &(v, host, _) in map {
                 r.map.insert(v, host);
@@ -187,12 +208,26 @@ async fn peer_listener(listener: TcpListener, net: Arc<Net>) {
                 }
             };
             let (mut r, _w) = conn.into_split();
+            let mut from: Option<WorkerId> = None;
             loop {
-                match r.recv::<Peer>().await {
+                let frame = r.recv::<Peer>().await;
+                if let (Some(f), Some(fd), Ok(_)) = (from, net.fd.get(), &frame) {
+                    fd.message(f);
+                }
+                match frame {
                     Ok(Peer::Msg { to, env }) => net.arrive(to, env),
-                    Ok(Peer::Hello { .. }) => {}
+                    Ok(Peer::Hello { from: f }) => from = Some(f),
+                    Ok(Peer::Heartbeat(hb)) => {
+                        if let (Some(f), Some(fd)) = (from, net.fd.get()) {
+                            fd.heartbeat(f, hb);
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!("peer {peer}: {e}");
+                        // A closed or reset link: the detector's rule, broken at once.
+                        if let (Some(f), Some(fd)) = (from, net.fd.get()) {
+                            fd.closed(f);
+                        }
                         return;
                     }
                 }
@@ -266,12 +301,8 @@ pub(crate) fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), Strin
             })
             .await
             .map_err(|e| format!("coordinator {}: {e}", cfg.join))?;
-        let (me, store_spec, heartbeat) = match reader.recv::<ToWorker>().await {
-            Ok(ToWorker::Welcome {
-                id,
-                store,
-                heartbeat_ms,
-            }) => (id, store, Duration::from_millis(heartbeat_ms.max(1))),
+        let (me, store_spec, fd_params) = match reader.recv::<ToWorker>().await {
+            Ok(ToWorker::Welcome { id, store, fd }) => (id, store, fd),
             Ok(_) => {
                 return Err(format!(
                     "coordinator {} refused this worker (another program?)",
@@ -299,6 +330,7 @@ pub(crate) fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), Strin
                 ..Routes::default()
             }),
             rt: tokio::runtime::Handle::current(),
+            fd: std::sync::OnceLock::new(),
         });
         tokio::spawn(peer_listener(listener, net.clone()));
         let (out_tx, mut out_rx) = unbounded_channel::<ToCoord>();
@@ -309,24 +341,38 @@ pub(crate) fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), Strin
                 }
             }
         });
-        let beat = out_tx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(heartbeat);
-            loop {
-                tick.tick().await;
-                if beat.send(ToCoord::Heartbeat).is_err() {
-                    return;
+        // Rule 3: the failure detector on its own thread; the coordinator is peer 0.
+        let (beat, report, sink_net) = (out_tx.clone(), out_tx.clone(), net.clone());
+        let detector = DetectorThread::spawn(
+            Detector::new(me, fd_params, u64::from(me)),
+            Arc::new(SystemClock::default()),
+            move |to: WorkerId, hb: Heartbeat| {
+                if to == 0 {
+                    let _ = beat.send(ToCoord::Heartbeat(hb));
+                } else {
+                    sink_net.to_peer(to, Peer::Heartbeat(hb));
                 }
-            }
-        });
+            },
+            move |peer, status| {
+                if status == Status::Broken && peer != 0 {
+                    let _ = report.send(ToCoord::Broken { worker: peer });
+                }
+            },
+        )
+        .map_err(|e| format!("cannot start the failure detector: {e}"))?;
+        let fd = detector.handle().clone();
+        fd.joined(0);
+        let _ = net.fd.set(fd.clone());
         let job: Arc<Mutex<Option<JobState>>> = Arc::default();
         let lost = loop {
             let msg = match reader.recv::<ToWorker>().await {
                 Ok(m) => m,
                 Err(e) => break e.to_string(),
             };
+            fd.message(0);
             match msg {
                 ToWorker::Welcome { .. } => {}
+                ToWorker::Heartbeat(hb) => fd.heartbeat(0, hb),
                 ToWorker::Start {
                     job: id,
                     spec,
@@ -443,6 +489,7 @@ pub(crate) fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), Strin
             let _ = j.control.send(Control::Stop);
         }
         writing.abort();
+        drop(detector);
         Err(format!("lost the coordinator {}: {lost}", cfg.join))
     })
 }
