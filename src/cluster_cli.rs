@@ -127,6 +127,9 @@ pub(crate) struct JobArgs<P: Program> {
     /// Group commit: seal a non-empty segment after this many ms.
     #[arg(long, value_name = "MS", default_value_t = 5)]
     commit_ms: u64,
+    /// Log nothing (the S0 baseline: a lost worker then cannot be recovered).
+    #[arg(long, conflicts_with = "certify")]
+    no_checkpoint: bool,
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     json: bool,
@@ -243,6 +246,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         .vnodes(ctx.vnodes)
         .seed(job.seed)
         .store(ctx.store)
+        .checkpoint(!job.no_checkpoint)
         .commit_policy(CommitPolicy {
             max_bytes: usize::try_from(job.commit_kib << 10).unwrap_or(usize::MAX),
             max_delay: Duration::from_millis(job.commit_ms),

@@ -154,19 +154,25 @@ impl Runtime {
         inputs: T::Inputs,
         member: Member,
     ) -> Result<MemberReport, RunError> {
-        let Some(store) = self.store.clone() else {
-            return Err(RunError::Config(
-                "a cluster run needs a store that every member reaches".to_string(),
-            ));
-        };
+        let store = self.store.clone();
         let (setup, manifest) = self.prepare(root, inputs)?;
         let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
         shared.set_distributed();
-        let writer = LogWriter::start(store.clone(), self.vnodes, self.policy)?;
+        // Without a store (the S0 baseline) nothing is logged and no vnode can be recovered.
+        let writer = match &store {
+            Some(st) => Some(LogWriter::start(st.clone(), self.vnodes, self.policy)?),
+            None => None,
+        };
         let mut vnodes = Vec::new();
         for &(v, epoch) in &member.hosted {
             shared.set_epoch(v, epoch.0);
-            vnodes.push(self.member_vnode(v, epoch, &writer, &shared, &*member.transport)?);
+            vnodes.push(self.member_vnode(
+                v,
+                epoch,
+                writer.as_ref(),
+                &shared,
+                &*member.transport,
+            )?);
         }
         *member
             .status
@@ -174,8 +180,10 @@ impl Runtime {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = member.hosted.iter().map(|(v, _)| *v).collect();
         if member.starts {
-            if Manifest::load(&*store)?.is_none() {
-                manifest.store(&*store)?;
+            if let Some(store) = &store {
+                if Manifest::load(&**store)?.is_none() {
+                    manifest.store(&**store)?;
+                }
             }
             if let Some(v0) = vnodes.iter_mut().find(|v| v.core.vnode == VnodeId(0)) {
                 plant_root(&mut v0.core, &setup)?;
@@ -193,7 +201,7 @@ impl Runtime {
         let outcome = self.member_loop(
             &mut vnodes,
             &shared,
-            &writer,
+            writer.as_ref(),
             &setup,
             &*transport,
             &status,
@@ -223,7 +231,7 @@ impl Runtime {
             }
         }
         drop(vnodes);
-        if let Err(e) = writer.shutdown() {
+        if let Some(Err(e)) = writer.map(LogWriter::shutdown) {
             error.get_or_insert(RunError::Log(e));
         }
         if let Some(e) = error {
@@ -244,14 +252,14 @@ impl Runtime {
         &self,
         v: VnodeId,
         epoch: Epoch,
-        writer: &LogWriter,
+        writer: Option<&LogWriter>,
         shared: &Arc<RunShared>,
         transport: &dyn Transport,
     ) -> Result<Vnode, RunError> {
         let core = Core::new(
             v,
             self.registry.clone(),
-            Some(writer.vnode_log_at(v, epoch.0)?),
+            writer.map(|w| w.vnode_log_at(v, epoch.0)).transpose()?,
             shared.clone(),
         );
         let endpoint = transport.endpoint(v).map_err(|e| RunError::Internal {
@@ -278,7 +286,7 @@ impl Runtime {
         &self,
         vnodes: &mut Vec<Vnode>,
         shared: &Arc<RunShared>,
-        writer: &LogWriter,
+        writer: Option<&LogWriter>,
         setup: &RootSetup,
         transport: &dyn Transport,
         status: &MemberStatus,
@@ -287,7 +295,7 @@ impl Runtime {
         let pending: Mutex<Vec<Control>> = Mutex::default();
         let pending = &pending;
         let rc = RecoveryContext {
-            writer: Some(writer),
+            writer,
             root: setup,
         };
         std::thread::scope(|scope| {
@@ -325,7 +333,14 @@ impl Runtime {
                                 continue;
                             }
                             shared.set_epoch(v, epoch.0);
-                            let mut vn = self.member_vnode(v, epoch, writer, shared, transport)?;
+                            let Some(writer) = writer else {
+                                return Err(RunError::Config(format!(
+                                    "{v} lost its host and this run logs nothing to rebuild it \
+                                     from"
+                                )));
+                            };
+                            let mut vn =
+                                self.member_vnode(v, epoch, Some(writer), shared, transport)?;
                             let r = vn.resume_from_log(writer, setup)?;
                             vn.stats.failures += 1;
                             vn.stats.recovered_tasks += r.restarted;
