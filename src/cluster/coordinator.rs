@@ -39,6 +39,10 @@ use veriflow_runtime::SystemClock;
 
 use super::protocol::{Hello, JobSpec, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
 
+/// Probe rounds start at most this often: the end of a run is seen within about two rounds,
+/// and the members are not kept busy answering.
+const PROBE_EVERY: Duration = Duration::from_millis(5);
+
 /// How long a submission waits for the workers it asks for.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -85,6 +89,8 @@ struct Job {
     round: u64,
     /// A probe round is in flight.
     outstanding: bool,
+    /// When the last round started.
+    last_round: Instant,
     statuses: HashMap<WorkerId, Vec<(u32, u64)>>,
     completed: HashMap<WorkerId, u64>,
     last_words: Option<Vec<u64>>,
@@ -265,7 +271,7 @@ async fn actor(mut rx: UnboundedReceiver<Ev>, cfg: CoordinatorConfig) {
     let mut next_job = 1u64;
     // Submissions waiting for enough workers, with their deadline.
     let mut waiting: Vec<(JobSpec, UnboundedSender<ToSubmit>, Instant)> = Vec::new();
-    let tick = Duration::from_millis(10);
+    let tick = Duration::from_millis(2);
     loop {
         let ev = match tokio::time::timeout(tick, rx.recv()).await {
             Ok(Some(ev)) => Some(ev),
@@ -429,6 +435,7 @@ fn start_job(
         submit,
         round: 0,
         outstanding: false,
+        last_round: now,
         statuses: HashMap::new(),
         completed: HashMap::new(),
         last_words: None,
@@ -443,10 +450,11 @@ fn start_job(
 
 /// Rule 3: starts a probe round when the previous one is complete.
 fn probe(j: &mut Job, workers: &BTreeMap<WorkerId, Worker>) {
-    if j.stopping || j.outstanding {
+    if j.stopping || j.outstanding || j.last_round.elapsed() < PROBE_EVERY {
         return;
     }
     j.outstanding = true;
+    j.last_round = Instant::now();
     j.round += 1;
     j.statuses.clear();
     for m in &j.members {
