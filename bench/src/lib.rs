@@ -15,6 +15,10 @@ pub mod storage;
 
 pub mod certify;
 
+pub mod cluster;
+
+pub mod detector;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

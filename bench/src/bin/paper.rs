@@ -60,6 +60,12 @@ enum Command {
     /// The certifier: Fig. 4 (k against n), Fig. 7 (full vs partial duplication) and the
     /// throughput of its linear phases.
     Certify(veriflow_bench::certify::CertifyArgs),
+    /// knary in cluster mode (worker processes): S0, S1 and S2 (one worker SIGKILLed
+    /// half-way).
+    Cluster(veriflow_bench::cluster::ClusterArgs),
+    /// The failure detector: detection latency of crashed and hung processes, heartbeats per
+    /// process, and knary's slowdown with the detector on.
+    Detector(veriflow_bench::detector::DetectorArgs),
 }
 
 #[derive(Args, Debug)]
@@ -110,6 +116,8 @@ fn main() -> Result<()> {
         Command::Recovery(args) => recovery(&args),
         Command::Certify(args) => veriflow_bench::certify::run(&args),
         Command::Storage(args) => veriflow_bench::storage::run(&args),
+        Command::Cluster(args) => veriflow_bench::cluster::run(&args),
+        Command::Detector(args) => veriflow_bench::detector::run(&args),
     }
 }
 
