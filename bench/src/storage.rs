@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! cargo run --release -p veriflow-bench --bin paper -- storage [--runs N] [--quick]
-//!     [--sizes N,N] [--rows R] [--threads T] [--out DIR] [--scratch DIR] [--server-bin PATH]
-//!     [--quiet-wait SECS] [--retries N] [--skip-coding] [--skip-overhead]
+//!     [--sizes N[:W],...] [--rows R] [--threads T] [--strategy NAME]... [--out DIR]
+//!     [--scratch DIR] [--server-bin PATH] [--quiet-wait SECS] [--retries N] [--skip-coding]
+//!     [--skip-overhead]
 //! ```
 //!
 //! Three measurements, one report (`storage.json`, `storage.md`, `storage_overhead.svg`):
@@ -14,17 +15,22 @@
 //!    data fragments lost (the rebuild path); and the code alone ([`ErasureCode::encode`] and
 //!    `reconstruct_data` over the same stripes `Codec` uses, no copies, no digests). Each
 //!    figure is the median of several repetitions, each repetition a loop of at least
-//!    `MIN_LOOP` of calls, in GB/s (10^9 bytes of blob per second).
+//!    `MIN_LOOP` of calls, in GB/s (10^9 bytes of blob per second); one blake3 hash of the
+//!    blob is timed beside them for reference. Each code and size waits for a quiet machine
+//!    and is measured again when other processes took CPU meanwhile.
 //! 2. **Run-time overhead** (Fig. 3 analog): a blocked matrix product whose every task is
 //!    logged, run with no log (`none`, the baseline), with the log kept in RAM (`memory`: the
 //!    paper's "generates checkpoints but doesn't store them"), in a local sled store (`local`),
 //!    and through `central`, `replicate:2`, `parity:3` (4 servers), `ida:9,1` and `ida:8,2`
-//!    (10 servers). Servers are real `checkpoint-server` processes on 127.0.0.1, started fresh
+//!    (10 servers), for n = 1350 and 2700 (paper 003's sizes) and n = 1350 with 40 times the
+//!    computation per block (`1350:40`: a lower log rate, as a longer checkpoint interval
+//!    gives). Servers are real `checkpoint-server` processes on 127.0.0.1, started fresh
 //!    for every run in a new data directory and killed after it. The settings are interleaved
 //!    (none, memory, local, ..., then again) so that drifts hit all alike; a round in which
 //!    other processes (not ours, not our servers) took CPU is run again.
-//! 3. **Storage overhead**: (M+K)/M per strategy and the bytes on disk (du of the local store's
-//!    or the servers' data directories after a run) relative to the local store.
+//! 3. **Storage overhead**: (M+K)/M per strategy, the bytes stored (keys and values read back
+//!    from the local store or from every server's data directory) relative to the log, and the
+//!    bytes on disk (du of the same directories) relative to the local store's.
 //!
 //! The matrix product (`storage.matmul`): C = A B for n x n matrices of small integers held as
 //! f64 (so every sum is exact and the result is checked exactly). The root spawns one `GenB`
@@ -50,6 +56,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{json, Value};
+use veriflow::runtime::Digest;
 use veriflow::{Ctx, MemoryStore, Registry, Runtime, SledStore, Store, Task, TaskResult, Writes};
 use veriflow_checkpoint::erasure::{Codec, ErasureCode, STRIPE_BYTES};
 use veriflow_checkpoint::{open_store, Key, StoreSpec};
@@ -66,9 +73,11 @@ pub struct StorageArgs {
     /// Worker threads of the runtime (the matrix product uses all of them inside its tasks).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: u32,
-    /// Matrix sizes n of the overhead series [default: 1350,2700; --quick: 270,540].
-    #[arg(long, value_delimiter = ',', value_name = "N,N")]
-    pub sizes: Option<Vec<usize>>,
+    /// Matrix sizes of the overhead series: `N` (n x n) or `N:W` (each `RowBlock` multiplies
+    /// W times: W times the computation per byte logged) [default: 1350,2700,1350:40;
+    /// --quick: 270,540,270:4].
+    #[arg(long, value_delimiter = ',', value_name = "N[:W],...", value_parser = parse_series)]
+    pub sizes: Option<Vec<Series>>,
     /// Rows of B per `GenB` panel and rows of C per `RowBlock` task.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rows: u64,
@@ -90,8 +99,9 @@ pub struct StorageArgs {
     /// than a quarter of a core (0: do not wait).
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub quiet_wait: u64,
-    /// Rounds disturbed by other processes are run again at most this many times per size.
-    #[arg(long, default_value_t = 3)]
+    /// Rounds disturbed by other processes are run again at most this many times per size
+    /// (and each coding row at most this many times).
+    #[arg(long, default_value_t = 5)]
     pub retries: u32,
     /// Skip the coding throughput (part 1).
     #[arg(long)]
@@ -104,6 +114,43 @@ pub struct StorageArgs {
     /// the baseline, always runs.
     #[arg(long = "strategy", value_name = "NAME")]
     pub strategies: Vec<String>,
+}
+
+/// One matrix product of the overhead series: its size and how many times each `RowBlock`
+/// repeats its multiplication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Series {
+    /// n: the matrices are n x n.
+    pub n: usize,
+    /// Repetitions of each block's multiplication (1: the plain product). W > 1 gives W times
+    /// the computation for the same log, as a longer checkpoint interval would.
+    pub work: usize,
+}
+
+impl std::fmt::Display for Series {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.work {
+            1 => write!(f, "n = {}", self.n),
+            w => write!(f, "n = {}, work x{w}", self.n),
+        }
+    }
+}
+
+/// Parses `N` or `N:W` (see [`StorageArgs::sizes`]).
+fn parse_series(s: &str) -> Result<Series> {
+    let (n, w) = s.split_once(':').unwrap_or((s, "1"));
+    let n: usize = n
+        .trim()
+        .parse()
+        .with_context(|| format!("{s:?}: the size N must be a number"))?;
+    let work: usize = w
+        .trim()
+        .parse()
+        .with_context(|| format!("{s:?}: the work factor W must be a number"))?;
+    if n == 0 || work == 0 {
+        bail!("{s:?}: N and W must be at least 1");
+    }
+    Ok(Series { n, work })
 }
 
 /// Targets of the issue (issue 5, "Benchmarks").
@@ -233,6 +280,9 @@ struct CodingRow {
     code_encode: Vec<f64>,
     /// The code alone: `ErasureCode::reconstruct_data` of K lost data pieces over the stripes.
     code_rebuild: Vec<f64>,
+    /// blake3 of the whole blob (`Digest::of`), for reference: `Codec` hashes (M+K)/M times
+    /// the blob's bytes.
+    blake3: Vec<f64>,
     /// CPU seconds other processes took while this row was measured.
     other_cpu_s: Option<f64>,
     /// Whether the machine was still busy when the quiet wait gave up.
@@ -363,7 +413,11 @@ fn coding_row(codec: &Codec, len: usize, reps: usize, min: Duration) -> Result<C
         black_box(codec.decode(black_box(&lost)).ok());
     });
     let (code_encode, code_rebuild) = code_alone(codec, &data, reps, min)?;
+    let blake3 = rates(len, reps, min, || {
+        black_box(Digest::of(black_box(&data)));
+    });
     Ok(CodingRow {
+        blake3,
         code: codec.to_string(),
         m,
         k,
@@ -511,6 +565,8 @@ pub(crate) struct MatMul {
     n: usize,
     rows: usize,
     seed: u64,
+    /// Multiplications per block (see [`Series::work`]).
+    work: usize,
 }
 
 impl Task for MatMul {
@@ -518,7 +574,7 @@ impl Task for MatMul {
     type Inputs = ();
     type Outputs = (Vec<f64>,);
     fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
-        let (n, rows, seed) = (self.n, self.rows.max(1), self.seed);
+        let (n, rows, seed, work) = (self.n, self.rows.max(1), self.seed, self.work.max(1));
         let ranges: Vec<(usize, usize)> = (0..n)
             .step_by(rows)
             .map(|lo| (lo, (lo + rows).min(n)))
@@ -529,7 +585,16 @@ impl Task for MatMul {
             .collect();
         let blocks: Vec<_> = ranges
             .iter()
-            .map(|&(lo, hi)| ctx.spawn(RowBlock { n, lo, hi, seed }, panels.clone()).0)
+            .map(|&(lo, hi)| {
+                let block = RowBlock {
+                    n,
+                    lo,
+                    hi,
+                    seed,
+                    work,
+                };
+                ctx.spawn(block, panels.clone()).0
+            })
             .collect();
         ctx.spawn_delegate(Checksum { n }, blocks, (out,));
         Ok(())
@@ -563,6 +628,8 @@ pub(crate) struct RowBlock {
     lo: usize,
     hi: usize,
     seed: u64,
+    /// Times the block is multiplied (the result is the same each time).
+    work: usize,
 }
 
 /// Rows of C a rayon job updates together: each row of B is loaded once per group, and the
@@ -583,10 +650,14 @@ impl Task for RowBlock {
         }
         let a = rows_of(self.seed, MATRIX_A, n, self.lo, self.hi);
         let mut c = vec![0.0; a.len()];
-        if n > 0 {
+        for _ in 0..self.work.max(1) {
+            if n == 0 {
+                break;
+            }
             c.par_chunks_mut(GROUP * n)
                 .zip(a.par_chunks(GROUP * n))
                 .for_each(|(cg, ag)| {
+                    cg.fill(0.0);
                     let g = cg.len() / n;
                     let mut k = 0;
                     for p in &panels {
@@ -601,6 +672,7 @@ impl Task for RowBlock {
                         }
                     }
                 });
+            black_box(&c);
         }
         ctx.write(out, Panel(c.into()));
         Ok(())
@@ -657,6 +729,22 @@ fn expected_row_sums(n: usize, seed: u64) -> Vec<f64> {
 fn matmul_tasks(n: usize, rows: usize) -> usize {
     2 + 2 * n.div_ceil(rows.max(1))
 }
+
+/// The overhead series by default: paper 003's 1350 x 1350 and 2700 x 2700, and 1350 x 1350
+/// with 40 times the computation per block (the log rate of 2700 x 2700 divided by ~20: a
+/// longer checkpoint interval, closer to the paper's).
+const DEFAULT_SERIES: [Series; 3] = [
+    Series { n: 1350, work: 1 },
+    Series { n: 2700, work: 1 },
+    Series { n: 1350, work: 40 },
+];
+
+/// The overhead series of `--quick`: small, for a smoke run.
+const QUICK_SERIES: [Series; 3] = [
+    Series { n: 270, work: 1 },
+    Series { n: 540, work: 1 },
+    Series { n: 270, work: 4 },
+];
 
 /// Seed of the matrices (any; fixed so that every run computes the same product).
 const MATRIX_SEED: u64 = 3;
@@ -973,7 +1061,8 @@ struct Bench {
 impl Bench {
     /// One run of the product of size `n` with `strategy`, in a fresh directory (removed
     /// after) with fresh servers (killed after).
-    fn run(&self, n: usize, strategy: Strategy, expected: &[f64]) -> Result<MatRun> {
+    fn run(&self, series: Series, strategy: Strategy, expected: &[f64]) -> Result<MatRun> {
+        let n = series.n;
         let dir = tempfile::Builder::new()
             .prefix("veriflow-storage-")
             .tempdir_in(&self.scratch)
@@ -1020,6 +1109,7 @@ impl Bench {
             n,
             rows: self.rows,
             seed: MATRIX_SEED,
+            work: series.work,
         };
         let servers_before = servers.as_ref().and_then(Servers::cpu_s);
         let before = CpuSnapshot::now();
@@ -1113,7 +1203,7 @@ impl Bench {
 
 /// Every run of one matrix size.
 struct SizeRuns {
-    n: usize,
+    series: Series,
     /// Kept runs per strategy (in the order of [`Overhead::strategies`]).
     runs: Vec<Vec<MatRun>>,
     /// Rounds disturbed by other processes and run again.
@@ -1157,14 +1247,11 @@ fn selected_strategies(names: &[String]) -> Result<Vec<Strategy>> {
 fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
     let sizes = args.sizes.clone().unwrap_or_else(|| {
         if args.quick {
-            vec![270, 540]
+            QUICK_SERIES.to_vec()
         } else {
-            vec![1350, 2700]
+            DEFAULT_SERIES.to_vec()
         }
     });
-    if sizes.contains(&0) {
-        bail!("--sizes: a matrix needs at least one row");
-    }
     let strategies = selected_strategies(&args.strategies)?;
     let runs = if args.quick { 1 } else { args.runs as usize };
     let server_bin = server_binary(args)?;
@@ -1184,9 +1271,10 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
         key,
     };
     let mut out = Vec::new();
-    for &n in &sizes {
+    for &series in &sizes {
+        let n = series.n;
         eprintln!(
-            "overhead: n = {n}, {} rows per task ({} tasks), {runs} rounds of {} strategies, \
+            "overhead: {series}, {} rows per task ({} tasks), {runs} rounds of {} strategies, \
              {} threads, 1 vnode, data in {}",
             bench.rows,
             matmul_tasks(n, bench.rows),
@@ -1196,7 +1284,7 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
         );
         let expected = expected_row_sums(n, MATRIX_SEED);
         let mut size = SizeRuns {
-            n,
+            series,
             runs: vec![Vec::new(); strategies.len()],
             discarded: 0,
             kept_disturbed: 0,
@@ -1216,7 +1304,7 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
             let mut round = Vec::with_capacity(strategies.len());
             let mut line = format!("  n={n} round {}/{runs}:", size.runs[0].len() + 1);
             for &s in &strategies {
-                let r = bench.run(n, s, &expected)?;
+                let r = bench.run(series, s, &expected)?;
                 let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
                 round.push(r);
             }
@@ -1455,9 +1543,9 @@ impl Report {
             for row in size.rows(&o.strategies)?.iter().skip(1) {
                 t.push(Target {
                     what: format!(
-                        "{} / none <= {TARGET_OVERHEAD} at n = {}",
+                        "{} / none <= {TARGET_OVERHEAD} at {}",
                         row.strategy.name(),
-                        size.n
+                        size.series
                     ),
                     measured: format!("{:.4}", row.ratio),
                     met: row.ratio <= TARGET_OVERHEAD,
@@ -1497,19 +1585,20 @@ impl Report {
                  and blake3 digests of every fragment included); \"K lost\": the first K data \
                  fragments missing, rebuilt from parity; \"code alone\": \
                  `ErasureCode::encode` / `reconstruct_data` over the same stripes, no copies, \
-                 no digests. Last column: seconds to encode 100 MB at the encode rate (paper \
+                 no digests; \"blake3 alone\": one blake3 hash of the blob (`Codec` hashes \
+                 (M+K)/M times its bytes). Last column: seconds to encode 100 MB at the encode rate (paper \
                  003: \"a few seconds\").\n\n",
             );
             s.push_str(
                 "| code | blob | encode | decode (all) | decode (K lost) | code alone: encode | \
-                 code alone: rebuild | 100 MB encode (s) | other CPU (s) | rerun / kept \
-                 disturbed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                 code alone: rebuild | blake3 alone | 100 MB encode (s) | other CPU (s) | \
+                 rerun / kept disturbed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for r in &self.coding {
                 let enc = median(&r.encode);
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} / {} |",
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} / {} |",
                     r.code,
                     size_text(r.blob),
                     enc,
@@ -1517,6 +1606,7 @@ impl Report {
                     median(&r.rebuild),
                     median(&r.code_encode),
                     median(&r.code_rebuild),
+                    median(&r.blake3),
                     0.1 / enc,
                     cpu_text(r.other_cpu_s),
                     r.reruns,
@@ -1571,7 +1661,7 @@ impl Report {
             let rows = match size.rows(&o.strategies) {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = writeln!(s, "\nn = {}: {e}", size.n);
+                    let _ = writeln!(s, "\n{}: {e}", size.series);
                     continue;
                 }
             };
@@ -1580,9 +1670,9 @@ impl Report {
             let none = rows[0].seconds.median;
             let _ = writeln!(
                 s,
-                "\nn = {} ({} tasks, {} events; log {} MB, {} MB/s of the baseline's time; {} \
+                "\n{} ({} tasks, {} events; log {} MB, {} MB/s of the baseline's time; {} \
                  disturbed round(s) run again, {} kept, {} started on a busy machine):\n",
-                size.n,
+                size.series,
                 rows.last().map_or(0, |r| r.tasks),
                 rows.last().map_or(0, |r| r.events),
                 opt_text(log, mb),
@@ -1679,8 +1769,9 @@ impl Report {
                     })
                     .collect();
                 json!({
-                    "n": size.n,
-                    "tasks": matmul_tasks(size.n, self.rows),
+                    "n": size.series.n,
+                    "work": size.series.work,
+                    "tasks": matmul_tasks(size.series.n, self.rows),
                     "log_bytes": log,
                     "rounds_discarded": size.discarded,
                     "rounds_kept_disturbed": size.kept_disturbed,
@@ -1718,6 +1809,7 @@ impl Report {
                     "decode_k_data_fragments_lost": stat(&r.rebuild),
                     "code_alone_encode": stat(&r.code_encode),
                     "code_alone_rebuild": stat(&r.code_rebuild),
+                    "blake3_alone": stat(&r.blake3),
                     "other_processes_cpu_s": r.other_cpu_s,
                     "started_on_busy_machine": r.not_quiet,
                     "disturbed_measurements_rerun": r.reruns,
@@ -1786,11 +1878,11 @@ impl Report {
 fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
     use plotters::prelude::*;
     let names: Vec<String> = o.strategies.iter().skip(1).map(|s| s.name()).collect();
-    let mut series: Vec<(usize, Vec<f64>)> = Vec::new();
+    let mut series: Vec<(String, Vec<f64>)> = Vec::new();
     for size in &o.sizes {
         let rows = size.rows(&o.strategies)?;
         series.push((
-            size.n,
+            size.series.to_string(),
             rows.iter()
                 .skip(1)
                 .map(|r| (r.ratio - 1.0) * 100.0)
@@ -1836,7 +1928,7 @@ fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
                 let x0 = i as f64 + 0.1 + si as f64 * width;
                 Rectangle::new([(x0, 0.0), (x0 + width, v)], color.filled())
             }))?
-            .label(format!("n = {n}"))
+            .label(n.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
     for (pct, label, color) in [
@@ -1973,6 +2065,7 @@ mod tests {
                         n,
                         rows: 5,
                         seed: MATRIX_SEED,
+                        work: 2,
                     },
                     (),
                 )
