@@ -135,7 +135,7 @@ pub fn reexecute(
             pending.push(r.clone());
         }
     }
-    let mut fresh: IdMap<DataId, (Arc<[u8]>, Digest)> = IdMap::default();
+    let mut fresh: IdMap<DataId, (Arc<Vec<u8>>, Digest)> = IdMap::default();
     let mut done: Vec<Redone> = Vec::new();
     let mut waiting: VecDeque<Declared> = VecDeque::new();
     loop {
@@ -160,7 +160,7 @@ pub fn reexecute(
         let results: Vec<Result<(Redone, Vec<Declared>), CorrectError>> = ready
             .into_par_iter()
             .map(|r| {
-                let values: Vec<(Arc<[u8]>, Digest)> = r
+                let values: Vec<(Arc<Vec<u8>>, Digest)> = r
                     .inputs
                     .iter()
                     .filter_map(|d| value(track, &recomputed, &fresh, *d))
@@ -183,7 +183,7 @@ pub fn reexecute(
         for result in results {
             let (redone, kids) = result?;
             for o in &redone.outputs {
-                fresh.insert(o.data, (o.value.clone().into(), o.digest));
+                fresh.insert(o.data, (Arc::new(o.value.clone()), o.digest));
             }
             for k in &kids {
                 recomputed.extend(k.outputs.iter().copied());
@@ -212,7 +212,7 @@ pub fn reexecute(
 fn available(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<[u8]>, Digest)>,
+    fresh: &IdMap<DataId, (Arc<Vec<u8>>, Digest)>,
     d: DataId,
 ) -> bool {
     value(track, recomputed, fresh, d).is_some()
@@ -221,9 +221,9 @@ fn available(
 fn value(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<[u8]>, Digest)>,
+    fresh: &IdMap<DataId, (Arc<Vec<u8>>, Digest)>,
     d: DataId,
-) -> Option<(Arc<[u8]>, Digest)> {
+) -> Option<(Arc<Vec<u8>>, Digest)> {
     if let Some(v) = fresh.get(&d) {
         return Some(v.clone());
     }

@@ -223,8 +223,10 @@ fn pass(
 ) -> Result<PassOutcome, CertifyError> {
     let (gs, mut structural) = track.terminal_subgraph(outputs);
     structural.extend(track.structural_check(&gs));
-    let merkle_root = track.merkle_root(&gs);
-    let log_digest = track.log_digest();
+    let leaves = track.leaves();
+    let merkle_root = track.merkle_root_of(&gs, &leaves);
+    let log_digest = track.log_digest_of(&leaves);
+    drop(leaves);
     let n = gs.len() as u64;
     let k = if opts.full {
         n

@@ -59,7 +59,7 @@ pub struct DataRec {
     /// The task that wrote it (`None` for a program input or a datum never written).
     pub writer: Option<Ix>,
     /// Its logged value and digest (from its writer's `Completed`, or the `Input` event).
-    pub value: Option<(Arc<[u8]>, Digest)>,
+    pub value: Option<(Arc<Vec<u8>>, Digest)>,
     /// Whether it is a program input.
     pub input: bool,
     /// Copies returned to victims: (victim vnode, digest).
@@ -233,7 +233,7 @@ impl Track {
                         _ => {}
                     }
                     d.writer = Some(i);
-                    d.value = Some((o.value.into(), o.digest));
+                    d.value = Some((Arc::new(o.value), o.digest));
                 }
                 let rec = &mut self.tasks[i as usize];
                 rec.wrote = Some(wrote);
@@ -247,7 +247,7 @@ impl Track {
             Event::Input { output } => {
                 let d = self.data.entry(output.data).or_default();
                 d.input = true;
-                d.value = Some((output.value.into(), output.digest));
+                d.value = Some((Arc::new(output.value), output.digest));
             }
         }
     }
@@ -474,17 +474,35 @@ impl Track {
         *h.finalize().as_bytes()
     }
 
+    /// The leaf of every task, by index (computed in parallel).
+    pub fn leaves(&self) -> Vec<[u8; 32]> {
+        (0..self.tasks.len() as Ix)
+            .into_par_iter()
+            .map(|t| self.leaf(t))
+            .collect()
+    }
+
     /// The Merkle root over the leaves of `tasks` (sorted by id; rule 4).
     pub fn merkle_root(&self, tasks: &[Ix]) -> [u8; 32] {
         let leaves: Vec<[u8; 32]> = tasks.par_iter().map(|&t| self.leaf(t)).collect();
         merkle(leaves)
     }
 
+    /// [`Track::merkle_root`] from leaves already computed by [`Track::leaves`].
+    pub fn merkle_root_of(&self, tasks: &[Ix], leaves: &[[u8; 32]]) -> [u8; 32] {
+        merkle(tasks.iter().map(|&t| leaves[t as usize]).collect())
+    }
+
     /// The log digest (rule 4): the Merkle root over every task of G.
     pub fn log_digest(&self) -> [u8; 32] {
+        self.log_digest_of(&self.leaves())
+    }
+
+    /// [`Track::log_digest`] from leaves already computed by [`Track::leaves`].
+    pub fn log_digest_of(&self, leaves: &[[u8; 32]]) -> [u8; 32] {
         let mut all: Vec<Ix> = (0..self.tasks.len() as Ix).collect();
         all.par_sort_unstable_by_key(|&i| self.tasks[i as usize].id);
-        self.merkle_root(&all)
+        self.merkle_root_of(&all, leaves)
     }
 
     /// Successors of `t` in G: the tasks that read what it wrote, and its children.
