@@ -26,8 +26,8 @@
 //!    computation per block (`1350:40`: a lower log rate, as a longer checkpoint interval
 //!    gives). Servers are real `checkpoint-server` processes on 127.0.0.1, started fresh
 //!    for every run in a new data directory and killed after it. The settings are interleaved
-//!    (none, memory, local, ..., then again) so that drifts hit all alike; a round in which
-//!    other processes (not ours, not our servers) took CPU is run again.
+//!    (none, memory, local, ..., then again) so that drifts hit all alike; a run during which
+//!    other processes (not ours, not our servers) took CPU is run again in its place.
 //! 3. **Storage overhead**: (M+K)/M per strategy, the bytes stored (keys and values read back
 //!    from the local store or from every server's data directory) relative to the log, and the
 //!    bytes on disk (du of the same directories) relative to the local store's.
@@ -99,9 +99,9 @@ pub struct StorageArgs {
     /// than a quarter of a core (0: do not wait).
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub quiet_wait: u64,
-    /// Rounds disturbed by other processes are run again at most this many times per size
-    /// (and each coding row at most this many times).
-    #[arg(long, default_value_t = 5)]
+    /// A run disturbed by other processes is run again (after a quiet wait), at most this many
+    /// times per matrix size; a coding row at most this many times.
+    #[arg(long, default_value_t = 20)]
     pub retries: u32,
     /// Skip the coding throughput (part 1).
     #[arg(long)]
@@ -1206,11 +1206,11 @@ struct SizeRuns {
     series: Series,
     /// Kept runs per strategy (in the order of [`Overhead::strategies`]).
     runs: Vec<Vec<MatRun>>,
-    /// Rounds disturbed by other processes and run again.
+    /// Runs disturbed by other processes and run again.
     discarded: usize,
-    /// Disturbed rounds kept because no retry was left.
+    /// Disturbed runs kept because no retry was left.
     kept_disturbed: usize,
-    /// Rounds started although the machine was not quiet.
+    /// Quiet waits that gave up (the machine stayed busy).
     not_quiet: usize,
 }
 
@@ -1242,6 +1242,17 @@ fn selected_strategies(names: &[String]) -> Result<Vec<Strategy>> {
     }
     out.sort_by_key(|s| STRATEGIES.iter().position(|t| t == s));
     Ok(out)
+}
+
+/// Waits (up to `--quiet-wait`) for other processes to calm down; counts the failures.
+fn quiet(args: &StorageArgs, not_quiet: &mut usize) {
+    if args.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES) {
+        *not_quiet += 1;
+        eprintln!(
+            "  (machine still busy after {} s: running anyway)",
+            args.quiet_wait
+        );
+    }
 }
 
 fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
@@ -1291,46 +1302,40 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
             not_quiet: 0,
         };
         let mut retries = args.retries;
-        while size.runs[0].len() < runs {
-            if args.quiet_wait > 0
-                && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-            {
-                size.not_quiet += 1;
-                eprintln!(
-                    "  (machine still busy after {} s: running anyway)",
-                    args.quiet_wait
-                );
-            }
-            let mut round = Vec::with_capacity(strategies.len());
-            let mut line = format!("  n={n} round {}/{runs}:", size.runs[0].len() + 1);
-            for &s in &strategies {
-                let r = bench.run(series, s, &expected)?;
-                let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
-                round.push(r);
-            }
-            let bad = round.iter().any(|r| {
-                r.other_cpu_s
-                    .is_some_and(|f| f > 0.05 + DISTURBED_SHARE * bench.threads as f64 * r.seconds)
-            });
-            let others: Vec<String> = round.iter().map(|r| cpu_text(r.other_cpu_s)).collect();
-            eprintln!(
-                "{line}; other processes' CPU {} s{}",
-                others.join("/"),
-                match (bad, retries > 0) {
-                    (false, _) => "",
-                    (true, true) => " -- disturbed, run again",
-                    (true, false) => " -- disturbed, kept (no retry left)",
+        for round in 0..runs {
+            quiet(args, &mut size.not_quiet);
+            let mut line = format!("  {series} round {}/{runs}:", round + 1);
+            for (i, &s) in strategies.iter().enumerate() {
+                loop {
+                    let r = bench.run(series, s, &expected)?;
+                    let bad = r.other_cpu_s.is_some_and(|f| {
+                        f > 0.05 + DISTURBED_SHARE * bench.threads as f64 * r.seconds
+                    });
+                    let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
+                    if bad {
+                        let _ = write!(
+                            line,
+                            " (others took {} CPU-s: {})",
+                            cpu_text(r.other_cpu_s),
+                            if retries > 0 {
+                                "disturbed, run again"
+                            } else {
+                                "disturbed, kept: no retry left"
+                            }
+                        );
+                    }
+                    if bad && retries > 0 {
+                        retries -= 1;
+                        size.discarded += 1;
+                        quiet(args, &mut size.not_quiet);
+                        continue;
+                    }
+                    size.kept_disturbed += usize::from(bad);
+                    size.runs[i].push(r);
+                    break;
                 }
-            );
-            if bad && retries > 0 {
-                retries -= 1;
-                size.discarded += 1;
-                continue;
             }
-            size.kept_disturbed += usize::from(bad);
-            for (kept, r) in size.runs.iter_mut().zip(round) {
-                kept.push(r);
-            }
+            eprintln!("{line}");
         }
         out.push(size);
     }
@@ -1671,7 +1676,7 @@ impl Report {
             let _ = writeln!(
                 s,
                 "\n{} ({} tasks, {} events; log {} MB, {} MB/s of the baseline's time; {} \
-                 disturbed round(s) run again, {} kept, {} started on a busy machine):\n",
+                 disturbed run(s) run again, {} kept, {} quiet wait(s) gave up):\n",
                 size.series,
                 rows.last().map_or(0, |r| r.tasks),
                 rows.last().map_or(0, |r| r.events),
@@ -1773,9 +1778,9 @@ impl Report {
                     "work": size.series.work,
                     "tasks": matmul_tasks(size.series.n, self.rows),
                     "log_bytes": log,
-                    "rounds_discarded": size.discarded,
-                    "rounds_kept_disturbed": size.kept_disturbed,
-                    "rounds_started_on_busy_machine": size.not_quiet,
+                    "disturbed_runs_run_again": size.discarded,
+                    "disturbed_runs_kept": size.kept_disturbed,
+                    "quiet_waits_given_up": size.not_quiet,
                     "strategies": strategies,
                 })
             })
