@@ -226,13 +226,14 @@ pub fn run(args: &StorageArgs) -> Result<()> {
     println!("{md}");
     println!("written: {} and {}", json_path.display(), md_path.display());
     if let Some(o) = &report.overhead {
-        let svg = out.join(if args.quick {
-            "storage_overhead-quick.svg"
+        let stem = if args.quick {
+            "storage_overhead-quick"
         } else {
-            "storage_overhead.svg"
-        });
-        plot_overhead(&svg, o).with_context(|| format!("cannot draw {}", svg.display()))?;
-        println!("written: {}", svg.display());
+            "storage_overhead"
+        };
+        for path in plot_overhead(&out, stem, o)? {
+            println!("written: {}", path.display());
+        }
     }
     Ok(())
 }
@@ -1879,8 +1880,30 @@ impl Report {
     }
 }
 
-/// Draws the overhead of every strategy over `none`, in percent, one bar per matrix size.
-fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
+/// Draws the overhead of every strategy over `none`, in percent, one bar per matrix size, as
+/// `<stem>.svg` and `<stem>.png` in `out`; returns the paths written.
+fn plot_overhead(out: &Path, stem: &str, o: &Overhead) -> Result<Vec<PathBuf>> {
+    use plotters::prelude::*;
+    let svg = out.join(format!("{stem}.svg"));
+    let png = out.join(format!("{stem}.png"));
+    draw_overhead(SVGBackend::new(&svg, PLOT_SIZE).into_drawing_area(), o)
+        .with_context(|| format!("cannot draw {}", svg.display()))?;
+    draw_overhead(BitMapBackend::new(&png, PLOT_SIZE).into_drawing_area(), o)
+        .with_context(|| format!("cannot draw {}", png.display()))?;
+    Ok(vec![svg, png])
+}
+
+/// Pixels of the overhead plot.
+const PLOT_SIZE: (u32, u32) = (900, 500);
+
+fn draw_overhead<DB>(
+    root: plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    o: &Overhead,
+) -> Result<()>
+where
+    DB: plotters::prelude::DrawingBackend,
+    DB::ErrorType: 'static,
+{
     use plotters::prelude::*;
     let names: Vec<String> = o.strategies.iter().skip(1).map(|s| s.name()).collect();
     let mut series: Vec<(String, Vec<f64>)> = Vec::new();
@@ -1897,7 +1920,6 @@ fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
     let all = series.iter().flat_map(|(_, v)| v.iter().copied());
     let top = all.clone().fold((PAPER_OVERHEAD - 1.0) * 100.0, f64::max) * 1.1;
     let bottom = all.fold(0.0, f64::min).min(0.0) * 1.1 - 0.5;
-    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let groups = names.len().max(1);
     let mut chart = ChartBuilder::on(&root)
@@ -1924,7 +1946,13 @@ fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
         })
         .y_desc("time over no log − 1 (%)")
         .draw()?;
-    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN];
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+    ];
     let width = 0.8 / series.len().max(1) as f64;
     for (si, (n, values)) in series.iter().enumerate() {
         let color = palette[si % palette.len()];
@@ -1935,6 +1963,14 @@ fn plot_overhead(path: &Path, o: &Overhead) -> Result<()> {
             }))?
             .label(n.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
+            let x = i as f64 + 0.1 + si as f64 * width;
+            Text::new(
+                format!("{v:.1}"),
+                (x, v.max(0.0) + (top - bottom) * 0.03),
+                ("sans-serif", 11),
+            )
+        }))?;
     }
     for (pct, label, color) in [
         ((TARGET_OVERHEAD - 1.0) * 100.0, "target 1 %", BLACK),
