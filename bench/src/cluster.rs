@@ -61,14 +61,14 @@ pub struct ClusterArgs {
     /// Threads of each worker (one vnode per thread).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
-    /// Depth of the knary tree [default: 6; --quick: 5].
+    /// Depth of the knary tree [default: 7; --quick: 5].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=9))]
     pub depth: Option<u32>,
     /// Fanout of the knary tree.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=10))]
     pub fanout: u32,
-    /// Busy loop of every node, in µs (2 ms: a run takes about 4 s on the 2-core machine, and
-    /// the log's CPU cost per task stays near 1 % of a task).
+    /// Busy loop of every node, in µs (300 µs: a run of the default tree takes about 3 s on the
+    /// 2-core machine).
     #[arg(long, default_value_t = DEFAULT_GRAIN_US,
           value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub grain_us: u64,
@@ -113,13 +113,11 @@ const KILL_AT: f64 = 0.4990;
 /// The worker index [`KILL_SEED`] draws (of 4 or 5 worker processes, spares last).
 const KILL_VICTIM: u32 = 2;
 
-/// The default tree: knary depth 6, fanout 5 (3,906 nodes, 4,687 tasks) at a 2 ms grain, about
-/// 4 s a run on 2 cores. At 300 µs and depth 7 (23,437 tasks, about 3 s) the first full run
-/// measured S1/S0 = 1.048 and S2/S0 = 1.068: every task's log costs the cluster ~15 µs of CPU
-/// (encoding, digests, frames to the checkpoint server, sled), and with four workers on two
-/// cores that CPU comes straight out of the computation; see bench/README.md.
-pub(crate) const DEFAULT_DEPTH: u32 = 6;
-pub(crate) const DEFAULT_GRAIN_US: u64 = 2000;
+/// The default tree: knary depth 7, fanout 5, serial 1 (19,531 nodes, 23,437 tasks: paper 001's
+/// Fig. 6 shape, as `paper recovery`) at a 300 µs grain, about 3 s a run with four workers on
+/// two cores. Coarser grains make S1/S0 and S2/S0 worse here, not better (bench/README.md).
+pub(crate) const DEFAULT_DEPTH: u32 = 7;
+pub(crate) const DEFAULT_GRAIN_US: u64 = 300;
 
 /// Target of issue 6: S2/S0 on the medians.
 const TARGET_S2_S0: f64 = 1.05;

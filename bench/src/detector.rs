@@ -93,13 +93,13 @@ pub struct DetectorArgs {
     /// Worker processes of the slowdown runs (1 thread each).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
-    /// Depth of the slowdown runs' knary tree [default: 6, as `paper cluster`; --quick: 5].
+    /// Depth of the slowdown runs' knary tree [default: 7, as `paper cluster`; --quick: 5].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=9))]
     pub depth: Option<u32>,
     /// Fanout of the slowdown runs' knary tree.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=10))]
     pub fanout: u32,
-    /// Busy loop of every node of the slowdown runs, in µs.
+    /// Busy loop of every node of the slowdown runs, in µs (as `paper cluster`).
     #[arg(long, default_value_t = DEFAULT_GRAIN_US,
           value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub grain_us: u64,
