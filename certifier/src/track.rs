@@ -365,18 +365,19 @@ impl Track {
             out.push(self.error(Some(t), None, "declared but never completed".to_string()));
             return out;
         };
-        let producer = |d: DataId| -> Option<(Digest, String)> {
+        // The producer's digest, and (only on a mismatch) who it is.
+        let producer = |d: DataId| -> Option<(Digest, Option<Ix>)> {
             let rec = self.data.get(&d)?;
             let (_, digest) = rec.value.as_ref()?;
-            let who = match rec.writer {
-                Some(w) => {
-                    let wr = &self.tasks[w as usize];
-                    let on = wr.ran_on.map_or_else(String::new, |v| format!(" on {v}"));
-                    format!("its producer {}{on}", wr.id)
-                }
-                None => "the program input".to_string(),
-            };
-            Some((*digest, who))
+            Some((*digest, rec.writer))
+        };
+        let who = |writer: Option<Ix>| match writer {
+            Some(w) => {
+                let wr = &self.tasks[w as usize];
+                let on = wr.ran_on.map_or_else(String::new, |v| format!(" on {v}"));
+                format!("its producer {}{on}", wr.id)
+            }
+            None => "the program input".to_string(),
         };
         if started.len() != r.inputs.len() {
             out.push(self.error(
@@ -387,10 +388,13 @@ impl Track {
         }
         for (i, (&d, read)) in r.inputs.iter().zip(started).enumerate() {
             match producer(d) {
-                Some((logged, who)) if logged != *read => out.push(self.error(
+                Some((logged, w)) if logged != *read => out.push(self.error(
                     Some(t),
                     Some(d),
-                    format!("read input {i} with digest {read}, but {who} logged {logged}"),
+                    format!(
+                        "read input {i} with digest {read}, but {} logged {logged}",
+                        who(w)
+                    ),
                 )),
                 Some(_) => {}
                 None => {
@@ -400,11 +404,14 @@ impl Track {
         }
         if let Some((thief, adopted)) = &rec.adopted {
             for (i, (&d, got)) in r.inputs.iter().zip(adopted).enumerate() {
-                if let Some((logged, who)) = producer(d).filter(|(l, _)| l != got) {
+                if let Some((logged, w)) = producer(d).filter(|(l, _)| l != got) {
                     out.push(self.error(
                         Some(t),
                         Some(d),
-                        format!("{thief} adopted input {i} with digest {got}, but {who} logged {logged}"),
+                        format!(
+                            "{thief} adopted input {i} with digest {got}, but {} logged {logged}",
+                            who(w)
+                        ),
                     ));
                 }
             }

@@ -1,6 +1,7 @@
 //! Reading side of the log (rules 1, 3 and 4 of `log/mod.rs`).
 
 use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use veriflow_checkpoint::Store;
@@ -8,7 +9,7 @@ use veriflow_checkpoint::Store;
 use super::segment::{self, SegmentError};
 use super::{Event, EventKey, LogError, Manifest};
 use crate::codec::FrameError;
-use crate::ids::VnodeId;
+use crate::ids::{IdHasher, VnodeId};
 
 /// An event and where it was found.
 #[derive(Clone, Debug)]
@@ -130,7 +131,8 @@ impl LogReader {
             duplicates: 0,
             torn: None,
         };
-        let mut seen: HashSet<EventKey> = HashSet::new();
+        // Keys are random ids: no need to hash them again (`ids.rs`).
+        let mut seen: HashSet<EventKey, BuildHasherDefault<IdHasher>> = HashSet::default();
         let last = stored.len().saturating_sub(1);
         for (i, (key, value)) in stored.iter().enumerate() {
             let key = key.get(self.prefix.len()..).unwrap_or_default();
@@ -173,6 +175,8 @@ impl LogReader {
                 ));
             }
             out.durable_seq = out.durable_seq.max(seg.first_seq + seg.events.len() as u64);
+            out.events.reserve(seg.events.len());
+            seen.reserve(seg.events.len());
             for (offset, event) in seg.events {
                 if seen.insert(event.key()) {
                     out.events.push(LoggedEvent {
