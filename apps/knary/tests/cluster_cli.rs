@@ -40,7 +40,8 @@ impl Proc {
 struct Cluster {
     dir: tempfile::TempDir,
     key: PathBuf,
-    coordinator: Proc,
+    /// Killed when the cluster is dropped.
+    _coordinator: Proc,
     addr: String,
     workers: Vec<Proc>,
     _server: veriflow_checkpoint::launch::ServerProcess,
@@ -96,7 +97,7 @@ impl Cluster {
         let mut cl = Cluster {
             dir,
             key,
-            coordinator,
+            _coordinator: coordinator,
             addr,
             workers: Vec::new(),
             _server: server,
