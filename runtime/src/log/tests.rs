@@ -246,3 +246,88 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+/// A store that refuses a batch above 20 MiB (as a checkpoint server refuses a frame above its
+/// maximum) and remembers the largest batch it was given.
+struct BoundedStore {
+    inner: MemoryStore,
+    largest: std::sync::atomic::AtomicUsize,
+    slow: std::time::Duration,
+}
+
+impl Store for BoundedStore {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.put(key, value)
+    }
+    fn put_batch(
+        &self,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), veriflow_checkpoint::StoreError> {
+        let bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.largest
+            .fetch_max(bytes, std::sync::atomic::Ordering::SeqCst);
+        if bytes > 20 << 20 {
+            return Err(veriflow_checkpoint::StoreError::Io(format!(
+                "batch of {bytes} bytes"
+            )));
+        }
+        std::thread::sleep(self.slow); // let segments pile up behind a slow store
+        self.inner.put_batch(pairs)
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan_prefix(
+        &self,
+        prefix: &[u8],
+    ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
+        self.inner.scan_prefix(prefix)
+    }
+    fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.delete(key)
+    }
+    fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        "bounded".to_string()
+    }
+}
+
+/// Segments that piled up behind a slow store reach it in chunks a bounded store accepts, in
+/// order, and all of them are durable.
+#[test]
+fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
+    let store = Arc::new(BoundedStore {
+        inner: MemoryStore::default(),
+        largest: Default::default(),
+        slow: std::time::Duration::from_millis(200),
+    });
+    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    let value = vec![7u8; 1 << 20];
+    for i in 0..48u128 {
+        let digest = Digest::of(&value);
+        let e = Event::Completed {
+            task: TaskId(i),
+            outputs: vec![Output {
+                data: DataId(i),
+                value: value.clone(),
+                digest,
+            }],
+            children: vec![],
+        };
+        log.append(&e).unwrap();
+        log.seal().unwrap();
+    }
+    log.sync().expect("every chunk accepted");
+    writer.shutdown().unwrap();
+    let largest = store.largest.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        largest > 2 << 20,
+        "segments did pile up ({largest} bytes): the test tests something"
+    );
+    assert!(largest <= 18 << 20, "a batch of {largest} bytes");
+    let read = LogReader::new(store).read_vnode(VnodeId(0)).unwrap();
+    assert_eq!(read.events.len(), 48);
+}

@@ -262,7 +262,24 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
                 (segment::segment_key(s.vnode, s.segno), s.bytes)
             })
             .collect();
-        let result = store.put_batch(&pairs).and_then(|()| store.flush());
+        // Stores bound what one batch may carry (a checkpoint server takes one frame): hand
+        // them the segments in order, in chunks of at most MAX_BATCH_BYTES, then flush once.
+        // Chunks go in log order, so a crash leaves a prefix of the segments, never a gap.
+        let mut result = Ok(());
+        let mut start = 0;
+        while start < pairs.len() && result.is_ok() {
+            let mut end = start;
+            let mut bytes = 0usize;
+            while end < pairs.len()
+                && (end == start || bytes + pairs[end].1.len() <= MAX_BATCH_BYTES)
+            {
+                bytes += pairs[end].1.len();
+                end += 1;
+            }
+            result = store.put_batch(&pairs[start..end]);
+            start = end;
+        }
+        let result = result.and_then(|()| store.flush());
         if let Err(e) = result {
             tracing::error!("log writer: {e}");
             *shared.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
@@ -281,6 +298,10 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
         }
     }
 }
+
+/// Most bytes of segments handed to the store in one `put_batch` (a remote store sends a
+/// server its part of a batch as one frame, at most 64 MiB).
+const MAX_BATCH_BYTES: usize = 16 << 20;
 
 /// One vnode's log: appends to the open batch and seals segments (rules 1-2).
 pub struct VnodeLog {
