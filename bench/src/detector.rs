@@ -1668,7 +1668,7 @@ fn draw_latency<DB: DrawingBackend>(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperMiddle)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
