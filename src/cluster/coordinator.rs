@@ -235,14 +235,15 @@ async fn connection(
                     Err(e) => break e.to_string(),
                 }
             };
-            // Rule 4: a closed or reset connection is a failure at once.
+            // Rule 4: a closed or reset connection is a failure at once. The actor hears the
+            // real reason first; the detector's own report of it then finds nobody to lose.
+            let _ = events.send(Ev::Lost(id, reason));
             fd.closed(id);
             writing.abort();
             writers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
-            let _ = events.send(Ev::Lost(id, reason));
         }
         Hello::Submit { program, job } => {
             let (tx, mut rx) = unbounded_channel::<ToSubmit>();
