@@ -35,7 +35,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -46,6 +46,7 @@ use serde_json::{json, Value};
 use veriflow::certifier::{sample, NoProgress, Options, Track};
 use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, SledStore, Store};
 
+use crate::machine::{utc_now, Machine};
 use crate::{knary_registry, wait_for_quiet, CpuSnapshot, Shape, Stats};
 
 /// Fig. 4's parameters: every ε with every q.
@@ -1136,85 +1137,6 @@ fn thousands(x: f64) -> String {
         out.push(c);
     }
     out
-}
-
-/// What we know of the machine (the same fields as `paper overhead` records).
-struct Machine {
-    cores: usize,
-    cpu: Option<String>,
-    kernel: Option<String>,
-    rustc: Option<String>,
-    /// `git rev-parse --short=10 HEAD` of the workspace, with ` (dirty)` when tracked files
-    /// differ.
-    git: Option<String>,
-}
-
-impl Machine {
-    fn now() -> Machine {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, v)| v.trim().to_string())
-            });
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .ok()
-            .map(|s| s.trim().to_string());
-        let run = |cmd: &str, args: &[&str]| {
-            std::process::Command::new(cmd)
-                .args(args)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        let rustc = run(
-            &std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()),
-            &["--version"],
-        );
-        let git = run("git", &["rev-parse", "--short=10", "HEAD"]).map(|head| {
-            match run("git", &["status", "--porcelain", "--untracked-files=no"]) {
-                Some(changes) if changes.is_empty() => head,
-                Some(_) => format!("{head} (dirty)"),
-                None => head,
-            }
-        });
-        Machine {
-            cores: cores(),
-            cpu,
-            kernel,
-            rustc,
-            git,
-        }
-    }
-}
-
-/// The current time in UTC, `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
 }
 
 #[cfg(test)]

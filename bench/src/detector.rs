@@ -53,6 +53,8 @@
 //!    heartbeat rate (part 2) it bounds the share of the cores the detector takes.
 
 use std::cmp::Reverse;
+
+use crate::machine::{loadavg, utc_now, Machine};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -68,9 +70,9 @@ use serde_json::{json, Value};
 use veriflow::runtime::detect::{Action, Detector, FdParams, FdStats, Heartbeat, PeerId};
 
 use crate::cluster::{
-    cluster_run, cpu_text, disturbed, header, knary_binary, loadavg, out_dir, plots, plots_json,
-    plots_markdown, stats, utc_now, write_report, ClusterRun, Guard, Machine, Plan, Plots, TreeCpu,
-    COLORS, DEFAULT_DEPTH, DEFAULT_GRAIN_US, QUIET_CORES,
+    cluster_run, cpu_text, disturbed, header, knary_binary, out_dir, plots, plots_json,
+    plots_markdown, stats, write_report, ClusterRun, Guard, Plan, Plots, TreeCpu, COLORS,
+    DEFAULT_DEPTH, DEFAULT_GRAIN_US, QUIET_CORES,
 };
 use crate::{wait_for_quiet, Setting, Shape, Stats};
 

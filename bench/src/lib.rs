@@ -14,6 +14,7 @@
 pub mod storage;
 
 pub mod certify;
+pub mod machine;
 
 pub mod cluster;
 

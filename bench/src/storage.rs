@@ -50,7 +50,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
@@ -61,6 +61,7 @@ use veriflow::{Ctx, MemoryStore, Registry, Runtime, SledStore, Store, Task, Task
 use veriflow_checkpoint::erasure::{Codec, ErasureCode, STRIPE_BYTES};
 use veriflow_checkpoint::{open_store, Key, StoreSpec};
 
+use crate::machine::{loadavg, utc_now, Machine};
 use crate::{wait_for_quiet, CpuSnapshot, Stats};
 
 /// Options of `paper storage`.
@@ -2000,84 +2001,6 @@ where
 
 // ---------------------------------------------------------------------------------------------
 // The machine.
-
-struct Machine {
-    cores: usize,
-    cpu: Option<String>,
-    kernel: Option<String>,
-    rustc: Option<String>,
-    /// `git rev-parse HEAD` (10 digits), with ` (dirty)` when tracked files differ.
-    git: Option<String>,
-}
-
-impl Machine {
-    fn now() -> Machine {
-        let out = |cmd: &str, args: &[&str]| {
-            Command::new(cmd)
-                .args(args)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        let git = out("git", &["rev-parse", "HEAD"]).map(|head| {
-            let short = head.get(..10).unwrap_or(&head).to_string();
-            match out("git", &["status", "--porcelain", "--untracked-files=no"]) {
-                Some(c) if !c.is_empty() => format!("{short} (dirty)"),
-                _ => short,
-            }
-        });
-        Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu: std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, v)| v.trim().to_string())
-            }),
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .ok()
-                .map(|s| s.trim().to_string()),
-            rustc: out("rustc", &["--version"]),
-            git,
-        }
-    }
-}
-
-fn loadavg() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
-}
-
-/// The current time in UTC, `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days).
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
 
 #[cfg(test)]
 mod tests {

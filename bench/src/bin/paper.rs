@@ -16,11 +16,12 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
+use veriflow_bench::machine::{loadavg, utc_now, Machine};
 use veriflow_bench::{
     rayon_tree, run_knary, wait_for_quiet, KnaryRun, RayonRun, Setting, Shape, Stats,
     S2_FAILING_VNODE,
@@ -192,7 +193,7 @@ impl Session {
             date: utc_now(),
             load_before: loadavg(),
             // Before the runs: the commit measured is the one checked out now.
-            machine: machine(),
+            machine: Machine::now(),
             not_quiet: 0,
         })
     }
@@ -1197,95 +1198,4 @@ fn thousands(x: f64) -> String {
 fn short_commit(git: &str) -> String {
     let (hash, rest) = git.split_at(git.find(' ').unwrap_or(git.len()));
     format!("{}{rest}", hash.get(..10).unwrap_or(hash))
-}
-
-/// What we know of the machine.
-struct Machine {
-    cores: usize,
-    cpu: Option<String>,
-    kernel: Option<String>,
-    rustc: Option<String>,
-    /// `git rev-parse HEAD` of the workspace, with ` (dirty)` when tracked files differ.
-    git: Option<String>,
-}
-
-fn machine() -> Machine {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        });
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|s| s.trim().to_string());
-    let rustc =
-        std::process::Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
-            .arg("--version")
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let git_out = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let git = git_out(&["rev-parse", "HEAD"]).map(|head| {
-        match git_out(&["status", "--porcelain", "--untracked-files=no"]) {
-            Some(changes) if changes.is_empty() => head,
-            Some(_) => format!("{head} (dirty)"),
-            None => head,
-        }
-    });
-    Machine {
-        git,
-        cores,
-        cpu,
-        kernel,
-        rustc,
-    }
-}
-
-/// The 1, 5 and 15 minute load averages, if readable.
-fn loadavg() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
-}
-
-/// The current time in UTC, `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
 }
