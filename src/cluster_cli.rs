@@ -516,7 +516,7 @@ pub(crate) fn cluster_cmd<P: Program>(
     let kp = key_path.display().to_string();
     // Checkpoint servers, in this process (each its own sled directory).
     let strategy = args.store_strategy.trim().to_string();
-    let needed = servers_needed(&strategy)?;
+    let needed = u32::try_from(StoreSpec::servers_for(&strategy)?).unwrap_or(u32::MAX);
     let servers = args.checkpoint_servers.unwrap_or(needed);
     if servers != needed {
         return Err(CliError::Invalid(format!(
@@ -656,20 +656,4 @@ pub(crate) fn cluster_cmd<P: Program>(
         );
     }
     result
-}
-
-fn servers_needed(strategy: &str) -> Result<u32, CliError> {
-    // Parse a spec with placeholder addresses: the strategy's own checks apply.
-    for n in 1..=256u32 {
-        let addrs: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 1 + i)).collect();
-        if format!("{strategy}:{}", addrs.join(","))
-            .parse::<StoreSpec>()
-            .is_ok()
-        {
-            return Ok(n);
-        }
-    }
-    Err(CliError::Invalid(format!(
-        "--store-strategy {strategy:?}: expected central, replicate:R, parity:M or ida:M,K"
-    )))
 }

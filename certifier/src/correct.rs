@@ -103,15 +103,6 @@ impl Closure {
     }
 }
 
-/// Rule 1: marks G_F, the closure of `forged` under successors.
-pub fn closure(track: &Track, forged: &[Ix]) -> Vec<bool> {
-    let mut c = Closure::new(track);
-    for &t in forged {
-        c.add(track, t);
-    }
-    c.in_gf
-}
-
 /// Rule 2-3: re-executes G_F; `progress(done)` after each task.
 pub fn reexecute(
     track: &Track,

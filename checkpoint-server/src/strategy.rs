@@ -208,6 +208,53 @@ fn parse_params(s: &str) -> Result<(Vec<&str>, Ack), StoreError> {
     Ok((parts, ack))
 }
 
+/// The layout and acknowledgement of `scheme` with `params` (`"4,2,quorum"`); `s` is the whole
+/// spec, for messages.
+fn parse_layout(s: &str, scheme: &str, params: &str) -> Result<(Layout, Ack), StoreError> {
+    let (nums, ack) = parse_params(params)?;
+    let layout = match (scheme, nums.as_slice()) {
+        ("replicate", [r]) => Layout::Replicate {
+            copies: parse_count("R (copies)", r)?,
+        },
+        ("parity", [m]) => Layout::Parity {
+            m: parse_count("M (slices)", m)?,
+        },
+        ("ida", [m, k]) => Layout::Ida {
+            m: parse_count("M (fragments needed)", m)?,
+            k: parse_count("K (fragments that may be lost)", k)?,
+        },
+        _ => return Err(bad(format!("{s:?}: wrong parameters {params:?}; {SYNTAX}"))),
+    };
+    layout.codec().map_err(|e| bad(format!("{s:?}: {e}")))?;
+    if let Ack::AtLeast(w) = ack {
+        let (m, n) = (layout.needed(), layout.servers());
+        if w < m || w > n {
+            return Err(bad(format!(
+                "{s:?}: the write quorum must be between {m} (fragments needed to read) and \
+                 {n} (servers), not {w}"
+            )));
+        }
+    }
+    Ok((layout, ack))
+}
+
+impl StoreSpec {
+    /// How many servers a strategy without its addresses needs: `central`, `replicate:R`,
+    /// `parity:M` or `ida:M,K` (with `,quorum` or `,quorum=W`), as `APP cluster` takes it.
+    pub fn servers_for(strategy: &str) -> Result<usize, StoreError> {
+        let strategy = strategy.trim();
+        match strategy.split_once(':') {
+            None if strategy == "central" => Ok(1),
+            Some((scheme @ ("replicate" | "parity" | "ida"), params)) => {
+                Ok(parse_layout(strategy, scheme, params)?.0.servers())
+            }
+            _ => Err(bad(format!(
+                "{strategy:?}: expected central, replicate:R, parity:M or ida:M,K"
+            ))),
+        }
+    }
+}
+
 impl FromStr for StoreSpec {
     type Err = StoreError;
 
@@ -247,30 +294,7 @@ impl FromStr for StoreSpec {
             }
             "replicate" | "parity" | "ida" => {
                 let (params, addrs) = need_addrs(rest)?;
-                let (nums, ack) = parse_params(&params)?;
-                let layout = match (scheme, nums.as_slice()) {
-                    ("replicate", [r]) => Layout::Replicate {
-                        copies: parse_count("R (copies)", r)?,
-                    },
-                    ("parity", [m]) => Layout::Parity {
-                        m: parse_count("M (slices)", m)?,
-                    },
-                    ("ida", [m, k]) => Layout::Ida {
-                        m: parse_count("M (fragments needed)", m)?,
-                        k: parse_count("K (fragments that may be lost)", k)?,
-                    },
-                    _ => return Err(bad(format!("{s:?}: wrong parameters {params:?}; {SYNTAX}"))),
-                };
-                layout.codec().map_err(|e| bad(format!("{s:?}: {e}")))?;
-                if let Ack::AtLeast(w) = ack {
-                    let (m, n) = (layout.needed(), layout.servers());
-                    if w < m || w > n {
-                        return Err(bad(format!(
-                            "{s:?}: the write quorum must be between {m} (fragments needed \
-                             to read) and {n} (servers), not {w}"
-                        )));
-                    }
-                }
+                let (layout, ack) = parse_layout(s, scheme, &params)?;
                 RemoteSpec {
                     layout,
                     addrs: parse_addrs(&addrs)?,
@@ -847,6 +871,17 @@ mod tests {
 
     fn p(s: &str) -> Result<StoreSpec, StoreError> {
         s.parse()
+    }
+
+    #[test]
+    fn a_strategy_says_how_many_servers_it_needs() {
+        assert_eq!(StoreSpec::servers_for("central").unwrap(), 1);
+        assert_eq!(StoreSpec::servers_for("replicate:3").unwrap(), 3);
+        assert_eq!(StoreSpec::servers_for("parity:4").unwrap(), 5);
+        assert_eq!(StoreSpec::servers_for("ida:4,2,quorum=4").unwrap(), 6);
+        for bad in ["ida:4", "ida:0,2", "nope", "central:x", "ida:4,2,quorum=9"] {
+            assert!(StoreSpec::servers_for(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -560,6 +560,25 @@ fn check_termination(j: &mut Job, workers: &BTreeMap<WorkerId, Worker>) {
     }
 }
 
+/// Records the run as finished in the manifest (rule 6) and returns its root; a run without a
+/// log (`--no-checkpoint`) has no manifest and no root. A store that cannot record it fails the
+/// job: a log left `Running` would refuse `certify` later.
+fn record_finished(cfg: &CoordinatorConfig) -> Result<String, String> {
+    // The store's client blocks (it has its own runtime): step out of ours meanwhile.
+    tokio::task::block_in_place(|| match Manifest::load(&*cfg.store) {
+        Ok(Some(mut m)) => {
+            m.status = RunStatus::Finished;
+            m.store(&*cfg.store)
+                .map(|()| format!("{:#}", m.root))
+                .map_err(|e| format!("the job finished but the store did not record it: {e}"))
+        }
+        Ok(None) => Ok(String::new()),
+        Err(e) => Err(format!(
+            "the job finished but its manifest cannot be read: {e}"
+        )),
+    })
+}
+
 fn maybe_finish(j: &mut Job, cfg: &CoordinatorConfig) -> bool {
     if !j.members.iter().all(|m| j.done.contains_key(m)) {
         return false;
@@ -573,34 +592,22 @@ fn maybe_finish(j: &mut Job, cfg: &CoordinatorConfig) -> bool {
                     while the job finished)"
                 .to_string(),
         },
-        (None, Some(outputs)) => {
-            let manifest = tokio::task::block_in_place(|| Manifest::load(&*cfg.store));
-            let root = match manifest {
-                Ok(Some(mut m)) => {
-                    m.status = RunStatus::Finished;
-                    if let Err(e) = tokio::task::block_in_place(|| m.store(&*cfg.store)) {
-                        eprintln!("coordinator: cannot record the run as finished: {e}");
-                    }
-                    format!("{:#}", m.root)
+        (None, Some(outputs)) => match record_finished(cfg) {
+            Err(error) => ToSubmit::Failed { error },
+            Ok(root) => {
+                let mut vnodes: Vec<_> = j.done.values().flat_map(|r| r.vnodes.clone()).collect();
+                vnodes.sort_by_key(|s| s.vnode);
+                ToSubmit::Finished {
+                    outputs,
+                    root,
+                    tasks: j.done.values().map(|r| r.tasks).sum(),
+                    events: j.done.values().map(|r| r.events).sum(),
+                    elapsed_s,
+                    vnodes,
+                    workers_lost: j.lost,
                 }
-                Ok(None) => String::new(),
-                Err(e) => {
-                    eprintln!("coordinator: cannot read the manifest: {e}");
-                    String::new()
-                }
-            };
-            let mut vnodes: Vec<_> = j.done.values().flat_map(|r| r.vnodes.clone()).collect();
-            vnodes.sort_by_key(|s| s.vnode);
-            ToSubmit::Finished {
-                outputs,
-                root,
-                tasks: j.done.values().map(|r| r.tasks).sum(),
-                events: j.done.values().map(|r| r.events).sum(),
-                elapsed_s,
-                vnodes,
-                workers_lost: j.lost,
             }
-        }
+        },
     };
     eprintln!("coordinator: job {} over in {elapsed_s:.3} s", j.id);
     let _ = j.submit.send(msg);

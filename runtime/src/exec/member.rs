@@ -36,7 +36,7 @@ use crate::error::RunError;
 use crate::ids::{Epoch, TaskId, VnodeId};
 use crate::log::{LogWriter, Manifest};
 use crate::task::value::Value;
-use crate::task::{OutputSet, Task};
+use crate::task::Task;
 use crate::transport::Transport;
 
 /// What the coordinator tells a member while it runs.
@@ -237,7 +237,6 @@ impl Runtime {
         if let Some(e) = error {
             return Err(e);
         }
-        let _ = T::Outputs::LEN; // outputs are decoded by the caller, which knows T
         Ok(MemberReport {
             outputs,
             root: setup.id,
