@@ -304,6 +304,28 @@ impl StoreArgs {
     }
 }
 
+/// Group commit of the event log, for `run` and for cluster jobs.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct CommitArgs {
+    /// Group commit: seal a log segment at this many KiB.
+    #[arg(long, value_name = "KIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    commit_kib: u64,
+    /// Group commit: seal a non-empty segment after this many ms.
+    #[arg(long, value_name = "MS", default_value_t = 5)]
+    commit_ms: u64,
+}
+
+impl CommitArgs {
+    pub(crate) fn policy(&self) -> CommitPolicy {
+        CommitPolicy {
+            // Bounded to 64 MiB by the parser.
+            max_bytes: usize::try_from(self.commit_kib << 10).unwrap_or(usize::MAX),
+            max_delay: Duration::from_millis(self.commit_ms),
+        }
+    }
+}
+
 /// Options of every `run`.
 #[derive(Args, Debug, Clone)]
 struct RuntimeArgs {
@@ -327,13 +349,8 @@ struct RuntimeArgs {
     /// Seed of the vnodes' random choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Group commit: seal a log segment at this many KiB.
-    #[arg(long, value_name = "KIB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=65536))]
-    commit_kib: u64,
-    /// Group commit: seal a non-empty segment after this many ms.
-    #[arg(long, value_name = "MS", default_value_t = 5)]
-    commit_ms: u64,
+    #[command(flatten)]
+    commit: CommitArgs,
     /// Fault injection: vnode V fails (all its memory lost) and is recovered from its log;
     /// repeatable, each paired in order with a --kill-after.
     #[arg(
@@ -553,11 +570,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
     let mut builder = Runtime::builder(registry::<P>()?)
         .program(P::NAME)
         .seed(rt.seed)
-        .commit_policy(CommitPolicy {
-            // Bounded to 64 MiB by the parser.
-            max_bytes: usize::try_from(rt.commit_kib << 10).unwrap_or(usize::MAX),
-            max_delay: Duration::from_millis(rt.commit_ms),
-        });
+        .commit_policy(rt.commit.policy());
     if let Some(t) = rt.threads {
         builder = builder.threads(t as usize);
     }

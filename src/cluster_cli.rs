@@ -14,7 +14,6 @@ use serde_json::json;
 use veriflow_checkpoint::server::Server;
 use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
 use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
-use veriflow_runtime::log::CommitPolicy;
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
 use crate::app::{registry, CertifyParams, CliError, Program};
@@ -120,13 +119,8 @@ pub(crate) struct JobArgs<P: Program> {
     /// Seed of the vnodes' random choices (and of `cluster --kill-random`).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Group commit: seal a log segment at this many KiB.
-    #[arg(long, value_name = "KIB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=65536))]
-    commit_kib: u64,
-    /// Group commit: seal a non-empty segment after this many ms.
-    #[arg(long, value_name = "MS", default_value_t = 5)]
-    commit_ms: u64,
+    #[command(flatten)]
+    commit: crate::app::CommitArgs,
     /// Log nothing (the S0 baseline: a lost worker then cannot be recovered).
     #[arg(long, conflicts_with = "certify")]
     no_checkpoint: bool,
@@ -247,10 +241,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         .seed(job.seed)
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
-        .commit_policy(CommitPolicy {
-            max_bytes: usize::try_from(job.commit_kib << 10).unwrap_or(usize::MAX),
-            max_delay: Duration::from_millis(job.commit_ms),
-        })
+        .commit_policy(job.commit.policy())
         .build()
         .map_err(|e| e.to_string())?;
     let (root, inputs) = job.program.root();
