@@ -63,6 +63,9 @@ pub enum CorrectError {
         /// A datum it waits for.
         data: DataId,
     },
+    /// The correction itself failed (a bug in the certifier: please report it).
+    #[error("the correction stopped unexpectedly: {0}")]
+    Internal(String),
 }
 
 /// Rule 1: G_F, grown one forged task at a time (each addition visits only what is new).

@@ -275,12 +275,8 @@ fn pass(
         let result = check_loop(track, registry, opts, &mut out, draws, progress, &tx);
         drop(tx);
         let correction = corrector.map(|h| {
-            h.join().unwrap_or_else(|_| {
-                Err(CorrectError::Rerun {
-                    task: veriflow_runtime::TaskId(0),
-                    source: RunError::Config("the correction thread panicked".into()),
-                })
-            })
+            h.join()
+                .unwrap_or_else(|_| Err(CorrectError::Internal("its thread panicked".to_string())))
         });
         result.map(|()| correction)
     })?;
