@@ -6,7 +6,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -337,7 +337,6 @@ fn unreachable_coordinator_is_a_clear_error_after_retries() {
         .local_addr()
         .unwrap();
     let addr = port.to_string();
-    let t0 = Instant::now();
     knary(&["worker", "--join", &addr, "--key", s(&key)])
         .expect_code(1)
         .stderr_has("unreachable after");
@@ -354,5 +353,4 @@ fn unreachable_coordinator_is_a_clear_error_after_retries() {
     ])
     .expect_code(1)
     .stderr_has(&addr);
-    assert!(t0.elapsed() < Duration::from_secs(60));
 }
