@@ -1,0 +1,1 @@
+//! Fault-tolerant conjugate gradient on veriflow (paper 002).

@@ -1,0 +1,1 @@
+//! N-Queens on veriflow (paper 004).
