@@ -3,158 +3,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
+use veriflow_testkit::{wait_json, Cluster};
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_knary")
-}
-
-/// A process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.0.id().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill {sig} failed");
-    }
-}
-
-/// A coordinator over one checkpoint server, and workers, all processes.
-struct Cluster {
-    dir: tempfile::TempDir,
-    key: PathBuf,
-    /// Killed when the cluster is dropped.
-    _coordinator: Proc,
-    addr: String,
-    workers: Vec<Proc>,
-    _server: veriflow_checkpoint::launch::ServerProcess,
-}
-
-fn checkpoint_server_binary() -> PathBuf {
-    if let Some(b) = veriflow_checkpoint::launch::server_binary() {
-        return b;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "-p",
-            "veriflow-checkpoint",
-            "--bin",
-            "checkpoint-server",
-        ])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success());
-    veriflow_checkpoint::launch::server_binary().expect("built")
-}
-
-impl Cluster {
-    fn start(workers: usize, spares: usize, fd: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("cluster.key");
-        knary(&["keygen", s(&key)]).expect_code(0);
-        let server = veriflow_checkpoint::launch::ServerProcess::start(
-            &checkpoint_server_binary(),
-            "127.0.0.1:0",
-            Some(&dir.path().join("cs")),
-            &key,
-        )
-        .unwrap();
-        let store = format!("central:{}", server.addr);
-        let mut c = Command::new(bin());
-        c.args(["coordinator", "--key", s(&key), "--store", &store])
-            .args(fd)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let mut child = c.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("coordinator listening on ")
-            .unwrap_or_else(|| panic!("coordinator said {line:?}"))
-            .to_string();
-        let coordinator = Proc(child);
-        let mut cl = Cluster {
-            dir,
-            key,
-            _coordinator: coordinator,
-            addr,
-            workers: Vec::new(),
-            _server: server,
-        };
-        for i in 0..workers + spares {
-            cl.add_worker(i >= workers);
-        }
-        cl
-    }
-
-    fn add_worker(&mut self, spare: bool) {
-        let mut c = Command::new(bin());
-        c.args([
-            "worker",
-            "--join",
-            &self.addr,
-            "--key",
-            s(&self.key),
-            "--threads",
-            "1",
-        ]);
-        if spare {
-            c.arg("--spare");
-        }
-        let log =
-            std::fs::File::create(self.dir.path().join(format!("w{}.log", self.workers.len())))
-                .unwrap();
-        let child = c.stdout(Stdio::null()).stderr(log).spawn().unwrap();
-        self.workers.push(Proc(child));
-    }
-
-    /// `knary submit ... --json` as a child process.
-    fn submit(&self, program: &[&str]) -> Child {
-        Command::new(bin())
-            .args([
-                "submit",
-                "--coordinator",
-                &self.addr,
-                "--key",
-                s(&self.key),
-                "--json",
-            ])
-            .args(program)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-
-fn wait_json(child: Child) -> (i32, Value, String) {
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v, stderr)
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_knary"))
 }
 
 /// Waits until every worker has joined (the submit waits itself; this only paces kills).
@@ -210,7 +67,7 @@ fn knary_cluster_gives_the_embedded_result_with_and_without_kills() {
 
 #[test]
 fn a_worker_killed_mid_run_is_recovered_and_no_completed_task_runs_again() {
-    let c = Cluster::start(4, 0, &[]);
+    let c = Cluster::start(bin(), 4, 0, &[]);
     settle();
     let run = c.submit(&PROGRAM);
     std::thread::sleep(Duration::from_millis(500));
@@ -228,7 +85,7 @@ fn a_worker_killed_mid_run_is_recovered_and_no_completed_task_runs_again() {
 #[test]
 fn two_workers_killed_at_once_and_a_kill_during_recovery() {
     // Two at once.
-    let c = Cluster::start(4, 0, &[]);
+    let c = Cluster::start(bin(), 4, 0, &[]);
     settle();
     let run = c.submit(&PROGRAM);
     std::thread::sleep(Duration::from_millis(500));
@@ -241,7 +98,7 @@ fn two_workers_killed_at_once_and_a_kill_during_recovery() {
 
     // A spare takes the first victim's vnodes and is killed while it recovers them; they move
     // again to a live worker.
-    let c = Cluster::start(3, 1, &[]);
+    let c = Cluster::start(bin(), 3, 1, &[]);
     settle();
     let run = c.submit(&PROGRAM);
     std::thread::sleep(Duration::from_millis(500));
@@ -265,7 +122,7 @@ fn a_short_sigstop_is_tolerated_and_a_long_one_is_a_failure_whose_late_messages_
         "--fd-broken-ms",
         "400",
     ];
-    let c = Cluster::start(3, 0, &fd);
+    let c = Cluster::start(bin(), 3, 0, &fd);
     settle();
     let run = c.submit(&PROGRAM);
     std::thread::sleep(Duration::from_millis(300));
@@ -277,7 +134,7 @@ fn a_short_sigstop_is_tolerated_and_a_long_one_is_a_failure_whose_late_messages_
     expect_right(&v, "short stop");
     assert_eq!(v["failures"], 0, "a short stop is not a failure: {v}");
 
-    let c = Cluster::start(3, 0, &fd);
+    let c = Cluster::start(bin(), 3, 0, &fd);
     settle();
     let run = c.submit(&PROGRAM);
     std::thread::sleep(Duration::from_millis(300));
@@ -293,7 +150,7 @@ fn a_short_sigstop_is_tolerated_and_a_long_one_is_a_failure_whose_late_messages_
 
 #[test]
 fn bad_clients_are_refused_and_the_cluster_goes_on() {
-    let c = Cluster::start(2, 0, &[]);
+    let c = Cluster::start(bin(), 2, 0, &[]);
     // No key: a plain TCP client sending garbage, then one claiming a huge frame.
     use std::io::Write as _;
     for payload in [

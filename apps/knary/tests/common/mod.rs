@@ -3,7 +3,6 @@
 #![allow(dead_code)] // each test file uses a part of them
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -11,97 +10,16 @@ use serde_json::Value;
 use veriflow::runtime::log::segment::{parse_segment_key, segment_key, vnode_prefix};
 use veriflow::VnodeId;
 use veriflow_checkpoint::{SledStore, Store};
+pub(crate) use veriflow_testkit::{s, Out, LOCK_PATIENCE};
 
-/// What one invocation did.
-pub(crate) struct Out {
-    pub(crate) args: Vec<String>,
-    pub(crate) code: i32,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
-}
-
-impl Out {
-    pub(crate) fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{}: stdout is not one JSON object ({e}):\n{self}",
-                self.cmd()
-            )
-        })
-    }
-
-    pub(crate) fn cmd(&self) -> String {
-        format!("knary {}", self.args.join(" "))
-    }
-
-    pub(crate) fn expect_code(&self, code: i32) -> &Self {
-        assert_eq!(self.code, code, "{}: exit status\n{self}", self.cmd());
-        self
-    }
-
-    pub(crate) fn stderr_has(&self, needle: &str) -> &Self {
-        assert!(
-            self.stderr.contains(needle),
-            "{}: stderr should mention {needle:?}\n{self}",
-            self.cmd()
-        );
-        self
-    }
-}
-
-impl std::fmt::Display for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs the binary with `TMPDIR` set to `tmp` (so a fresh log directory lands there).
-///
-/// A store this test process closed a moment ago may still hold sled's lock (see [`SLED`]):
-/// an invocation that fails on exactly that is retried, so it cannot pass for the error a test
-/// expects.
+/// Runs the binary with `TMPDIR` set to `tmp` (so a fresh log directory lands there); see
+/// [`veriflow_testkit::run_bin`].
 pub(crate) fn knary_in(tmp: &Path, args: &[&str]) -> Out {
-    let t0 = Instant::now();
-    let out = loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_knary"))
-            .args(args)
-            .env("TMPDIR", tmp)
-            .env("XDG_CONFIG_HOME", tmp)
-            .env_remove("VERIFLOW_LOG")
-            .env_remove("RUST_BACKTRACE")
-            .output()
-            .expect("the knary binary runs");
-        let locked = String::from_utf8_lossy(&out.stderr).contains("could not acquire lock");
-        if !locked || t0.elapsed() > LOCK_PATIENCE {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let out = Out {
-        args: args.iter().map(|s| s.to_string()).collect(),
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    assert!(
-        !out.stderr.contains("panicked") && !out.stdout.contains("panicked"),
-        "{}: something panicked\n{out}",
-        out.cmd()
-    );
-    assert!(out.code >= 0, "{}: killed by a signal\n{out}", out.cmd());
-    out
+    veriflow_testkit::run_bin(Path::new(env!("CARGO_BIN_EXE_knary")), tmp, args)
 }
 
 pub(crate) fn knary(args: &[&str]) -> Out {
     knary_in(&std::env::temp_dir(), args)
-}
-
-pub(crate) fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
 }
 
 /// A finished logged run of knary(depth, fanout) on `vnodes` vnodes into `dir`, plus `extra`.
@@ -146,9 +64,6 @@ pub(crate) fn logged_run(
 /// time, and retry while a store just closed is still locked (sled releases its file in the
 /// background, so the lock can outlive `drop` for a moment).
 pub(crate) static SLED: Mutex<()> = Mutex::new(());
-
-/// How long to retry an open that fails on sled's lock.
-pub(crate) const LOCK_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Opens the store at `dir`, runs `f`, flushes, and closes.
 pub(crate) fn with_store<T>(dir: &Path, f: impl FnOnce(&SledStore) -> T) -> T {

@@ -1,0 +1,289 @@
+//! Helpers shared by the command-line tests of the apps (`apps/*/tests`): run an app binary
+//! and check what it printed ([`run_bin`], [`Out`]), and start a cluster of its processes on
+//! loopback, one by one, so that a test can SIGKILL, SIGSTOP and SIGCONT them ([`Cluster`]).
+//!
+//! Every app binary has the same command line (`veriflow::App`), so the helpers take the
+//! binary's path (`env!("CARGO_BIN_EXE_<app>")` in the test) and nothing app-specific.
+//! Rules they keep:
+//!
+//! 1. A run never inherits the caller's `VERIFLOW_LOG`, `RUST_BACKTRACE`, `TMPDIR` or config
+//!    directory: fresh log directories and default keys land in the directory the test gives.
+//! 2. A panic, or a death by signal, of the binary fails the test, whatever the exit status
+//!    the test expects.
+//! 3. Every process started is SIGKILLed and reaped when its handle is dropped, so a failed
+//!    test leaves nothing running.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// What one invocation did.
+pub struct Out {
+    /// The binary's file name (for messages).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Exit status.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Out {
+    /// Standard output as one JSON object (panics, showing the output, if it is not one).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "{}: stdout is not one JSON object ({e}):\n{self}",
+                self.cmd()
+            )
+        })
+    }
+
+    /// The command line, for messages.
+    pub fn cmd(&self) -> String {
+        format!("{} {}", self.program, self.args.join(" "))
+    }
+
+    /// Asserts the exit status.
+    pub fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(self.code, code, "{}: exit status\n{self}", self.cmd());
+        self
+    }
+
+    /// Asserts that standard error mentions `needle`.
+    pub fn stderr_has(&self, needle: &str) -> &Self {
+        assert!(
+            self.stderr.contains(needle),
+            "{}: stderr should mention {needle:?}\n{self}",
+            self.cmd()
+        );
+        self
+    }
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// How long to retry an invocation (or an open) that fails on sled's lock: a store closed a
+/// moment ago may still hold it (sled releases its file in the background).
+pub const LOCK_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs `bin` with `TMPDIR` and `XDG_CONFIG_HOME` set to `tmp` (rule 1), and checks rule 2.
+///
+/// An invocation that fails on sled's lock is retried (see [`LOCK_PATIENCE`]), so it cannot
+/// pass for the error a test expects.
+pub fn run_bin(bin: &Path, tmp: &Path, args: &[&str]) -> Out {
+    let t0 = Instant::now();
+    let out = loop {
+        let out = Command::new(bin)
+            .args(args)
+            .env("TMPDIR", tmp)
+            .env("XDG_CONFIG_HOME", tmp)
+            .env_remove("VERIFLOW_LOG")
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap_or_else(|e| panic!("{} runs: {e}", bin.display()));
+        let locked = String::from_utf8_lossy(&out.stderr).contains("could not acquire lock");
+        if !locked || t0.elapsed() > LOCK_PATIENCE {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = Out {
+        program: program_name(bin),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(
+        !out.stderr.contains("panicked") && !out.stdout.contains("panicked"),
+        "{}: something panicked\n{out}",
+        out.cmd()
+    );
+    assert!(out.code >= 0, "{}: killed by a signal\n{out}", out.cmd());
+    out
+}
+
+fn program_name(bin: &Path) -> String {
+    bin.file_name()
+        .map_or_else(|| bin.display().to_string(), |f| f.to_string_lossy().into())
+}
+
+/// A path as `&str` (test paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// A process SIGKILLed and reaped when dropped (rule 3).
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Sends a signal (`-KILL`, `-STOP`, `-CONT`, ...) with the `kill` command.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} failed");
+    }
+}
+
+/// The `checkpoint-server` binary, built first if it is not there yet.
+pub fn checkpoint_server_binary() -> PathBuf {
+    if let Some(b) = veriflow_checkpoint::launch::server_binary() {
+        return b;
+    }
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "veriflow-checkpoint",
+            "--bin",
+            "checkpoint-server",
+        ])
+        .status()
+        .expect("cargo runs");
+    assert!(status.success());
+    veriflow_checkpoint::launch::server_binary().expect("built")
+}
+
+/// A coordinator over one checkpoint server, and workers, all processes of `bin`; everything
+/// killed when dropped (rule 3).
+pub struct Cluster {
+    /// The app binary.
+    pub bin: PathBuf,
+    /// Holds the key, the server's store and the workers' logs (`w<i>.log`).
+    pub dir: tempfile::TempDir,
+    /// The cluster's key file.
+    pub key: PathBuf,
+    /// The coordinator's address.
+    pub addr: String,
+    /// The workers, in start order (spares last).
+    pub workers: Vec<Proc>,
+    _coordinator: Proc,
+    _server: veriflow_checkpoint::launch::ServerProcess,
+}
+
+impl Cluster {
+    /// Starts a checkpoint server, a coordinator (`fd`: its failure-detector options) and
+    /// `workers` workers plus `spares` spares of one thread each.
+    pub fn start(bin: &Path, workers: usize, spares: usize, fd: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let key = dir.path().join("cluster.key");
+        run_bin(bin, dir.path(), &["keygen", s(&key)]).expect_code(0);
+        let server = veriflow_checkpoint::launch::ServerProcess::start(
+            &checkpoint_server_binary(),
+            "127.0.0.1:0",
+            Some(&dir.path().join("cs")),
+            &key,
+        )
+        .expect("the checkpoint server starts");
+        let store = format!("central:{}", server.addr);
+        let mut c = Command::new(bin);
+        c.args(["coordinator", "--key", s(&key), "--store", &store])
+            .args(fd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().expect("the coordinator starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("the coordinator prints its address");
+        let coordinator = Proc(child);
+        let addr = line
+            .trim()
+            .strip_prefix("coordinator listening on ")
+            .unwrap_or_else(|| panic!("coordinator said {line:?}"))
+            .to_string();
+        let mut cl = Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            key,
+            addr,
+            workers: Vec::new(),
+            _coordinator: coordinator,
+            _server: server,
+        };
+        for i in 0..workers + spares {
+            cl.add_worker(i >= workers);
+        }
+        cl
+    }
+
+    /// Starts one more worker of one thread (a spare if `spare`).
+    pub fn add_worker(&mut self, spare: bool) {
+        let mut c = Command::new(&self.bin);
+        c.args([
+            "worker",
+            "--join",
+            &self.addr,
+            "--key",
+            s(&self.key),
+            "--threads",
+            "1",
+        ]);
+        if spare {
+            c.arg("--spare");
+        }
+        let log =
+            std::fs::File::create(self.dir.path().join(format!("w{}.log", self.workers.len())))
+                .expect("a worker log");
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("a worker starts");
+        self.workers.push(Proc(child));
+    }
+
+    /// `<bin> submit ... --json <program>` as a child process (see [`wait_json`]).
+    pub fn submit(&self, program: &[&str]) -> Child {
+        Command::new(&self.bin)
+            .args([
+                "submit",
+                "--coordinator",
+                &self.addr,
+                "--key",
+                s(&self.key),
+                "--json",
+            ])
+            .args(program)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("submit starts")
+    }
+}
+
+/// Waits for a `--json` child: (exit status, its JSON summary or null, its stderr). A panic
+/// fails the test (rule 2).
+pub fn wait_json(child: Child) -> (i32, Value, String) {
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
