@@ -1,0 +1,127 @@
+//! `nqueens run` from the command line: counts of OEIS A000170 through the binary, the human
+//! summary, vnodes killed mid-run at seeded points (embedded mode), and bad input (exit 2 with
+//! a message, never a panic).
+
+mod common;
+
+use common::*;
+
+#[test]
+fn the_binary_counts_a000170() {
+    // A few n through the binary (all of 1..=14 run through the library in runtime_counts.rs),
+    // with and without a log, and with the split, cutoff and mirror flags.
+    for (n, extra) in [
+        (1, &[][..]),
+        (2, &["--no-checkpoint"][..]),
+        (3, &["--split-rows", "3"][..]),
+        (6, &["--vnodes", "3", "--no-mirror"][..]),
+        (8, &["--split-rows", "1", "--cutoff-row", "4"][..]),
+        (11, &["--vnodes", "4", "--split-rows", "3"][..]),
+        (13, &["--no-checkpoint", "--vnodes", "2"][..]),
+        (14, &["--vnodes", "4"][..]),
+    ] {
+        let ns = n.to_string();
+        let mut args = vec!["run", "--n", &ns, "--threads", "2", "--json"];
+        args.extend_from_slice(extra);
+        let j = counted(n, &args);
+        let p = nqueens::NQueens {
+            n,
+            split_rows: flag(extra, "--split-rows"),
+            cutoff_row: flag(extra, "--cutoff-row"),
+            no_mirror: extra.contains(&"--no-mirror"),
+        };
+        assert_eq!(j["tasks"], tasks_of(&p), "{j}");
+        assert_eq!(j["checkpoint"], !extra.contains(&"--no-checkpoint"), "{j}");
+    }
+}
+
+fn flag(args: &[&str], name: &str) -> Option<u32> {
+    let i = args.iter().position(|a| *a == name)?;
+    args.get(i + 1).map(|v| v.parse().expect("a number"))
+}
+
+#[test]
+fn the_human_summary_names_the_count() {
+    let out = nqueens(&["run", "-n", "8", "--no-checkpoint"]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("nqueens: result 92 (checked)"), "{out}");
+}
+
+/// Embedded mode: vnodes fail at points drawn from the seed (`--kill-random`) and are
+/// recovered from their logs; the count is exact, every task completed once, and `inspect`
+/// finds each task declared, started and completed once in the logs.
+#[test]
+fn vnodes_killed_mid_run_give_the_exact_count_over_seeds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = nqueens::NQueens {
+        n: 12,
+        split_rows: Some(2),
+        cutoff_row: Some(5),
+        no_mirror: false,
+    };
+    let tasks = tasks_of(&p);
+    let mut failures = 0;
+    for seed in 1..=6u32 {
+        let dir = tmp.path().join(format!("kill{seed}"));
+        let seed_s = seed.to_string();
+        let vnodes = (2 + seed % 3).to_string();
+        let j = counted(
+            12,
+            &[
+                "run",
+                "-n",
+                "12",
+                "--split-rows",
+                "2",
+                "--cutoff-row",
+                "5",
+                "--threads",
+                "2",
+                "--vnodes",
+                &vnodes,
+                "--kill-random",
+                "2",
+                "--seed",
+                &seed_s,
+                "--json",
+                "--log-dir",
+                s(&dir),
+            ],
+        );
+        assert_eq!(j["tasks"], tasks, "seed {seed}: {j}");
+        // Both kills are drawn below the expected task count, so both happen.
+        assert_eq!(j["failures"], 2, "seed {seed}: {j}");
+        failures += j["failures"].as_u64().unwrap();
+        let out = nqueens(&["inspect", "--log-dir", s(&dir), "--json"]);
+        out.expect_code(0);
+        let ins = out.json();
+        for k in ["declared", "started", "completed"] {
+            assert_eq!(ins["tasks"][k], tasks, "seed {seed}, {k}: {ins}");
+        }
+    }
+    assert_eq!(failures, 12);
+}
+
+#[test]
+fn bad_input_exits_2_with_a_message() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["run", "-n", "0"], "--n"),
+        (&["run", "-n", "33"], "--n"),
+        (&["run", "-n", "-1"], "-1"),
+        (&["run", "-n", "eight"], "eight"),
+        (&["run"], "--n"),
+        (&["run", "-n", "8", "--split-rows", "9"], "--split-rows"),
+        (&["run", "-n", "8", "--split-rows", "0"], "--split-rows"),
+        (&["run", "-n", "8", "--split-rows", "3", "--cutoff-row", "2"], "--cutoff-row"),
+        (&["run", "-n", "24", "--cutoff-row", "24"], "tasks"),
+    ];
+    for (args, needle) in cases {
+        let out = nqueens(args);
+        out.expect_code(2).stderr_has(needle);
+    }
+    // The cluster commands check the program options too (exit 1 before starting anything).
+    nqueens(&["cluster", "-n", "8", "--split-rows", "9"])
+        .expect_code(1)
+        .stderr_has("--split-rows");
+    nqueens(&["cluster", "-n", "40"]).expect_code(2).stderr_has("--n");
+}
