@@ -119,11 +119,11 @@ impl Solution {
         h.finalize().to_hex().to_string()
     }
 
-    /// The largest scaled distance to the model's exact solution, if it has one.
-    pub fn error_vs_exact(&self, problem: &Problem) -> Option<f64> {
+    /// The largest absolute difference per species from the model's exact solution at this
+    /// time, if it has one.
+    pub fn error_vs_exact(&self, problem: &Problem) -> Option<[f64; 2]> {
         let inner = &problem.inner;
-        let floor = inner.floor;
-        let mut worst: f64 = 0.0;
+        let mut worst = [0.0f64; 2];
         for k in 0..self.nz {
             for j in 0..self.ny {
                 for i in 0..self.nx {
@@ -134,12 +134,21 @@ impl Solution {
                         .exact(x, y, z, self.time, inner.has_y())?;
                     let c = self.at(i, j, k);
                     for s in 0..2 {
-                        worst = worst.max((c[s] - e[s]).abs() / (e[s].abs() + floor[s]));
+                        worst[s] = worst[s].max((c[s] - e[s]).abs());
                     }
                 }
             }
         }
         Some(worst)
+    }
+
+    /// The largest absolute value per species.
+    pub fn peak(&self) -> [f64; 2] {
+        let mut m = [0.0f64; 2];
+        for (n, v) in self.c.iter().enumerate() {
+            m[n & 1] = m[n & 1].max(v.abs());
+        }
+        m
     }
 }
 
