@@ -818,9 +818,16 @@ pub(crate) fn out_dir(explicit: Option<&Path>) -> Result<PathBuf> {
 /// The `knary` binary: `explicit`, or the one beside this binary after `cargo build -p knary`
 /// in this binary's profile (so that it is never stale); without cargo, whatever is there.
 pub(crate) fn knary_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    app_binary("knary", "--knary-bin", explicit)
+}
+
+/// The binary of app package `app` (named like it): `explicit` (given with option `flag`), or
+/// the one beside this binary after `cargo build -p <app>` in this binary's profile (so that
+/// it is never stale); without cargo, whatever is there.
+pub(crate) fn app_binary(app: &str, flag: &str, explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if !p.is_file() {
-            bail!("--knary-bin {}: no such file", p.display());
+            bail!("{flag} {}: no such file", p.display());
         }
         return Ok(p.to_path_buf());
     }
@@ -829,31 +836,31 @@ pub(crate) fn knary_binary(explicit: Option<&Path>) -> Result<PathBuf> {
         .parent()
         .context("this binary has no directory")?
         .to_path_buf();
-    let bin = dir.join("knary");
+    let bin = dir.join(app);
     let release = dir.file_name().is_some_and(|d| d == "release");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "-q", "-p", "knary", "--bin", "knary"])
+    cmd.args(["build", "-q", "-p", app, "--bin", app])
         .arg("--manifest-path")
         .arg(&manifest);
     if release {
         cmd.arg("--release");
     }
     eprintln!(
-        "building knary: {} build -p knary --bin knary{}",
+        "building {app}: {} build -p {app} --bin {app}{}",
         cargo.to_string_lossy(),
         if release { " --release" } else { "" }
     );
     match cmd.status() {
         Ok(s) if s.success() => {}
         Ok(s) if bin.is_file() => eprintln!("  (cargo build failed: {s}; using {})", bin.display()),
-        Ok(s) => bail!("building knary failed ({s}); pass --knary-bin PATH"),
+        Ok(s) => bail!("building {app} failed ({s}); pass {flag} PATH"),
         Err(e) if bin.is_file() => eprintln!("  (cannot run cargo: {e}; using {})", bin.display()),
-        Err(e) => bail!("cannot run cargo to build knary ({e}); pass --knary-bin PATH"),
+        Err(e) => bail!("cannot run cargo to build {app} ({e}); pass {flag} PATH"),
     }
     if !bin.is_file() {
-        bail!("no knary at {}; pass --knary-bin PATH", bin.display());
+        bail!("no {app} at {}; pass {flag} PATH", bin.display());
     }
     Ok(bin)
 }

@@ -20,6 +20,8 @@ pub mod cluster;
 
 pub mod detector;
 
+pub mod nqueens;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -15,13 +15,18 @@
 //!    the first-row columns `c < n / 2` are searched, each weighted 2; for odd `n` the middle
 //!    column `n / 2` is searched too, weighted 1 (its solutions mirror onto each other).
 //!    The weight is carried by every task below the first row and multiplies its count.
-//! 3. **Split.** The root task [`Queens`] places the queens of the first `--split-rows` rows
-//!    itself (default 2, at most `n`: 105 boards at n = 16 with the mirror, the 210
-//!    without it) and spawns one [`Board`] task per legal partial board, in column order.
-//! 4. **Recursive spawning above the cutoff.** A [`Board`] at row `r < --cutoff-row` (default:
-//!    the split row, so no recursion) spawns one child [`Board`] per legal queen of row `r`,
-//!    in column order; at `r >= cutoff` it counts the rest of the board with the sequential
-//!    solver [`count_from`] and writes `weight × count`.
+//! 3. **Split.** The first `--split-rows` rows are split into tasks (default 2, at most `n`):
+//!    the leaves of the task tree are the legal boards of that many queens — 105 at n = 16
+//!    with the mirror, the 210 without it; 3 rows (1,118 at n = 16) suit runs on
+//!    many vnodes. A leaf counts the rest of its board with the sequential solver
+//!    [`count_from`] and writes `weight × count`.
+//! 4. **Recursive spawning below the cutoff.** The root task [`Queens`] places the queens of
+//!    the rows above `--cutoff-row` (default 1: the first row only) in one loop and spawns one
+//!    [`Board`] task per legal board, in column order; from the cutoff down to the split row,
+//!    a [`Board`] at row `r` spawns one child [`Board`] per legal queen of row `r`, in column
+//!    order. Recursive spawning is what random work stealing wants: a thief takes the oldest
+//!    task, a whole subtree, and then finds its work at home; a flat split (`--cutoff-row`
+//!    equal to `--split-rows`) makes it steal every leaf one by one (bench/README.md).
 //! 5. **Sum tree.** A task with children delegates its count to a [`Sum`] over theirs; a task
 //!    with none writes 0. So the data-flow graph is the search tree cut at the cutoff, with
 //!    one sum per internal node, and [`expected_tasks`] counts it exactly: a run that re-ran a
@@ -50,9 +55,12 @@ pub const MAX_N: u32 = 32;
 /// Default of `--split-rows` (the "2 rows: ~210 tasks at n = 16").
 pub const DEFAULT_SPLIT_ROWS: u32 = 2;
 
+/// Default of `--cutoff-row`: the root places the first row only (rule 4).
+pub const DEFAULT_CUTOFF_ROW: u32 = 1;
+
 /// Most tasks a run may have: [`expected_tasks`] walks the spawned part of the search tree to
 /// count them, and a run this big would spend its time on task overhead anyway (16.7 M tasks
-/// with three logged events each). A deeper `--cutoff-row` is refused.
+/// with three logged events each). A deeper `--split-rows` is refused.
 pub const MAX_TASKS: u64 = 1 << 24;
 
 /// OEIS A000170: the number of solutions for `n = 1..=27` (index `n - 1`). The values for
@@ -208,8 +216,8 @@ pub fn solve_plain(n: u32) -> u64 {
     count_from(n, Partial::EMPTY)
 }
 
-/// The partial boards of `rows` rows the root spawns (rule 3), with their weights, in
-/// column order.
+/// The legal boards of `rows` rows (with `rows = --cutoff-row`: the boards the root spawns,
+/// rule 4), with their weights (rule 2), in column order.
 pub fn split(n: u32, rows: u32, mirror: bool) -> Vec<(Partial, u64)> {
     let mut level = if rows == 0 || n == 0 {
         vec![(Partial::EMPTY, 1)]
@@ -225,17 +233,17 @@ pub fn split(n: u32, rows: u32, mirror: bool) -> Vec<(Partial, u64)> {
     level
 }
 
-/// Tasks of a run of `nqueens(n)` split at `split_rows` with cutoff `cutoff_row` (rule 5):
+/// Tasks of a run of `nqueens(n)` split at `split_rows` with cutoff `cutoff_row` (rules 3-5):
 /// the root, one [`Board`] per spawned board, one [`Sum`] per task with children. `None`
 /// when there are more than [`MAX_TASKS`] (the walk stops there).
 pub fn expected_tasks(n: u32, split_rows: u32, cutoff_row: u32, mirror: bool) -> Option<u64> {
-    let boards = split(n, split_rows, mirror);
+    let boards = split(n, cutoff_row, mirror);
     // Root, and its sum if it has children.
     let mut tasks: u64 = 1 + u64::from(!boards.is_empty());
     let mut stack: Vec<Partial> = boards.into_iter().map(|(b, _)| b).collect();
     while let Some(b) = stack.pop() {
         tasks += 1;
-        if b.row < cutoff_row && b.row < n {
+        if b.row < split_rows && b.row < n {
             let before = stack.len();
             stack.extend(b.children(n));
             tasks += u64::from(stack.len() > before);
@@ -255,14 +263,14 @@ fn checked_sum(counts: &[u64]) -> Result<u64, TaskError> {
     })
 }
 
-/// The root task: splits the first rows into [`Board`] tasks (rule 3).
+/// The root task: places the rows above the cutoff and spawns their boards (rule 4).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Queens {
     /// Board size.
     pub n: u32,
-    /// Rows the root fills before spawning.
+    /// Rows split into tasks: the leaves' row (rule 3).
     pub split_rows: u32,
-    /// Boards at rows below this spawn their next row as tasks (rule 4).
+    /// Rows the root places itself (rule 4).
     pub cutoff_row: u32,
     /// Whether the mirror symmetry is used (rule 2).
     pub mirror: bool,
@@ -275,7 +283,7 @@ impl Task for Queens {
     type Outputs = (u64,);
 
     fn run(self, ctx: &mut Ctx<'_>, (): (), (count,): Writes<Self>) -> TaskResult {
-        let boards = split(self.n, self.split_rows, self.mirror);
+        let boards = split(self.n, self.cutoff_row, self.mirror);
         if boards.is_empty() {
             ctx.write(count, 0);
             return Ok(());
@@ -285,7 +293,7 @@ impl Task for Queens {
             .map(|(board, weight)| {
                 let task = Board {
                     n: self.n,
-                    cutoff_row: self.cutoff_row,
+                    split_rows: self.split_rows,
                     weight,
                     board,
                 };
@@ -297,13 +305,14 @@ impl Task for Queens {
     }
 }
 
-/// A partial board: spawns its next row above the cutoff, or solves the rest (rule 4).
+/// A partial board: spawns its next row above the split row (rule 4), or solves the rest
+/// (rule 3).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Board {
     /// Board size.
     pub n: u32,
-    /// Rows below this spawn their next row as tasks.
-    pub cutoff_row: u32,
+    /// Boards of fewer queens spawn their next row as tasks; boards of this many solve.
+    pub split_rows: u32,
     /// Solutions of this board count this many times (rule 2).
     pub weight: u64,
     /// The queens placed so far.
@@ -317,7 +326,7 @@ impl Task for Board {
     type Outputs = (u64,);
 
     fn run(self, ctx: &mut Ctx<'_>, (): (), (count,): Writes<Self>) -> TaskResult {
-        if self.board.row < self.cutoff_row && self.board.row < self.n {
+        if self.board.row < self.split_rows && self.board.row < self.n {
             let counts: Vec<_> = self
                 .board
                 .children(self.n)
@@ -366,12 +375,14 @@ pub struct NQueens {
     /// Board size n (1..=32).
     #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_N)))]
     pub n: u32,
-    /// Rows the root task fills before spawning one task per partial board (rule 3 of the
-    /// module docs) [default: 2, or n if smaller; 3 suits runs on many vnodes].
+    /// The first ROWS rows are split into tasks: the leaf tasks are the boards of ROWS queens,
+    /// which they complete sequentially (rule 3 of the module docs) [default: 2, or n if
+    /// smaller; 3 suits runs on many vnodes].
     #[arg(long, value_name = "ROWS")]
     pub split_rows: Option<u32>,
-    /// Tasks at rows below this spawn their next row as tasks; at or past it a task solves the
-    /// rest of its board sequentially [default: --split-rows, no recursion].
+    /// Rows from ROW down to --split-rows are spawned recursively, one task level per row;
+    /// the root places the rows above ROW itself in one loop (rule 4) [default: 1; equal to
+    /// --split-rows: a flat split].
     #[arg(long, value_name = "ROW")]
     pub cutoff_row: Option<u32>,
     /// Search every first-row column instead of half of them (rule 2).
@@ -397,7 +408,8 @@ impl NQueens {
 
     /// The cutoff row in effect.
     pub fn cutoff(&self) -> u32 {
-        self.cutoff_row.unwrap_or_else(|| self.split())
+        self.cutoff_row
+            .unwrap_or_else(|| DEFAULT_CUTOFF_ROW.min(self.split()))
     }
 
     /// Whether the mirror symmetry is used.
@@ -429,15 +441,14 @@ impl Program for NQueens {
                 self.n
             )));
         }
-        if cutoff < split || cutoff > self.n {
+        if cutoff == 0 || cutoff > split {
             return Err(InvalidArgs(format!(
-                "--cutoff-row {cutoff}: it must be between --split-rows ({split}) and n ({})",
-                self.n
+                "--cutoff-row {cutoff}: it must be between 1 and --split-rows ({split})"
             )));
         }
         if self.expected_tasks().is_none() {
             return Err(InvalidArgs(format!(
-                "--cutoff-row {cutoff}: the run would have more than {MAX_TASKS} tasks; lower it"
+                "--split-rows {split}: the run would have more than {MAX_TASKS} tasks; lower it"
             )));
         }
         Ok(())
@@ -517,14 +528,17 @@ mod tests {
 
     #[test]
     fn task_counts_and_validation() {
-        // n = 4, split 2, mirror: first row {0, 1}, row 2 children: 0 -> {2, 3}, 1 -> {3}.
-        // Root + sum + 3 boards.
+        // n = 4, mirror: first row {0, 1}; second row: 0 -> {2, 3}, 1 -> {3}.
+        // Flat split at 2: root + sum + 3 boards.
         assert_eq!(expected_tasks(4, 2, 2, true), Some(5));
-        // Cutoff 3: (0,2) has no child; (0,3) -> (0,3,1); (1,3) -> (1,3,0): 2 boards, 2 sums.
-        assert_eq!(expected_tasks(4, 2, 3, true), Some(9));
+        // Split 2 cut off at 1: root + sum + 2 first-row boards, each with a sum + 3 boards.
+        assert_eq!(expected_tasks(4, 2, 1, true), Some(9));
+        // Split 3 flat at 2: (0,2) has no child; (0,3) -> (0,3,1); (1,3) -> (1,3,0): 2 boards,
+        // 2 sums more.
+        assert_eq!(expected_tasks(4, 3, 2, true), Some(9));
         // n = 2: no legal 2-row board, the root writes 0 itself.
         assert_eq!(expected_tasks(2, 2, 2, true), Some(1));
-        assert_eq!(expected_tasks(20, 2, 20, true), None);
+        assert_eq!(expected_tasks(20, 20, 1, true), None);
         let p = |n, s, c| NQueens {
             n,
             split_rows: s,
@@ -532,13 +546,21 @@ mod tests {
             no_mirror: false,
         };
         assert!(p(1, None, None).validate().is_ok());
-        assert_eq!(p(1, None, None).split(), 1);
+        assert_eq!(
+            (p(1, None, None).split(), p(1, None, None).cutoff()),
+            (1, 1)
+        );
+        assert_eq!(
+            (p(16, None, None).split(), p(16, None, None).cutoff()),
+            (2, 1)
+        );
         assert!(p(8, Some(9), None).validate().is_err());
-        assert!(p(8, Some(3), Some(2)).validate().is_err());
-        assert!(p(8, Some(3), Some(9)).validate().is_err());
-        assert!(p(8, Some(0), Some(8)).validate().is_err());
-        assert!(p(8, Some(1), Some(8)).validate().is_ok());
-        assert!(p(20, None, Some(20)).validate().is_err());
+        assert!(p(8, Some(2), Some(3)).validate().is_err());
+        assert!(p(8, Some(3), Some(0)).validate().is_err());
+        assert!(p(8, Some(0), None).validate().is_err());
+        assert!(p(8, Some(8), Some(8)).validate().is_ok());
+        assert!(p(8, Some(8), Some(1)).validate().is_ok());
+        assert!(p(20, Some(20), None).validate().is_err());
         assert!(p(0, None, None).validate().is_err());
         assert!(p(8, None, None).check(&(92,)).is_ok());
         assert!(p(8, None, None).check(&(93,)).is_err());

@@ -28,7 +28,7 @@ fn honest_runs_are_accepted_by_run_certify_and_certify() {
             "run",
             "-n",
             "10",
-            "--cutoff-row",
+            "--split-rows",
             "4",
             "--vnodes",
             "3",
@@ -57,7 +57,14 @@ fn honest_runs_are_accepted_by_run_certify_and_certify() {
     .expect_code(0);
     // `certify` on the finished log, sampled and in full.
     for extra in [&[][..], &["--full"][..]] {
-        let mut args = vec!["certify", "--log-dir", s(&log), "--oracle-key", &k, "--json"];
+        let mut args = vec![
+            "certify",
+            "--log-dir",
+            s(&log),
+            "--oracle-key",
+            &k,
+            "--json",
+        ];
         args.extend_from_slice(extra);
         let out = nqueens(&args);
         out.expect_code(0);
@@ -70,7 +77,7 @@ fn honest_runs_are_accepted_by_run_certify_and_certify() {
         "2",
         "-n",
         "9",
-        "--cutoff-row",
+        "--split-rows",
         "3",
         "--certify",
         "--oracle-key",
@@ -90,7 +97,7 @@ fn a_forged_run_is_caught_named_and_corrected() {
         "run",
         "-n",
         "9",
-        "--cutoff-row",
+        "--split-rows",
         "3",
         "--vnodes",
         "2",

@@ -15,7 +15,8 @@ fn the_binary_counts_a000170() {
         (2, &["--no-checkpoint"][..]),
         (3, &["--split-rows", "3"][..]),
         (6, &["--vnodes", "3", "--no-mirror"][..]),
-        (8, &["--split-rows", "1", "--cutoff-row", "4"][..]),
+        (8, &["--split-rows", "4", "--cutoff-row", "2"][..]),
+        (9, &["--split-rows", "3", "--cutoff-row", "3"][..]),
         (11, &["--vnodes", "4", "--split-rows", "3"][..]),
         (13, &["--no-checkpoint", "--vnodes", "2"][..]),
         (14, &["--vnodes", "4"][..]),
@@ -55,8 +56,8 @@ fn vnodes_killed_mid_run_give_the_exact_count_over_seeds() {
     let tmp = tempfile::tempdir().unwrap();
     let p = nqueens::NQueens {
         n: 12,
-        split_rows: Some(2),
-        cutoff_row: Some(5),
+        split_rows: Some(5),
+        cutoff_row: Some(2),
         no_mirror: false,
     };
     let tasks = tasks_of(&p);
@@ -72,9 +73,9 @@ fn vnodes_killed_mid_run_give_the_exact_count_over_seeds() {
                 "-n",
                 "12",
                 "--split-rows",
-                "2",
-                "--cutoff-row",
                 "5",
+                "--cutoff-row",
+                "2",
                 "--threads",
                 "2",
                 "--vnodes",
@@ -104,7 +105,7 @@ fn vnodes_killed_mid_run_give_the_exact_count_over_seeds() {
 
 #[test]
 fn bad_input_exits_2_with_a_message() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["run", "-n", "0"], "--n"),
         (&["run", "-n", "33"], "--n"),
         (&["run", "-n", "-1"], "-1"),
@@ -112,8 +113,12 @@ fn bad_input_exits_2_with_a_message() {
         (&["run"], "--n"),
         (&["run", "-n", "8", "--split-rows", "9"], "--split-rows"),
         (&["run", "-n", "8", "--split-rows", "0"], "--split-rows"),
-        (&["run", "-n", "8", "--split-rows", "3", "--cutoff-row", "2"], "--cutoff-row"),
-        (&["run", "-n", "24", "--cutoff-row", "24"], "tasks"),
+        (
+            &["run", "-n", "8", "--split-rows", "2", "--cutoff-row", "3"],
+            "--cutoff-row",
+        ),
+        (&["run", "-n", "8", "--cutoff-row", "0"], "--cutoff-row"),
+        (&["run", "-n", "24", "--split-rows", "24"], "tasks"),
     ];
     for (args, needle) in cases {
         let out = nqueens(args);
@@ -123,5 +128,7 @@ fn bad_input_exits_2_with_a_message() {
     nqueens(&["cluster", "-n", "8", "--split-rows", "9"])
         .expect_code(1)
         .stderr_has("--split-rows");
-    nqueens(&["cluster", "-n", "40"]).expect_code(2).stderr_has("--n");
+    nqueens(&["cluster", "-n", "40"])
+        .expect_code(2)
+        .stderr_has("--n");
 }

@@ -12,15 +12,15 @@ use common::*;
 use serde_json::Value;
 use veriflow_testkit::{wait_json, Cluster};
 
-/// n = 16 cut off at row 3: 14,772,512 solutions, about 4 CPU-s in some 1,400 tasks, so that
-/// a kill half a second in lands mid-run.
-const PROGRAM: [&str; 6] = ["--n", "16", "--split-rows", "2", "--cutoff-row", "3"];
+/// n = 16 split into 3 rows: 14,772,512 solutions, about 4 CPU-s in some 1,250 tasks, so
+/// that a kill half a second in lands mid-run.
+const PROGRAM: [&str; 4] = ["--n", "16", "--split-rows", "3"];
 
 fn program() -> nqueens::NQueens {
     nqueens::NQueens {
         n: 16,
-        split_rows: Some(2),
-        cutoff_row: Some(3),
+        split_rows: Some(3),
+        cutoff_row: None,
         no_mirror: false,
     }
 }

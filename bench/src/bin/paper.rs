@@ -67,6 +67,9 @@ enum Command {
     /// The failure detector: detection latency of crashed and hung processes, heartbeats per
     /// process, and knary's slowdown with the detector on.
     Detector(veriflow_bench::detector::DetectorArgs),
+    /// N-Queens (paper 004 Table 2): plain (no log, no detector) against fault-tolerant
+    /// (cluster, log and detector) on 1-8 workers, n = 16 and 17.
+    Nqueens(veriflow_bench::nqueens::NQueensArgs),
 }
 
 #[derive(Args, Debug)]
@@ -119,6 +122,7 @@ fn main() -> Result<()> {
         Command::Storage(args) => veriflow_bench::storage::run(&args),
         Command::Cluster(args) => veriflow_bench::cluster::run(&args),
         Command::Detector(args) => veriflow_bench::detector::run(&args),
+        Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
     }
 }
 

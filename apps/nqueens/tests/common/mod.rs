@@ -1,6 +1,6 @@
 //! What the `nqueens` command-line tests share: the binary, run through
 //! [`veriflow_testkit`] (the helpers every app's tests use).
-#![allow(dead_code)] // each test file uses a part of them
+#![allow(dead_code, unused_imports)] // each test file uses a part of them
 
 use std::path::Path;
 
