@@ -28,8 +28,8 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use veriflow::{
-    Ctx, InvalidArgs, Program, Registry, RegistryError, Task, TaskError, TaskResult, Write,
-    Writes, WrongResult,
+    Ctx, InvalidArgs, Program, Registry, RegistryError, Task, TaskError, TaskResult, Write, Writes,
+    WrongResult,
 };
 
 use crate::block::{Block, BlockState};

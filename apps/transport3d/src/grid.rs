@@ -270,7 +270,10 @@ impl Problem {
                 return Err(ParamError::Time { name, value });
             }
         }
-        if !(p.inner_tol.is_finite() && p.tol.is_finite() && 0.0 < p.inner_tol && p.inner_tol < p.tol)
+        if !(p.inner_tol.is_finite()
+            && p.tol.is_finite()
+            && 0.0 < p.inner_tol
+            && p.inner_tol < p.tol)
         {
             return Err(ParamError::Tolerance {
                 tol: p.tol,

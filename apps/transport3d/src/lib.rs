@@ -22,7 +22,7 @@
 //! - `grid.rs`: the mesh, the stencils (second order in space, centred advection), the walls,
 //!   implicit Euler, the z slabs; [`Params`] and [`Problem`].
 //! - `block.rs`: the block API of the outer iteration ([`Block`]) and its inner solver
-//!   (point-block Gauss-Seidel-Newton).
+//!   (x-line Gauss-Seidel-Newton).
 //! - `solution.rs`: assembling blocks, the true global residual, the sequential reference and a
 //!   synchronous block-Jacobi driver.
 //! - `dataflow.rs`: the [`Transport3d`] program: every (time step, outer iteration, block) is a

@@ -232,17 +232,15 @@ impl Model {
         let decay_ok = |d: &[f64; 2]| d.iter().all(|k| k.is_finite() && *k >= 0.0);
         match self {
             Model::Puff(p) => {
-                if !decay_ok(&p.decay) || !(p.sigma.is_finite() && p.sigma > 0.0) {
+                if !(decay_ok(&p.decay) && p.sigma.is_finite() && p.sigma > 0.0) {
                     return Err(format!("puff {p:?}: decay >= 0 and sigma > 0"));
                 }
                 if p.centre.iter().any(|x| !x.is_finite()) {
                     return Err(format!("puff centre {:?} is not finite", p.centre));
                 }
             }
-            Model::Manufactured(m) => {
-                if !decay_ok(&m.decay) || !m.omega.is_finite() {
-                    return Err(format!("manufactured {m:?}: decay >= 0, omega finite"));
-                }
+            Model::Manufactured(m) if !(decay_ok(&m.decay) && m.omega.is_finite()) => {
+                return Err(format!("manufactured {m:?}: decay >= 0, omega finite"));
             }
             _ => {}
         }
@@ -395,7 +393,7 @@ mod tests {
         let u = |x: f64, y: f64, z: f64, t: f64| model.exact(x, y, z, t, true).unwrap();
         let s = model.source(x, y, z, t, true);
         let c = m.coeffs;
-        for i in 0..2 {
+        for (i, si) in s.iter().enumerate() {
             let f = |x, y, z, t| u(x, y, z, t)[i];
             let ut = (f(x, y, z, t + h) - f(x, y, z, t - h)) / (2.0 * h);
             let uxx = (f(x + h, y, z, t) - 2.0 * f(x, y, z, t) + f(x - h, y, z, t)) / (h * h);
@@ -405,7 +403,7 @@ mod tests {
             let dz = (flux(z + h / 2.0) - flux(z - h / 2.0)) / h;
             let lu = c.kh * (uxx + uyy) + c.v * ux + dz;
             let want = ut - lu + m.decay[i] * f(x, y, z, t);
-            assert!((s[i] - want).abs() < 1e-6, "species {i}: {} vs {want}", s[i]);
+            assert!((si - want).abs() < 1e-6, "species {i}: {si} vs {want}");
         }
     }
 }

@@ -94,7 +94,13 @@ impl Solution {
     /// (`grid.rs` rule 4).
     pub fn mass(&self, problem: &Problem) -> [f64; 2] {
         let (dx, dy, dz) = problem.spacing();
-        let w = |i: usize, n: usize| if n > 1 && (i == 0 || i == n - 1) { 0.5 } else { 1.0 };
+        let w = |i: usize, n: usize| {
+            if n > 1 && (i == 0 || i == n - 1) {
+                0.5
+            } else {
+                1.0
+            }
+        };
         let mut m = [0.0; 2];
         for k in 0..self.nz {
             for j in 0..self.ny {
@@ -162,7 +168,9 @@ impl Problem {
             });
         }
         if blocks.iter().any(|b| b.step() != blocks[0].step()) {
-            return Err(AssembleError::Steps(blocks.iter().map(Block::step).collect()));
+            return Err(AssembleError::Steps(
+                blocks.iter().map(Block::step).collect(),
+            ));
         }
         Ok(())
     }

@@ -11,8 +11,22 @@ fn t3d(tmp: &Path, args: &[&str]) -> Out {
 }
 
 const SMALL: [&str; 16] = [
-    "--nx", "8", "--ny", "3", "--nz", "8", "--blocks", "4", "--dt", "120", "--t-end", "480",
-    "--tol", "1e-8", "--threads", "2",
+    "--nx",
+    "8",
+    "--ny",
+    "3",
+    "--nz",
+    "8",
+    "--blocks",
+    "4",
+    "--dt",
+    "120",
+    "--t-end",
+    "480",
+    "--tol",
+    "1e-8",
+    "--threads",
+    "2",
 ];
 
 fn run(tmp: &Path, extra: &[&str]) -> Value {
@@ -38,7 +52,14 @@ fn certify_accepts_an_honest_run_and_a_killed_vnode_changes_nothing() {
     assert_eq!(j["result"]["steps"], 4, "{j}");
     let out = t3d(
         tmp.path(),
-        &["certify", "--log-dir", s(&log), "--oracle-key", s(&key), "--json"],
+        &[
+            "certify",
+            "--log-dir",
+            s(&log),
+            "--oracle-key",
+            s(&key),
+            "--json",
+        ],
     );
     out.expect_code(0);
     assert_eq!(out.json()["decision"], "ACCEPT", "{out}");

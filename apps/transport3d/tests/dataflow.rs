@@ -63,7 +63,10 @@ fn one_and_four_vnodes_agree_with_block_jacobi_and_the_sequential_solution() {
         // One start, then per round a block task per block and a check.
         assert_eq!(report.tasks, 1 + outcome.rounds * 5);
         let d = s.max_scaled_diff(&sequential, problem.floor());
-        assert!(d < 1e-6, "{vnodes} vnodes: distance to the sequential solution {d}");
+        assert!(
+            d < 1e-6,
+            "{vnodes} vnodes: distance to the sequential solution {d}"
+        );
         assert!(outcome.worst_global_residual < 1e-6);
         digests.push(s.digest());
     }
@@ -92,6 +95,9 @@ fn vnodes_killed_mid_run_give_the_same_answer() {
         let failures: u64 = report.vnodes.iter().map(|v| v.failures).sum();
         assert_eq!(failures, n, "case {seed}");
         assert_eq!(report.outputs.0, clean.outputs.0, "case {seed}");
-        assert_eq!(report.tasks, tasks, "case {seed}: every task completed once");
+        assert_eq!(
+            report.tasks, tasks,
+            "case {seed}: every task completed once"
+        );
     }
 }

@@ -28,7 +28,13 @@ fn worst_error(s: &Solution, j: usize) -> f64 {
         let got = s.at(i, j, k);
         for sp in 0..2 {
             let e = (got[sp] - want[sp]).abs() / want[sp];
-            eprintln!("({i},{k}) c{}: {:.4e} vs {:.4e}: {:.2}%", sp + 1, got[sp], want[sp], 100.0 * e);
+            eprintln!(
+                "({i},{k}) c{}: {:.4e} vs {:.4e}: {:.2}%",
+                sp + 1,
+                got[sp],
+                want[sp],
+                100.0 * e
+            );
             worst = worst.max(e);
         }
     }
