@@ -1,0 +1,141 @@
+//! The data-flow mode on the library runtime (no binary): the solution and the iteration count
+//! are the bits of the sequential solver with the same blocks, on 1, 2 and 4 vnodes, whatever
+//! the batch size, and with vnodes killed at seeded points and recovered from their logs.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cg::{dataflow::Solution, problem, Cg, CgOptions, Mode, Rhs, Source};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use veriflow::runtime::Kill;
+use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    Cg::register(&mut r).expect("cg registers");
+    r.register::<cg::dataflow::Start>().expect("the root registers");
+    r
+}
+
+fn program(matrix: &str, rhs: Rhs, blocks: u32, batch: u32, rtol: f64) -> Cg {
+    let source = if matrix.starts_with("poisson") {
+        Source::parse(matrix).unwrap()
+    } else {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(matrix);
+        Source::parse(p.to_str().unwrap()).unwrap()
+    };
+    let p = Cg {
+        mode: Mode::Dataflow,
+        matrix: source,
+        rhs,
+        rtol,
+        max_iter: None,
+        blocks,
+        batch,
+    };
+    p.validate().expect("valid");
+    p
+}
+
+/// Runs `p` on `vnodes` vnodes with `kills`, logged in memory; returns the solution and the
+/// number of vnode failures.
+fn run(p: &Cg, vnodes: u32, kills: Vec<Kill>, seed: u64) -> (Solution, u64) {
+    let rt = Runtime::builder(registry())
+        .program(Cg::NAME)
+        .threads(2)
+        .vnodes(vnodes)
+        .seed(seed)
+        .store(Arc::new(MemoryStore::default()) as Arc<dyn Store>)
+        .kills(kills)
+        .build()
+        .expect("runtime");
+    let (root, inputs) = p.root();
+    let report = rt.run(root, inputs).expect("run");
+    let result = p.check(&report.outputs).expect("the program's check");
+    assert_eq!(result["converged"], true);
+    let failures = report.vnodes.iter().map(|v| v.failures).sum();
+    (report.outputs.0, failures)
+}
+
+fn sequential(p: &Cg) -> cg::CgOutcome {
+    let prob = problem(&p.matrix, p.rhs).unwrap();
+    cg::solve(
+        &prob.a,
+        &prob.b,
+        &CgOptions {
+            rtol: p.rtol,
+            max_iter: 10 * prob.n() as u64,
+            blocks: p.blocks as usize,
+        },
+    )
+    .unwrap()
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn dataflow_equals_the_sequential_solver_on_any_vnodes_and_batch() {
+    for (matrix, rhs, blocks) in [
+        ("lund_a.rsa", Rhs::Ones, 4),
+        ("lund_a.mtx", Rhs::Random(3), 3),
+        ("poisson2d:20", Rhs::Random(1), 5),
+        ("poisson3d:6", Rhs::Ones, 1),
+    ] {
+        let want = sequential(&program(matrix, rhs, blocks, 8, 1e-10));
+        assert!(want.converged);
+        for batch in [1, 3, 8, 1000] {
+            let p = program(matrix, rhs, blocks, batch, 1e-10);
+            for vnodes in [1, 2, 4] {
+                let ctx = format!("{matrix} {rhs} blocks {blocks} batch {batch} vnodes {vnodes}");
+                let (sol, _) = run(&p, vnodes, vec![], 5);
+                assert_eq!(sol.iterations, want.iterations, "{ctx}");
+                assert_eq!(bits(&sol.x), bits(&want.x), "{ctx}");
+                assert_eq!(sol.rho.to_bits(), want.rho.to_bits(), "{ctx}");
+            }
+        }
+    }
+}
+
+#[test]
+fn killed_vnodes_recover_to_the_same_bits() {
+    let p = program("lund_a.rsa", Rhs::Ones, 4, 8, 1e-12);
+    let (clean, _) = run(&p, 1, vec![], 0);
+    // About 14 tasks per iteration, 357 iterations: kills anywhere in the first 4000 tasks.
+    for seed in 0..6u64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let kills: Vec<Kill> = (0..2)
+            .map(|_| Kill {
+                vnode: VnodeId(rng.gen_range(0..4)),
+                after: rng.gen_range(1..4000),
+            })
+            .collect();
+        let (sol, failures) = run(&p, 4, kills.clone(), seed);
+        assert!(failures >= 1, "seed {seed}: kills {kills:?} happened");
+        assert_eq!(sol.iterations, clean.iterations, "seed {seed}, kills {kills:?}");
+        assert_eq!(bits(&sol.x), bits(&clean.x), "seed {seed}, kills {kills:?}");
+    }
+}
+
+#[test]
+fn an_iteration_cap_stops_the_run_unconverged() {
+    let mut p = program("lund_a.rsa", Rhs::Ones, 2, 8, 1e-12);
+    p.max_iter = Some(50);
+    let rt = Runtime::builder(registry()).threads(2).vnodes(2).build().unwrap();
+    let (root, inputs) = p.root();
+    let report = rt.run(root, inputs).unwrap();
+    let sol = &report.outputs.0;
+    assert_eq!(sol.iterations, 50);
+    assert!(!sol.converged);
+    let e = p.check(&report.outputs).unwrap_err();
+    assert!(e.got.contains("after 50 iterations"), "{e}");
+    let seq = cg::solve(
+        &problem(&p.matrix, p.rhs).unwrap().a,
+        &problem(&p.matrix, p.rhs).unwrap().b,
+        &CgOptions { rtol: 1e-12, max_iter: 50, blocks: 2 },
+    )
+    .unwrap();
+    assert_eq!(bits(&sol.x), bits(&seq.x));
+}
