@@ -1,0 +1,197 @@
+//! `cg run --mode dataflow` from the command line: the same bits (x digest, iterations) on 1 and
+//! 4 vnodes, with a vnode killed, and after a forged task is corrected by `certify --correct`;
+//! certification of an honest run; usage errors and bad files with their exit statuses.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use veriflow_testkit::{run_bin, s, Out};
+
+fn cg_in(tmp: &Path, args: &[&str]) -> Out {
+    run_bin(Path::new(env!("CARGO_BIN_EXE_cg")), tmp, args)
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+/// A logged run of lund_a (rtol 1e-12, 4 blocks) on `vnodes` vnodes into `log`, plus `extra`;
+/// returns the JSON summary.
+fn lund_run(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str], code: i32) -> Value {
+    let m = data("lund_a.rsa");
+    let mut args = vec![
+        "run",
+        "--matrix",
+        s(&m),
+        "--rtol",
+        "1e-12",
+        "--blocks",
+        "4",
+        "--threads",
+        "2",
+        "--vnodes",
+        vnodes,
+        "--json",
+        "--log-dir",
+        s(log),
+    ];
+    args.extend_from_slice(extra);
+    let out = cg_in(tmp, &args);
+    out.expect_code(code);
+    out.json()
+}
+
+/// The terminal value of a log, as `inspect --json` shows it (the Debug form of the
+/// [`cg::Solution`], every float in shortest round-trip form: equal text, equal bits).
+fn terminal(tmp: &Path, log: &Path) -> String {
+    let out = cg_in(tmp, &["inspect", "--log-dir", s(log), "--json"]);
+    out.expect_code(0);
+    let j = out.json();
+    j["terminal"][0]["value"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a terminal value in {j}"))
+        .to_string()
+}
+
+#[test]
+fn same_bits_on_one_and_four_vnodes_and_with_a_vnode_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let one = lund_run(t, &t.join("v1"), "1", &[], 0);
+    let four = lund_run(t, &t.join("v4"), "4", &[], 0);
+    let killed = lund_run(
+        t,
+        &t.join("k"),
+        "4",
+        &["--kill-vnode", "2", "--kill-after", "700", "--kill-vnode", "0", "--kill-after", "2500"],
+        0,
+    );
+    assert_eq!(killed["failures"], 2, "{killed}");
+    let r1 = &one["result"];
+    assert_eq!(r1["converged"], true);
+    assert!(r1["rel_error"].as_f64().unwrap() < 5e-10, "{r1}");
+    for (name, j) in [("4 vnodes", &four), ("killed", &killed)] {
+        for key in ["x_digest", "iterations", "rel_residual", "error"] {
+            assert_eq!(j["result"][key], r1[key], "{name}: {key}\n{j}\n{one}");
+        }
+    }
+    // And the same as the sequential solver with 4 blocks.
+    let p = cg::problem(
+        &cg::Source::parse(s(&data("lund_a.rsa"))).unwrap(),
+        cg::Rhs::Ones,
+    )
+    .unwrap();
+    let seq = cg::solve(
+        &p.a,
+        &p.b,
+        &cg::CgOptions {
+            rtol: 1e-12,
+            max_iter: 1470,
+            blocks: 4,
+        },
+    )
+    .unwrap();
+    let sol = cg::Solution {
+        x: seq.x,
+        iterations: seq.iterations,
+        rho: seq.rho,
+        converged: seq.converged,
+    };
+    let report = cg::Report::new(&p.a, &p.b, &p.l, &sol);
+    assert_eq!(r1["x_digest"], report.x_digest.as_str());
+    assert_eq!(r1["iterations"], seq.iterations);
+    assert_eq!(terminal(t, &t.join("v1")), terminal(t, &t.join("k")));
+}
+
+#[test]
+fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let key = t.join("oracle.key");
+    cg_in(t, &["keygen", s(&key)]).expect_code(0);
+    let honest = t.join("honest");
+    let j = lund_run(t, &honest, "2", &["--certify", "--oracle-key", s(&key)], 0);
+    assert_eq!(j["certificate"]["decision"], "ACCEPT", "{j}");
+    let want = terminal(t, &honest);
+
+    // Two forged tasks (a flipped bit in a vector or a scalar each), drawn with a fixed seed.
+    let forged = t.join("forged");
+    let m = data("lund_a.rsa");
+    let out = cg_in(
+        t,
+        &[
+            "run", "--matrix", s(&m), "--rtol", "1e-12", "--blocks", "4", "--threads", "2",
+            "--vnodes", "2", "--json", "--log-dir", s(&forged), "--forge-tasks", "2",
+            "--forge-seed", "3",
+        ],
+    );
+    let j = out.json();
+    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
+    let out = cg_in(
+        t,
+        &["certify", "--log-dir", s(&forged), "--oracle-key", s(&key), "--full", "--json"],
+    );
+    out.expect_code(1);
+    assert_eq!(out.json()["decision"], "REJECT", "{out}");
+    let out = cg_in(
+        t,
+        &["certify", "--log-dir", s(&forged), "--oracle-key", s(&key), "--full", "--correct"],
+    );
+    out.expect_code(0);
+    assert!(out.stdout.contains("corrected 2 forged task(s)"), "{out}");
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    assert_eq!(terminal(t, &forged), want, "the corrected run has the honest bits");
+}
+
+#[test]
+fn usage_errors_and_bad_files_exit_with_a_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let lund = data("lund_a.rsa");
+    let lund = s(&lund);
+    let usage = |args: &[&str], needle: &str| {
+        let mut all = vec!["run", "--no-checkpoint"];
+        all.extend_from_slice(args);
+        cg_in(t, &all).expect_code(2).stderr_has(needle);
+    };
+    usage(&["--matrix", lund, "--mode", "spmd"], "spmd is not available yet");
+    usage(&["--matrix", lund, "--mode", "mpi"], "\"mpi\" is not a mode");
+    usage(&[], "--matrix");
+    usage(&["--matrix", "/no/such.mtx"], "cannot read /no/such.mtx");
+    usage(&["--matrix", "poisson4d:3"], "cannot read poisson4d:3");
+    usage(&["--matrix", "poisson2d:0"], "not a grid side");
+    usage(&["--matrix", lund, "--rhs", "twos"], "expected ones or random:SEED");
+    usage(&["--matrix", lund, "--rtol=-1"], "--rtol -1");
+    usage(&["--matrix", lund, "--rtol", "nan"], "--rtol NaN");
+    usage(&["--matrix", lund, "--blocks", "0"], "--blocks");
+    usage(&["--matrix", lund, "--blocks", "148"], "only 147 rows");
+    let utm = data("utm300.rua");
+    usage(&["--matrix", s(&utm)], "not symmetric");
+
+    // A damaged file: the error names the line and the field.
+    let text = std::fs::read_to_string(data("lund_a.rsa")).unwrap();
+    let bad = t.join("bad.rsa");
+    std::fs::write(&bad, text.replacen("(5E16.8)", "(5E16)  ", 1)).unwrap();
+    usage(&["--matrix", s(&bad)], "line 4, VALFMT (columns 33-52)");
+
+    // A file that changes after the run named it fails the run (exit 1), not a silent
+    // different matrix: here the log of a finished run is certified after the file changed.
+    let key = t.join("oracle.key");
+    cg_in(t, &["keygen", s(&key)]).expect_code(0);
+    let m = t.join("m.mtx");
+    std::fs::copy(data("lund_a.mtx"), &m).unwrap();
+    let log = t.join("log");
+    cg_in(
+        t,
+        &["run", "--matrix", s(&m), "--rtol", "1e-10", "--json", "--log-dir", s(&log)],
+    )
+    .expect_code(0);
+    let changed = std::fs::read_to_string(&m).unwrap().replacen("7.5000000000000e+07", "7.5000000000001e+07", 1);
+    std::fs::write(&m, changed).unwrap();
+    let out = cg_in(t, &["certify", "--log-dir", s(&log), "--oracle-key", s(&key), "--full"]);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(
+        format!("{}{}", out.stdout, out.stderr).contains("changed since the run started"),
+        "{out}"
+    );
+}
