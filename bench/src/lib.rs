@@ -22,6 +22,8 @@ pub mod detector;
 
 pub mod nqueens;
 
+pub mod cg;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -196,7 +196,10 @@ impl Report {
             (
                 norm(b.iter().zip(&ax).map(|(b, y)| b - y)),
                 norm(x.iter().zip(l).map(|(x, l)| x - l)),
-                x.iter().zip(l).map(|(x, l)| (x - l).abs()).fold(0.0, f64::max),
+                x.iter()
+                    .zip(l)
+                    .map(|(x, l)| (x - l).abs())
+                    .fold(0.0, f64::max),
             )
         } else {
             (f64::NAN, f64::NAN, f64::NAN)

@@ -171,12 +171,17 @@ fn spawn_batch(
     out: Write<Solution>,
 ) {
     let needs = p.needs(cfg.part(p));
-    let count = u64::from(cfg.batch).min(cfg.max_iter.saturating_sub(k0)).max(1);
+    let count = u64::from(cfg.batch)
+        .min(cfg.max_iter.saturating_sub(k0))
+        .max(1);
     let mut history = vec![s.rho];
     for k in k0..k0 + count {
         let (mut qs, mut pqs) = (vec![], vec![]);
         for b in 0..cfg.blocks {
-            let reads = needs[b as usize].iter().map(|&c| s.ps[c as usize]).collect();
+            let reads = needs[b as usize]
+                .iter()
+                .map(|&c| s.ps[c as usize])
+                .collect();
             let (q, pq) = ctx.spawn(
                 Spmv {
                     cfg: cfg.clone(),
@@ -190,14 +195,14 @@ fn spawn_batch(
         }
         let (pq,) = ctx.spawn(Sum, pqs);
         let (mut xs, mut rs, mut rrs) = (vec![], vec![], vec![]);
-        for b in 0..cfg.blocks as usize {
+        for (b, &q) in qs.iter().enumerate() {
             let (x, r, rr) = ctx.spawn(
                 Update {
                     cfg: cfg.clone(),
                     block: b as u32,
                     k,
                 },
-                (s.xs[b], s.rs[b], s.ps[b], qs[b], s.rho, pq),
+                (s.xs[b], s.rs[b], s.ps[b], q, s.rho, pq),
             );
             xs.push(x);
             rs.push(r);
@@ -205,14 +210,14 @@ fn spawn_batch(
         }
         let (rho,) = ctx.spawn(Sum, rrs);
         let mut ps = vec![];
-        for b in 0..cfg.blocks as usize {
+        for (b, &r) in rs.iter().enumerate() {
             let (pn,) = ctx.spawn(
                 Direction {
                     cfg: cfg.clone(),
                     block: b as u32,
                     k,
                 },
-                (rs[b], s.ps[b], s.rho, rho),
+                (r, s.ps[b], s.rho, rho),
             );
             ps.push(pn);
         }
@@ -445,7 +450,10 @@ impl Task for Step {
         let history = inputs.pop().unwrap_or_default();
         let span = history.len().saturating_sub(1) as u64;
         let first = self.k.checked_sub(span).ok_or_else(|| {
-            TaskError::msg(format!("a history of {span} iterations ending at {}", self.k))
+            TaskError::msg(format!(
+                "a history of {span} iterations ending at {}",
+                self.k
+            ))
         })?;
         let done = history
             .iter()

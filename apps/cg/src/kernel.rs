@@ -163,7 +163,9 @@ pub fn direction(p: &mut [f64], r: &[f64], beta: f64) {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CgError {
     /// p.Ap <= 0 or not finite: the matrix is not symmetric positive definite (rule 3).
-    #[error("breakdown at iteration {iteration}: p.Ap = {pq:e}, so the matrix is not positive definite")]
+    #[error(
+        "breakdown at iteration {iteration}: p.Ap = {pq:e}, so the matrix is not positive definite"
+    )]
     Breakdown {
         /// Iteration at which it happened.
         iteration: u64,
@@ -242,7 +244,13 @@ pub fn solve(a: &Csr, b: &[f64], opts: &CgOptions) -> Result<CgOutcome, CgError>
         let alpha = alpha(rho, sum_ordered(&partials), k)?;
         for (s, rows) in partials.iter_mut().zip(part.ranges()) {
             let rows2 = rows.clone();
-            *s = update(&mut x[rows.clone()], &mut r[rows.clone()], &p[rows2.clone()], &q[rows2], alpha);
+            *s = update(
+                &mut x[rows.clone()],
+                &mut r[rows.clone()],
+                &p[rows2.clone()],
+                &q[rows2],
+                alpha,
+            );
         }
         let rho_next = sum_ordered(&partials);
         let beta = rho_next / rho;
@@ -458,8 +466,16 @@ mod tests {
         assert!(want.converged);
         // The same solve by four block states, exchanging only p and scalars.
         let part = Partition::new(n, 4);
-        let rho0 = sum_ordered(&part.ranges().map(|r| dot(&b[r.clone()], &b[r])).collect::<Vec<_>>());
-        let mut states: Vec<BlockState> = part.ranges().map(|r| BlockState::new(&b[r], rho0)).collect();
+        let rho0 = sum_ordered(
+            &part
+                .ranges()
+                .map(|r| dot(&b[r.clone()], &b[r]))
+                .collect::<Vec<_>>(),
+        );
+        let mut states: Vec<BlockState> = part
+            .ranges()
+            .map(|r| BlockState::new(&b[r], rho0))
+            .collect();
         let threshold = opts.rtol * rho0.sqrt();
         while !converged(states[0].rho, threshold) {
             let p: Vec<f64> = states.iter().flat_map(|s| s.p.clone()).collect();
@@ -487,7 +503,11 @@ mod tests {
         assert_eq!(states[0].iteration, want.iterations);
         let x: Vec<f64> = states.iter().flat_map(|s| s.x.clone()).collect();
         assert_eq!(x, want.x);
-        let err = x.iter().zip(&l).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let err = x
+            .iter()
+            .zip(&l)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
         assert!(err < 1e-8, "{err}");
         assert!(BlockState::from_bytes(&[0; 23]).is_err());
         let mut bytes = states[0].to_bytes();
@@ -506,10 +526,30 @@ mod tests {
             col: vec![0, 1],
             val: vec![-1.0, -1.0],
         };
-        let e = solve(&a, &[1.0, 1.0], &CgOptions { rtol: 1e-8, max_iter: 10, blocks: 1 });
-        assert!(matches!(e, Err(CgError::Breakdown { iteration: 0, .. })), "{e:?}");
+        let e = solve(
+            &a,
+            &[1.0, 1.0],
+            &CgOptions {
+                rtol: 1e-8,
+                max_iter: 10,
+                blocks: 1,
+            },
+        );
+        assert!(
+            matches!(e, Err(CgError::Breakdown { iteration: 0, .. })),
+            "{e:?}"
+        );
         // b = 0 converges at once to x = 0.
-        let z = solve(&a, &[0.0, 0.0], &CgOptions { rtol: 1e-8, max_iter: 10, blocks: 1 }).unwrap();
+        let z = solve(
+            &a,
+            &[0.0, 0.0],
+            &CgOptions {
+                rtol: 1e-8,
+                max_iter: 10,
+                blocks: 1,
+            },
+        )
+        .unwrap();
         assert_eq!((z.iterations, z.converged), (0, true));
     }
 }

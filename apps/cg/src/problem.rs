@@ -79,13 +79,16 @@ impl fmt::Display for Source {
     }
 }
 
+/// A per-process cache, created on first use (rule 3).
+type Cache<K, V> = Mutex<Option<HashMap<K, Arc<V>>>>;
+
 /// Matrices loaded in this process (rule 3).
-static MATRICES: Mutex<Option<HashMap<Source, Arc<Csr>>>> = Mutex::new(None);
+static MATRICES: Cache<Source, Csr> = Mutex::new(None);
 /// Problems set up in this process (rule 3).
-static PROBLEMS: Mutex<Option<HashMap<(Source, Rhs), Arc<Problem>>>> = Mutex::new(None);
+static PROBLEMS: Cache<(Source, Rhs), Problem> = Mutex::new(None);
 
 fn cached<K: Eq + std::hash::Hash + Clone, V>(
-    cache: &Mutex<Option<HashMap<K, Arc<V>>>>,
+    cache: &Cache<K, V>,
     key: &K,
     make: impl FnOnce() -> Result<V, ProblemError>,
 ) -> Result<Arc<V>, ProblemError> {
@@ -110,12 +113,15 @@ impl Source {
     /// (so a malformed file is reported before any run starts) and cached.
     pub fn parse(text: &str) -> Result<Source, ProblemError> {
         let grid = |n: &str, three: bool| -> Result<Source, ProblemError> {
-            let side: u32 = n
-                .parse()
-                .ok()
-                .filter(|&s| s >= 1)
-                .ok_or_else(|| ProblemError::Syntax(format!("{n:?} is not a grid side >= 1")))?;
-            let g = if three { Grid::D3(side) } else { Grid::D2(side) };
+            let side: u32 =
+                n.parse().ok().filter(|&s| s >= 1).ok_or_else(|| {
+                    ProblemError::Syntax(format!("{n:?} is not a grid side >= 1"))
+                })?;
+            let g = if three {
+                Grid::D3(side)
+            } else {
+                Grid::D2(side)
+            };
             g.unknowns()
                 .ok_or_else(|| ProblemError::Syntax(format!("{text}: more than 2^32 unknowns")))?;
             Ok(if three {
@@ -311,7 +317,10 @@ mod tests {
         assert_eq!(Source::parse("poisson3d:3").unwrap(), Source::Poisson3d(3));
         assert!(Source::parse("poisson3d:0").is_err());
         assert!(Source::parse("poisson3d:5000").is_err());
-        assert!(Source::parse("/no/such/file.mtx").unwrap_err().to_string().contains("cannot read"));
+        assert!(Source::parse("/no/such/file.mtx")
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read"));
         let p = problem(&Source::Poisson2d(6), Rhs::Ones).unwrap();
         let needs = p.needs(Partition::new(36, 4));
         assert_eq!(needs[0], [0, 1]);

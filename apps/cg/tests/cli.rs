@@ -12,7 +12,9 @@ fn cg_in(tmp: &Path, args: &[&str]) -> Out {
 }
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 /// A logged run of lund_a (rtol 1e-12, 4 blocks) on `vnodes` vnodes into `log`, plus `extra`;
@@ -63,7 +65,16 @@ fn same_bits_on_one_and_four_vnodes_and_with_a_vnode_killed() {
         t,
         &t.join("k"),
         "4",
-        &["--kill-vnode", "2", "--kill-after", "700", "--kill-vnode", "0", "--kill-after", "2500"],
+        &[
+            "--kill-vnode",
+            "2",
+            "--kill-after",
+            "700",
+            "--kill-vnode",
+            "0",
+            "--kill-after",
+            "2500",
+        ],
         0,
     );
     assert_eq!(killed["failures"], 2, "{killed}");
@@ -120,27 +131,62 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
     let out = cg_in(
         t,
         &[
-            "run", "--matrix", s(&m), "--rtol", "1e-12", "--blocks", "4", "--threads", "2",
-            "--vnodes", "2", "--json", "--log-dir", s(&forged), "--forge-tasks", "2",
-            "--forge-seed", "3",
+            "run",
+            "--matrix",
+            s(&m),
+            "--rtol",
+            "1e-12",
+            "--blocks",
+            "4",
+            "--threads",
+            "2",
+            "--vnodes",
+            "2",
+            "--json",
+            "--log-dir",
+            s(&forged),
+            "--forge-tasks",
+            "2",
+            "--forge-seed",
+            "3",
         ],
     );
     let j = out.json();
     assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
     let out = cg_in(
         t,
-        &["certify", "--log-dir", s(&forged), "--oracle-key", s(&key), "--full", "--json"],
+        &[
+            "certify",
+            "--log-dir",
+            s(&forged),
+            "--oracle-key",
+            s(&key),
+            "--full",
+            "--json",
+        ],
     );
     out.expect_code(1);
     assert_eq!(out.json()["decision"], "REJECT", "{out}");
     let out = cg_in(
         t,
-        &["certify", "--log-dir", s(&forged), "--oracle-key", s(&key), "--full", "--correct"],
+        &[
+            "certify",
+            "--log-dir",
+            s(&forged),
+            "--oracle-key",
+            s(&key),
+            "--full",
+            "--correct",
+        ],
     );
     out.expect_code(0);
     assert!(out.stdout.contains("corrected 2 forged task(s)"), "{out}");
     assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
-    assert_eq!(terminal(t, &forged), want, "the corrected run has the honest bits");
+    assert_eq!(
+        terminal(t, &forged),
+        want,
+        "the corrected run has the honest bits"
+    );
 }
 
 #[test]
@@ -154,13 +200,22 @@ fn usage_errors_and_bad_files_exit_with_a_message() {
         all.extend_from_slice(args);
         cg_in(t, &all).expect_code(2).stderr_has(needle);
     };
-    usage(&["--matrix", lund, "--mode", "spmd"], "spmd is not available yet");
-    usage(&["--matrix", lund, "--mode", "mpi"], "\"mpi\" is not a mode");
+    usage(
+        &["--matrix", lund, "--mode", "spmd"],
+        "spmd is not available yet",
+    );
+    usage(
+        &["--matrix", lund, "--mode", "mpi"],
+        "\"mpi\" is not a mode",
+    );
     usage(&[], "--matrix");
     usage(&["--matrix", "/no/such.mtx"], "cannot read /no/such.mtx");
     usage(&["--matrix", "poisson4d:3"], "cannot read poisson4d:3");
     usage(&["--matrix", "poisson2d:0"], "not a grid side");
-    usage(&["--matrix", lund, "--rhs", "twos"], "expected ones or random:SEED");
+    usage(
+        &["--matrix", lund, "--rhs", "twos"],
+        "expected ones or random:SEED",
+    );
     usage(&["--matrix", lund, "--rtol=-1"], "--rtol -1");
     usage(&["--matrix", lund, "--rtol", "nan"], "--rtol NaN");
     usage(&["--matrix", lund, "--blocks", "0"], "--blocks");
@@ -183,12 +238,35 @@ fn usage_errors_and_bad_files_exit_with_a_message() {
     let log = t.join("log");
     cg_in(
         t,
-        &["run", "--matrix", s(&m), "--rtol", "1e-10", "--json", "--log-dir", s(&log)],
+        &[
+            "run",
+            "--matrix",
+            s(&m),
+            "--rtol",
+            "1e-10",
+            "--json",
+            "--log-dir",
+            s(&log),
+        ],
     )
     .expect_code(0);
-    let changed = std::fs::read_to_string(&m).unwrap().replacen("7.5000000000000e+07", "7.5000000000001e+07", 1);
+    let changed = std::fs::read_to_string(&m).unwrap().replacen(
+        "7.5000000000000e+07",
+        "7.5000000000001e+07",
+        1,
+    );
     std::fs::write(&m, changed).unwrap();
-    let out = cg_in(t, &["certify", "--log-dir", s(&log), "--oracle-key", s(&key), "--full"]);
+    let out = cg_in(
+        t,
+        &[
+            "certify",
+            "--log-dir",
+            s(&log),
+            "--oracle-key",
+            s(&key),
+            "--full",
+        ],
+    );
     assert_ne!(out.code, 0, "{out}");
     assert!(
         format!("{}{}", out.stdout, out.stderr).contains("changed since the run started"),

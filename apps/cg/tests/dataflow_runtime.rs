@@ -14,7 +14,8 @@ use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
 fn registry() -> Registry {
     let mut r = Registry::new();
     Cg::register(&mut r).expect("cg registers");
-    r.register::<cg::dataflow::Start>().expect("the root registers");
+    r.register::<cg::dataflow::Start>()
+        .expect("the root registers");
     r
 }
 
@@ -22,7 +23,9 @@ fn program(matrix: &str, rhs: Rhs, blocks: u32, batch: u32, rtol: f64) -> Cg {
     let source = if matrix.starts_with("poisson") {
         Source::parse(matrix).unwrap()
     } else {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(matrix);
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(matrix);
         Source::parse(p.to_str().unwrap()).unwrap()
     };
     let p = Cg {
@@ -114,7 +117,10 @@ fn killed_vnodes_recover_to_the_same_bits() {
             .collect();
         let (sol, failures) = run(&p, 4, kills.clone(), seed);
         assert!(failures >= 1, "seed {seed}: kills {kills:?} happened");
-        assert_eq!(sol.iterations, clean.iterations, "seed {seed}, kills {kills:?}");
+        assert_eq!(
+            sol.iterations, clean.iterations,
+            "seed {seed}, kills {kills:?}"
+        );
         assert_eq!(bits(&sol.x), bits(&clean.x), "seed {seed}, kills {kills:?}");
     }
 }
@@ -123,7 +129,11 @@ fn killed_vnodes_recover_to_the_same_bits() {
 fn an_iteration_cap_stops_the_run_unconverged() {
     let mut p = program("lund_a.rsa", Rhs::Ones, 2, 8, 1e-12);
     p.max_iter = Some(50);
-    let rt = Runtime::builder(registry()).threads(2).vnodes(2).build().unwrap();
+    let rt = Runtime::builder(registry())
+        .threads(2)
+        .vnodes(2)
+        .build()
+        .unwrap();
     let (root, inputs) = p.root();
     let report = rt.run(root, inputs).unwrap();
     let sol = &report.outputs.0;
@@ -134,7 +144,11 @@ fn an_iteration_cap_stops_the_run_unconverged() {
     let seq = cg::solve(
         &problem(&p.matrix, p.rhs).unwrap().a,
         &problem(&p.matrix, p.rhs).unwrap().b,
-        &CgOptions { rtol: 1e-12, max_iter: 50, blocks: 2 },
+        &CgOptions {
+            rtol: 1e-12,
+            max_iter: 50,
+            blocks: 2,
+        },
     )
     .unwrap();
     assert_eq!(bits(&sol.x), bits(&seq.x));

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use cg::matrix::{self, Symmetry};
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn text(name: &str) -> String {
@@ -61,10 +63,31 @@ fn utm300_reads_unsymmetric_entries_and_its_right_hand_side() {
     assert!(m.guesses.is_empty() && m.exact.is_empty());
     let rhs = &m.rhs[0];
     assert_eq!(rhs.len(), 300);
-    assert_eq!(rhs[..3], [0.202394105899437e-12, 0.274823389968666e-14, -0.554892366794151e-15]);
+    assert_eq!(
+        rhs[..3],
+        [
+            0.202394105899437e-12,
+            0.274823389968666e-14,
+            -0.554892366794151e-15
+        ]
+    );
     // "-.168359295253083E-080.123035231649352E-12-.239352379930970E-14": fields that touch.
-    assert_eq!(rhs[294..297], [-0.168359295253083e-8, 0.123035231649352e-12, -0.239352379930970e-14]);
-    assert_eq!(rhs[297..], [-0.225554746116851e-15, 0.935226996093998e-16, -0.392547043891108e-14]);
+    assert_eq!(
+        rhs[294..297],
+        [
+            -0.168359295253083e-8,
+            0.123035231649352e-12,
+            -0.239352379930970e-14
+        ]
+    );
+    assert_eq!(
+        rhs[297..],
+        [
+            -0.225554746116851e-15,
+            0.935226996093998e-16,
+            -0.392547043891108e-14
+        ]
+    );
 }
 
 /// Replaces line `no` (1-based) of `text`.
@@ -88,12 +111,18 @@ fn damaged_harwell_boeing_files_name_line_and_field() {
     // pointers and indices, values from line 97).
     let cut: String = lund.lines().take(200).collect::<Vec<_>>().join("\n");
     let e = error("lund_a.rsa", &cut);
-    assert!(e.contains("line 201, values: the file ends before this line"), "{e}");
+    assert!(
+        e.contains("line 201, values: the file ends before this line"),
+        "{e}"
+    );
 
     // A bad format string on line 4.
     let bad = with_line(&lund, 4, "(16I5)          (16I5)          (5Y16.8)");
     let e = error("lund_a.rsa", &bad);
-    assert!(e.contains("line 4, VALFMT (columns 33-52)") && e.contains("unknown edit descriptor 'Y'"), "{e}");
+    assert!(
+        e.contains("line 4, VALFMT (columns 33-52)") && e.contains("unknown edit descriptor 'Y'"),
+        "{e}"
+    );
 
     // Garbage in a value field: line 97 is the first line of values, field 3 is columns 33-48.
     let line97 = lund.lines().nth(96).unwrap().to_string();
@@ -101,40 +130,68 @@ fn damaged_harwell_boeing_files_name_line_and_field() {
     garbled[40] = b'#';
     let bad = with_line(&lund, 97, std::str::from_utf8(&garbled).unwrap());
     let e = error("lund_a.rsa", &bad);
-    assert!(e.contains("line 97, values, field 3 (columns 33-48)"), "{e}");
+    assert!(
+        e.contains("line 97, values, field 3 (columns 33-48)"),
+        "{e}"
+    );
     assert!(e.contains("is not a number"), "{e}");
 
     // Garbage in a touching integer field of utm300 (26I3): line 143, field 4 = columns 10-12.
     let bad = with_line(&utm, 143, "296297296x98296299250295300");
     let e = error("utm300.rua", &bad);
-    assert!(e.contains("line 143, row indices, field 4 (columns 10-12)"), "{e}");
+    assert!(
+        e.contains("line 143, row indices, field 4 (columns 10-12)"),
+        "{e}"
+    );
 
     // Wrong counts: INDCRD says 81 lines where the indices take 82.
     let line2 = lund.lines().nth(1).unwrap();
-    let bad = with_line(&lund, 2, &line2.replacen("            82", "            81", 1));
+    let bad = with_line(
+        &lund,
+        2,
+        &line2.replacen("            82", "            81", 1),
+    );
     let e = error("lund_a.rsa", &bad);
-    assert!(e.contains("line 2, INDCRD (columns 29-42): 81 lines, but the values take 82"), "{e}");
+    assert!(
+        e.contains("line 2, INDCRD (columns 29-42): 81 lines, but the values take 82"),
+        "{e}"
+    );
 
     // Wrong counts: NNZERO one more than stored. The line counts still fit (1299 indices
     // take 82 lines of 16, as 1298 do), so the reader meets the missing index: the third field
     // of line 96, blank (the line is padded to 80 columns).
     let line3 = lund.lines().nth(2).unwrap();
-    let bad = with_line(&lund, 3, &line3.replacen("          1298", "          1299", 1));
+    let bad = with_line(
+        &lund,
+        3,
+        &line3.replacen("          1298", "          1299", 1),
+    );
     let e = error("lund_a.rsa", &bad);
-    assert!(e.contains("line 96, row indices, field 3 (columns 11-15): blank field"), "{e}");
+    assert!(
+        e.contains("line 96, row indices, field 3 (columns 11-15): blank field"),
+        "{e}"
+    );
 
     // A row index out of range in utm300 (300 x 300): "999" as the first index of line 22.
     let line22 = utm.lines().nth(21).unwrap();
     let bad = with_line(&utm, 22, &format!("999{}", &line22[3..]));
     let e = error("utm300.rua", &bad);
-    assert!(e.contains("line 22, row indices, field 1 (columns 1-3): row 999"), "{e}");
+    assert!(
+        e.contains("line 22, row indices, field 1 (columns 1-3): row 999"),
+        "{e}"
+    );
 
     // The right-hand-side block cut short: its last line loses its last field.
     let last = utm.lines().count();
     let short = utm.lines().last().unwrap()[..42].to_string();
     let bad = with_line(&utm, last, &short);
     let e = error("utm300.rua", &bad);
-    assert!(e.contains(&format!("line {last}, right-hand sides, field 3 (columns 43-63)")), "{e}");
+    assert!(
+        e.contains(&format!(
+            "line {last}, right-hand sides, field 3 (columns 43-63)"
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -142,16 +199,25 @@ fn damaged_matrix_market_files_name_line_and_field() {
     let lund = text("lund_a.mtx");
     let cut: String = lund.lines().take(1000).collect::<Vec<_>>().join("\n");
     let e = error("lund_a.mtx", &cut);
-    assert!(e.contains("line 1001, entry: the file ends after 998 of the 1298 entries"), "{e}");
+    assert!(
+        e.contains("line 1001, entry: the file ends after 998 of the 1298 entries"),
+        "{e}"
+    );
     let bad = with_line(&lund, 3, "1 1  7.5000000000000x+07");
     let e = error("lund_a.mtx", &bad);
     assert!(e.contains("line 3, field 3 (value)"), "{e}");
     let bad = with_line(&lund, 3, "1 148  7.5e7");
     let e = error("lund_a.mtx", &bad);
-    assert!(e.contains("line 3, field 2 (column)") && e.contains("from 1 to 147"), "{e}");
+    assert!(
+        e.contains("line 3, field 2 (column)") && e.contains("from 1 to 147"),
+        "{e}"
+    );
     let bad = with_line(&lund, 2, "147 147 1297");
     let e = error("lund_a.mtx", &bad);
-    assert!(e.contains("line 1300, entry: more entries than the 1297"), "{e}");
+    assert!(
+        e.contains("line 1300, entry: more entries than the 1297"),
+        "{e}"
+    );
     // Both triangles of a symmetric file: "2 1" is stored, add "1 2".
     let bad = with_line(&lund, 3, "1 2  9.6153881000000e+05");
     let e = error("lund_a.mtx", &bad);

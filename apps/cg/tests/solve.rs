@@ -7,7 +7,9 @@ use std::process::Command;
 use cg::{problem, solve, CgOptions, Rhs, Source};
 
 fn lund(name: &str, rhs: Rhs) -> std::sync::Arc<cg::Problem> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     problem(&Source::parse(p.to_str().unwrap()).unwrap(), rhs).unwrap()
 }
 
@@ -56,7 +58,10 @@ fn lund_a_reaches_x_equal_l() {
                 "{name}: {} iterations",
                 out.iterations
             );
-            assert!(rel <= 5e-10, "{name} {rhs} blocks {blocks}: |x - L| / |L| = {rel:e}");
+            assert!(
+                rel <= 5e-10,
+                "{name} {rhs} blocks {blocks}: |x - L| / |L| = {rel:e}"
+            );
             assert!(
                 out.rho.sqrt() <= 1e-12 * out.b_norm,
                 "the recursive residual met rtol"
@@ -80,8 +85,15 @@ fn a_looser_tolerance_is_measurably_worse() {
     )
     .unwrap();
     let rel = norm(out.x.iter().zip(&p.l).map(|(x, l)| x - l)) / norm(p.l.iter().copied());
-    println!("rtol 1e-6: {} iterations, |x - L| / |L| = {rel:.3e}", out.iterations);
-    assert!(rel > 1e-8, "|x - L| / |L| = {rel:e} after {} iterations", out.iterations);
+    println!(
+        "rtol 1e-6: {} iterations, |x - L| / |L| = {rel:.3e}",
+        out.iterations
+    );
+    assert!(
+        rel > 1e-8,
+        "|x - L| / |L| = {rel:e} after {} iterations",
+        out.iterations
+    );
 }
 
 /// Iterations of scipy.sparse.linalg.cg on the 2D/3D Laplacian (Dirichlet, same stencil as
@@ -112,7 +124,13 @@ except TypeError:  # scipy < 1.12 calls it tol
 print(count[0], info)
 "#;
     let out = Command::new("python3")
-        .args(["-c", script, &dim.to_string(), &side.to_string(), &rtol.to_string()])
+        .args([
+            "-c",
+            script,
+            &dim.to_string(),
+            &side.to_string(),
+            &rtol.to_string(),
+        ])
         .output()
         .ok()?;
     if !out.status.success() {

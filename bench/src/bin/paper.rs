@@ -70,6 +70,9 @@ enum Command {
     /// N-Queens (paper 004 Table 2): plain (no log, no detector) against fault-tolerant
     /// (cluster, log and detector) on 1-8 workers, n = 16 and 17.
     Nqueens(veriflow_bench::nqueens::NQueensArgs),
+    /// CG (paper 002): the sequential SpMV and CG iteration on a 1M-unknown 3D Poisson matrix
+    /// against scipy.
+    Cg(veriflow_bench::cg::CgArgs),
 }
 
 #[derive(Args, Debug)]
@@ -123,6 +126,7 @@ fn main() -> Result<()> {
         Command::Cluster(args) => veriflow_bench::cluster::run(&args),
         Command::Detector(args) => veriflow_bench::detector::run(&args),
         Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
+        Command::Cg(args) => veriflow_bench::cg::run(&args),
     }
 }
 

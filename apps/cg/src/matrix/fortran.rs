@@ -133,7 +133,9 @@ impl Format {
                     continue;
                 }
             } else if sign < 0 || unsigned.len() != rest.len() {
-                return Err(err(format!("{item:?}: a sign only goes before a scale factor")));
+                return Err(err(format!(
+                    "{item:?}: a sign only goes before a scale factor"
+                )));
             }
             let (repeat, after) = number(rest);
             if after == "X" {
@@ -161,10 +163,10 @@ impl Format {
             {
                 (Edit::Real, a)
             } else {
-                let what = after.chars().next().map_or_else(
-                    || "nothing".to_string(),
-                    |c| format!("{c:?}"),
-                );
+                let what = after
+                    .chars()
+                    .next()
+                    .map_or_else(|| "nothing".to_string(), |c| format!("{c:?}"));
                 return Err(err(format!(
                     "{item:?}: unknown edit descriptor {what} (expected I, F, E, D, G, ES, EN, X or P)"
                 )));
@@ -176,9 +178,9 @@ impl Format {
             let (decimals, after) = match after.strip_prefix('.') {
                 Some(a) => {
                     let (d, a) = number(a);
-                    let d = d
-                        .filter(|&d| d <= width)
-                        .ok_or_else(|| err(format!("{item:?}: digits after '.' up to the width")))?;
+                    let d = d.filter(|&d| d <= width).ok_or_else(|| {
+                        err(format!("{item:?}: digits after '.' up to the width"))
+                    })?;
                     (d, a)
                 }
                 None if edit == Edit::Int => (0, after),
@@ -193,15 +195,21 @@ impl Format {
                 return Err(err(format!("{item:?}: unexpected {after:?}")));
             }
             if !(1..=MAX_WIDTH).contains(&repeat) {
-                return Err(err(format!("{item:?}: a repeat count from 1 to {MAX_WIDTH}")));
+                return Err(err(format!(
+                    "{item:?}: a repeat count from 1 to {MAX_WIDTH}"
+                )));
             }
             if data.is_some() {
                 return Err(err(
-                    "more than one data edit descriptor is not supported".to_string(),
+                    "more than one data edit descriptor is not supported".to_string()
                 ));
             }
             // All bounded by MAX_WIDTH above.
-            let decimals = if edit == Edit::Int { 0 } else { decimals as u32 };
+            let decimals = if edit == Edit::Int {
+                0
+            } else {
+                decimals as u32
+            };
             data = Some((repeat as usize, width as usize, decimals, edit));
         }
         let (per_line, width, decimals, edit) =
@@ -318,7 +326,10 @@ pub fn read_real(field: &str, decimals: u32, scale: i32) -> Result<f64, String> 
     if v.is_finite() {
         Ok(v)
     } else {
-        Err(format!("{:?} is out of the range of a double", field.trim()))
+        Err(format!(
+            "{:?} is out of the range of a double",
+            field.trim()
+        ))
     }
 }
 
@@ -329,7 +340,10 @@ mod tests {
     #[test]
     fn formats_parse() {
         let f = Format::parse("(16I5)").unwrap();
-        assert_eq!((f.per_line, f.width, f.edit, f.scale), (16, 5, Edit::Int, 0));
+        assert_eq!(
+            (f.per_line, f.width, f.edit, f.scale),
+            (16, 5, Edit::Int, 0)
+        );
         let f = Format::parse("(1P,3E26.18)").unwrap();
         assert_eq!((f.per_line, f.width, f.decimals, f.scale), (3, 26, 18, 1));
         let f = Format::parse(" (1p3e26.18) ").unwrap();
@@ -337,7 +351,10 @@ mod tests {
         let f = Format::parse("(1PE26.18)").unwrap();
         assert_eq!((f.per_line, f.width, f.scale), (1, 26, 1));
         let f = Format::parse("(4D20.12)").unwrap();
-        assert_eq!((f.per_line, f.width, f.decimals, f.edit), (4, 20, 12, Edit::Real));
+        assert_eq!(
+            (f.per_line, f.width, f.decimals, f.edit),
+            (4, 20, 12, Edit::Real)
+        );
         let f = Format::parse("(1X,5E15.7E3)").unwrap();
         assert_eq!((f.skip, f.per_line, f.width), (1, 5, 15));
         let f = Format::parse("(26I3)").unwrap();
@@ -369,11 +386,20 @@ mod tests {
         let v: Vec<f64> = (0..3)
             .map(|i| read_real(f.field(line, i).unwrap(), f.decimals, f.scale).unwrap())
             .collect();
-        assert_eq!(v, [-0.168359295253083e-8, 0.123035231649352e-12, -0.239352379930970e-14]);
+        assert_eq!(
+            v,
+            [
+                -0.168359295253083e-8,
+                0.123035231649352e-12,
+                -0.239352379930970e-14
+            ]
+        );
         assert_eq!(f.field(line, 3), None);
         let f = Format::parse("(26I3)").unwrap();
         let line = "  1 10100";
-        let v: Vec<i64> = (0..3).map(|i| read_int(f.field(line, i).unwrap()).unwrap()).collect();
+        let v: Vec<i64> = (0..3)
+            .map(|i| read_int(f.field(line, i).unwrap()).unwrap())
+            .collect();
         assert_eq!(v, [1, 10, 100]);
     }
 
@@ -398,7 +424,9 @@ mod tests {
         assert!(read_real("     ", 1, 0).is_err());
         // Correct rounding (rule 8): 0.1 is the double nearest 0.1.
         assert_eq!(read_real("0.1000000000000000000000001", 0, 0), Ok(0.1));
-        for bad in ["1.2.3", "E5", "1.0E", "1.0E+", "abc", "1.0X3", "--1", "1e99999", "."] {
+        for bad in [
+            "1.2.3", "E5", "1.0E", "1.0E+", "abc", "1.0X3", "--1", "1e99999", ".",
+        ] {
             assert!(read_real(bad, 0, 0).is_err(), "{bad} should be refused");
         }
         assert_eq!(read_int(" -42"), Ok(-42));

@@ -49,7 +49,12 @@ struct Lines<'a> {
 }
 
 impl<'a> Lines<'a> {
-    fn err(&self, line: usize, field: impl Into<String>, message: impl Into<String>) -> MatrixError {
+    fn err(
+        &self,
+        line: usize,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> MatrixError {
         MatrixError::Field {
             file: self.file.to_string(),
             line,
@@ -73,11 +78,17 @@ impl<'a> Lines<'a> {
             return Err(self.err(no, what, "the line has non-ASCII characters"));
         }
         let end = to.min(line.len());
-        Ok(if from - 1 >= end { "" } else { &line[from - 1..end] })
+        Ok(if from > end { "" } else { &line[from - 1..end] })
     }
 
     /// An I14 header field: a count (blank allowed when `optional`, reading 0).
-    fn count(&self, no: usize, index: usize, name: &str, optional: bool) -> Result<usize, MatrixError> {
+    fn count(
+        &self,
+        no: usize,
+        index: usize,
+        name: &str,
+        optional: bool,
+    ) -> Result<usize, MatrixError> {
         // index 0 starts at column 1 on line 2; lines 3 and 5 start their counts at column 15.
         let from = 1 + 14 * index;
         let field = self.cols(no, from, from + 13, name)?;
@@ -86,7 +97,11 @@ impl<'a> Lines<'a> {
             return if optional {
                 Ok(0)
             } else {
-                Err(self.err(no, what, "blank (the header's counts are in fixed 14-column fields)"))
+                Err(self.err(
+                    no,
+                    what,
+                    "blank (the header's counts are in fixed 14-column fields)",
+                ))
             };
         }
         let v = fortran::read_int(field).map_err(|m| self.err(no, what.clone(), m))?;
@@ -128,7 +143,10 @@ impl<'a> Lines<'a> {
                     ),
                 )
             })?;
-            out.push(read(text).map_err(|m| self.err(no, what(), format!("{m} (format {})", fmt.text)))?);
+            out.push(
+                read(text)
+                    .map_err(|m| self.err(no, what(), format!("{m} (format {})", fmt.text)))?,
+            );
         }
         Ok(out)
     }
@@ -157,61 +175,114 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         message: m,
     };
     if t.len() != 3 {
-        return Err(l.err(3, "MXTYPE (columns 1-3)", format!("{mxtype:?} is not a type like RSA")));
+        return Err(l.err(
+            3,
+            "MXTYPE (columns 1-3)",
+            format!("{mxtype:?} is not a type like RSA"),
+        ));
     }
     let pattern = match t[0] {
         'R' => false,
         'P' => true,
         'C' => return Err(unsupported(format!("complex matrices (MXTYPE {mxtype})"))),
-        _ => return Err(l.err(3, "MXTYPE (columns 1-3)", format!("{mxtype:?}: first letter R, P or C"))),
+        _ => {
+            return Err(l.err(
+                3,
+                "MXTYPE (columns 1-3)",
+                format!("{mxtype:?}: first letter R, P or C"),
+            ))
+        }
     };
     let symmetry = match t[1] {
         'U' | 'R' => Symmetry::General,
         'S' => Symmetry::Symmetric,
         'Z' => Symmetry::SkewSymmetric,
         'H' => return Err(unsupported(format!("Hermitian matrices (MXTYPE {mxtype})"))),
-        _ => return Err(l.err(3, "MXTYPE (columns 1-3)", format!("{mxtype:?}: second letter U, R, S, Z or H"))),
+        _ => {
+            return Err(l.err(
+                3,
+                "MXTYPE (columns 1-3)",
+                format!("{mxtype:?}: second letter U, R, S, Z or H"),
+            ))
+        }
     };
     match t[2] {
         'A' => {}
         'E' => return Err(unsupported(format!("elemental matrices (MXTYPE {mxtype})"))),
-        _ => return Err(l.err(3, "MXTYPE (columns 1-3)", format!("{mxtype:?}: third letter A or E"))),
+        _ => {
+            return Err(l.err(
+                3,
+                "MXTYPE (columns 1-3)",
+                format!("{mxtype:?}: third letter A or E"),
+            ))
+        }
     }
     let nrow = l.count(3, 1, "NROW", false)?;
     let ncol = l.count(3, 2, "NCOL", false)?;
     let nnz = l.count(3, 3, "NNZERO", false)?;
     if nrow.checked_mul(ncol).is_some_and(|cells| nnz > cells) {
-        return Err(l.err(3, "NNZERO (columns 43-56)", format!("{nnz} entries do not fit in {nrow} x {ncol}")));
+        return Err(l.err(
+            3,
+            "NNZERO (columns 43-56)",
+            format!("{nnz} entries do not fit in {nrow} x {ncol}"),
+        ));
     }
 
     // Line 4: the formats.
     let fmt = |from: usize, to: usize, name: &str, edit: Edit| -> Result<Format, MatrixError> {
         let what = format!("{name} (columns {from}-{to})");
-        let f = Format::parse(l.cols(4, from, to, name)?).map_err(|e| l.err(4, what.clone(), e.0))?;
+        let f =
+            Format::parse(l.cols(4, from, to, name)?).map_err(|e| l.err(4, what.clone(), e.0))?;
         if f.edit != edit {
-            let want = if edit == Edit::Int { "an integer (I)" } else { "a real (E, D, F, G)" };
+            let want = if edit == Edit::Int {
+                "an integer (I)"
+            } else {
+                "a real (E, D, F, G)"
+            };
             return Err(l.err(4, what, format!("{} must be {want} format", f.text)));
         }
         Ok(f)
     };
     let ptrfmt = fmt(1, 16, "PTRFMT", Edit::Int)?;
     let indfmt = fmt(17, 32, "INDFMT", Edit::Int)?;
-    let valfmt = if pattern { None } else { Some(fmt(33, 52, "VALFMT", Edit::Real)?) };
-    let rhsfmt = if rhscrd > 0 { Some(fmt(53, 72, "RHSFMT", Edit::Real)?) } else { None };
+    let valfmt = if pattern {
+        None
+    } else {
+        Some(fmt(33, 52, "VALFMT", Edit::Real)?)
+    };
+    let rhsfmt = if rhscrd > 0 {
+        Some(fmt(53, 72, "RHSFMT", Edit::Real)?)
+    } else {
+        None
+    };
 
     // Line 5: the right-hand sides (rule 4).
     let mut body = 5;
     let mut rhs_spec = None;
     if rhscrd > 0 {
         if pattern {
-            return Err(l.err(2, "RHSCRD (columns 57-70)", "a pattern matrix has no right-hand sides"));
+            return Err(l.err(
+                2,
+                "RHSCRD (columns 57-70)",
+                "a pattern matrix has no right-hand sides",
+            ));
         }
         let rhstyp = l.cols(5, 1, 3, "RHSTYP")?.to_ascii_uppercase();
         let r: Vec<char> = rhstyp.chars().collect();
         match r.first() {
             Some('F') => {}
-            Some('M') => return Err(unsupported("right-hand sides in matrix storage (RHSTYP M)".to_string())),
-            _ => return Err(l.err(5, "RHSTYP (columns 1-3)", format!("{rhstyp:?}: first letter F or M"))),
+            Some('M') => {
+                return Err(unsupported(
+                    "right-hand sides in matrix storage (RHSTYP M)".to_string(),
+                ))
+            }
+            _ => {
+                return Err(l.err(
+                    5,
+                    "RHSTYP (columns 1-3)",
+                    format!("{rhstyp:?}: first letter F or M"),
+                ))
+            }
         }
         let guess = r.get(1) == Some(&'G');
         let exact = r.get(2) == Some(&'X');
@@ -225,17 +296,32 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         if given == need {
             Ok(())
         } else {
-            Err(l.err(2, format!("{name} (columns {col}-{})", col + 13), format!("{given} lines, but the values take {need}")))
+            Err(l.err(
+                2,
+                format!("{name} (columns {col}-{})", col + 13),
+                format!("{given} lines, but the values take {need}"),
+            ))
         }
     };
     let ncol1 = ncol + 1;
     check("PTRCRD", 15, ptrcrd, ptrfmt.lines_for(ncol1))?;
     check("INDCRD", 29, indcrd, indfmt.lines_for(nnz))?;
-    check("VALCRD", 43, valcrd, valfmt.as_ref().map_or(0, |f| f.lines_for(nnz)))?;
+    check(
+        "VALCRD",
+        43,
+        valcrd,
+        valfmt.as_ref().map_or(0, |f| f.lines_for(nnz)),
+    )?;
     let rhs_values = rhs_spec.map_or(Ok(0), |(nrhs, _, _)| {
         nrhs.checked_mul(nrow)
             .filter(|&v| v <= MAX_DIM)
-            .ok_or_else(|| l.err(5, "NRHS (columns 15-28)", format!("{nrhs} right-hand sides of {nrow} values are too many")))
+            .ok_or_else(|| {
+                l.err(
+                    5,
+                    "NRHS (columns 15-28)",
+                    format!("{nrhs} right-hand sides of {nrow} values are too many"),
+                )
+            })
     })?;
     if let (Some(f), Some((_, g, x))) = (&rhsfmt, rhs_spec) {
         let reads = 1 + usize::from(g) + usize::from(x);
@@ -245,7 +331,10 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         return Err(l.err(
             2,
             "TOTCRD (columns 1-14)",
-            format!("{totcrd}, but PTRCRD + INDCRD + VALCRD + RHSCRD = {}", ptrcrd + indcrd + valcrd + rhscrd),
+            format!(
+                "{totcrd}, but PTRCRD + INDCRD + VALCRD + RHSCRD = {}",
+                ptrcrd + indcrd + valcrd + rhscrd
+            ),
         ));
     }
 
@@ -256,7 +345,9 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
     let ind = l.section(ind_line, &indfmt, nnz, "row indices", as_index)?;
     let val_line = ind_line + indcrd;
     let vals = match &valfmt {
-        Some(f) => l.section(val_line, f, nnz, "values", |s| fortran::read_real(s, f.decimals, f.scale))?,
+        Some(f) => l.section(val_line, f, nnz, "values", |s| {
+            fortran::read_real(s, f.decimals, f.scale)
+        })?,
         None => vec![1.0; ind.len()],
     };
     let mut rhs_line = val_line + valcrd;
@@ -264,18 +355,35 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         let (Some(f), Some((nrhs, _, _))) = (&rhsfmt, rhs_spec) else {
             return Ok(Vec::new());
         };
-        let v = l.section(rhs_line, f, rhs_values, what, |s| fortran::read_real(s, f.decimals, f.scale))?;
+        let v = l.section(rhs_line, f, rhs_values, what, |s| {
+            fortran::read_real(s, f.decimals, f.scale)
+        })?;
         rhs_line += f.lines_for(rhs_values);
-        Ok(if nrow == 0 { vec![Vec::new(); nrhs] } else { v.chunks(nrow).map(<[f64]>::to_vec).collect() })
+        Ok(if nrow == 0 {
+            vec![Vec::new(); nrhs]
+        } else {
+            v.chunks(nrow).map(<[f64]>::to_vec).collect()
+        })
     };
     let rhs = read_vectors("right-hand sides")?;
-    let guesses = if rhs_spec.is_some_and(|s| s.1) { read_vectors("starting guesses")? } else { Vec::new() };
-    let exact = if rhs_spec.is_some_and(|s| s.2) { read_vectors("exact solutions")? } else { Vec::new() };
+    let guesses = if rhs_spec.is_some_and(|s| s.1) {
+        read_vectors("starting guesses")?
+    } else {
+        Vec::new()
+    };
+    let exact = if rhs_spec.is_some_and(|s| s.2) {
+        read_vectors("exact solutions")?
+    } else {
+        Vec::new()
+    };
 
     // Structure (rule 5): pointers, then indices, each error at its own line and field.
     let at = |first: usize, f: &Format, k: usize, name: &str| {
         let (a, b) = f.columns(k % f.per_line);
-        (first + k / f.per_line, format!("{name}, field {} (columns {a}-{b})", k % f.per_line + 1))
+        (
+            first + k / f.per_line,
+            format!("{name}, field {} (columns {a}-{b})", k % f.per_line + 1),
+        )
     };
     for (k, &p) in ptr.iter().enumerate() {
         let prev = if k == 0 { 1 } else { ptr[k - 1] };
@@ -284,7 +392,10 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         } else if p < prev {
             Some(format!("pointer {p} is less than the previous one, {prev}"))
         } else if k == ncol && usize::try_from(p).ok() != Some(nnz + 1) {
-            Some(format!("the last pointer is NNZERO + 1 = {}, not {p}", nnz + 1))
+            Some(format!(
+                "the last pointer is NNZERO + 1 = {}, not {p}",
+                nnz + 1
+            ))
         } else if usize::try_from(p).map_or(true, |p| p > nnz + 1) {
             Some(format!("pointer {p} is past NNZERO + 1 = {}", nnz + 1))
         } else {
@@ -303,7 +414,11 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
             let i = ind[k];
             let (no, what) = at(ind_line, &indfmt, k, "row indices");
             if i < 1 || i as usize > nrow {
-                return Err(l.err(no, what, format!("row {i} of column {} is not within 1..={nrow}", j + 1)));
+                return Err(l.err(
+                    no,
+                    what,
+                    format!("row {i} of column {} is not within 1..={nrow}", j + 1),
+                ));
             }
             let line = u32::try_from(no).unwrap_or(u32::MAX);
             // Indices bounded by MAX_DIM (= u32::MAX) above.
@@ -333,7 +448,10 @@ mod tests {
             format!("{:<72}{:<8}", "SMALL TEST MATRIX", "SMALL"),
             counts2(7, 1, 1, 2, 3),
             counts3("RSA", "3", "5"),
-            format!("{:<16}{:<16}{:<20}{:<20}", "(4I3)", "(5I3)", "(1P,3D20.12)", "(1P3E12.4)"),
+            format!(
+                "{:<16}{:<16}{:<20}{:<20}",
+                "(4I3)", "(5I3)", "(1P,3D20.12)", "(1P3E12.4)"
+            ),
             format!("{:<14}{:>14}{:>14}", "FGX", 1, 0),
             "  1  3  5  6".to_string(),
             "  1  2  2  3  3".to_string(),
@@ -382,29 +500,91 @@ mod tests {
             v[line - 1] = new;
             v.join("\n")
         };
-        let fmts = |ind: &str| format!("{:<16}{:<16}{:<20}{:<20}", "(4I3)", ind, "(1P,3D20.12)", "(1P3E12.4)");
+        let fmts = |ind: &str| {
+            format!(
+                "{:<16}{:<16}{:<20}{:<20}",
+                "(4I3)", ind, "(1P,3D20.12)", "(1P3E12.4)"
+            )
+        };
         let s = |x: &str| x.to_string();
         let cases = [
             (edit(4, fmts("(5Z3)")), "line 4, INDFMT (columns 17-32)"),
-            (edit(4, fmts("(5(1X,I3))")), "line 4, INDFMT (columns 17-32): format \"(5(1X,I3))\": nested"),
-            (edit(4, fmts("(5E3.1)")), "line 4, INDFMT (columns 17-32): (5E3.1) must be an integer (I) format"),
-            (edit(6, s("  1  3  x  6")), "line 6, column pointers, field 3 (columns 7-9)"),
-            (edit(7, s("  1  2  2  3  9")), "line 7, row indices, field 5 (columns 13-15): row 9"),
-            (edit(8, s("  4.000000000000D+00 -1.000000000000D+00  4.0000000000Z0D+00")), "line 8, values, field 3 (columns 41-60)"),
-            (edit(9, s(" -20.000000000000000")), "line 9, values, field 2 (columns 21-40): the line ends"),
-            (edit(10, s("  1.0000E+00            -3.00000")), "line 10, right-hand sides, field 2 (columns 13-24): blank field"),
-            (edit(2, counts2(7, 2, 1, 2, 3)), "line 2, PTRCRD (columns 15-28): 2 lines, but the values take 1"),
-            (edit(2, counts2(9, 1, 1, 2, 3)), "line 2, TOTCRD (columns 1-14)"),
-            (edit(2, counts2(7, 1, 1, 2, 2)), "line 2, RHSCRD (columns 57-70): 2 lines"),
-            (edit(3, counts3("RSA", "3", "x 5")), "line 3, NNZERO (columns 43-56)"),
-            (edit(3, counts3("RSA", "3", "10")), "line 3, NNZERO (columns 43-56): 10 entries do not fit"),
-            (edit(3, counts3("RSE", "3", "5")), "not supported: elemental"),
+            (
+                edit(4, fmts("(5(1X,I3))")),
+                "line 4, INDFMT (columns 17-32): format \"(5(1X,I3))\": nested",
+            ),
+            (
+                edit(4, fmts("(5E3.1)")),
+                "line 4, INDFMT (columns 17-32): (5E3.1) must be an integer (I) format",
+            ),
+            (
+                edit(6, s("  1  3  x  6")),
+                "line 6, column pointers, field 3 (columns 7-9)",
+            ),
+            (
+                edit(7, s("  1  2  2  3  9")),
+                "line 7, row indices, field 5 (columns 13-15): row 9",
+            ),
+            (
+                edit(
+                    8,
+                    s("  4.000000000000D+00 -1.000000000000D+00  4.0000000000Z0D+00"),
+                ),
+                "line 8, values, field 3 (columns 41-60)",
+            ),
+            (
+                edit(9, s(" -20.000000000000000")),
+                "line 9, values, field 2 (columns 21-40): the line ends",
+            ),
+            (
+                edit(10, s("  1.0000E+00            -3.00000")),
+                "line 10, right-hand sides, field 2 (columns 13-24): blank field",
+            ),
+            (
+                edit(2, counts2(7, 2, 1, 2, 3)),
+                "line 2, PTRCRD (columns 15-28): 2 lines, but the values take 1",
+            ),
+            (
+                edit(2, counts2(9, 1, 1, 2, 3)),
+                "line 2, TOTCRD (columns 1-14)",
+            ),
+            (
+                edit(2, counts2(7, 1, 1, 2, 2)),
+                "line 2, RHSCRD (columns 57-70): 2 lines",
+            ),
+            (
+                edit(3, counts3("RSA", "3", "x 5")),
+                "line 3, NNZERO (columns 43-56)",
+            ),
+            (
+                edit(3, counts3("RSA", "3", "10")),
+                "line 3, NNZERO (columns 43-56): 10 entries do not fit",
+            ),
+            (
+                edit(3, counts3("RSE", "3", "5")),
+                "not supported: elemental",
+            ),
             (edit(3, counts3("CSA", "3", "5")), "not supported: complex"),
-            (edit(3, counts3("RQA", "3", "5")), "line 3, MXTYPE (columns 1-3)"),
-            (edit(6, s("  1  3  7  6")), "line 6, column pointers, field 3 (columns 7-9): pointer 7 is past"),
-            (edit(6, s("  2  3  5  6")), "line 6, column pointers, field 1 (columns 1-3)"),
-            (edit(6, s("  1  3  5  5")), "line 6, column pointers, field 4 (columns 10-12): the last pointer"),
-            (edit(5, format!("{:<14}{:>14}{:>14}", "MGX", 1, 0)), "not supported: right-hand sides in matrix storage"),
+            (
+                edit(3, counts3("RQA", "3", "5")),
+                "line 3, MXTYPE (columns 1-3)",
+            ),
+            (
+                edit(6, s("  1  3  7  6")),
+                "line 6, column pointers, field 3 (columns 7-9): pointer 7 is past",
+            ),
+            (
+                edit(6, s("  2  3  5  6")),
+                "line 6, column pointers, field 1 (columns 1-3)",
+            ),
+            (
+                edit(6, s("  1  3  5  5")),
+                "line 6, column pointers, field 4 (columns 10-12): the last pointer",
+            ),
+            (
+                edit(5, format!("{:<14}{:>14}{:>14}", "MGX", 1, 0)),
+                "not supported: right-hand sides in matrix storage",
+            ),
         ];
         for (text, want) in cases {
             let e = parse("small.rsa", &text).unwrap_err().to_string();
@@ -412,7 +592,10 @@ mod tests {
         }
         let truncated: String = lines()[..9].join("\n");
         let e = parse("small.rsa", &truncated).unwrap_err().to_string();
-        assert!(e.contains("line 10, right-hand sides: the file ends"), "{e}");
+        assert!(
+            e.contains("line 10, right-hand sides: the file ends"),
+            "{e}"
+        );
         let e = parse("small.rsa", "only a title").unwrap_err().to_string();
         assert!(e.contains("line 2, TOTCRD: the file ends"), "{e}");
     }

@@ -54,14 +54,26 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
         "real" | "double" | "integer" => false,
         "pattern" => true,
         "complex" => return Err(unsupported("complex values".to_string())),
-        other => return Err(field_err(1, "field", format!("{other:?} is not a value type"))),
+        other => {
+            return Err(field_err(
+                1,
+                "field",
+                format!("{other:?} is not a value type"),
+            ))
+        }
     };
     let symmetry = match words[4].as_str() {
         "general" => Symmetry::General,
         "symmetric" => Symmetry::Symmetric,
         "skew-symmetric" => Symmetry::SkewSymmetric,
         "hermitian" => return Err(unsupported("hermitian matrices".to_string())),
-        other => return Err(field_err(1, "symmetry", format!("{other:?} is not a symmetry"))),
+        other => {
+            return Err(field_err(
+                1,
+                "symmetry",
+                format!("{other:?} is not a symmetry"),
+            ))
+        }
     };
     if pattern && symmetry == Symmetry::SkewSymmetric {
         return Err(field_err(
@@ -104,7 +116,10 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
             })?;
     }
     let [n_rows, n_cols, count] = nums;
-    if n_rows.checked_mul(n_cols).is_some_and(|cells| count > cells) {
+    if n_rows
+        .checked_mul(n_cols)
+        .is_some_and(|cells| count > cells)
+    {
         return Err(field_err(
             size_no,
             "field 3 (entries)",
@@ -134,7 +149,11 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
                 "entry",
                 format!(
                     "expected {want} fields ({}), got {}",
-                    if pattern { "row column" } else { "row column value" },
+                    if pattern {
+                        "row column"
+                    } else {
+                        "row column value"
+                    },
                     f.len()
                 ),
             ));
@@ -168,7 +187,8 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
                     )
                 })?
         };
-        t.entries.push((i, j, v, u32::try_from(no).unwrap_or(u32::MAX)));
+        t.entries
+            .push((i, j, v, u32::try_from(no).unwrap_or(u32::MAX)));
     }
     if t.entries.len() < count {
         return Err(field_err(
@@ -229,20 +249,62 @@ mod tests {
     #[test]
     fn errors_name_line_and_field() {
         let cases = [
-            ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 x 3\n", "line 3, field 2 (column)"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 3 3\n", "line 3, field 2 (column)"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 zz\n", "line 3, field 3 (value)"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n", "line 4, entry: the file ends after 1 of the 2"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1\n2 2 2\n", "line 4, entry: more entries"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2\n", "line 2, size line"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 5\n", "5 entries do not fit"),
-            ("%%MatrixMarket matrix coordinate real general\n", "line 2, size line: missing"),
-            ("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 1\n", "line 3, entry (1, 1)"),
-            ("%%MatrixMarket matrix coordinate real symmetric\n2 2 2\n2 1 1\n1 2 1\n", "given twice"),
-            ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1\n", "line 3, entry: expected 3 fields"),
-            ("%%MatrixMarket matrix coordinate real wobbly\n2 2 1\n1 1\n", "line 1, symmetry"),
-            ("%%MatrixMarket matrix array real general\n2 2\n", "not supported"),
-            ("%%MatrixMarket matrix coordinate complex general\n2 2\n", "not supported"),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 x 3\n",
+                "line 3, field 2 (column)",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 3 3\n",
+                "line 3, field 2 (column)",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 zz\n",
+                "line 3, field 3 (value)",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n",
+                "line 4, entry: the file ends after 1 of the 2",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1\n2 2 2\n",
+                "line 4, entry: more entries",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2\n",
+                "line 2, size line",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 5\n",
+                "5 entries do not fit",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n",
+                "line 2, size line: missing",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 1\n",
+                "line 3, entry (1, 1)",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real symmetric\n2 2 2\n2 1 1\n1 2 1\n",
+                "given twice",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1\n",
+                "line 3, entry: expected 3 fields",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real wobbly\n2 2 1\n1 1\n",
+                "line 1, symmetry",
+            ),
+            (
+                "%%MatrixMarket matrix array real general\n2 2\n",
+                "not supported",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate complex general\n2 2\n",
+                "not supported",
+            ),
         ];
         for (text, want) in cases {
             let e = p(text).unwrap_err().to_string();

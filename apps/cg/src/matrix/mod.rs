@@ -162,7 +162,9 @@ impl Csr {
 
     /// The entry at global (row, col), if stored.
     pub fn get(&self, row: usize, col: usize) -> Option<f64> {
-        let i = row.checked_sub(self.first_row).filter(|&i| i < self.n_rows)?;
+        let i = row
+            .checked_sub(self.first_row)
+            .filter(|&i| i < self.n_rows)?;
         let (a, b) = (self.row_ptr[i], self.row_ptr[i + 1]);
         let c = u32::try_from(col).ok()?;
         self.col[a..b]
@@ -258,7 +260,11 @@ impl Triplets {
                 }
                 continue;
             }
-            let w = if sym == Symmetry::SkewSymmetric { -v } else { v };
+            let w = if sym == Symmetry::SkewSymmetric {
+                -v
+            } else {
+                v
+            };
             mirrored.push((j, i, w, line));
         }
         self.entries.extend(mirrored);
@@ -336,7 +342,10 @@ pub fn load(path: &Path) -> Result<FileMatrix, MatrixError> {
 /// Reads the bytes of a Matrix Market or Harwell-Boeing file named `name` (rule 5).
 pub fn parse(name: &str, bytes: &[u8]) -> Result<FileMatrix, MatrixError> {
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        let line = 1 + bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count();
+        let line = 1 + bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
         MatrixError::Field {
             file: name.to_string(),
             line,
@@ -358,7 +367,12 @@ mod tests {
     #[test]
     fn duplicates_are_errors_and_csr_is_sorted() {
         let mut t = Triplets::new("t", 3, 3, 4);
-        t.entries = vec![(2, 0, 1.0, 5), (0, 2, 2.0, 6), (0, 0, 3.0, 7), (1, 1, 4.0, 8)];
+        t.entries = vec![
+            (2, 0, 1.0, 5),
+            (0, 2, 2.0, 6),
+            (0, 0, 3.0, 7),
+            (1, 1, 4.0, 8),
+        ];
         let a = t.into_csr().unwrap();
         assert_eq!(a.row_ptr, [0, 2, 3, 4]);
         assert_eq!(a.col, [0, 2, 1, 0]);
@@ -368,7 +382,10 @@ mod tests {
         t.entries = vec![(1, 0, 1.0, 5), (0, 1, 2.0, 6)];
         t.expand(Symmetry::Symmetric).unwrap();
         let e = t.into_csr().unwrap_err().to_string();
-        assert!(e.contains("entry (1, 2)") && e.contains("given twice"), "{e}");
+        assert!(
+            e.contains("entry (1, 2)") && e.contains("given twice"),
+            "{e}"
+        );
     }
 
     #[test]
