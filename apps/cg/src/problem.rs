@@ -122,8 +122,12 @@ impl Source {
             } else {
                 Grid::D2(side)
             };
-            g.unknowns()
-                .ok_or_else(|| ProblemError::Syntax(format!("{text}: more than 2^32 unknowns")))?;
+            g.unknowns().ok_or_else(|| {
+                ProblemError::Syntax(format!(
+                    "{text}: more than {} unknowns",
+                    poisson::MAX_UNKNOWNS
+                ))
+            })?;
             Ok(if three {
                 Source::Poisson3d(side)
             } else {

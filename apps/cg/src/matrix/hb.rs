@@ -220,6 +220,19 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
     let nrow = l.count(3, 1, "NROW", false)?;
     let ncol = l.count(3, 2, "NCOL", false)?;
     let nnz = l.count(3, 3, "NNZERO", false)?;
+    let limit = super::dim_limit(text.len());
+    for (name, col, n) in [("NROW", 15, nrow), ("NCOL", 29, ncol)] {
+        if n > limit {
+            return Err(l.err(
+                3,
+                format!("{name} (columns {col}-{})", col + 13),
+                format!(
+                    "{n} is more than a file of {} bytes can describe (at most {limit})",
+                    text.len()
+                ),
+            ));
+        }
+    }
     if nrow.checked_mul(ncol).is_some_and(|cells| nnz > cells) {
         return Err(l.err(
             3,
@@ -565,6 +578,16 @@ mod tests {
                 "not supported: elemental",
             ),
             (edit(3, counts3("CSA", "3", "5")), "not supported: complex"),
+            (
+                edit(
+                    3,
+                    format!(
+                        "{:<14}{:>14}{:>14}{:>14}{:>14}",
+                        "RSA", 3_000_000_000u64, 3, 5, 0
+                    ),
+                ),
+                "line 3, NROW (columns 15-28): 3000000000 is more than",
+            ),
             (
                 edit(3, counts3("RQA", "3", "5")),
                 "line 3, MXTYPE (columns 1-3)",

@@ -116,6 +116,19 @@ pub fn parse(file: &str, text: &str) -> Result<FileMatrix, MatrixError> {
             })?;
     }
     let [n_rows, n_cols, count] = nums;
+    let limit = super::dim_limit(text.len());
+    for (k, n) in [(0, n_rows), (1, n_cols)] {
+        if n > limit {
+            return Err(field_err(
+                size_no,
+                &format!("field {} ({})", k + 1, names[k]),
+                format!(
+                    "{n} is more than a file of {} bytes can describe (at most {limit})",
+                    text.len()
+                ),
+            ));
+        }
+    }
     if n_rows
         .checked_mul(n_cols)
         .is_some_and(|cells| count > cells)
@@ -276,6 +289,10 @@ mod tests {
             (
                 "%%MatrixMarket matrix coordinate real general\n2 2 5\n",
                 "5 entries do not fit",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate real general\n4000000000 1 0\n",
+                "line 2, field 1 (rows): 4000000000 is more than",
             ),
             (
                 "%%MatrixMarket matrix coordinate real general\n",

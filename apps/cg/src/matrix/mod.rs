@@ -15,7 +15,9 @@
 //! 3. An entry given twice (also: a symmetric file that stores both (i, j) and (j, i)) is an
 //!    error naming both lines, never silently summed.
 //! 4. Bad input is a [`MatrixError`] naming the file, the line and the field; readers never
-//!    panic, and check counts before allocating from them.
+//!    panic, and check counts before allocating from them: a file may declare at most
+//!    [`DIM_PER_BYTE`] rows or columns per byte of its text (plus [`DIM_SLACK`]), and entry
+//!    buffers grow with what is actually read.
 //! 5. [`load`] tells the format from the content: a first line `%%MatrixMarket` is Matrix
 //!    Market, anything else is read as Harwell-Boeing.
 
@@ -221,6 +223,21 @@ pub enum Symmetry {
 
 /// Largest dimension accepted: column indices are `u32` (rule 1).
 pub const MAX_DIM: usize = u32::MAX as usize;
+
+/// Rows or columns a file may declare beyond [`DIM_PER_BYTE`] per byte of the file.
+pub const DIM_SLACK: usize = 1 << 20;
+/// Rows or columns a file may declare per byte of its text (with [`DIM_SLACK`] more): a
+/// corrupt header must not make the reader allocate row offsets for billions of empty rows
+/// (rule 4). 64 per byte is far more than any real file needs: an entry takes several bytes.
+pub const DIM_PER_BYTE: usize = 64;
+
+/// The largest dimension a file of `bytes` bytes may declare (rule 4).
+pub(crate) fn dim_limit(bytes: usize) -> usize {
+    bytes
+        .saturating_mul(DIM_PER_BYTE)
+        .saturating_add(DIM_SLACK)
+        .min(MAX_DIM)
+}
 
 impl Triplets {
     pub(crate) fn new(file: &str, n_rows: usize, n_cols: usize, capacity: usize) -> Triplets {

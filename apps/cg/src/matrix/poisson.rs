@@ -14,6 +14,10 @@ use std::ops::Range;
 
 use super::Csr;
 
+/// The largest grid generated: 2^27 unknowns (512^3; about 11 GB of CSR in 3D), so that a
+/// mistyped side is an error, not an allocation that takes the machine down.
+pub const MAX_UNKNOWNS: usize = 1 << 27;
+
 /// A grid: 2D or 3D, N points per side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grid {
@@ -24,13 +28,13 @@ pub enum Grid {
 }
 
 impl Grid {
-    /// Unknowns (rows), or `None` if it overflows a `u32` column index.
+    /// Unknowns (rows), or `None` past [`MAX_UNKNOWNS`].
     pub fn unknowns(self) -> Option<usize> {
         let n = match self {
             Grid::D2(s) => u64::from(s).checked_pow(2)?,
             Grid::D3(s) => u64::from(s).checked_pow(3)?,
         };
-        u32::try_from(n).ok().map(|n| n as usize)
+        usize::try_from(n).ok().filter(|&n| n <= MAX_UNKNOWNS)
     }
 
     /// Stored entries of row range `rows`.
@@ -64,7 +68,7 @@ pub fn rows(grid: Grid, range: Range<usize>) -> Csr {
     let mut val = Vec::with_capacity(col.capacity());
     row_ptr.push(0);
     for i in range.clone() {
-        // i < n <= u32::MAX (Grid::unknowns).
+        // i < n <= MAX_UNKNOWNS < u32::MAX (Grid::unknowns).
         let c = i as u32;
         match grid {
             Grid::D2(s) => {
@@ -145,5 +149,7 @@ mod tests {
         // A block generated alone is that block of the whole.
         assert_eq!(rows(Grid::D3(5), 30..77), b.slice_rows(30..77));
         assert_eq!(Grid::D3(2000).unknowns(), None);
+        assert_eq!(Grid::D3(512).unknowns(), Some(MAX_UNKNOWNS));
+        assert_eq!(Grid::D3(513).unknowns(), None);
     }
 }
