@@ -198,7 +198,7 @@ fn kernel(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
     let spmv_med = spmv_s.map_or(f64::NAN, |s| s.median);
     let cg_med = cg_s.map_or(f64::NAN, |s| s.median);
     // Bytes one SpMV must move at least: values and columns once, x and y once, row offsets.
-    let bytes = a.nnz() * (8 + 4) + 2 * n * 8 + (n + 1) * 8;
+    let bytes = a.nnz() * (8 + 4) + 2 * n * 8 + (n + 1) * 4;
     let sp_spmv = scipy["spmv_ms"]["median"].as_f64();
     let sp_cg = scipy["cg_ms_per_iter"]["median"].as_f64();
     Ok(json!({

@@ -107,9 +107,8 @@ pub fn converged(rho: f64, threshold: f64) -> bool {
 /// # Panics
 /// If a column of `a` is outside that window or `y` is shorter than the rows (caller bugs).
 pub fn spmv(a: CsrRows<'_>, x: &[f64], x_start: usize, y: &mut [f64]) {
-    let rp = a.row_ptr;
     for (i, yi) in y[..a.len()].iter_mut().enumerate() {
-        let (lo, hi) = (rp[i], rp[i + 1]);
+        let (lo, hi) = (a.row_ptr[i] as usize, a.row_ptr[i + 1] as usize);
         let mut s = 0.0;
         for (c, v) in a.col[lo..hi].iter().zip(&a.val[lo..hi]) {
             s += v * x[*c as usize - x_start];
@@ -124,10 +123,9 @@ pub fn spmv(a: CsrRows<'_>, x: &[f64], x_start: usize, y: &mut [f64]) {
 pub fn spmv_dot(a: CsrRows<'_>, p: &[f64], p_start: usize, q: &mut [f64]) -> f64 {
     let rows = a.len();
     let own = a.first - p_start;
-    let rp = a.row_ptr;
     let mut l = [0.0f64; 4];
     for (i, qi) in q[..rows].iter_mut().enumerate() {
-        let (lo, hi) = (rp[i], rp[i + 1]);
+        let (lo, hi) = (a.row_ptr[i] as usize, a.row_ptr[i + 1] as usize);
         let mut s = 0.0;
         for (c, v) in a.col[lo..hi].iter().zip(&a.val[lo..hi]) {
             s += v * p[*c as usize - p_start];

@@ -284,8 +284,8 @@ impl Problem {
                             let v = self.a.rows(rows);
                             let mut seen = vec![false; part.blocks];
                             seen[b] = true;
-                            let (lo, hi) = (v.row_ptr[0], v.row_ptr[v.len()]);
-                            for &c in &v.col[lo..hi] {
+                            let entries = v.row_ptr[0] as usize..v.row_ptr[v.len()] as usize;
+                            for &c in &v.col[entries] {
                                 seen[part.block_of(c as usize)] = true;
                             }
                             // Block indices are below `blocks`, a u32 on the command line.

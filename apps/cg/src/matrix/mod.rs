@@ -6,8 +6,12 @@
 //!
 //! 1. A [`Csr`] holds rows `first_row .. first_row + n_rows` of a matrix with `n_cols`
 //!    columns; column indices are global, `u32` (half the memory traffic of `usize` in SpMV),
-//!    sorted and unique within a row. A whole matrix has `first_row = 0`; a worker that owns a
-//!    row block holds just those rows ([`poisson::rows`], [`Csr::slice_rows`]).
+//!    sorted and unique within a row. Row offsets are `u32` as well (at most 2^32 - 1 entries,
+//!    a 48 GB matrix): 4 bytes of index traffic per entry and per row, as scipy's int32 CSR
+//!    (SpMV is memory-bound: `usize` offsets would add 4 MB to the ~100 MB one product of
+//!    `poisson3d:100` moves). A whole
+//!    matrix has `first_row = 0`; a worker that owns a row block holds just those rows
+//!    ([`poisson::rows`], [`Csr::slice_rows`]).
 //! 2. Readers expand what files leave implicit: a symmetric file stores one triangle and the
 //!    other is its mirror; a skew-symmetric one stores the strict lower triangle and the upper
 //!    is its mirror with the sign changed; a pattern file's entries are 1.0. Explicit zeros are
@@ -79,8 +83,8 @@ pub struct Csr {
     pub n_rows: usize,
     /// Columns of the whole matrix.
     pub n_cols: usize,
-    /// Row i's entries are `row_ptr[i] .. row_ptr[i + 1]` (length `n_rows + 1`).
-    pub row_ptr: Vec<usize>,
+    /// Row i's entries are `row_ptr[i] .. row_ptr[i + 1]` (length `n_rows + 1`; `u32`, rule 1).
+    pub row_ptr: Vec<u32>,
     /// Column of each entry (global).
     pub col: Vec<u32>,
     /// Value of each entry.
@@ -94,7 +98,7 @@ pub struct CsrRows<'a> {
     /// Global index of the first row.
     pub first: usize,
     /// Offsets of each row's entries, one more than the rows.
-    pub row_ptr: &'a [usize],
+    pub row_ptr: &'a [u32],
     /// Columns (global).
     pub col: &'a [u32],
     /// Values.
@@ -115,6 +119,12 @@ impl CsrRows<'_> {
     /// Global row range.
     pub fn range(&self) -> Range<usize> {
         self.first..self.first + self.len()
+    }
+
+    /// Positions in `col` and `val` of the entries of local row `i`.
+    #[inline]
+    pub fn span(&self, i: usize) -> Range<usize> {
+        self.row_ptr[i] as usize..self.row_ptr[i + 1] as usize
     }
 }
 
@@ -146,12 +156,13 @@ impl Csr {
     /// A copy of global rows `rows` as their own matrix (what a block's owner keeps).
     pub fn slice_rows(&self, rows: Range<usize>) -> Csr {
         let v = self.rows(rows.clone());
-        let (lo, hi) = (v.row_ptr[0], v.row_ptr[v.len()]);
+        let lo32 = v.row_ptr[0];
+        let (lo, hi) = (lo32 as usize, v.row_ptr[v.len()] as usize);
         Csr {
             first_row: rows.start,
             n_rows: rows.len(),
             n_cols: self.n_cols,
-            row_ptr: v.row_ptr.iter().map(|p| p - lo).collect(),
+            row_ptr: v.row_ptr.iter().map(|p| p - lo32).collect(),
             col: self.col[lo..hi].to_vec(),
             val: self.val[lo..hi].to_vec(),
         }
@@ -167,7 +178,7 @@ impl Csr {
         let i = row
             .checked_sub(self.first_row)
             .filter(|&i| i < self.n_rows)?;
-        let (a, b) = (self.row_ptr[i], self.row_ptr[i + 1]);
+        let (a, b) = (self.row_ptr[i] as usize, self.row_ptr[i + 1] as usize);
         let c = u32::try_from(col).ok()?;
         self.col[a..b]
             .binary_search(&c)
@@ -181,7 +192,7 @@ impl Csr {
             return false;
         }
         (0..self.n_rows).all(|i| {
-            (self.row_ptr[i]..self.row_ptr[i + 1]).all(|k| {
+            self.view().span(i).all(|k| {
                 self.get(self.col[k] as usize, i)
                     .is_some_and(|v| v.to_bits() == self.val[k].to_bits())
             })
@@ -193,7 +204,8 @@ impl Csr {
     pub fn mul_vec(&self, x: &[f64]) -> Vec<f64> {
         (0..self.n_rows)
             .map(|i| {
-                (self.row_ptr[i]..self.row_ptr[i + 1])
+                self.view()
+                    .span(i)
                     .map(|k| self.val[k] * x[self.col[k] as usize])
                     .sum()
             })
@@ -223,6 +235,9 @@ pub enum Symmetry {
 
 /// Largest dimension accepted: column indices are `u32` (rule 1).
 pub const MAX_DIM: usize = u32::MAX as usize;
+
+/// Most stored entries: row offsets are `u32` (rule 1).
+pub const MAX_NNZ: usize = u32::MAX as usize;
 
 /// Rows or columns a file may declare beyond [`DIM_PER_BYTE`] per byte of the file.
 pub const DIM_SLACK: usize = 1 << 20;
@@ -292,7 +307,16 @@ impl Triplets {
     pub(crate) fn into_csr(mut self) -> Result<Csr, MatrixError> {
         self.entries
             .sort_unstable_by_key(|&(i, j, _, line)| (i, j, line));
-        let mut row_ptr = vec![0usize; self.n_rows + 1];
+        if self.entries.len() > MAX_NNZ {
+            return Err(MatrixError::Invalid {
+                file: self.file.clone(),
+                message: format!(
+                    "{} entries: row offsets are u32, at most {MAX_NNZ}",
+                    self.entries.len()
+                ),
+            });
+        }
+        let mut row_ptr = vec![0u32; self.n_rows + 1];
         let mut col = Vec::with_capacity(self.entries.len());
         let mut val = Vec::with_capacity(self.entries.len());
         for (k, &(i, j, v, line)) in self.entries.iter().enumerate() {
@@ -412,6 +436,7 @@ mod tests {
         assert_eq!(s.first_row, 3);
         assert_eq!(s.n_rows, 3);
         assert_eq!(s, poisson::rows(poisson::Grid::D2(3), 3..6));
+        assert_eq!(a.slice_rows(4..4).nnz(), 0);
         let x: Vec<f64> = (0..9).map(f64::from).collect();
         assert_eq!(s.mul_vec(&x), a.mul_vec(&x)[3..6].to_vec());
     }

@@ -119,7 +119,8 @@ pub fn rows(grid: Grid, range: Range<usize>) -> Csr {
                 }
             }
         }
-        row_ptr.push(col.len());
+        // At most 7 * MAX_UNKNOWNS < u32::MAX entries.
+        row_ptr.push(col.len() as u32);
     }
     Csr {
         first_row: range.start,
