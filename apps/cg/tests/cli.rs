@@ -166,7 +166,10 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
         ],
     );
     out.expect_code(1);
-    assert_eq!(out.json()["decision"], "REJECT", "{out}");
+    let j = out.json();
+    assert_eq!(j["decision"], "REJECT", "{out}");
+    // Without correction a full check re-runs every task, so it finds both forgeries.
+    assert_eq!(j["detections"].as_array().map(Vec::len), Some(2), "{out}");
     let out = cg_in(
         t,
         &[
@@ -180,7 +183,14 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
         ],
     );
     out.expect_code(0);
-    assert!(out.stdout.contains("corrected 2 forged task(s)"), "{out}");
+    // With correction, a forged task that is a successor of another forged task drawn first
+    // falls into G_F and is re-executed without being counted; the draw order follows the
+    // log digest, which depends on the schedule. So one or both are counted.
+    assert!(
+        out.stdout.contains("corrected 2 forged task(s)")
+            || out.stdout.contains("corrected 1 forged task(s)"),
+        "{out}"
+    );
     assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
     assert_eq!(
         terminal(t, &forged),
