@@ -11,6 +11,8 @@
 //! - [`transport`]: messages between vnodes;
 //! - [`detect`]: the Phoenix failure detector (paper 004 §4): heartbeats, broken peers and vnodes;
 //! - [`graph`]: the data-flow graph G rebuilt from logs (petgraph);
+//! - [`iterative`]: iterative mode (paper 000): asynchronous block iterations with halo
+//!   exchange, decentralized global convergence detection and backups on neighbours;
 //! - [`replay`]: one task re-run alone from its logged record (the certifier's oracle).
 //!
 //! ```
@@ -43,6 +45,7 @@ mod error;
 pub mod exec;
 pub mod graph;
 mod ids;
+pub mod iterative;
 pub mod log;
 pub mod replay;
 pub mod task;

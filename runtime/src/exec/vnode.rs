@@ -314,6 +314,7 @@ impl Vnode {
                 Ok(())
             }
             Message::Returned { output } => self.on_returned(from, output),
+            Message::Iter(_) => Ok(()), // iterative mode's: not for a data-flow vnode
             Message::ReturnAck { data } => {
                 if self.returns.remove(&(data, from)).is_some() {
                     self.core.shared.work_done(self.id());

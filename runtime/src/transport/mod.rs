@@ -24,7 +24,7 @@ use crate::ids::{DataId, Epoch, TaskId, VnodeId};
 use crate::log::{Declared, Output};
 
 /// A message of the vnode protocol (`exec/vnode.rs`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     /// An idle vnode asks for a ready task.
     StealRequest,
@@ -52,10 +52,12 @@ pub enum Message {
         /// The data object.
         data: DataId,
     },
+    /// A message of iterative mode (`iterative/`).
+    Iter(crate::iterative::IterMsg),
 }
 
 /// A message with its sender (rule 3).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     /// Sending vnode.
     pub from: VnodeId,

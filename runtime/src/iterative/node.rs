@@ -1,0 +1,978 @@
+//! One vnode of an iterative run: the loop that iterates, exchanges halos, takes part in
+//! convergence detection and keeps backups (rules 1-7 of the module docs).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::conv::{Conv, ConvKind, Out, Tag};
+use super::{Block, IterConfig, IterError, IterMsg, Mode};
+use crate::ids::{Epoch, VnodeId};
+use crate::transport::{Endpoint, Envelope, Message};
+
+/// Counters of one vnode.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Iterations done.
+    pub iterations: u64,
+    /// Messages sent (halos, convergence, acks, backups).
+    pub messages: u64,
+    /// Halos sent.
+    pub halos: u64,
+    /// Detection rounds that ended with a negative verdict.
+    pub negative_verdicts: u64,
+    /// Data backups sent or stored.
+    pub data_backups: u64,
+    /// Incarnations of this vnode after the first.
+    pub restores: u64,
+}
+
+impl NodeStats {
+    pub(crate) fn add(&mut self, o: &NodeStats) {
+        self.iterations += o.iterations;
+        self.messages += o.messages;
+        self.halos += o.halos;
+        self.negative_verdicts = self.negative_verdicts.max(o.negative_verdicts);
+        self.data_backups += o.data_backups;
+        self.restores += o.restores;
+    }
+}
+
+/// What the supervisor (embedded or cluster member) tells a node, and learns from it.
+pub(crate) struct Control {
+    /// Die now, losing all memory (fault injection).
+    pub(crate) kill: AtomicBool,
+    /// Every vnode has finished: stop serving.
+    pub(crate) stop: Arc<AtomicBool>,
+    /// Where a vnode reports its final state: (vnode, steps, state).
+    pub(crate) done: Sender<(VnodeId, u64, Vec<u8>)>,
+    /// Restored, and holding fresh backups of every vnode it backs up (rule 6).
+    pub(crate) ready: AtomicBool,
+}
+
+/// Why a node's loop returned.
+pub(crate) enum Exit {
+    /// Stopped after the run ended.
+    Stopped,
+    /// Killed by fault injection.
+    Killed,
+    /// A fatal error.
+    Failed(IterError),
+}
+
+/// The status backup (rule 5): the convergence state and the messages not yet acknowledged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Status {
+    conv: Conv,
+    pending: Vec<(VnodeId, Tag, ConvKind)>,
+    finished: bool,
+    negative_verdicts: u64,
+}
+
+/// (step, sender's epoch, iteration): the newest halo wins (rule 1).
+type HaloKey = (u64, u64, u64);
+
+/// A forced data backup awaiting acknowledgements: (step, iter, state, waiting for, last send).
+type Forced = (u64, u64, Vec<u8>, BTreeSet<VnodeId>, Instant);
+
+struct Halo {
+    key: HaloKey,
+    data: Vec<u8>,
+    installed: bool,
+    fresh: bool,
+}
+
+#[derive(Default)]
+struct Held {
+    status: Option<(u64, Vec<u8>)>,
+    data: Option<(u64, u64, Vec<u8>)>,
+}
+
+type Backups = (Option<(u64, Vec<u8>)>, Option<(u64, u64, Vec<u8>)>);
+
+pub(crate) struct Node {
+    me: VnodeId,
+    ep: Box<dyn Endpoint>,
+    block: Box<dyn Block>,
+    cfg: Arc<IterConfig>,
+    ctl: Arc<Control>,
+    nbrs: Vec<VnodeId>,
+    backups: Vec<VnodeId>,
+    /// Vnodes this one is a backup neighbour of.
+    wards: Vec<VnodeId>,
+    /// Wards whose fresh backups a replacement still waits for (rule 6).
+    rebackup_wait: BTreeSet<VnodeId>,
+    rebackup_asked: Instant,
+    /// Restoring its backups (rule 6): not ready yet.
+    restoring: bool,
+    conv: Conv,
+    /// Steps the block has ended (rule 6: a verdict advances it once).
+    block_step: u64,
+    iter: u64,
+    counter: u32,
+    finished: bool,
+    negative_verdicts: u64,
+    /// Unacknowledged convergence messages, with their last send.
+    pending: BTreeMap<(VnodeId, Tag, ConvKind), Instant>,
+    /// Acks to send once the backups are settled: (to, tag, kind, status version).
+    deferred: Vec<(VnodeId, Tag, ConvKind, u64)>,
+    status_version: u64,
+    status_bytes: Vec<u8>,
+    status_acked: HashMap<VnodeId, (u64, Instant)>,
+    /// Forced data backup awaiting acknowledgements: (step, iter, state, waiting for, last send).
+    forced: Option<Forced>,
+    /// A yes to send once the forced data backup is acknowledged.
+    answer_after_backup: bool,
+    /// Neighbours whose fresh halo the current verification waits for; then one iteration.
+    verify_need: Option<BTreeSet<VnodeId>>,
+    halos: HashMap<VnodeId, Halo>,
+    future: HashMap<VnodeId, (HaloKey, Vec<u8>)>,
+    last_sent: HashMap<VnodeId, (u64, u64, Vec<u8>)>,
+    halo_asked: Instant,
+    held: HashMap<VnodeId, Held>,
+    /// A replacement: it lost the backups it held for others (rule 6).
+    lost_held: bool,
+    rr: usize,
+    last_residual: f64,
+    news: bool,
+    /// A verification started: iterate once (sending fresh halos) even without news.
+    kick: bool,
+    last_iteration: Instant,
+    pub(crate) stats: NodeStats,
+}
+
+impl Node {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        me: VnodeId,
+        epoch: Epoch,
+        mut ep: Box<dyn Endpoint>,
+        block: Box<dyn Block>,
+        cfg: Arc<IterConfig>,
+        ctl: Arc<Control>,
+        tree: Vec<VnodeId>,
+    ) -> Self {
+        ep.set_epoch(epoch);
+        let nbrs = cfg.neighbours[me.0 as usize].clone();
+        let backups = if cfg.store.is_some() && cfg.backup_neighbours == 0 {
+            Vec::new()
+        } else {
+            cfg.backups_of(me)
+        };
+        let wards = if backups.is_empty() && cfg.store.is_some() {
+            Vec::new()
+        } else {
+            (0..cfg.neighbours.len() as u32)
+                .map(VnodeId)
+                .filter(|&w| w != me && cfg.backups_of(w).contains(&me))
+                .collect()
+        };
+        let now = Instant::now();
+        Node {
+            me,
+            wards,
+            rebackup_wait: BTreeSet::new(),
+            rebackup_asked: now,
+            restoring: false,
+            ep,
+            block,
+            nbrs,
+            backups,
+            conv: Conv::new(me, tree),
+            block_step: 0,
+            iter: 0,
+            counter: 0,
+            finished: false,
+            negative_verdicts: 0,
+            pending: BTreeMap::new(),
+            deferred: Vec::new(),
+            status_version: 0,
+            status_bytes: Vec::new(),
+            status_acked: HashMap::new(),
+            forced: None,
+            answer_after_backup: false,
+            verify_need: None,
+            halos: HashMap::new(),
+            future: HashMap::new(),
+            last_sent: HashMap::new(),
+            halo_asked: now,
+            held: HashMap::new(),
+            lost_held: epoch.0 > 0,
+            rr: 0,
+            last_residual: f64::INFINITY,
+            news: true,
+            kick: false,
+            last_iteration: now,
+            stats: NodeStats::default(),
+            cfg,
+            ctl,
+        }
+    }
+
+    /// Runs until stopped, killed or failed. A replacement (`restore`) first restores its
+    /// backups (rule 6). Returns the endpoint so that a replacement can take it over.
+    pub(crate) fn run(mut self, restore: bool) -> (Exit, NodeStats, Box<dyn Endpoint>) {
+        let exit = match self.run_inner(restore) {
+            Ok(e) => e,
+            Err(e) => Exit::Failed(e),
+        };
+        (exit, self.stats, self.ep)
+    }
+
+    fn run_inner(&mut self, restore: bool) -> Result<Exit, IterError> {
+        if restore {
+            self.stats.restores += 1;
+            self.restoring = true;
+            if let Some(exit) = self.restore()? {
+                return Ok(exit);
+            }
+            self.restoring = false;
+        } else {
+            self.save_status();
+        }
+        self.update_ready();
+        self.send_halos();
+        loop {
+            if self.ctl.kill.load(Ordering::Relaxed) {
+                return Ok(Exit::Killed);
+            }
+            if self.ctl.stop.load(Ordering::Relaxed) {
+                return Ok(Exit::Stopped);
+            }
+            self.drain()?;
+            self.resend_due();
+            if self.finished {
+                self.wait_message(self.cfg.resend)?;
+                continue;
+            }
+            if self.cfg.mode == Mode::Sync && !self.all_fresh() {
+                if self.halo_asked.elapsed() >= self.cfg.resend {
+                    self.halo_asked = Instant::now();
+                    let late: Vec<VnodeId> = self
+                        .nbrs
+                        .iter()
+                        .copied()
+                        .filter(|v| !self.halos.get(v).is_some_and(|h| h.fresh))
+                        .collect();
+                    for v in late {
+                        self.send(v, IterMsg::HaloRequest);
+                    }
+                }
+                self.wait_message(Duration::from_millis(1))?;
+                continue;
+            }
+            if self.cfg.mode == Mode::Async
+                && !self.news
+                && !self.kick
+                && self.last_residual < self.cfg.tol
+                && self.last_iteration.elapsed() < self.cfg.resend
+            {
+                // Converged on what it has: wait for news rather than spin (2 cores, many
+                // vnodes), but not longer than the resend period, so that lost halos are
+                // replaced and a verification gets its fresh round.
+                self.wait_message(Duration::from_millis(1))?;
+                continue;
+            }
+            self.iterate_once()?;
+        }
+    }
+
+    fn update_ready(&self) {
+        if !self.restoring && self.rebackup_wait.is_empty() {
+            self.ctl.ready.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn all_fresh(&self) -> bool {
+        self.nbrs
+            .iter()
+            .all(|v| self.halos.get(v).is_some_and(|h| h.fresh))
+    }
+
+    fn wait_message(&mut self, timeout: Duration) -> Result<(), IterError> {
+        if let Some(env) = self.ep.recv_timeout(timeout) {
+            self.handle(env)?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), IterError> {
+        while let Some(env) = self.ep.try_recv() {
+            self.handle(env)?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, to: VnodeId, msg: IterMsg) {
+        self.stats.messages += 1;
+        // A vnode with no route is a configuration error caught by validate(); loss is rule 2.
+        let _ = self.ep.send(to, Message::Iter(msg));
+    }
+
+    fn iterate_once(&mut self) -> Result<(), IterError> {
+        let mut counts = true;
+        for v in self.nbrs.clone() {
+            match self.halos.get_mut(&v) {
+                Some(h) => {
+                    counts &= h.fresh;
+                    h.fresh = false;
+                    if !h.installed {
+                        h.installed = true;
+                        let data = std::mem::take(&mut h.data);
+                        let r = self.block.set_halo(v, &data);
+                        if let Some(h) = self.halos.get_mut(&v) {
+                            h.data = data;
+                        }
+                        r.map_err(|source| IterError::Block {
+                            vnode: self.me,
+                            source,
+                        })?;
+                    }
+                }
+                None => counts = false,
+            }
+        }
+        let answering = self.verify_need.as_ref().is_some_and(BTreeSet::is_empty);
+        let residual = self.block.iterate();
+        self.news = false;
+        self.kick = false;
+        self.last_iteration = Instant::now();
+        self.last_residual = residual;
+        self.iter += 1;
+        self.stats.iterations += 1;
+        let converged = residual < self.cfg.tol;
+        if !converged {
+            self.counter = 0;
+        } else if counts {
+            self.counter = self.counter.saturating_add(1);
+        }
+        let local = self.counter >= self.cfg.local_iterations;
+        if self.cfg.max_iterations > 0 && self.iter > self.cfg.max_iterations {
+            return Err(IterError::NotConverging {
+                vnode: self.me,
+                step: self.block_step,
+                iterations: self.iter,
+            });
+        }
+        self.send_halos();
+        if self.iter % self.cfg.backup_every == 0 {
+            self.data_backup_round_robin()?;
+        }
+        if answering {
+            self.verify_need = None;
+            if local && converged {
+                // Rule 5: a yes is sent only once the state behind it is backed up.
+                self.answer_after_backup = true;
+                self.forced_backup()?;
+            } else {
+                let outs = self.conv.answer(false);
+                self.apply(outs)?;
+            }
+        }
+        let outs = self.conv.poll(local);
+        self.apply(outs)?;
+        self.save_status();
+        Ok(())
+    }
+
+    fn send_halos(&mut self) {
+        if self.finished {
+            return;
+        }
+        for v in self.nbrs.clone() {
+            let data = self.block.halo_for(v);
+            self.stats.halos += 1;
+            self.send(
+                v,
+                IterMsg::Halo {
+                    step: self.block_step,
+                    iter: self.iter,
+                    data: data.clone(),
+                },
+            );
+            self.last_sent.insert(v, (self.block_step, self.iter, data));
+        }
+    }
+
+    fn data_backup_round_robin(&mut self) -> Result<(), IterError> {
+        if let Some(store) = &self.cfg.store {
+            let state = self.block.save();
+            self.stats.data_backups += 1;
+            return put_store(&**store, self.me, self.block_step, self.iter, &state);
+        }
+        if self.backups.is_empty() {
+            return Ok(());
+        }
+        let to = self.backups[self.rr % self.backups.len()];
+        self.rr += 1;
+        let state = self.block.save();
+        self.stats.data_backups += 1;
+        self.send(
+            to,
+            IterMsg::Data {
+                step: self.block_step,
+                iter: self.iter,
+                ack: false,
+                state,
+            },
+        );
+        Ok(())
+    }
+
+    /// A data backup to every backup neighbour (or the store), acknowledged (rule 5).
+    fn forced_backup(&mut self) -> Result<(), IterError> {
+        let state = self.block.save();
+        self.stats.data_backups += 1;
+        if let Some(store) = &self.cfg.store {
+            put_store(&**store, self.me, self.block_step, self.iter, &state)?;
+            self.forced = None;
+            return self.backup_settled();
+        }
+        let waiting: BTreeSet<VnodeId> = self.backups.iter().copied().collect();
+        for &b in &waiting.clone() {
+            self.send(
+                b,
+                IterMsg::Data {
+                    step: self.block_step,
+                    iter: self.iter,
+                    ack: true,
+                    state: state.clone(),
+                },
+            );
+        }
+        self.forced = Some((self.block_step, self.iter, state, waiting, Instant::now()));
+        self.backup_settled()
+    }
+
+    /// Called when a forced backup may be complete: sends the yes it was holding back.
+    fn backup_settled(&mut self) -> Result<(), IterError> {
+        if self.forced.as_ref().is_some_and(|f| !f.3.is_empty()) {
+            return Ok(());
+        }
+        self.forced = None;
+        if std::mem::take(&mut self.answer_after_backup) {
+            let outs = self.conv.answer(true);
+            self.apply(outs)?;
+            self.save_status();
+        }
+        self.release_deferred();
+        Ok(())
+    }
+
+    fn apply(&mut self, outs: Vec<Out>) -> Result<(), IterError> {
+        let tag = self.conv.tag();
+        for o in outs {
+            match o {
+                Out::Send(to, kind) => {
+                    self.pending.insert((to, tag, kind), Instant::now());
+                    self.send(to, IterMsg::Conv { tag, kind });
+                }
+                Out::NeedAnswer => {
+                    self.verify_need = Some(self.nbrs.iter().copied().collect());
+                    self.kick = true;
+                }
+                Out::Verdict(ok) => self.on_verdict(tag, ok)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn on_verdict(&mut self, tag: Tag, ok: bool) -> Result<(), IterError> {
+        self.verify_need = None;
+        self.answer_after_backup = false;
+        if !ok {
+            self.negative_verdicts += 1;
+            self.stats.negative_verdicts = self.negative_verdicts;
+            self.conv.reset(Tag {
+                step: tag.step,
+                round: tag.round + 1,
+            });
+            return Ok(());
+        }
+        // Rule 6: the block ends each step once, even if the verdict comes again.
+        if self.block_step == tag.step {
+            let more = self.block.advance();
+            self.block_step += 1;
+            self.iter = 0;
+            self.counter = 0;
+            self.last_residual = f64::INFINITY;
+            self.news = true;
+            if more {
+                self.promote_future();
+            } else {
+                self.finish();
+            }
+        }
+        self.conv.reset(Tag {
+            step: tag.step + 1,
+            round: 0,
+        });
+        self.forced_backup()?;
+        self.send_halos();
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        let _ = self
+            .ctl
+            .done
+            .send((self.me, self.block_step, self.block.save()));
+    }
+
+    fn promote_future(&mut self) {
+        let step = self.block_step;
+        for (v, (key, data)) in std::mem::take(&mut self.future) {
+            if key.0 == step {
+                self.accept_halo(v, key, data);
+            } else if key.0 > step {
+                self.future.insert(v, (key, data));
+            }
+        }
+    }
+
+    fn accept_halo(&mut self, from: VnodeId, key: HaloKey, data: Vec<u8>) {
+        if key.0 > self.block_step {
+            let e = self.future.entry(from).or_insert((key, Vec::new()));
+            if key >= e.0 {
+                *e = (key, data);
+            }
+            return;
+        }
+        if key.0 < self.block_step || !self.nbrs.contains(&from) {
+            return;
+        }
+        if self.halos.get(&from).is_some_and(|h| h.key >= key) {
+            return;
+        }
+        self.halos.insert(
+            from,
+            Halo {
+                key,
+                data,
+                installed: false,
+                fresh: true,
+            },
+        );
+        self.news = true;
+        if let Some(need) = &mut self.verify_need {
+            need.remove(&from);
+        }
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            conv: self.conv.clone(),
+            pending: self.pending.keys().copied().collect(),
+            finished: self.finished,
+            negative_verdicts: self.negative_verdicts,
+        }
+    }
+
+    /// Sends the status to every backup neighbour if it changed (rule 5).
+    fn save_status(&mut self) {
+        let bytes = postcard::to_stdvec(&self.status()).expect("status encodes");
+        if bytes == self.status_bytes {
+            return;
+        }
+        self.status_bytes = bytes;
+        self.status_version += 1;
+        let version = self.status_version;
+        for b in self.backups.clone() {
+            let status = self.status_bytes.clone();
+            self.send(b, IterMsg::Status { version, status });
+        }
+        let now = Instant::now();
+        for b in &self.backups {
+            let e = self.status_acked.entry(*b).or_insert((0, now));
+            e.1 = now;
+        }
+        self.release_deferred();
+    }
+
+    fn status_settled(&self, version: u64) -> bool {
+        self.backups
+            .iter()
+            .all(|b| self.status_acked.get(b).is_some_and(|&(v, _)| v >= version))
+    }
+
+    fn release_deferred(&mut self) {
+        if self.forced.is_some() {
+            return;
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for (to, tag, kind, version) in deferred {
+            if self.status_settled(version) {
+                self.send(to, IterMsg::ConvAck { tag, kind });
+            } else {
+                self.deferred.push((to, tag, kind, version));
+            }
+        }
+    }
+
+    fn resend_due(&mut self) {
+        let now = Instant::now();
+        let period = self.cfg.resend;
+        if !self.rebackup_wait.is_empty() && now.duration_since(self.rebackup_asked) >= period {
+            self.rebackup_asked = now;
+            for w in self.rebackup_wait.clone() {
+                self.send(w, IterMsg::Rebackup);
+            }
+        }
+        let due: Vec<(VnodeId, Tag, ConvKind)> = self
+            .pending
+            .iter()
+            .filter(|(_, &t)| now.duration_since(t) >= period)
+            .map(|(k, _)| *k)
+            .collect();
+        for (to, tag, kind) in due {
+            self.pending.insert((to, tag, kind), now);
+            self.send(to, IterMsg::Conv { tag, kind });
+        }
+        let version = self.status_version;
+        let late: Vec<VnodeId> = self
+            .backups
+            .iter()
+            .copied()
+            .filter(|b| {
+                self.status_acked
+                    .get(b)
+                    .is_some_and(|&(v, t)| v < version && now.duration_since(t) >= period)
+            })
+            .collect();
+        for b in late {
+            let status = self.status_bytes.clone();
+            self.send(b, IterMsg::Status { version, status });
+            if let Some(e) = self.status_acked.get_mut(&b) {
+                e.1 = now;
+            }
+        }
+        if let Some((step, iter, state, waiting, t)) = &self.forced {
+            if now.duration_since(*t) >= period {
+                let (step, iter, state, waiting) = (*step, *iter, state.clone(), waiting.clone());
+                for b in waiting {
+                    self.send(
+                        b,
+                        IterMsg::Data {
+                            step,
+                            iter,
+                            ack: true,
+                            state: state.clone(),
+                        },
+                    );
+                }
+                if let Some(f) = &mut self.forced {
+                    f.4 = now;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, env: Envelope) -> Result<(), IterError> {
+        let Message::Iter(msg) = env.msg else {
+            return Ok(()); // not ours: data-flow messages have no business here
+        };
+        let from = env.from;
+        match msg {
+            IterMsg::Halo { step, iter, data } => {
+                self.accept_halo(from, (step, env.epoch.0, iter), data);
+            }
+            IterMsg::HaloRequest => {
+                if let Some((step, iter, data)) = self.last_sent.get(&from).cloned() {
+                    self.send(from, IterMsg::Halo { step, iter, data });
+                }
+            }
+            IterMsg::Conv { tag, kind } => self.on_conv(from, tag, kind)?,
+            IterMsg::ConvAck { tag, kind } => {
+                if self.pending.remove(&(from, tag, kind)).is_some() {
+                    self.save_status();
+                }
+            }
+            IterMsg::Status { version, status } => {
+                let h = self.held.entry(from).or_default();
+                if h.status.as_ref().map_or(true, |(v, _)| *v <= version) {
+                    h.status = Some((version, status));
+                }
+                self.send(from, IterMsg::StatusAck { version });
+            }
+            IterMsg::StatusAck { version } => {
+                if let Some(e) = self.status_acked.get_mut(&from) {
+                    e.0 = e.0.max(version);
+                }
+                self.release_deferred();
+            }
+            IterMsg::Data {
+                step,
+                iter,
+                ack,
+                state,
+            } => {
+                let h = self.held.entry(from).or_default();
+                if h.data
+                    .as_ref()
+                    .map_or(true, |(s, i, _)| (*s, *i) <= (step, iter))
+                {
+                    h.data = Some((step, iter, state));
+                }
+                if ack {
+                    self.send(from, IterMsg::DataAck { step, iter });
+                }
+            }
+            IterMsg::DataAck { step, iter } => {
+                if let Some(f) = &mut self.forced {
+                    if (f.0, f.1) == (step, iter) {
+                        f.3.remove(&from);
+                    }
+                }
+                self.backup_settled()?;
+            }
+            IterMsg::Fetch => {
+                let h = self.held.get(&from);
+                let msg = IterMsg::Backups {
+                    status: h.and_then(|h| h.status.clone()),
+                    data: h.and_then(|h| h.data.clone()),
+                    lost: self.lost_held && h.map_or(true, |h| h.status.is_none()),
+                };
+                self.send(from, msg);
+            }
+            IterMsg::Backups { .. } => {} // only a restoring vnode asks
+            IterMsg::Rebackup => {
+                let data = self
+                    .cfg
+                    .store
+                    .is_none()
+                    .then(|| (self.block_step, self.iter, self.block.save()));
+                let status = (self.status_version, self.status_bytes.clone());
+                self.send(from, IterMsg::Ward { status, data });
+            }
+            IterMsg::Ward { status, data } => {
+                let h = self.held.entry(from).or_default();
+                if h.status.as_ref().map_or(true, |(v, _)| *v <= status.0) {
+                    h.status = Some(status);
+                }
+                if let Some((step, iter, state)) = data {
+                    if h.data
+                        .as_ref()
+                        .map_or(true, |(s, i, _)| (*s, *i) <= (step, iter))
+                    {
+                        h.data = Some((step, iter, state));
+                    }
+                }
+                if self.rebackup_wait.remove(&from) {
+                    self.update_ready();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_conv(&mut self, from: VnodeId, tag: Tag, kind: ConvKind) -> Result<(), IterError> {
+        let current = self.conv.tag();
+        if tag < current {
+            // Stale (rule 1): acknowledged so the sender stops, otherwise ignored.
+            self.send(from, IterMsg::ConvAck { tag, kind });
+            return Ok(());
+        }
+        if tag > current {
+            return Ok(()); // from a step or round this vnode has not reached: resent later
+        }
+        let outs = self.conv.on_msg(from, kind);
+        self.apply(outs)?;
+        self.save_status();
+        // Rule 4: acknowledged once the new status is on every backup neighbour.
+        self.deferred.push((from, tag, kind, self.status_version));
+        self.release_deferred();
+        Ok(())
+    }
+
+    /// Rule 6. Returns an exit if the vnode was killed or stopped while restoring.
+    fn restore(&mut self) -> Result<Option<Exit>, IterError> {
+        let mut replies: HashMap<VnodeId, Backups> = HashMap::new();
+        // With no backup neighbour and no store, nothing can say whether a step has ended.
+        let mut lost = self.backups.is_empty() && self.cfg.store.is_none();
+        let mut asked = Instant::now() - self.cfg.resend;
+        // Rule 6: what this vnode held for its wards died with its predecessor.
+        self.rebackup_wait = self.wards.iter().copied().collect();
+        self.rebackup_asked = Instant::now();
+        for w in self.wards.clone() {
+            self.send(w, IterMsg::Rebackup);
+        }
+        while replies.len() < self.backups.len() {
+            if self.ctl.kill.load(Ordering::Relaxed) {
+                return Ok(Some(Exit::Killed));
+            }
+            if self.ctl.stop.load(Ordering::Relaxed) {
+                return Ok(Some(Exit::Stopped));
+            }
+            if asked.elapsed() >= self.cfg.resend {
+                asked = Instant::now();
+                for b in self.backups.clone() {
+                    if !replies.contains_key(&b) {
+                        self.send(b, IterMsg::Fetch);
+                    }
+                }
+            }
+            let Some(env) = self.ep.recv_timeout(Duration::from_millis(2)) else {
+                continue;
+            };
+            match env.msg {
+                Message::Iter(IterMsg::Backups {
+                    status,
+                    data,
+                    lost: l,
+                }) => {
+                    if self.backups.contains(&env.from) {
+                        lost |= l;
+                        replies.insert(env.from, (status, data));
+                    }
+                }
+                Message::Iter(
+                    IterMsg::Conv { .. } | IterMsg::ConvAck { .. } | IterMsg::DataAck { .. },
+                ) => {} // before the status is back: the senders resend
+                // Not before its own state is back; the asker resends.
+                Message::Iter(IterMsg::StatusAck { .. } | IterMsg::Rebackup) => {}
+                _ => self.handle(env)?,
+            }
+        }
+        let mut status: Option<(u64, Vec<u8>)> = None;
+        let mut data: Option<(u64, u64, Vec<u8>)> = None;
+        for (s, d) in replies.into_values() {
+            if let Some(s) = s {
+                if status.as_ref().map_or(true, |(v, _)| s.0 > *v) {
+                    status = Some(s);
+                }
+            }
+            if let Some(d) = d {
+                if data
+                    .as_ref()
+                    .map_or(true, |(s, i, _)| (d.0, d.1) > (*s, *i))
+                {
+                    data = Some(d);
+                }
+            }
+        }
+        if let Some(store) = &self.cfg.store {
+            if let Some(d) = get_store(&**store, self.me)? {
+                if data
+                    .as_ref()
+                    .map_or(true, |(s, i, _)| (d.0, d.1) > (*s, *i))
+                {
+                    data = Some(d);
+                }
+            }
+        }
+        let status: Option<Status> = match status {
+            Some((v, bytes)) => {
+                self.status_version = v;
+                Some(postcard::from_bytes(&bytes).map_err(|e| IterError::Block {
+                    vnode: self.me,
+                    source: super::BlockError(format!("status backup does not decode: {e}")),
+                })?)
+            }
+            None => None,
+        };
+        let step = status.as_ref().map_or(0, |s| s.conv.tag().step);
+        match data {
+            Some((dstep, _iter, state)) => {
+                self.block
+                    .restore(&state)
+                    .map_err(|source| IterError::Block {
+                        vnode: self.me,
+                        source,
+                    })?;
+                self.block_step = dstep;
+            }
+            None if lost || step > 0 || status.as_ref().is_some_and(|s| s.finished) => {
+                return Err(IterError::Unrecoverable(self.me));
+            }
+            None => {} // never backed up: the initial state is the state (no step has ended)
+        }
+        if let Some(s) = status {
+            self.conv = s.conv;
+            self.finished = s.finished;
+            self.negative_verdicts = s.negative_verdicts;
+            for (to, tag, kind) in s.pending {
+                self.pending
+                    .insert((to, tag, kind), Instant::now() - self.cfg.resend);
+            }
+        }
+        // The data may predate the end of a step the status records (rule 6).
+        while self.block_step < self.conv.tag().step {
+            self.block.advance();
+            self.block_step += 1;
+        }
+        if self.block_step > self.conv.tag().step {
+            // The step ended after the status was saved: the verdict will come again and find
+            // the block already advanced; make the detection state agree.
+            self.conv.reset(Tag {
+                step: self.block_step,
+                round: 0,
+            });
+        }
+        for h in self.halos.values_mut() {
+            if h.key.0 < self.block_step {
+                h.fresh = false;
+            }
+        }
+        self.promote_future();
+        self.status_bytes.clear();
+        self.save_status();
+        let outs = self.conv.resend_all();
+        // The messages resend_all names are pending already or implied; send them once.
+        self.apply(outs)?;
+        if self.finished {
+            let _ = self
+                .ctl
+                .done
+                .send((self.me, self.block_step, self.block.save()));
+        }
+        Ok(None)
+    }
+}
+
+fn store_key(v: VnodeId) -> Vec<u8> {
+    format!("iter/{}/data", v.0).into_bytes()
+}
+
+fn put_store(
+    store: &dyn veriflow_checkpoint::Store,
+    v: VnodeId,
+    step: u64,
+    iter: u64,
+    state: &[u8],
+) -> Result<(), IterError> {
+    let mut value = Vec::with_capacity(16 + state.len());
+    value.extend_from_slice(&step.to_le_bytes());
+    value.extend_from_slice(&iter.to_le_bytes());
+    value.extend_from_slice(state);
+    let err = |e: veriflow_checkpoint::StoreError| IterError::Store {
+        vnode: v,
+        message: e.to_string(),
+    };
+    store.put(&store_key(v), &value).map_err(err)?;
+    store.flush().map_err(err)
+}
+
+fn get_store(
+    store: &dyn veriflow_checkpoint::Store,
+    v: VnodeId,
+) -> Result<Option<(u64, u64, Vec<u8>)>, IterError> {
+    let value = store.get(&store_key(v)).map_err(|e| IterError::Store {
+        vnode: v,
+        message: e.to_string(),
+    })?;
+    let Some(value) = value else { return Ok(None) };
+    if value.len() < 16 {
+        return Err(IterError::Store {
+            vnode: v,
+            message: format!("data backup of {} bytes is truncated", value.len()),
+        });
+    }
+    let step = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+    let iter = u64::from_le_bytes(value[8..16].try_into().expect("8 bytes"));
+    Ok(Some((step, iter, value[16..].to_vec())))
+}
