@@ -61,6 +61,31 @@ pub trait Program: Args + Clone + Send + Sync + 'static {
         &self,
         outputs: &<Self::Root as Task>::Outputs,
     ) -> Result<serde_json::Value, WrongResult>;
+    /// Iterative mode (paper 000): `Some` when these options select it. Cluster members then
+    /// run the blocks with `veriflow_runtime::iterative::run_member` instead of the data-flow
+    /// runtime, and the job's result is [`Iterative::check`] of the final states.
+    fn iterative(&self) -> Option<Iterative> {
+        None
+    }
+}
+
+/// The checker of an iterative run's final states.
+pub type IterCheck = Arc<
+    dyn Fn(&veriflow_runtime::iterative::IterReport) -> Result<serde_json::Value, WrongResult>
+        + Send
+        + Sync,
+>;
+
+/// An iterative run of a [`Program`]: its configuration, its blocks, and the check of its
+/// result.
+#[derive(Clone)]
+pub struct Iterative {
+    /// Mode, neighbours, tolerance, backups.
+    pub config: veriflow_runtime::iterative::IterConfig,
+    /// Makes each vnode's block.
+    pub factory: veriflow_runtime::iterative::BlockFactory,
+    /// Checks the final states (all vnodes, by vnode) and returns the result to report.
+    pub check: IterCheck,
 }
 
 /// Program options that are invalid together (a usage error, exit status 2).

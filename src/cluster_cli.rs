@@ -233,6 +233,20 @@ fn parse_job<P: Program>(argv: &[String]) -> Result<JobArgs<P>, String> {
 
 fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, String> {
     let job = parse_job::<P>(&ctx.spec.argv)?;
+    if let Some(it) = job.program.iterative() {
+        let out = veriflow_runtime::iterative::run_member(it.config, it.factory, ctx.member)
+            .map_err(|e| e.to_string())?;
+        return Ok(WorkerReport {
+            tasks: out.stats.iter().map(|(_, s)| s.iterations).sum(),
+            states: out
+                .states
+                .into_iter()
+                .map(|(v, steps, state)| (v.0, steps, state))
+                .collect(),
+            iter_stats: out.stats.into_iter().map(|(v, s)| (v.0, s)).collect(),
+            ..WorkerReport::default()
+        });
+    }
     let registry = registry::<P>().map_err(|e| e.to_string())?;
     let runtime = Runtime::builder(registry)
         .program(P::NAME)
@@ -253,6 +267,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         tasks: report.tasks,
         events: report.events,
         vnodes: report.vnodes,
+        ..WorkerReport::default()
     })
 }
 
@@ -267,6 +282,41 @@ struct Finished {
     workers_lost: u32,
     workers: u32,
     store: String,
+    states: Vec<(u32, u64, Vec<u8>)>,
+    iter_stats: Vec<(u32, veriflow_runtime::iterative::NodeStats)>,
+}
+
+/// The job spec of a job's command line: an iterative program's vnodes are its blocks.
+fn job_spec<P: Program>(
+    job: &JobArgs<P>,
+    argv: Vec<String>,
+    min_workers: u32,
+) -> Result<JobSpec, CliError> {
+    let mut spec = JobSpec {
+        argv,
+        vnodes: job.vnodes.unwrap_or(0),
+        min_workers,
+        iterative: false,
+    };
+    if let Some(it) = job.program.iterative() {
+        let n = u32::try_from(it.config.neighbours.len()).unwrap_or(u32::MAX);
+        if job.vnodes.is_some_and(|v| v != n) {
+            return Err(CliError::Invalid(format!(
+                "this iterative run has {n} blocks, one per vnode: --vnodes must be {n} or left out"
+            )));
+        }
+        if job.certify {
+            return Err(CliError::Invalid(
+                "an iterative run keeps no task log: --certify needs a data-flow run".into(),
+            ));
+        }
+        it.config
+            .validate()
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+        spec.vnodes = n;
+        spec.iterative = true;
+    }
+    Ok(spec)
 }
 
 /// Follows a job to its end, printing what happens on the way unless `--json`.
@@ -318,7 +368,11 @@ fn follow(
             elapsed_s,
             vnodes,
             workers_lost,
+            states,
+            iter_stats,
         } => Ok(Finished {
+            states,
+            iter_stats,
             outputs,
             root,
             tasks,
@@ -338,6 +392,9 @@ fn follow(
 
 /// Prints the summary of a finished job (the same fields as `run`) and checks the result.
 fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result<(), CliError> {
+    if let Some(it) = job.program.iterative() {
+        return summarize_iterative::<P>(job, &it, done);
+    }
     let outputs: <P::Root as Task>::Outputs = decode_outputs(done.outputs.clone())
         .map_err(|e| CliError::Invalid(format!("terminal output {}: {}", e.index, e.reason)))?;
     let checked = job.program.check(&outputs);
@@ -422,17 +479,98 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
     }
 }
 
+/// The summary of a finished iterative job: its program's check of every vnode's final state.
+fn summarize_iterative<P: Program>(
+    job: &JobArgs<P>,
+    it: &crate::app::Iterative,
+    done: &Finished,
+) -> Result<(), CliError> {
+    use veriflow_runtime::iterative::{IterReport, NodeStats};
+    let n = it.config.neighbours.len();
+    let mut states: Vec<Option<Vec<u8>>> = vec![None; n];
+    let mut steps = 0;
+    for (v, st, state) in &done.states {
+        if let Some(slot) = states.get_mut(*v as usize) {
+            *slot = Some(state.clone());
+            steps = steps.max(*st);
+        }
+    }
+    let states = states
+        .into_iter()
+        .enumerate()
+        .map(|(v, s)| {
+            s.ok_or_else(|| {
+                CliError::Invalid(format!(
+                    "the final state of vnode {v} was lost with its worker as the job ended"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut vnodes = vec![NodeStats::default(); n];
+    for (v, s) in &done.iter_stats {
+        if let Some(slot) = vnodes.get_mut(*v as usize) {
+            slot.add(s);
+        }
+    }
+    let report = IterReport {
+        states,
+        steps,
+        replacements: vnodes.iter().map(|s| s.restores).sum(),
+        vnodes,
+        elapsed_s: done.elapsed_s,
+    };
+    let checked = (it.check)(&report);
+    let secs = done.elapsed_s;
+    if job.json {
+        println!(
+            "{}",
+            json!({
+                "program": P::NAME,
+                "mode": format!("{:?}", it.config.mode).to_lowercase(),
+                "result": checked.as_ref().ok(),
+                "correct": checked.is_ok(),
+                "steps": report.steps,
+                "iterations": report.iterations(),
+                "messages": report.messages(),
+                "negative_verdicts": report.negative_verdicts(),
+                "replacements": report.replacements,
+                "elapsed_s": secs,
+                "workers": done.workers,
+                "vnodes": n,
+                "failures": done.workers_lost,
+                "per_vnode": report.vnodes,
+            })
+        );
+    } else {
+        match &checked {
+            Ok(v) => println!("{}: result {v} (checked)", P::NAME),
+            Err(e) => println!("{}: {e}", P::NAME),
+        }
+        println!(
+            "iterative ({:?}): {} steps, {} iterations, {} messages in {secs:.3} s on {} workers, {n} vnodes",
+            it.config.mode,
+            report.steps,
+            report.iterations(),
+            report.messages(),
+            done.workers,
+        );
+        if done.workers_lost > 0 {
+            println!(
+                "recovery: {} worker(s) lost; {} vnode(s) restored from their neighbours' backups",
+                done.workers_lost, report.replacements
+            );
+        }
+    }
+    checked.map(drop).map_err(CliError::from)
+}
+
 /// `APP submit`.
 pub(crate) fn submit_cmd<P: Program>(
     args: &SubmitArgs<P>,
     argv: Vec<String>,
 ) -> Result<(), CliError> {
     let key = Key::load(&args.key)?;
-    let spec = JobSpec {
-        argv,
-        vnodes: args.job.vnodes.unwrap_or(0),
-        min_workers: 1,
-    };
+    let spec = job_spec(&args.job, argv, 1)?;
     let bar = crate::app::progress_bar(args.job.json, args.job.program.expected_tasks());
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
@@ -599,11 +737,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         .collect();
     kills.sort_by(|a, b| a.0.total_cmp(&b.0));
     let expected = args.job.program.expected_tasks();
-    let spec = JobSpec {
-        argv,
-        vnodes: args.job.vnodes.unwrap_or(0),
-        min_workers: args.workers + args.spares,
-    };
+    let spec = job_spec(&args.job, argv, args.workers + args.spares)?;
     let bar = crate::app::progress_bar(args.job.json, expected);
     let started = std::time::Instant::now();
     let mut killed: Vec<usize> = Vec::new();

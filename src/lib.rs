@@ -13,7 +13,7 @@ mod cluster;
 mod cluster_cli;
 mod inspect;
 
-pub use app::{App, InvalidArgs, Program, WrongResult};
+pub use app::{App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
 pub use inspect::{inspect, Inspection, TerminalValue, VnodeSummary};
 
 pub use veriflow_checkpoint::{MemoryStore, SledStore, Store, StoreError};

@@ -34,6 +34,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{Key, Store};
 use veriflow_runtime::detect::{Detector, DetectorHandle, DetectorThread, FdParams, Status};
+use veriflow_runtime::iterative::NodeStats;
 use veriflow_runtime::log::{Manifest, RunStatus};
 use veriflow_runtime::SystemClock;
 
@@ -82,6 +83,7 @@ type Writers = Arc<std::sync::Mutex<HashMap<WorkerId, UnboundedSender<ToWorker>>
 
 struct Job {
     id: u64,
+    iterative: bool,
     host: Vec<WorkerId>,
     epoch: Vec<u64>,
     members: Vec<WorkerId>,
@@ -430,6 +432,7 @@ fn start_job(
     let now = Instant::now();
     Ok(Job {
         id,
+        iterative: spec.iterative,
         host,
         epoch,
         members,
@@ -584,7 +587,22 @@ fn maybe_finish(j: &mut Job, cfg: &CoordinatorConfig) -> bool {
         return false;
     }
     let elapsed_s = j.started.elapsed().as_secs_f64();
-    let outputs = j.done.values().find_map(|r| r.outputs.clone());
+    // An iterative run's result is the final states every member returns (rule 6).
+    let outputs = if j.iterative {
+        Some(Vec::new())
+    } else {
+        j.done.values().find_map(|r| r.outputs.clone())
+    };
+    let mut states: BTreeMap<u32, (u64, Vec<u8>)> = BTreeMap::new();
+    let mut iter_stats: BTreeMap<u32, NodeStats> = BTreeMap::new();
+    for r in j.done.values() {
+        for (v, steps, state) in &r.states {
+            states.insert(*v, (*steps, state.clone()));
+        }
+        for (v, s) in &r.iter_stats {
+            iter_stats.entry(*v).or_default().add(s);
+        }
+    }
     let msg = match (&j.error, outputs) {
         (Some(e), _) => ToSubmit::Failed { error: e.clone() },
         (None, None) => ToSubmit::Failed {
@@ -605,6 +623,8 @@ fn maybe_finish(j: &mut Job, cfg: &CoordinatorConfig) -> bool {
                     elapsed_s,
                     vnodes,
                     workers_lost: j.lost,
+                    states: states.into_iter().map(|(v, (n, s))| (v, n, s)).collect(),
+                    iter_stats: iter_stats.into_iter().collect(),
                 }
             }
         },

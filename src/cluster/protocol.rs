@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use veriflow_runtime::detect::{FdParams, Heartbeat};
+use veriflow_runtime::iterative::NodeStats;
 use veriflow_runtime::transport::Envelope;
 use veriflow_runtime::VnodeStats;
 
@@ -42,6 +43,8 @@ pub(crate) struct JobSpec {
     pub(crate) vnodes: u32,
     /// Wait until this many workers have joined (up to a deadline) before starting.
     pub(crate) min_workers: u32,
+    /// An iterative run (`Program::iterative`): the result is every vnode's final state.
+    pub(crate) iterative: bool,
 }
 
 /// Coordinator to worker.
@@ -105,6 +108,10 @@ pub(crate) enum ToCoord {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct WorkerReport {
     pub(crate) outputs: Option<Vec<Vec<u8>>>,
+    /// Iterative runs: final states of the vnodes that finished here (vnode, steps, state).
+    pub(crate) states: Vec<(u32, u64, Vec<u8>)>,
+    /// Iterative runs: counters of the vnodes' incarnations that ran here.
+    pub(crate) iter_stats: Vec<(u32, NodeStats)>,
     pub(crate) tasks: u64,
     pub(crate) events: u64,
     pub(crate) vnodes: Vec<VnodeStats>,
@@ -137,6 +144,10 @@ pub(crate) enum ToSubmit {
         elapsed_s: f64,
         vnodes: Vec<VnodeStats>,
         workers_lost: u32,
+        /// Iterative runs: every vnode's final state (vnode, steps, state).
+        states: Vec<(u32, u64, Vec<u8>)>,
+        /// Iterative runs: per-vnode counters, summed over incarnations.
+        iter_stats: Vec<(u32, NodeStats)>,
     },
     /// The job failed.
     Failed { error: String },

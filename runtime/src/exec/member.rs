@@ -54,6 +54,8 @@ pub enum Control {
 #[derive(Default)]
 pub struct MemberStatus {
     shared: OnceLock<Arc<RunShared>>,
+    /// Iterative mode (`crate::iterative`): the work word of each hosted vnode.
+    words: Mutex<Option<std::collections::BTreeMap<VnodeId, u64>>>,
     hosted: Mutex<Vec<VnodeId>>,
 }
 
@@ -82,6 +84,14 @@ impl MemberStatus {
     /// The work word of each hosted vnode (low 32 bits: outstanding work; high: changes), or
     /// `None` before the run has started here.
     pub fn work(&self) -> Option<Vec<(VnodeId, u64)>> {
+        if let Some(words) = self
+            .words
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Some(words.iter().map(|(&v, &w)| (v, w)).collect());
+        }
         let shared = self.shared.get()?;
         Some(
             self.hosted()
@@ -89,6 +99,16 @@ impl MemberStatus {
                 .map(|v| (v, shared.work_word(v)))
                 .collect(),
         )
+    }
+
+    /// Iterative mode: `v` is hosted here with this work word (1: not finished; 0: finished).
+    pub(crate) fn set_word(&self, v: VnodeId, word: u64) {
+        let mut words = self.words.lock().unwrap_or_else(|p| p.into_inner());
+        words.get_or_insert_with(Default::default).insert(v, word);
+        let mut hosted = self.hosted.lock().unwrap_or_else(|p| p.into_inner());
+        if !hosted.contains(&v) {
+            hosted.push(v);
+        }
     }
 
     /// Tasks completed by the vnodes hosted here.

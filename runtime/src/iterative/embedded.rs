@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::conv::spanning_tree;
-use super::node::{Control, Exit, Node, NodeStats};
+use super::node::{spawn_node, Control, Exit, ExitMsg, Incarnation, NodeStats};
 use super::{BlockFactory, IterConfig, IterError, IterReport};
 use crate::ids::{Epoch, VnodeId};
 use crate::transport::{Endpoint, InProcTransport, LossyTransport, Transport};
@@ -61,8 +61,6 @@ impl Default for Embedded {
         }
     }
 }
-
-type ExitMsg = (VnodeId, Exit, NodeStats, Option<Box<dyn Endpoint>>);
 
 /// Runs the blocks `factory` makes, one thread per vnode, until global convergence of the last
 /// step (rules 1-4).
@@ -108,35 +106,19 @@ pub fn run_embedded(
                  restore: bool,
                  ctl: Arc<Control>|
      -> Result<(), IterError> {
-        let block = factory(v).map_err(|source| IterError::Block { vnode: v, source })?;
-        let node = Node::new(
-            v,
-            epoch,
+        spawn_node(
+            Incarnation {
+                vnode: v,
+                epoch,
+                restore,
+            },
             ep,
-            block,
-            cfg.clone(),
+            &factory,
+            &cfg,
             ctl,
-            tree[v.0 as usize].clone(),
-        );
-        let exit_tx = exit_tx.clone();
-        std::thread::Builder::new()
-            .name(format!("iter-{v}"))
-            .spawn(move || {
-                let msg = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    node.run(restore)
-                })) {
-                    Ok((exit, stats, ep)) => (v, exit, stats, Some(ep)),
-                    Err(_) => (
-                        v,
-                        Exit::Failed(IterError::Panicked(v)),
-                        NodeStats::default(),
-                        None,
-                    ),
-                };
-                let _ = exit_tx.send(msg);
-            })
-            .map_err(|e| IterError::Config(format!("cannot start a thread: {e}")))?;
-        Ok(())
+            &tree,
+            &exit_tx,
+        )
     };
     let control = || {
         Arc::new(Control {

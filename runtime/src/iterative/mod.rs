@@ -3,7 +3,8 @@
 //! decentralized protocol that detects global convergence.
 //!
 //! A program implements [`Block`] for its blocks and runs them with [`run_embedded`] (one
-//! process, one thread per vnode) or from cluster members (`src/cluster`). The mode is chosen by
+//! process, one thread per vnode) or, in cluster mode, with [`run_member`] in every member
+//! process (the cluster's coordinator, router and failure detector, as for data-flow runs). The mode is chosen by
 //! [`IterConfig::mode`]:
 //!
 //! - [`Mode::Async`]: a vnode never waits. It iterates with the last halo it received from each
@@ -53,6 +54,7 @@
 
 mod conv;
 mod embedded;
+mod member;
 mod node;
 #[cfg(test)]
 mod tests;
@@ -64,6 +66,7 @@ use serde::{Deserialize, Serialize};
 
 pub use conv::{ConvKind, Tag};
 pub use embedded::{run_embedded, Embedded, IterKills};
+pub use member::{run_member, MemberOutcome};
 pub use node::NodeStats;
 
 use crate::ids::VnodeId;

@@ -32,7 +32,8 @@ pub struct NodeStats {
 }
 
 impl NodeStats {
-    pub(crate) fn add(&mut self, o: &NodeStats) {
+    /// Adds another incarnation's counters (the negative verdicts are a count seen, not summed).
+    pub fn add(&mut self, o: &NodeStats) {
         self.iterations += o.iterations;
         self.messages += o.messages;
         self.halos += o.halos;
@@ -52,6 +53,61 @@ pub(crate) struct Control {
     pub(crate) done: Sender<(VnodeId, u64, Vec<u8>)>,
     /// Restored, and holding fresh backups of every vnode it backs up (rule 6).
     pub(crate) ready: AtomicBool,
+}
+
+/// A node thread's last word: who, why, its counters, and its endpoint for a replacement.
+pub(crate) type ExitMsg = (VnodeId, Exit, NodeStats, Option<Box<dyn Endpoint>>);
+
+/// Which incarnation of a vnode to start.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Incarnation {
+    pub(crate) vnode: VnodeId,
+    pub(crate) epoch: Epoch,
+    /// A replacement: restore from backups first (rule 6).
+    pub(crate) restore: bool,
+}
+
+/// Starts a node on its own thread; its [`ExitMsg`] goes to `exits` (a panic is reported as
+/// [`IterError::Panicked`]).
+pub(crate) fn spawn_node(
+    who: Incarnation,
+    ep: Box<dyn Endpoint>,
+    factory: &super::BlockFactory,
+    cfg: &Arc<IterConfig>,
+    ctl: Arc<Control>,
+    tree: &[Vec<VnodeId>],
+    exits: &Sender<ExitMsg>,
+) -> Result<(), IterError> {
+    let v = who.vnode;
+    let block = factory(v).map_err(|source| IterError::Block { vnode: v, source })?;
+    let node = Node::new(
+        v,
+        who.epoch,
+        ep,
+        block,
+        cfg.clone(),
+        ctl,
+        tree[v.0 as usize].clone(),
+    );
+    let exits = exits.clone();
+    std::thread::Builder::new()
+        .name(format!("iter-{v}"))
+        .spawn(move || {
+            let msg = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                node.run(who.restore)
+            })) {
+                Ok((exit, stats, ep)) => (v, exit, stats, Some(ep)),
+                Err(_) => (
+                    v,
+                    Exit::Failed(IterError::Panicked(v)),
+                    NodeStats::default(),
+                    None,
+                ),
+            };
+            let _ = exits.send(msg);
+        })
+        .map_err(|e| IterError::Config(format!("cannot start a thread: {e}")))?;
+    Ok(())
 }
 
 /// Why a node's loop returned.

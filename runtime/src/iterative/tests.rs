@@ -398,3 +398,119 @@ fn backup_neighbours_are_ring_neighbours() {
     let c = IterConfig::new(Mode::Async, IterConfig::chain(2), TOL);
     assert_eq!(c.backups_of(VnodeId(1)), vec![VnodeId(0)]);
 }
+
+/// Cluster mode in one process: two members over routers, a test coordinator that runs the
+/// two-scan termination test on the members' work words, and member 1 "dying" (stopped, its
+/// outcome thrown away, its queued messages lost) while its vnodes move to member 0 at epoch 1.
+#[test]
+fn members_finish_and_a_lost_members_vnodes_restore_elsewhere() {
+    use crate::exec::{Control, Member, MemberStatus};
+    use crate::ids::Epoch;
+    use crate::transport::{Envelope, Router};
+    use std::sync::{mpsc, Mutex};
+
+    for (kill, mode) in [
+        (false, Mode::Async),
+        (true, Mode::Async),
+        (true, Mode::Sync),
+    ] {
+        let blocks = 4usize;
+        let host: Arc<Mutex<Vec<usize>>> = Arc::new(Mutex::new(vec![0, 1, 0, 1]));
+        let routers: Arc<Mutex<Vec<Router>>> = Arc::new(Mutex::new(Vec::new()));
+        for _ in 0..2 {
+            let (host, routers2) = (host.clone(), routers.clone());
+            let router = Router::new(Arc::new(move |to: VnodeId, env: Envelope| {
+                let h = host.lock().unwrap()[to.0 as usize];
+                let r = routers2.lock().unwrap()[h].clone();
+                r.deliver(to, env);
+            }));
+            routers.lock().unwrap().push(router);
+        }
+        let mut ctls = Vec::new();
+        let mut statuses = Vec::new();
+        let mut threads = Vec::new();
+        for m in 0..2usize {
+            let (tx, rx) = mpsc::channel();
+            let status = MemberStatus::new();
+            let member = Member {
+                transport: Arc::new(routers.lock().unwrap()[m].clone()),
+                hosted: (0..blocks)
+                    .filter(|&v| host.lock().unwrap()[v] == m)
+                    .map(|v| (VnodeId(v as u32), Epoch(0)))
+                    .collect(),
+                starts: m == 0,
+                control: rx,
+                status: status.clone(),
+            };
+            let mut cfg = IterConfig::new(mode, IterConfig::chain(blocks as u32), TOL);
+            cfg.backup_every = 3;
+            cfg.resend = Duration::from_millis(5);
+            let f = factory(blocks);
+            threads.push(std::thread::spawn(move || run_member(cfg, f, member)));
+            ctls.push(tx);
+            statuses.push(status);
+        }
+        if kill {
+            std::thread::sleep(Duration::from_millis(3));
+            ctls[1].send(Control::Stop).unwrap();
+            let _lost = threads.pop().unwrap().join().unwrap();
+            let mut h = host.lock().unwrap();
+            for v in [1, 3] {
+                h[v] = 0;
+                ctls[0]
+                    .send(Control::Host(VnodeId(v as u32), Epoch(1)))
+                    .unwrap();
+            }
+        }
+        // The two-scan termination test (the coordinator's rule 3).
+        let mut last: Option<Vec<u64>> = None;
+        loop {
+            std::thread::sleep(Duration::from_millis(2));
+            let mut words = vec![None; blocks];
+            let live = if kill { 1 } else { 2 };
+            for (m, st) in statuses.iter().enumerate().take(live) {
+                for (v, w) in st.work().unwrap_or_default() {
+                    if host.lock().unwrap()[v.0 as usize] == m {
+                        words[v.0 as usize] = Some(w);
+                    }
+                }
+            }
+            let Some(words) = words.into_iter().collect::<Option<Vec<u64>>>() else {
+                continue;
+            };
+            if words.iter().all(|&w| w == 0) && last.as_ref() == Some(&words) {
+                break;
+            }
+            last = Some(words);
+        }
+        for c in &ctls {
+            let _ = c.send(Control::Stop);
+        }
+        let mut states: Vec<Option<Vec<u8>>> = vec![None; blocks];
+        let mut restores = 0;
+        for t in threads {
+            let out = t.join().unwrap().unwrap();
+            for (v, steps, state) in out.states {
+                assert_eq!(steps, STEPS);
+                states[v.0 as usize] = Some(state);
+            }
+            restores += out.stats.iter().map(|(_, s)| s.restores).sum::<u64>();
+        }
+        assert_eq!(restores, if kill { 2 } else { 0 });
+        let u: Vec<f64> = states
+            .into_iter()
+            .flat_map(|s| {
+                postcard::from_bytes::<Heat>(&s.expect("every vnode finished"))
+                    .unwrap()
+                    .u
+            })
+            .collect();
+        let want = reference().pop().unwrap();
+        let err = u
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(err <= 1e-8, "kill {kill} {mode:?}: error {err:e}");
+    }
+}
