@@ -21,7 +21,10 @@
 //!    member learns the new map and epochs (so late messages of the lost incarnation are
 //!    dropped). The termination test starts over.
 //! 6. The job ends when every live member has reported; the coordinator then records the run
-//!    as finished in the manifest and sends the summary to the client.
+//!    as finished in the manifest and sends the summary to the client. An iterative job
+//!    (`Program::iterative`, paper 000) keeps no log: its work words say which vnodes have
+//!    finished their last step, a moved vnode restores from its neighbours' backups instead of
+//!    a log, and its result is the final states all members returned.
 //! 7. A connection that fails the handshake (no key, wrong key, replayed or malformed frame)
 //!    is logged and closed; the cluster goes on.
 
