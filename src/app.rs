@@ -239,16 +239,16 @@ struct CertifyArgs {
 }
 
 #[derive(Args, Debug)]
-struct RunArgs<P: Program> {
+pub(crate) struct RunArgs<P: Program> {
     #[command(flatten)]
-    program: P,
+    pub(crate) program: P,
     #[command(flatten)]
-    runtime: RuntimeArgs,
+    pub(crate) runtime: RuntimeArgs,
     #[command(flatten)]
-    forge: ForgeArgs,
+    pub(crate) forge: ForgeArgs,
     /// Certify the run right after it (needs the log).
     #[arg(long, conflicts_with = "no_checkpoint")]
-    certify: bool,
+    pub(crate) certify: bool,
     #[command(flatten)]
     certify_params: CertifyParams,
     /// With --certify: write the signed certificate (JSON) to FILE.
@@ -258,18 +258,18 @@ struct RunArgs<P: Program> {
 
 /// Forgery injection: lying vnodes, for tests and demos of the certifier.
 #[derive(Args, Debug, Clone)]
-struct ForgeArgs {
+pub(crate) struct ForgeArgs {
     /// Make vnode V lie: return and log wrong (plausible) outputs, each task with probability
     /// --forge-rate; repeatable.
     #[arg(long = "forge-vnode", value_name = "V", requires = "forge_rate")]
-    forge_vnode: Vec<u32>,
+    pub(crate) forge_vnode: Vec<u32>,
     /// Probability that a task run on a --forge-vnode lies.
     #[arg(long = "forge-rate", value_name = "Q", requires = "forge_vnode")]
-    forge_rate: Option<f64>,
+    pub(crate) forge_rate: Option<f64>,
     /// Make exactly N tasks lie, drawn at random among the tasks that write a value (a first,
     /// unlogged run finds them).
     #[arg(long = "forge-tasks", value_name = "N", conflicts_with = "forge_vnode")]
-    forge_tasks: Option<u64>,
+    pub(crate) forge_tasks: Option<u64>,
     /// Seed of the choice of lying tasks and of their wrong values.
     #[arg(long = "forge-seed", value_name = "S", default_value_t = 0)]
     forge_seed: u64,
@@ -277,7 +277,7 @@ struct ForgeArgs {
 /// Where a run's logs live: `--log-dir DIR` (short for `--store local:DIR`) or `--store SPEC`,
 /// with `--key FILE` for checkpoint servers.
 #[derive(Args, Debug, Clone, Default)]
-struct StoreArgs {
+pub(crate) struct StoreArgs {
     /// Directory of the event logs (a sled store; short for --store local:DIR).
     #[arg(long, value_name = "DIR", conflicts_with = "store")]
     log_dir: Option<PathBuf>,
@@ -292,7 +292,7 @@ struct StoreArgs {
 }
 
 impl StoreArgs {
-    fn spec(&self) -> Option<StoreSpec> {
+    pub(crate) fn spec(&self) -> Option<StoreSpec> {
         match (&self.log_dir, &self.store) {
             (Some(d), _) => Some(StoreSpec::Local(d.clone())),
             (None, Some(s)) => Some(s.clone()),
@@ -308,7 +308,7 @@ impl StoreArgs {
     }
 
     /// Opens the store to write a run into (created if local).
-    fn open(&self, spec: &StoreSpec) -> Result<Arc<dyn Store>, CliError> {
+    pub(crate) fn open(&self, spec: &StoreSpec) -> Result<Arc<dyn Store>, CliError> {
         Ok(open_store(spec, self.key(spec)?.as_ref())?)
     }
 
@@ -353,27 +353,27 @@ impl CommitArgs {
 
 /// Options of every `run`.
 #[derive(Args, Debug, Clone)]
-struct RuntimeArgs {
+pub(crate) struct RuntimeArgs {
     /// Worker threads [default: the machine's cores].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    threads: Option<u32>,
+    pub(crate) threads: Option<u32>,
     /// Virtual nodes [default: one per thread].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    vnodes: Option<u32>,
+    pub(crate) vnodes: Option<u32>,
     /// Where the event logs go; must not hold a run yet [default: a fresh local directory,
     /// printed].
     #[command(flatten)]
-    store: StoreArgs,
+    pub(crate) store: StoreArgs,
     /// Log nothing (the S0 baseline of paper 001).
     #[arg(long, conflicts_with_all = ["log_dir", "store"])]
-    no_checkpoint: bool,
+    pub(crate) no_checkpoint: bool,
     /// Finish an interrupted run from its logs in --log-dir or --store (same program options
     /// and vnodes): completed tasks are not run again.
     #[arg(long)]
-    resume: bool,
+    pub(crate) resume: bool,
     /// Seed of the vnodes' random choices.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     #[command(flatten)]
     commit: CommitArgs,
     /// Fault injection: vnode V fails (all its memory lost) and is recovered from its log;
@@ -383,7 +383,7 @@ struct RuntimeArgs {
         value_name = "V",
         conflicts_with = "no_checkpoint"
     )]
-    kill_vnode: Vec<u32>,
+    pub(crate) kill_vnode: Vec<u32>,
     /// ... once N tasks have completed in the whole run.
     #[arg(long = "kill-after", value_name = "N")]
     kill_after: Vec<u64>,
@@ -394,10 +394,17 @@ struct RuntimeArgs {
         default_value_t = 0,
         conflicts_with = "no_checkpoint"
     )]
-    kill_random: u32,
+    pub(crate) kill_random: u32,
+    /// Iterative runs: with --kill-random K, a vnode killed every MS milliseconds.
+    #[arg(long = "kill-every", value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub(crate) kill_every_ms: u64,
+    /// Iterative runs: fault injection, each message lost with probability P (0 <= P < 1).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub(crate) loss: f64,
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 impl RuntimeArgs {
@@ -492,12 +499,20 @@ impl<P: Program> App<P> {
                         .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
                 });
                 let vnodes = args.runtime.vnodes.unwrap_or(threads);
-                let checked = args
-                    .program
-                    .validate()
-                    .and_then(|()| args.forge.check(vnodes))
-                    .and_then(|()| check_params(&args.certify_params))
-                    .and_then(|()| args.runtime.kills(vnodes, args.program.expected_tasks()));
+                let mut iterative = None;
+                let checked = args.program.validate().and_then(|()| {
+                    iterative = args.program.iterative();
+                    match &iterative {
+                        Some(it) => crate::iterative_cli::check(&args, it).map(|()| Vec::new()),
+                        None => args
+                            .forge
+                            .check(vnodes)
+                            .and_then(|()| check_params(&args.certify_params))
+                            .and_then(|()| {
+                                args.runtime.kills(vnodes, args.program.expected_tasks())
+                            }),
+                    }
+                });
                 let kills = match checked {
                     Ok(kills) => kills,
                     Err(e) => {
@@ -510,7 +525,10 @@ impl<P: Program> App<P> {
                         return ExitCode::from(2);
                     }
                 };
-                run::<P>(&args, kills)
+                match iterative {
+                    Some(it) => crate::iterative_cli::run::<P>(&args, it),
+                    None => run::<P>(&args, kills),
+                }
             }
             Command::Inspect(args) => inspect_cmd::<P>(&args),
             Command::Certify(args) => {

@@ -520,47 +520,16 @@ fn summarize_iterative<P: Program>(
         elapsed_s: done.elapsed_s,
     };
     let checked = (it.check)(&report);
-    let secs = done.elapsed_s;
-    if job.json {
-        println!(
-            "{}",
-            json!({
-                "program": P::NAME,
-                "mode": format!("{:?}", it.config.mode).to_lowercase(),
-                "result": checked.as_ref().ok(),
-                "correct": checked.is_ok(),
-                "steps": report.steps,
-                "iterations": report.iterations(),
-                "messages": report.messages(),
-                "negative_verdicts": report.negative_verdicts(),
-                "replacements": report.replacements,
-                "elapsed_s": secs,
-                "workers": done.workers,
-                "vnodes": n,
-                "failures": done.workers_lost,
-                "per_vnode": report.vnodes,
-            })
-        );
-    } else {
-        match &checked {
-            Ok(v) => println!("{}: result {v} (checked)", P::NAME),
-            Err(e) => println!("{}: {e}", P::NAME),
-        }
-        println!(
-            "iterative ({:?}): {} steps, {} iterations, {} messages in {secs:.3} s on {} workers, {n} vnodes",
-            it.config.mode,
-            report.steps,
-            report.iterations(),
-            report.messages(),
-            done.workers,
-        );
-        if done.workers_lost > 0 {
-            println!(
-                "recovery: {} worker(s) lost; {} vnode(s) restored from their neighbours' backups",
-                done.workers_lost, report.replacements
-            );
-        }
-    }
+    crate::iterative_cli::print_summary::<P>(
+        it,
+        &report,
+        &checked,
+        job.json,
+        &crate::iterative_cli::Where::Cluster {
+            workers: done.workers,
+            lost: done.workers_lost,
+        },
+    );
     checked.map(drop).map_err(CliError::from)
 }
 

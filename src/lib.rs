@@ -12,6 +12,7 @@ mod app;
 mod cluster;
 mod cluster_cli;
 mod inspect;
+mod iterative_cli;
 
 pub use app::{App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
 pub use inspect::{inspect, Inspection, TerminalValue, VnodeSummary};
