@@ -54,6 +54,7 @@
 
 mod conv;
 mod embedded;
+pub mod heat;
 mod member;
 mod node;
 #[cfg(test)]

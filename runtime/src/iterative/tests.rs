@@ -1,124 +1,11 @@
-//! Iterative mode on a toy problem whose answer is known: the implicit heat equation
-//! u_t = u_xx on (0, 1), zero Dirichlet boundaries, split into blocks of a chain. Each block
-//! solves its tridiagonal system exactly with the halos held fixed (block Jacobi), so the
-//! iteration converges to the global implicit-Euler solution, which a direct solve gives.
+//! Iterative mode on the heat toy of [`super::heat`], whose answer is known.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+use super::heat::{global_residual, initial, Heat};
 use super::*;
 use crate::ids::VnodeId;
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Heat {
-    /// First global index of the block.
-    start: usize,
-    u: Vec<f64>,
-    prev: Vec<f64>,
-    left: f64,
-    right: f64,
-    r: f64,
-    step: u64,
-    steps: u64,
-    /// The iterate accepted at the end of each step (to check every detection).
-    accepted: Vec<Vec<f64>>,
-    has_left: bool,
-    has_right: bool,
-}
-
-fn initial(n: usize) -> Vec<f64> {
-    (0..n)
-        .map(|i| {
-            let x = (i + 1) as f64 / (n + 1) as f64;
-            (std::f64::consts::PI * x).sin() + 0.5 * (3.0 * std::f64::consts::PI * x).sin()
-        })
-        .collect()
-}
-
-fn ranges(n: usize, blocks: usize) -> Vec<(usize, usize)> {
-    (0..blocks)
-        .map(|b| (b * n / blocks, (b + 1) * n / blocks))
-        .collect()
-}
-
-/// Solves (1 + 2r) u_i - r u_{i-1} - r u_{i+1} = rhs_i with u_{-1} = left, u_n = right.
-fn thomas(r: f64, rhs: &[f64], left: f64, right: f64) -> Vec<f64> {
-    let n = rhs.len();
-    let (a, b) = (-r, 1.0 + 2.0 * r);
-    let mut c = vec![0.0; n];
-    let mut d = vec![0.0; n];
-    for i in 0..n {
-        let mut rhs_i = rhs[i];
-        if i == 0 {
-            rhs_i -= a * left;
-        }
-        if i == n - 1 {
-            rhs_i -= a * right;
-        }
-        let m = if i == 0 { b } else { b - a * c[i - 1] };
-        c[i] = a / m;
-        d[i] = if i == 0 {
-            rhs_i / m
-        } else {
-            (rhs_i - a * d[i - 1]) / m
-        };
-    }
-    let mut x = vec![0.0; n];
-    for i in (0..n).rev() {
-        x[i] = if i == n - 1 {
-            d[i]
-        } else {
-            d[i] - c[i] * x[i + 1]
-        };
-    }
-    x
-}
-
-impl Block for Heat {
-    fn halo_for(&self, to: VnodeId) -> Vec<u8> {
-        let _ = to;
-        // Both ends: the receiver picks the one that faces it.
-        let v = [self.u[0], self.u[self.u.len() - 1], self.start as f64];
-        postcard::to_stdvec(&v).expect("encodes")
-    }
-    fn set_halo(&mut self, _from: VnodeId, halo: &[u8]) -> Result<(), BlockError> {
-        let [first, last, start]: [f64; 3] =
-            postcard::from_bytes(halo).map_err(|e| BlockError(format!("bad halo: {e}")))?;
-        if (start as usize) < self.start {
-            self.left = last;
-        } else {
-            self.right = first;
-        }
-        Ok(())
-    }
-    fn iterate(&mut self) -> f64 {
-        let left = if self.has_left { self.left } else { 0.0 };
-        let right = if self.has_right { self.right } else { 0.0 };
-        let new = thomas(self.r, &self.prev, left, right);
-        let change = new
-            .iter()
-            .zip(&self.u)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        self.u = new;
-        change
-    }
-    fn advance(&mut self) -> bool {
-        self.accepted.push(self.u.clone());
-        self.prev = self.u.clone();
-        self.step += 1;
-        self.step < self.steps
-    }
-    fn save(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("encodes")
-    }
-    fn restore(&mut self, state: &[u8]) -> Result<(), BlockError> {
-        *self = postcard::from_bytes(state).map_err(|e| BlockError(e.to_string()))?;
-        Ok(())
-    }
-}
 
 const N: usize = 120;
 const R: f64 = 4.0;
@@ -126,47 +13,11 @@ const STEPS: u64 = 4;
 const TOL: f64 = 1e-10;
 
 fn factory(blocks: usize) -> BlockFactory {
-    let u0 = initial(N);
-    let rs = ranges(N, blocks);
-    Arc::new(move |v: VnodeId| {
-        let (a, b) = rs[v.0 as usize];
-        Ok(Box::new(Heat {
-            start: a,
-            u: u0[a..b].to_vec(),
-            prev: u0[a..b].to_vec(),
-            left: 0.0,
-            right: 0.0,
-            r: R,
-            step: 0,
-            steps: STEPS,
-            accepted: Vec::new(),
-            has_left: a > 0,
-            has_right: b < N,
-        }) as Box<dyn Block>)
-    })
+    heat::factory(N, blocks, R, STEPS)
 }
 
-/// The implicit-Euler solution after each step, by direct solve.
 fn reference() -> Vec<Vec<f64>> {
-    let mut u = initial(N);
-    let mut out = Vec::new();
-    for _ in 0..STEPS {
-        u = thomas(R, &u, 0.0, 0.0);
-        out.push(u.clone());
-    }
-    out
-}
-
-/// Max-norm residual of the global system for step `s` with the accepted iterates.
-fn global_residual(u: &[f64], prev: &[f64]) -> f64 {
-    let n = u.len();
-    (0..n)
-        .map(|i| {
-            let l = if i > 0 { u[i - 1] } else { 0.0 };
-            let r = if i + 1 < n { u[i + 1] } else { 0.0 };
-            ((1.0 + 2.0 * R) * u[i] - R * l - R * r - prev[i]).abs()
-        })
-        .fold(0.0, f64::max)
+    heat::reference(N, R, STEPS)
 }
 
 /// Runs and checks: the final state matches the direct solve, and every detection was true
@@ -191,7 +42,7 @@ fn run_and_check(blocks: usize, mode: Mode, opts: &Embedded, tag: &str) -> IterR
             .flat_map(|b| b.accepted[s].iter().copied())
             .collect();
         assert_eq!(u.len(), N);
-        let res = global_residual(&u, &prev);
+        let res = global_residual(&u, &prev, R);
         // Block Jacobi with exact local solves: a halo change below TOL moves the residual by at
         // most 2 R TOL per halo; the local count of 3 fresh iterations leaves a margin.
         assert!(
