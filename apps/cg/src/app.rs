@@ -1,21 +1,35 @@
 //! The `cg` program's command line: `cg run --matrix SOURCE [--mode dataflow] [--rhs ones|random:S]
 //! [--rtol R] [--max-iter M] [--blocks B] [--batch S]`, plus everything [`veriflow::App`] gives
 //! (vnodes, failures, logs, `inspect`, `certify`, `cluster`).
+//!
+//! `cg run --mode spmd ...` is dispatched before [`veriflow::App`] sees it ([`main_from`]): the
+//! SPMD solver ([`crate::spmd`]) is not a data-flow program, so it has its own options
+//! ([`SpmdArgs`]) next to the program's, and the same exit statuses (0 success, 1 failed or
+//! wrong, 2 bad usage).
 
+use std::ffi::OsString;
 use std::fmt;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::str::FromStr;
 
-use clap::Args;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use veriflow::{InvalidArgs, Program, Registry, RegistryError, WrongResult};
+use veriflow_checkpoint::{open_store, Key, StoreSpec};
 
 use crate::dataflow::{self, Solution, Start};
 use crate::problem::{problem, Rhs, Source};
+use crate::spmd::{self, Encoding, Kill, SpmdConfig, SpmdError, SpmdReport};
 
 /// How the solve runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Every iteration's blocks as tasks of the data-flow runtime ([`crate::dataflow`]).
     Dataflow,
+    /// Paper 002's workers owning row blocks, with encoded diskless checkpoints
+    /// ([`crate::spmd`]; `cg run` only).
+    Spmd,
 }
 
 impl FromStr for Mode {
@@ -23,26 +37,26 @@ impl FromStr for Mode {
     fn from_str(s: &str) -> Result<Mode, String> {
         match s {
             "dataflow" => Ok(Mode::Dataflow),
-            "spmd" => Err(
-                "spmd is not available yet (it runs on the iterative mode, still being built); \
-                 use --mode dataflow"
-                    .to_string(),
-            ),
-            other => Err(format!("{other:?} is not a mode: the mode is dataflow")),
+            "spmd" => Ok(Mode::Spmd),
+            other => Err(format!("{other:?} is not a mode: dataflow or spmd")),
         }
     }
 }
 
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("dataflow")
+        f.write_str(match self {
+            Mode::Dataflow => "dataflow",
+            Mode::Spmd => "spmd",
+        })
     }
 }
 
 /// The CG program and its command-line parameters.
 #[derive(Args, Clone, Debug)]
 pub struct Cg {
-    /// How the solve runs: `dataflow` (iterations as logged, recoverable, certifiable tasks).
+    /// How the solve runs: `dataflow` (iterations as logged, recoverable, certifiable tasks) or
+    /// `spmd` (workers owning row blocks, encoded diskless checkpoints; `cg run` only).
     #[arg(long, default_value = "dataflow", value_parser = Mode::from_str)]
     pub mode: Mode,
     /// The matrix: a Matrix Market (.mtx) or Harwell-Boeing (.rsa, .rua, ...) file, or a
@@ -69,15 +83,9 @@ pub struct Cg {
     pub batch: u32,
 }
 
-impl Program for Cg {
-    const NAME: &'static str = "cg";
-    type Root = Start;
-
-    fn register(registry: &mut Registry) -> Result<(), RegistryError> {
-        dataflow::register(registry)
-    }
-
-    fn validate(&self) -> Result<(), InvalidArgs> {
+impl Cg {
+    /// The checks of the problem both modes share: rtol, a square, symmetric matrix, B <= n.
+    pub fn validate_problem(&self) -> Result<(), InvalidArgs> {
         if !(self.rtol.is_finite() && self.rtol >= 0.0) {
             return Err(InvalidArgs(format!(
                 "--rtol {}: a tolerance is a finite number >= 0",
@@ -105,6 +113,24 @@ impl Program for Cg {
             )));
         }
         Ok(())
+    }
+}
+
+impl Program for Cg {
+    const NAME: &'static str = "cg";
+    type Root = Start;
+
+    fn register(registry: &mut Registry) -> Result<(), RegistryError> {
+        dataflow::register(registry)
+    }
+
+    fn validate(&self) -> Result<(), InvalidArgs> {
+        if self.mode == Mode::Spmd {
+            return Err(InvalidArgs(
+                "--mode spmd runs in this process only: use `cg run --mode spmd ...`".to_string(),
+            ));
+        }
+        self.validate_problem()
     }
 
     fn root(&self) -> (Start, ()) {
@@ -237,5 +263,283 @@ impl Report {
             "n": self.n,
             "nnz": self.nnz,
         })
+    }
+}
+
+/// The options of `cg run --mode spmd` next to the program's ([`crate::spmd`]).
+#[derive(Args, Clone, Debug)]
+pub struct SpmdArgs {
+    /// Workers P: vnodes owning row blocks (1 <= P <= --blocks) [default: --blocks].
+    #[arg(long, value_name = "P", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub vnodes: Option<u32>,
+    /// Iterations between checkpoints C (>= 1).
+    #[arg(long, value_name = "C", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: u64,
+    /// How checkpoints are encoded: checksum (XOR on one extra vnode), rs:K (Reed-Solomon on K
+    /// extra vnodes), float-sum (the paper's floating-point checksum), or none (a failure
+    /// restarts the solve).
+    #[arg(long, value_name = "checksum|rs:K|float-sum|none", default_value = "checksum",
+          value_parser = Encoding::from_str)]
+    pub encoding: Encoding,
+    /// Keep the encoding on a store instead of the extra vnodes' memory: local:DIR, memory, or
+    /// checkpoint servers (central:ADDR, replicate:R:ADDR,..., parity:M:ADDR,..., ida:M,K:ADDR,...).
+    #[arg(long, value_name = "SPEC")]
+    pub store: Option<StoreSpec>,
+    /// Key file shared with the checkpoint servers (a remote --store needs it).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Fault injection: worker W loses its state...; repeatable, paired in order with
+    /// --kill-at-iteration.
+    #[arg(long = "kill-worker", value_name = "W")]
+    pub kill_worker: Vec<u32>,
+    /// ... when it starts iteration I.
+    #[arg(long = "kill-at-iteration", value_name = "I")]
+    pub kill_at_iteration: Vec<u64>,
+    /// Fault injection: N kills, workers and iterations (in 1..=min(max-iter, 500)) drawn from
+    /// --kill-seed; a kill past the end of the solve does not happen.
+    #[arg(long = "kill-random", value_name = "N", default_value_t = 0)]
+    pub kill_random: u32,
+    /// Seed of --kill-random.
+    #[arg(long = "kill-seed", value_name = "S", default_value_t = 0)]
+    pub kill_seed: u64,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "cg", bin_name = "cg")]
+struct SpmdCli {
+    #[command(subcommand)]
+    command: SpmdCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum SpmdCommand {
+    /// Run CG with --mode spmd: workers owning row blocks, encoded diskless checkpoints.
+    Run {
+        #[command(flatten)]
+        program: Cg,
+        #[command(flatten)]
+        spmd: SpmdArgs,
+    },
+}
+
+/// Iterations over which `--kill-random` draws (rule 4 of [`crate::spmd`]).
+const KILL_HORIZON: u64 = 500;
+
+impl SpmdArgs {
+    /// The kills: the explicit pairs, then `--kill-random` drawn from the seed.
+    fn kills(&self, workers: u32, max_iter: u64) -> Result<Vec<Kill>, String> {
+        if self.kill_worker.len() != self.kill_at_iteration.len() {
+            return Err(format!(
+                "{} --kill-worker but {} --kill-at-iteration: give them in pairs",
+                self.kill_worker.len(),
+                self.kill_at_iteration.len()
+            ));
+        }
+        let mut kills: Vec<Kill> = self
+            .kill_worker
+            .iter()
+            .zip(&self.kill_at_iteration)
+            .map(|(&worker, &iteration)| Kill { worker, iteration })
+            .collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.kill_seed);
+        let horizon = max_iter.clamp(1, KILL_HORIZON);
+        for _ in 0..self.kill_random {
+            // Modulo bias is below 2^-50 for these ranges: irrelevant for fault injection.
+            let worker = (rng.next_u64() % u64::from(workers.max(1))) as u32;
+            let iteration = 1 + rng.next_u64() % horizon;
+            kills.push(Kill { worker, iteration });
+        }
+        Ok(kills)
+    }
+}
+
+/// The `cg` binary: `run --mode spmd` here, everything else through [`veriflow::App`].
+pub fn main() -> ExitCode {
+    main_from(std::env::args_os().collect())
+}
+
+/// [`main`] on given arguments (the first is the binary name).
+pub fn main_from(args: Vec<OsString>) -> ExitCode {
+    let text: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let spmd = text.get(1).is_some_and(|c| c == "run")
+        && (text.windows(2).any(|w| w[0] == "--mode" && w[1] == "spmd")
+            || text.iter().any(|a| a == "--mode=spmd"));
+    if spmd {
+        spmd_main(args)
+    } else {
+        veriflow::App::<Cg>::main_from(args)
+    }
+}
+
+fn usage(msg: String) -> ExitCode {
+    let mut cmd = SpmdCli::command();
+    let err = match cmd.find_subcommand_mut("run") {
+        Some(run) => run.error(clap::error::ErrorKind::ArgumentConflict, msg),
+        None => cmd.error(clap::error::ErrorKind::ArgumentConflict, msg),
+    };
+    let _ = err.print();
+    ExitCode::from(2)
+}
+
+fn spmd_main(args: Vec<OsString>) -> ExitCode {
+    let parsed = SpmdCli::command()
+        .try_get_matches_from(args)
+        .and_then(|m| SpmdCli::from_arg_matches(&m));
+    let SpmdCommand::Run {
+        program,
+        spmd: opts,
+    } = match parsed {
+        Ok(cli) => cli.command,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    if let Err(e) = program.validate_problem() {
+        return usage(e.0);
+    }
+    let n = match problem(&program.matrix, program.rhs) {
+        Ok(p) => p.n(),
+        Err(e) => return usage(e.to_string()),
+    };
+    let workers = opts.vnodes.unwrap_or(program.blocks);
+    let max_iter = program
+        .max_iter
+        .unwrap_or_else(|| 10u64.saturating_mul(n as u64));
+    let kills = match opts.kills(workers, max_iter) {
+        Ok(k) => k,
+        Err(e) => return usage(e),
+    };
+    let store = match &opts.store {
+        None => None,
+        Some(spec) => {
+            let key = match (spec, &opts.key) {
+                (StoreSpec::Remote(_), Some(k)) => match Key::load(k) {
+                    Ok(k) => Some(k),
+                    Err(e) => return fail(&format!("--key {}: {e}", k.display())),
+                },
+                _ => None,
+            };
+            match open_store(spec, key.as_ref()) {
+                Ok(s) => Some(s),
+                Err(e) => return fail(&format!("--store {spec}: {e}")),
+            }
+        }
+    };
+    let cfg = SpmdConfig {
+        source: program.matrix.clone(),
+        rhs: program.rhs,
+        rtol: program.rtol,
+        max_iter: program.max_iter,
+        blocks: program.blocks,
+        workers,
+        checkpoint_every: opts.checkpoint_every,
+        encoding: opts.encoding,
+        store,
+        kills,
+    };
+    let report = match spmd::run(&cfg) {
+        Ok(r) => r,
+        Err(SpmdError::Config(m)) => return usage(m),
+        Err(e) => return fail(&e.to_string()),
+    };
+    let checked = program.check(&(report.solution.clone(),));
+    print_spmd(&program, &opts, &report, &checked);
+    match checked {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("cg: error: {msg}");
+    ExitCode::FAILURE
+}
+
+/// The summary of an SPMD run: the result as for data-flow runs, plus checkpoints and
+/// recoveries.
+pub fn spmd_json(
+    opts: &SpmdArgs,
+    report: &SpmdReport,
+    checked: &Result<serde_json::Value, WrongResult>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "program": "cg",
+        "mode": "spmd",
+        "result": checked.as_ref().ok(),
+        "correct": checked.is_ok(),
+        "workers": report.workers,
+        "encoders": report.encoders,
+        "encoding": opts.encoding.to_string(),
+        "checkpoint_every": opts.checkpoint_every,
+        "store": opts.store.as_ref().map(|s| s.to_string()),
+        "checkpoints": report.checkpoints,
+        "checkpoint_s": report.checkpoint_s,
+        "encode_s": report.encode_s,
+        "encoding_bytes": report.encoding_bytes,
+        "state_bytes": report.state_bytes,
+        "kills": report.kills,
+        "recoveries": report.recoveries,
+        "recovery_s": report.recovery_s,
+        "iterations_redone": report.iterations_redone,
+        "recovery_error": report.recovery_error,
+        "elapsed_s": report.elapsed_s,
+    })
+}
+
+fn print_spmd(
+    program: &Cg,
+    opts: &SpmdArgs,
+    report: &SpmdReport,
+    checked: &Result<serde_json::Value, WrongResult>,
+) {
+    if opts.json {
+        println!("{}", spmd_json(opts, report, checked));
+        return;
+    }
+    match checked {
+        Ok(v) => println!("cg: result {v} (checked)"),
+        Err(e) => println!("cg: {e}"),
+    }
+    println!(
+        "spmd: {} iterations in {:.3} s on {} workers ({} blocks) + {} encoder vnode(s)",
+        report.solution.iterations,
+        report.elapsed_s,
+        report.workers,
+        program.blocks,
+        report.encoders
+    );
+    println!(
+        "checkpoints: {} ({}, every {} iterations{}), {:.3} s on the workers' path, {:.3} s \
+         encoding; {} bytes of encoding for {} bytes of state",
+        report.checkpoints,
+        opts.encoding,
+        opts.checkpoint_every,
+        opts.store
+            .as_ref()
+            .map_or(", in memory".to_string(), |s| format!(", on {s}")),
+        report.checkpoint_s,
+        report.encode_s,
+        report.encoding_bytes,
+        report.state_bytes
+    );
+    if report.kills > 0 {
+        println!(
+            "recovery: {} worker(s) killed, {} recovery(ies) in {:.3} s, {} iterations redone{}",
+            report.kills,
+            report.recoveries,
+            report.recovery_s,
+            report.iterations_redone,
+            report
+                .recovery_error
+                .map_or(String::new(), |e| format!(", recovery error {e:e}"))
+        );
     }
 }

@@ -13,13 +13,17 @@
 //! - [`dataflow`]: `cg run --mode dataflow`, every iteration's blocks as tasks of the data-flow
 //!   runtime (logged, recoverable, certifiable), bit-identical to [`kernel::solve`] with the same
 //!   blocks, on any number of vnodes and failures;
-//! - [`Cg`]: the command line, run through [`veriflow::App`].
+//! - [`spmd`]: `cg run --mode spmd`, paper 002's model: workers owning row blocks in lock step,
+//!   checkpoints encoded across extra vnodes (XOR, Reed-Solomon or the floating-point
+//!   checksum), killed workers replaced by spares that rebuild their state from the encoding;
+//! - [`Cg`]: the command line, run through [`veriflow::App`] (and [`app::main`] for spmd).
 
 pub mod app;
 pub mod dataflow;
 pub mod kernel;
 pub mod matrix;
 pub mod problem;
+pub mod spmd;
 
 pub use app::{Cg, Mode, Report};
 pub use dataflow::Solution;
@@ -28,3 +32,4 @@ pub use kernel::{
 };
 pub use matrix::{Csr, CsrRows, FileMatrix, MatrixError};
 pub use problem::{exact_solution, problem, Problem, ProblemError, Rhs, Source};
+pub use spmd::{Encoding, Kill, SpmdConfig, SpmdError, SpmdReport};

@@ -1,5 +1,6 @@
-//! The `cg` command: `cg run --matrix FILE|poisson2d:N|poisson3d:N ...`, `cg certify --log-dir DIR`.
+//! The `cg` command: `cg run --matrix FILE|poisson2d:N|poisson3d:N [--mode dataflow|spmd] ...`,
+//! `cg certify --log-dir DIR`.
 
 fn main() -> std::process::ExitCode {
-    veriflow::App::<cg::Cg>::main()
+    cg::app::main()
 }
