@@ -57,8 +57,9 @@
 //!    the survivors' copies and the encoders' parity, decodes its piece, keeps it as its copy,
 //!    and reports `Recovered`. With no checkpoint committed yet, everyone restarts from the
 //!    initial state (`--encoding none`: always).
-//! 7. **End.** A worker whose CG test passes (or that reaches max_iter) sends the master its x;
-//!    with all P in the same generation, the master stops every vnode. A breakdown or any
+//! 7. **End.** A worker whose CG test passes (or that reaches max_iter) sends the master its x
+//!    and its last checkpoint; with all P in the same generation and that checkpoint committed
+//!    (so the count of checkpoints does not depend on timing), the master stops every vnode. A breakdown or any
 //!    protocol or store error is fatal and named.
 
 pub(crate) mod coding;
@@ -433,6 +434,7 @@ struct Finished {
     converged: bool,
     x: Vec<f64>,
     checkpoint_ns: u64,
+    last_stamp: u64,
 }
 
 /// The master vnode (rules 3, 5-7).
@@ -639,7 +641,11 @@ impl Master {
             if matches!(&self.phase, Phase::Halting(w) if w.is_empty()) {
                 self.recover()?;
             }
-            if self.phase == Phase::Running && self.done.len() == self.plan.workers {
+            let last = self.done.values().map(|f| f.last_stamp).max().unwrap_or(0);
+            if self.phase == Phase::Running
+                && self.done.len() == self.plan.workers
+                && self.committed >= last
+            {
                 return self.finish();
             }
             if self.threads == 0 {
@@ -810,6 +816,7 @@ impl Master {
                 rho,
                 converged,
                 checkpoint_ns,
+                last_stamp,
             } if g == self.g && from < self.plan.workers => {
                 let x = wire::bytes_f64(&bulk)?;
                 self.done.insert(
@@ -820,6 +827,7 @@ impl Master {
                         converged,
                         x,
                         checkpoint_ns,
+                        last_stamp,
                     },
                 );
             }

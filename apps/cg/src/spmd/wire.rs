@@ -79,6 +79,8 @@ pub(crate) enum Wire {
         rho: f64,
         converged: bool,
         checkpoint_ns: u64,
+        /// The last checkpoint it took (the master waits for its commit: rule 7).
+        last_stamp: u64,
     },
     /// Any -> master: a fatal error (breakdown, a bad message, a store failure).
     Failed { message: String },

@@ -296,6 +296,7 @@ impl Worker {
                         rho: self.rho,
                         converged: kernel::converged(self.rho, self.threshold),
                         checkpoint_ns: self.checkpoint_ns,
+                        last_stamp: self.last_ckpt,
                     };
                     let x = wire::f64_bytes(&self.x);
                     self.send(master, &done, x)?;
