@@ -1,10 +1,11 @@
-//! `paper cg`: paper 002 scaled to this machine. For now its kernel part: the sequential SpMV
-//! and CG iteration of `apps/cg` on a 1M-unknown 3D Poisson matrix, against scipy measured in
-//! the same run.
+//! `paper cg`: paper 002 scaled to this machine. The kernel part: the sequential SpMV and CG
+//! iteration of `apps/cg` on a 1M-unknown 3D Poisson matrix, against scipy measured in the same
+//! run; the spmd part: Tables 2-4 (`crate::cg_spmd`).
 //!
 //! ```text
 //! cargo run --release -p veriflow-bench --bin paper -- cg [--runs N] [--side N] [--iters K]
 //!     [--quick] [--out DIR] [--python PATH | --no-scipy] [--quiet-wait SECS]
+//!     [--parts kernel,spmd] [--spmd-side N] [--spmd-iters K] [--workers P]
 //! ```
 //!
 //! Method (issue 8, benchmark 4, last item):
@@ -24,8 +25,9 @@
 //!    quarter of a core (the machine is shared); the load average is recorded with the results.
 //!
 //! Paper 002's Tables 2-4 (checkpoint cost against the checkpoint step, one recovery as a share
-//! of the run, memory against checkpoint-server storage) come with the `--mode spmd` solver;
-//! they will be further [`Part`]s of this command, writing their own sections of `cg.json`.
+//! of the run, memory against checkpoint-server storage) with the `--mode spmd` solver are the
+//! part [`Part::Spmd`] (`crate::cg_spmd`); `--parts` picks the parts, and a part not run keeps
+//! its section of an existing `cg.json`.
 //!
 //! Results: `cg.json` and `cg.md` in `--out` (`cg-quick.*` with `--quick`).
 
@@ -75,14 +77,29 @@ pub struct CgArgs {
     /// Wait up to this many seconds for other processes to use less than a quarter of a core.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub quiet_wait: u64,
+    /// Parts to run: kernel, spmd (a part not run keeps its section of an existing cg.json).
+    #[arg(long, value_delimiter = ',', default_values = ["kernel", "spmd"],
+          value_parser = ["kernel", "spmd"])]
+    pub parts: Vec<String>,
+    /// spmd part: grid side of poisson3d:N [default: 100; --quick: 30].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=400))]
+    pub spmd_side: Option<u32>,
+    /// spmd part: CG iterations per run (rtol 0) [default: 1200; --quick: 120].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub spmd_iters: Option<u64>,
+    /// spmd part: workers (one row block each).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
 }
 
-/// The parts of `paper cg` (module docs): the kernel now; checkpoint and recovery (paper 002
-/// Tables 2-4) with the spmd mode.
+/// The parts of `paper cg` (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     /// The sequential kernel against scipy.
     Kernel,
+    /// Paper 002 Tables 2-4 with `--mode spmd`: checkpoint cost against the step, one
+    /// recovery, memory against a store.
+    Spmd,
 }
 
 /// Runs `paper cg`.
@@ -97,6 +114,17 @@ pub fn run(args: &CgArgs) -> Result<()> {
     }
     let side = args.side.unwrap_or(if args.quick { 40 } else { 100 });
     let machine = Machine::now();
+    let stem = if args.quick { "cg-quick" } else { "cg" };
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
+    let json_path = out.join(format!("{stem}.json"));
+    // Sections of parts not run now are kept from the last results.
+    let previous: Value = std::fs::read_to_string(&json_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
     let mut report = json!({
         "command": "paper cg",
         "date": utc_now(),
@@ -109,21 +137,26 @@ pub fn run(args: &CgArgs) -> Result<()> {
         },
         "quick": args.quick,
     });
-    for part in [Part::Kernel] {
+    for (part, name) in [(Part::Kernel, "kernel"), (Part::Spmd, "spmd")] {
+        if !args.parts.iter().any(|p| p == name) {
+            report[name] = previous[name].clone();
+            // The kept section says when and where it was measured.
+            if report[name].is_object() && report[name].get("date").is_none() {
+                report[name]["date"] = previous["date"].clone();
+                report[name]["machine"] = previous["machine"].clone();
+            }
+            continue;
+        }
         match part {
             Part::Kernel => report["kernel"] = kernel(args, side, runs)?,
+            Part::Spmd => report["spmd"] = crate::cg_spmd::spmd(args)?,
         }
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    let stem = if args.quick { "cg-quick" } else { "cg" };
-    let json_path = out.join(format!("{stem}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("write {}", json_path.display()))?;
-    let md = markdown(&report);
+    let mut md = markdown(&report);
+    md.push_str(&crate::cg_spmd::markdown(&report["spmd"]));
     let md_path = out.join(format!("{stem}.md"));
     std::fs::write(&md_path, &md).with_context(|| format!("write {}", md_path.display()))?;
     print!("{md}");
@@ -314,13 +347,19 @@ print(json.dumps({"scipy": scipy.__version__, "numpy": np.__version__, "nnz": in
 fn markdown(r: &Value) -> String {
     let mut s = String::new();
     let k = &r["kernel"];
-    let m = &r["machine"];
+    if k.is_null() {
+        return s;
+    }
+    let (m, date) = match k.get("machine") {
+        Some(m) => (m, &k["date"]),
+        None => (&r["machine"], &r["date"]),
+    };
     let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
     let _ = writeln!(s, "# paper cg (paper 002): the sequential kernel\n");
     let _ = writeln!(
         s,
         "{} · {} · {} cores · {} · git {} · load {} → {}\n",
-        r["date"].as_str().unwrap_or("?"),
+        date.as_str().unwrap_or("?"),
         m["cpu"].as_str().unwrap_or("?"),
         m["cores"],
         m["rustc"].as_str().unwrap_or("?"),

@@ -23,6 +23,7 @@ pub mod detector;
 pub mod nqueens;
 
 pub mod cg;
+pub mod cg_spmd;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
