@@ -550,6 +550,93 @@ impl Block {
         }
     }
 
+    /// For iterative mode's check (`iterative.rs` rule 4): the scaled max-norm of `F` over the
+    /// own planes whose equations involve no halo plane, and, for each own plane that does
+    /// (plane 1 with a lower neighbour, plane nzl with an upper one; one entry when they are the
+    /// same plane), its index (1-based) and `F` there, unscaled, with both halo planes taken as
+    /// zero. `F` is linear in a halo plane with the coefficient `-dt z.lo[k]` (lower) or
+    /// `-dt z.up[k]` (upper), so the true `F` of such a plane follows from the neighbour's plane.
+    pub(crate) fn residual_parts(&self) -> (f64, Vec<(usize, Vec<f64>)>) {
+        let inner = self.problem.inner.clone();
+        let ps = self.halo_len();
+        let mut c = self.c.clone();
+        c[..ps].fill(0.0);
+        c[(self.nzl + 1) * ps..].fill(0.0);
+        let [lower, upper] = self.neighbours().map(|n| n.is_some());
+        let mut edges: Vec<usize> = Vec::new();
+        if lower {
+            edges.push(1);
+        }
+        if upper && !edges.contains(&self.nzl) {
+            edges.push(self.nzl);
+        }
+        let dt = inner.dt_of(self.step);
+        let t1 = inner.time_at(self.step + 1);
+        let run = |kin: &dyn Fn(f64, f64) -> [f64; 2]| {
+            let mut interior: f64 = 0.0;
+            let mut planes = Vec::new();
+            for p in 1..=self.nzl {
+                let edge = edges.contains(&p);
+                let mut f = Vec::with_capacity(if edge { ps } else { 0 });
+                self.plane_f(&inner, &c, kin, dt, p, |v, cv, s| {
+                    if edge {
+                        f.push(v);
+                    } else {
+                        let x = v.abs() / (cv.abs() + inner.floor[s]);
+                        interior = if x.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            interior.max(x)
+                        };
+                    }
+                });
+                if edge {
+                    planes.push((p, f));
+                }
+            }
+            (interior, planes)
+        };
+        match inner.params.model.reaction() {
+            Reaction::None => run(&|a, b| NoReaction.eval(a, b).0),
+            Reaction::Decay(k) => run(&|a, b| Decay(k).eval(a, b).0),
+            Reaction::Diurnal => {
+                let (q3, q4) = diurnal_rates(t1);
+                run(&|a, b| Diurnal { q3, q4 }.eval(a, b).0)
+            }
+        }
+    }
+
+    /// `F` (unscaled) at every point and species of own plane `p` of `c`, in plane order: calls
+    /// `out(F, c, species)`.
+    fn plane_f(
+        &self,
+        inner: &Inner,
+        c: &[f64],
+        kin: &dyn Fn(f64, f64) -> [f64; 2],
+        dt: f64,
+        p: usize,
+        mut out: impl FnMut(f64, f64, usize),
+    ) {
+        let (nx, ny) = (inner.params.nx, inner.params.ny);
+        let (rs, ps) = (2 * nx, 2 * nx * ny);
+        let has_src = !self.src.is_empty();
+        let kg = self.k0 + p - 1;
+        for j in 0..ny {
+            for i in 0..nx {
+                let pt = Self::point(inner, kg, j, i);
+                let d = 1.0 - dt * pt.diag;
+                let o = p * ps + j * rs + 2 * i;
+                let q = o - ps;
+                let r = kin(c[o], c[o + 1]);
+                for s in 0..2 {
+                    let rhs = self.old[q + s] + if has_src { self.src[q + s] } else { 0.0 };
+                    let f = Self::linear_part(c, o + s, &pt, d, rhs, dt) - dt * r[s];
+                    out(f, c[o + s], s);
+                }
+            }
+        }
+    }
+
     fn refresh_source(&mut self) {
         let inner = self.problem.inner.clone();
         if !inner.params.model.has_source() || self.finished() {

@@ -28,12 +28,13 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use veriflow::{
-    Ctx, InvalidArgs, Program, Registry, RegistryError, Task, TaskError, TaskResult, Write, Writes,
-    WrongResult,
+    Ctx, InvalidArgs, Iterative, Program, Registry, RegistryError, Task, TaskError, TaskResult,
+    Write, Writes, WrongResult,
 };
 
 use crate::block::{Block, BlockState};
 use crate::grid::{Params, Problem};
+use crate::iterative::RunMode;
 use crate::model::{Manufactured, Model, Puff};
 use crate::solution::Solution;
 
@@ -68,6 +69,13 @@ impl ModelName {
 /// The transport3d program and its command-line parameters.
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct Transport3d {
+    /// How the run computes: `dataflow` (every step, outer iteration and block a task: logged,
+    /// recoverable, certifiable), or iterative mode (paper 000), `async` (vnodes never wait) or
+    /// `sync` (every iteration waits for fresh halos) with --kill-random K --kill-every MS,
+    /// --loss P, --seed S and --store SPEC for the data backups.
+    #[arg(long, value_enum, default_value_t = RunMode::Dataflow)]
+    #[serde(default)]
+    pub mode: RunMode,
     /// Mesh nodes in x (>= 3).
     #[arg(long, default_value_t = 16)]
     pub nx: usize,
@@ -317,6 +325,29 @@ impl Program for Transport3d {
         Problem::new(self.params())
             .map(|_| ())
             .map_err(|e| InvalidArgs(e.to_string()))
+    }
+
+    fn iterative(&self) -> Option<Iterative> {
+        let mode = self.mode.iterative()?;
+        // validate() runs first and refuses what Problem::new refuses; were it skipped, the
+        // check of a run that cannot start says why.
+        Some(
+            crate::iterative::iterative(&self.params(), mode).unwrap_or_else(|e| {
+                let msg = e.to_string();
+                Iterative {
+                    config: veriflow::runtime::iterative::IterConfig::new(mode, Vec::new(), 1.0),
+                    factory: std::sync::Arc::new(move |_| {
+                        Err(veriflow::runtime::iterative::BlockError(msg.clone()))
+                    }),
+                    check: std::sync::Arc::new(|_| {
+                        Err(WrongResult {
+                            expected: "valid parameters".into(),
+                            got: "none".into(),
+                        })
+                    }),
+                }
+            }),
+        )
     }
 
     fn root(&self) -> (Start, ()) {

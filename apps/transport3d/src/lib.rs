@@ -27,6 +27,8 @@
 //!   synchronous block-Jacobi driver.
 //! - `dataflow.rs`: the [`Transport3d`] program: every (time step, outer iteration, block) is a
 //!   task of the data-flow runtime, so a run is logged, recoverable and certifiable.
+//! - [`iterative`]: the slabs as blocks of veriflow's iterative mode (paper 000: asynchronous
+//!   or synchronous iterations, decentralized convergence detection), `run --mode async|sync`.
 //!
 //! ```
 //! use transport3d::{Model, Params, Problem};
@@ -55,12 +57,14 @@
 mod block;
 mod dataflow;
 mod grid;
+pub mod iterative;
 mod model;
 mod solution;
 
 pub use block::{Block, BlockError, BlockState, HaloError, Side};
 pub use dataflow::{BlockTask, Check, ModelName, Outcome, Start, Transport3d};
 pub use grid::{ParamError, Params, Problem, FLOOR, MAX_AXIS, MAX_POINTS};
+pub use iterative::RunMode;
 pub use model::{
     bump, diurnal, diurnal_rates, Coeffs, Manufactured, Model, Puff, Walls, MANUFACTURED_SCALE,
     PUFF_AMPLITUDE, X_MAX, Y_MAX, Z_MAX, Z_MIN,

@@ -10,6 +10,7 @@ use veriflow::{MemoryStore, Program, Registry, RunReport, Runtime, Store, VnodeI
 
 fn program() -> Transport3d {
     Transport3d {
+        mode: transport3d::RunMode::Dataflow,
         nx: 10,
         ny: 4,
         nz: 12,

@@ -1,0 +1,481 @@
+//! Iterative mode (paper 000) on transport3d: async, sync and dataflow agree; vnodes killed
+//! during the iterations and lost halos change nothing but the time; the check computes the
+//! true global residual of every step's accepted iterate, catches a premature one, and finds
+//! none in 120 seeded runs; bad bytes and bad flags are errors, never panics.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use transport3d::iterative::{check, config, factory, residual_bound, Checked, IterBlock};
+use transport3d::{Model, ModelName, Params, Problem, RunMode, Solution, Transport3d};
+use veriflow::runtime::iterative::{
+    run_embedded, Block as _, Embedded, IterConfig, IterKills, IterReport, Mode,
+};
+use veriflow::runtime::VnodeId;
+use veriflow::{MemoryStore, Program, Registry, Runtime, Store};
+use veriflow_testkit::{run_bin, s, Out};
+
+/// The small grid of the agreement tests: 4 slabs of 2 planes, 4 steps of 120 s.
+fn small(blocks: usize) -> Params {
+    let mut p = Params::new(Model::Diurnal);
+    (p.nx, p.ny, p.nz, p.blocks) = (8, 3, 8, blocks);
+    (p.dt, p.t_end, p.tol, p.inner_tol) = (120.0, 480.0, 1e-8, 1e-9);
+    p
+}
+
+/// Agreement "within the solver tolerance": the outer iterations stop once every block changes
+/// by less than tol (scaled); the iterates then differ from the solution of the coupled
+/// system by a few tol at most (measured: about 1e-12 here).
+const AGREE: f64 = 10.0 * 1e-8;
+
+/// Runs `p` in iterative mode, checks it (rule 5 of `iterative.rs`) and returns both.
+fn run(p: &Params, mode: Mode, opts: &Embedded, tag: &str) -> (IterReport, Checked) {
+    let problem = Problem::new(p.clone()).unwrap();
+    let mut cfg = config(p, mode);
+    cfg.resend = Duration::from_millis(5);
+    cfg.backup_every = 3;
+    let report =
+        run_embedded(cfg, factory(&problem), opts).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    assert_eq!(report.steps, problem.steps(), "{tag}");
+    let checked = check(&problem, &report.states).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let bound = residual_bound(&problem);
+    assert_eq!(checked.residuals.len() as u64, problem.steps(), "{tag}");
+    // No false convergence: every detection left the coupled system solved.
+    assert_eq!(
+        checked.false_convergence(bound),
+        None,
+        "{tag}: true global residuals {:?} (bound {bound:e})",
+        checked.residuals
+    );
+    (report, checked)
+}
+
+fn distance(a: &Solution, b: &Solution, problem: &Problem) -> f64 {
+    a.max_scaled_diff(b, problem.floor())
+}
+
+fn dataflow(p: &Params) -> Solution {
+    let program = Transport3d {
+        mode: RunMode::Dataflow,
+        nx: p.nx,
+        ny: p.ny,
+        nz: p.nz,
+        dt: p.dt,
+        t_end: p.t_end,
+        blocks: p.blocks,
+        model: ModelName::Diurnal,
+        tol: p.tol,
+        inner_tol: Some(p.inner_tol),
+        max_sweeps: p.max_sweeps,
+        max_outer: p.max_outer,
+    };
+    assert_eq!(program.params(), *p);
+    let mut registry = Registry::new();
+    Transport3d::register(&mut registry).unwrap();
+    let rt = Runtime::builder(registry)
+        .program(Transport3d::NAME)
+        .threads(2)
+        .vnodes(2)
+        .store(Arc::new(MemoryStore::default()) as Arc<dyn Store>)
+        .build()
+        .unwrap();
+    let (root, inputs) = program.root();
+    let report = rt.run(root, inputs).unwrap();
+    program.check(&report.outputs).unwrap();
+    let problem = Problem::new(p.clone()).unwrap();
+    report.outputs.0.solution(&problem).unwrap()
+}
+
+#[test]
+fn async_sync_and_dataflow_agree_with_the_sequential_solution() {
+    let p = small(4);
+    let problem = Problem::new(p.clone()).unwrap();
+    let reference = problem.solve_sequential().unwrap();
+    let df = dataflow(&p);
+    let d = distance(&df, &reference, &problem);
+    assert!(d < AGREE, "dataflow: {d:e}");
+    for mode in [Mode::Async, Mode::Sync] {
+        let (report, checked) = run(&p, mode, &Embedded::default(), &format!("{mode:?}"));
+        assert_eq!(report.replacements, 0);
+        assert_eq!(checked.solution.time, p.t_end);
+        let d = distance(&checked.solution, &reference, &problem);
+        assert!(d < AGREE, "{mode:?} vs sequential: {d:e}");
+        let d = distance(&checked.solution, &df, &problem);
+        assert!(d < AGREE, "{mode:?} vs dataflow: {d:e}");
+        eprintln!(
+            "{mode:?}: {} iterations, {} messages, residuals {:?}",
+            report.iterations(),
+            report.messages(),
+            checked.residuals
+        );
+    }
+}
+
+/// [`small`] over 12 steps: long enough (tens of ms) for kills every millisecond to land.
+fn longer(blocks: usize) -> Params {
+    let mut p = small(blocks);
+    p.t_end = 1440.0;
+    p
+}
+
+#[test]
+fn killed_vnodes_are_replaced_and_the_answer_is_the_same() {
+    let p = longer(4);
+    let problem = Problem::new(p.clone()).unwrap();
+    let reference = problem.solve_sequential().unwrap();
+    for seed in 0..4u64 {
+        for mode in [Mode::Async, Mode::Sync] {
+            let opts = Embedded {
+                kills: Some(IterKills {
+                    every: Duration::from_millis(1),
+                    count: 3,
+                    seed,
+                }),
+                replace_after: Duration::from_millis(1),
+                ..Embedded::default()
+            };
+            let tag = format!("kills seed {seed} {mode:?}");
+            let (report, checked) = run(&p, mode, &opts, &tag);
+            eprintln!(
+                "{tag}: {} replacements in {:.3} s",
+                report.replacements, report.elapsed_s
+            );
+            // The first kill comes 1 ms in; a run takes tens of ms: at least one lands.
+            assert!(report.replacements >= 1, "{tag}");
+            let restores: u64 = report.vnodes.iter().map(|s| s.restores).sum();
+            assert_eq!(restores, report.replacements, "{tag}");
+            let d = distance(&checked.solution, &reference, &problem);
+            assert!(d < AGREE, "{tag}: {d:e}");
+        }
+    }
+}
+
+#[test]
+fn data_backups_on_a_store_survive_kills() {
+    let p = longer(3);
+    let problem = Problem::new(p.clone()).unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let mut cfg = config(&p, Mode::Async);
+    cfg.store = Some(store.clone());
+    cfg.backup_every = 2;
+    cfg.resend = Duration::from_millis(5);
+    let opts = Embedded {
+        kills: Some(IterKills {
+            every: Duration::from_millis(1),
+            count: 3,
+            seed: 11,
+        }),
+        replace_after: Duration::from_millis(1),
+        ..Embedded::default()
+    };
+    let report = run_embedded(cfg, factory(&problem), &opts).unwrap();
+    assert!(report.replacements >= 1);
+    assert!(store.get(b"iter/0/data").unwrap().is_some());
+    let checked = check(&problem, &report.states).unwrap();
+    assert_eq!(checked.false_convergence(residual_bound(&problem)), None);
+    let d = distance(
+        &checked.solution,
+        &problem.solve_sequential().unwrap(),
+        &problem,
+    );
+    assert!(d < AGREE, "{d:e}");
+}
+
+#[test]
+fn lost_halos_only_slow_convergence() {
+    let p = small(4);
+    let problem = Problem::new(p.clone()).unwrap();
+    let reference = problem.solve_sequential().unwrap();
+    for (i, loss) in [0.1, 0.2, 0.3].into_iter().enumerate() {
+        for mode in [Mode::Async, Mode::Sync] {
+            let opts = Embedded {
+                loss,
+                seed: 100 + i as u64,
+                ..Embedded::default()
+            };
+            let tag = format!("loss {loss} {mode:?}");
+            let (_, checked) = run(&p, mode, &opts, &tag);
+            let d = distance(&checked.solution, &reference, &problem);
+            assert!(d < AGREE, "{tag}: {d:e}");
+        }
+    }
+}
+
+#[test]
+fn no_false_convergence_in_120_seeded_runs() {
+    // Smaller still: 3 steps on a 6 x 3 x 6 mesh, 2-5 slabs, every mode, loss and kill mix.
+    let mut refs = Vec::new();
+    let mut replacements = 0;
+    for seed in 0..120u64 {
+        let blocks = 2 + (seed % 4) as usize;
+        let mut p = small(blocks);
+        (p.nx, p.nz, p.t_end) = (6, 6, 360.0);
+        let problem = Problem::new(p.clone()).unwrap();
+        if refs.is_empty() {
+            refs.push(problem.solve_sequential().unwrap());
+        }
+        let mode = if seed % 3 == 0 {
+            Mode::Sync
+        } else {
+            Mode::Async
+        };
+        let opts = Embedded {
+            loss: [0.0, 0.1, 0.2, 0.3][(seed % 4) as usize],
+            seed,
+            kills: (seed % 2 == 1).then_some(IterKills {
+                every: Duration::from_millis(1),
+                count: 2,
+                seed,
+            }),
+            replace_after: Duration::from_millis(1),
+        };
+        let tag = format!("seed {seed} ({blocks} blocks, {mode:?}, {opts:?})");
+        let (report, checked) = run(&p, mode, &opts, &tag);
+        replacements += report.replacements;
+        let d = distance(&checked.solution, &refs[0], &problem);
+        assert!(d < AGREE, "{tag}: {d:e}");
+    }
+    // The kill mix is real: runs last a few ms, kills come every ms from the start.
+    eprintln!("{replacements} replacements in 60 runs with kills");
+    assert!(replacements >= 10, "{replacements}");
+}
+
+/// The records of `iterative.rs` rule 4 give exactly [`Problem::global_residual`], and the
+/// check sees a step accepted before its halos settled.
+#[test]
+fn the_check_is_the_true_global_residual_and_catches_a_premature_step() {
+    let p = small(4);
+    let problem = Problem::new(p.clone()).unwrap();
+    let mut blocks: Vec<IterBlock> = (0..4).map(|b| IterBlock::new(problem.block(b))).collect();
+    let exchange = |blocks: &mut Vec<IterBlock>| {
+        for b in 0..3 {
+            let up = blocks[b].halo_for(VnodeId(b as u32 + 1));
+            let low = blocks[b + 1].halo_for(VnodeId(b as u32));
+            blocks[b + 1].set_halo(VnodeId(b as u32), &up).unwrap();
+            blocks[b].set_halo(VnodeId(b as u32 + 1), &low).unwrap();
+        }
+    };
+    // Step 0: one outer iteration only (premature); later steps: iterate to 1e-10, then one more
+    // iteration without an exchange, so the halos used are stale by the last change.
+    let mut direct = Vec::new();
+    for step in 0..problem.steps() {
+        for it in 0.. {
+            let r = blocks.iter_mut().map(|b| b.iterate()).fold(0.0, f64::max);
+            if step == 0 || (r < 1e-10 && it > 0) {
+                break;
+            }
+            exchange(&mut blocks);
+        }
+        let plain: Vec<_> = blocks.iter().map(|b| b.block().clone()).collect();
+        direct.push(problem.global_residual(&plain).unwrap());
+        for b in &mut blocks {
+            b.advance();
+        }
+    }
+    let states: Vec<Vec<u8>> = blocks.iter().map(|b| b.save()).collect();
+    let checked = check(&problem, &states).unwrap();
+    for (s, (a, b)) in checked.residuals.iter().zip(&direct).enumerate() {
+        assert!(
+            // Rounding: F is a small difference of terms up to (1 + dt |dR/dc|) |c|.
+            (a - b).abs() <= 1e-9 * b.abs() + 1e-12,
+            "step {s}: from records {a:e}, direct {b:e}"
+        );
+    }
+    let bound = residual_bound(&problem);
+    assert!(direct[0] > 100.0 * bound, "{direct:?}");
+    assert_eq!(checked.false_convergence(bound).map(|x| x.0), Some(0));
+    assert!(direct[1..].iter().all(|&r| r < bound), "{direct:?}");
+}
+
+#[test]
+fn bad_bytes_are_errors_never_panics() {
+    let problem = Problem::new(small(4)).unwrap();
+    let f = factory(&problem);
+    assert!(f(VnodeId(4)).is_err());
+    let mut b1 = f(VnodeId(1)).unwrap();
+    let b2 = f(VnodeId(2)).unwrap();
+    let good = b2.halo_for(VnodeId(1));
+    assert_eq!(good.len(), 8 * 2 * 8 * 3);
+    b1.set_halo(VnodeId(2), &good).unwrap();
+    for (from, bytes) in [
+        (2, &good[..good.len() - 1]),
+        (2, &good[..good.len() - 8]),
+        (2, &[][..]),
+        (3, &good[..]),
+        (1, &good[..]),
+        (9, &good[..]),
+    ] {
+        let e = b1.set_halo(VnodeId(from), bytes).unwrap_err();
+        assert!(e.0.contains("block 1"), "{e}");
+    }
+    // A halo for a vnode that is not a neighbour is empty (its receiver refuses it).
+    assert!(b1.halo_for(VnodeId(3)).is_empty());
+    let state = b1.save();
+    let mut b0 = f(VnodeId(0)).unwrap();
+    assert!(b0.restore(&state).unwrap_err().0.contains("block 1"));
+    for cut in [0, 1, state.len() / 2, state.len() - 1] {
+        assert!(b1.restore(&state[..cut]).is_err(), "cut at {cut}");
+    }
+    b1.restore(&state).unwrap();
+    assert_eq!(b1.save(), state);
+    // Final states that are not a finished run.
+    let fresh: Vec<Vec<u8>> = (0..4).map(|v| f(VnodeId(v)).unwrap().save()).collect();
+    assert!(check(&problem, &fresh)
+        .unwrap_err()
+        .to_string()
+        .contains("step 0"));
+    assert!(check(&problem, &fresh[..3]).is_err());
+    let mut garbage = fresh.clone();
+    garbage[0] = vec![0xff; 5];
+    assert!(check(&problem, &garbage)
+        .unwrap_err()
+        .to_string()
+        .contains("v0"));
+}
+
+#[test]
+fn configuration_follows_the_parameters() {
+    let p = small(5);
+    let cfg = config(&p, Mode::Sync);
+    assert_eq!(cfg.mode, Mode::Sync);
+    assert_eq!(cfg.neighbours, IterConfig::chain(5));
+    assert_eq!(cfg.tol, p.tol);
+    assert_eq!(
+        cfg.max_iterations,
+        u64::from(p.max_outer) * transport3d::iterative::ITERATION_SLACK
+    );
+    cfg.validate().unwrap();
+    // An impossible tolerance fails the run instead of hanging.
+    let mut q = small(2);
+    (q.tol, q.inner_tol, q.max_outer) = (1e-300, 1e-301, 2);
+    let problem = Problem::new(q.clone()).unwrap();
+    let e = run_embedded(
+        config(&q, Mode::Async),
+        factory(&problem),
+        &Embedded::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("did not converge"), "{e}");
+}
+
+// The command line.
+
+fn t3d(tmp: &Path, args: &[&str]) -> Out {
+    run_bin(Path::new(env!("CARGO_BIN_EXE_transport3d")), tmp, args)
+}
+
+const GRID: [&str; 14] = [
+    "--nx", "8", "--ny", "3", "--nz", "8", "--blocks", "4", "--dt", "120", "--t-end", "480",
+    "--tol", "1e-8",
+];
+
+fn cli_run(tmp: &Path, mode: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["run", "--mode", mode];
+    args.extend_from_slice(&GRID);
+    args.push("--json");
+    args.extend_from_slice(extra);
+    let out = t3d(tmp, &args);
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["correct"], Value::Bool(true), "{out}");
+    j
+}
+
+fn samples(j: &Value) -> Vec<f64> {
+    j["result"]["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            s["c"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn cli_modes_agree_and_survive_kills_loss_and_a_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let df = cli_run(tmp.path(), "dataflow", &["--no-checkpoint"]);
+    let want = samples(&df);
+    let mut runs = vec![
+        cli_run(tmp.path(), "async", &[]),
+        cli_run(tmp.path(), "sync", &[]),
+        cli_run(
+            tmp.path(),
+            "async",
+            &["--kill-random", "3", "--kill-every", "1", "--seed", "5"],
+        ),
+        cli_run(tmp.path(), "sync", &["--loss", "0.2", "--seed", "3"]),
+    ];
+    let store = tmp.path().join("backups");
+    runs.push(cli_run(
+        tmp.path(),
+        "async",
+        &[
+            "--store",
+            &format!("local:{}", s(&store)),
+            "--kill-random",
+            "2",
+            "--kill-every",
+            "1",
+        ],
+    ));
+    assert!(store.exists(), "the data backups went to the store");
+    for (n, j) in runs.iter().enumerate() {
+        for key in [
+            "steps",
+            "iterations",
+            "messages",
+            "replacements",
+            "negative_verdicts",
+        ] {
+            assert!(j[key].is_u64(), "run {n}: {key}: {j}");
+        }
+        assert_eq!(j["steps"], 4, "{j}");
+        let r = j["result"]["max_global_residual"].as_f64().unwrap();
+        assert!(r < 1e-7, "run {n}: {r}");
+        for (a, b) in samples(j).iter().zip(&want) {
+            assert!((a - b).abs() <= AGREE * b.abs(), "run {n}: {a} vs {b}");
+        }
+    }
+    assert_eq!(runs[0]["mode"], "async");
+    assert_eq!(runs[1]["mode"], "sync");
+    assert!(
+        runs[2]["replacements"].as_u64().unwrap() >= 1,
+        "{}",
+        runs[2]
+    );
+}
+
+#[test]
+fn cli_bad_values_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (bad, word) in [
+        (&["--mode", "fast"][..], "--mode"),
+        (&["--mode", "async", "--loss", "1"][..], "loss"),
+        (&["--mode", "async", "--loss=-0.1"][..], "loss"),
+        (&["--mode", "sync", "--vnodes", "3"][..], "--vnodes"),
+        (
+            &["--mode", "async", "--kill-vnode", "1", "--kill-after", "2"][..],
+            "kill-random",
+        ),
+        (&["--mode", "async", "--kill-every", "0"][..], "kill-every"),
+        (&["--mode", "async", "--certify"][..], "certify"),
+        (&["--mode", "async", "--dt", "0"][..], "dt"),
+        (&["--mode", "async", "--nx", "2"][..], "nx"),
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(bad);
+        let out = t3d(tmp.path(), &args);
+        out.expect_code(2);
+        assert!(out.stderr.contains(word), "{word}: {out}");
+        assert!(!out.stderr.contains("panicked"), "{out}");
+    }
+}
