@@ -25,6 +25,8 @@ pub mod nqueens;
 pub mod cg;
 pub mod cg_spmd;
 
+pub mod transport;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

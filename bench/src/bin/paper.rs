@@ -73,6 +73,9 @@ enum Command {
     /// CG (paper 002): the sequential SpMV and CG iteration on a 1M-unknown 3D Poisson matrix
     /// against scipy.
     Cg(veriflow_bench::cg::CgArgs),
+    /// transport3d in iterative mode (paper 000 Table 1): time with a random vnode killed every
+    /// n seconds, async vs sync vs dataflow, on a 64^3 mesh and 8 vnodes.
+    Transport(veriflow_bench::transport::TransportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -127,6 +130,7 @@ fn main() -> Result<()> {
         Command::Detector(args) => veriflow_bench::detector::run(&args),
         Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
         Command::Cg(args) => veriflow_bench::cg::run(&args),
+        Command::Transport(args) => veriflow_bench::transport::run(&args),
     }
 }
 

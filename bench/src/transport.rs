@@ -1,0 +1,604 @@
+//! `paper transport`: paper 000's Table 1 (JaceP2P-V2: execution time with random crashes every
+//! n seconds) scaled to this machine, on `apps/transport3d` in iterative mode.
+//!
+//! ```text
+//! cargo run --release -p veriflow-bench --bin paper -- transport [--runs N] [--quick]
+//!     [--side N] [--blocks B] [--dt S] [--t-end S] [--tol T] [--periods F,F,F] [--out DIR]
+//!     [--quiet-wait SECS]
+//! ```
+//!
+//! Method:
+//!
+//! 1. The problem: transport3d's diurnal model on a `side`³ mesh (default 64³, 2 species:
+//!    524,288 unknowns) in `blocks` z slabs (default 8, one per vnode), implicit Euler with
+//!    `dt` (300 s) to `t_end` (3000 s: 10 steps), outer tolerance `tol` (1e-7).
+//! 2. **Modes**: `async` and `sync` run the blocks with `veriflow::runtime::iterative::
+//!    run_embedded` (one thread per vnode, neighbours' backups, decentralized convergence
+//!    detection, the runtime's defaults: 3 local iterations, 2 backup neighbours, a data backup
+//!    every 10 iterations, resend 20 ms, replacement 20 ms after a kill); `dataflow` runs the
+//!    same outer iteration as tasks of the data-flow runtime on 2 threads and 2 vnodes **without
+//!    a log** (S0): with one, every round logs every block state twice (`dataflow.rs` rule 3),
+//!    gigabytes at 64³, and its kills count tasks, not seconds; so dataflow is measured without
+//!    crashes, as the synchronous task-graph baseline.
+//! 3. **Crashes** (paper 000: 3 nodes killed every n = 90, 60, 30 s of a 495 s run): a random
+//!    vnode killed every n seconds, n = `periods` × the crash-free async time measured first
+//!    (default 90/495, 60/495, 30/495 = 0.18, 0.12, 0.061 of it), as many kills as the run
+//!    lasts (`IterKills::count` = 10,000; the runtime waits until the previous replacement is
+//!    ready before the next kill). The victim loses all its memory; its replacement restores
+//!    the newest backups its neighbours hold.
+//! 4. Every run is checked: the true global residual of every step's accepted iterate below
+//!    `transport3d::iterative::residual_bound` (no false convergence), and the final solution
+//!    within 10 tol (scaled) of the first crash-free async run's.
+//! 5. Order: one warm-up crash-free async run (which sets the periods), then `runs`
+//!    repetitions, each running every (mode, period) once, interleaved so that the drifts of a
+//!    shared machine hit all alike; before each repetition, wait up to `--quiet-wait` s for
+//!    other processes to use less than a quarter of a core. Medians (min, max) of time,
+//!    iterations, messages, kills and negative verdicts.
+//! 6. Target (issue 7): the most crash-heavy async time <= 1.15 × the crash-free async time
+//!    (JaceP2P-V2: 744 s / 495 s = 1.50).
+//!
+//! Results: `transport.json`, `transport.md` and the plot `transport.svg`/`.png` in `--out`
+//! (`transport-quick.*` with `--quick`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::{json, Value};
+use transport3d::iterative::{check, config, factory, residual_bound};
+use transport3d::{Model, ModelName, Params, Problem, RunMode, Solution, Transport3d};
+use veriflow::runtime::iterative::{run_embedded, Embedded, IterKills, Mode};
+use veriflow::{Program, Registry, Runtime};
+
+use crate::cluster::{header, out_dir, plots, plots_json, plots_markdown, write_report, COLORS};
+use crate::machine::{loadavg, utc_now, Machine};
+use crate::{wait_for_quiet, Stats};
+
+/// Issue 7's target: most crash-heavy async time / crash-free async time.
+const TARGET_RATIO: f64 = 1.15;
+/// Paper 000 Table 1, JaceP2P-V2: crash-free and the three crash periods (s).
+const PAPER_TIMES: [f64; 4] = [495.0, 565.0, 595.0, 744.0];
+const PAPER_PERIODS: [f64; 3] = [90.0, 60.0, 30.0];
+/// Other processes may use this many cores before a repetition (as the other benches).
+const QUIET_CORES: f64 = 0.25;
+/// Kills per run: more than any run lasts (rule 3).
+const KILLS: u32 = 10_000;
+
+/// Options of `paper transport`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TransportArgs {
+    /// Repetitions of every (mode, period) (medians over them; at least 3 unless --quick).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+    /// Mesh nodes per axis [default: 64; --quick: 20].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(3..=512))]
+    pub side: Option<u32>,
+    /// z slabs, one per vnode.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub blocks: u32,
+    /// Time step (s).
+    #[arg(long, default_value_t = 300.0)]
+    pub dt: f64,
+    /// End time (s) [default: 3000; --quick: 600].
+    #[arg(long)]
+    pub t_end: Option<f64>,
+    /// Outer tolerance.
+    #[arg(long, default_value_t = 1e-7)]
+    pub tol: f64,
+    /// Kill periods as fractions of the crash-free async time [default: paper 000's 90, 60
+    /// and 30 s of 495 s].
+    #[arg(long, value_delimiter = ',')]
+    pub periods: Vec<f64>,
+    /// A small mesh and one run each: a smoke run (writes transport-quick.* instead).
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory of the results [default: the package's `results`].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Before each repetition, wait up to this many seconds for a quiet machine (0: no wait).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub quiet_wait: u64,
+}
+
+/// One (mode, kill period) of the table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Setting {
+    mode: RunMode,
+    /// Index into the periods; `None`: no crash.
+    period: Option<usize>,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, serde::Serialize)]
+struct Run {
+    seconds: f64,
+    iterations: u64,
+    messages: u64,
+    kills: u64,
+    negative_verdicts: u64,
+    max_global_residual: f64,
+    distance: f64,
+}
+
+fn params(a: &TransportArgs) -> Params {
+    let side = a.side.unwrap_or(if a.quick { 20 } else { 64 }) as usize;
+    let mut p = Params::new(Model::Diurnal);
+    (p.nx, p.ny, p.nz, p.blocks) = (side, side, side, a.blocks as usize);
+    p.dt = a.dt;
+    p.t_end = a.t_end.unwrap_or(if a.quick { 600.0 } else { 3000.0 });
+    p.tol = a.tol;
+    p.inner_tol = a.tol / 10.0;
+    p
+}
+
+/// Runs one iterative setting and checks it (rule 4).
+fn iterative(
+    problem: &Problem,
+    mode: Mode,
+    period: Option<Duration>,
+    seed: u64,
+    reference: Option<&Solution>,
+) -> Result<(Run, Solution)> {
+    let p = problem.params();
+    let opts = Embedded {
+        seed,
+        kills: period.map(|every| IterKills {
+            every,
+            count: KILLS,
+            seed,
+        }),
+        ..Embedded::default()
+    };
+    let report = run_embedded(config(p, mode), factory(problem), &opts)
+        .map_err(|e| anyhow!("{mode:?} run failed: {e}"))?;
+    let checked = check(problem, &report.states).context("checking the final states")?;
+    let bound = residual_bound(problem);
+    if let Some((step, r)) = checked.false_convergence(bound) {
+        bail!("{mode:?}: false convergence at step {step}: residual {r:e} > {bound:e}");
+    }
+    let distance = reference.map_or(0.0, |r| {
+        checked.solution.max_scaled_diff(r, problem.floor())
+    });
+    if distance > 10.0 * p.tol {
+        bail!("{mode:?}: {distance:e} from the reference solution");
+    }
+    Ok((
+        Run {
+            seconds: report.elapsed_s,
+            iterations: report.iterations(),
+            messages: report.messages(),
+            kills: report.replacements,
+            negative_verdicts: report.negative_verdicts(),
+            max_global_residual: checked.max_global_residual,
+            distance,
+        },
+        checked.solution,
+    ))
+}
+
+/// The dataflow mode without a log (rule 2).
+fn dataflow(problem: &Problem, reference: &Solution) -> Result<Run> {
+    let p = problem.params();
+    let program = Transport3d {
+        mode: RunMode::Dataflow,
+        nx: p.nx,
+        ny: p.ny,
+        nz: p.nz,
+        dt: p.dt,
+        t_end: p.t_end,
+        blocks: p.blocks,
+        model: ModelName::Diurnal,
+        tol: p.tol,
+        inner_tol: Some(p.inner_tol),
+        max_sweeps: p.max_sweeps,
+        max_outer: p.max_outer,
+    };
+    let mut registry = Registry::new();
+    Transport3d::register(&mut registry)?;
+    let rt = Runtime::builder(registry)
+        .program(Transport3d::NAME)
+        .threads(2)
+        .vnodes(2)
+        .checkpoint(false)
+        .build()?;
+    let (root, inputs) = program.root();
+    let report = rt.run(root, inputs)?;
+    program
+        .check(&report.outputs)
+        .map_err(|e| anyhow!("dataflow: {e}"))?;
+    let outcome = &report.outputs.0;
+    let s = outcome.solution(problem).map_err(|e| anyhow!("{e}"))?;
+    let distance = s.max_scaled_diff(reference, problem.floor());
+    if distance > 10.0 * p.tol {
+        bail!("dataflow: {distance:e} from the reference solution");
+    }
+    Ok(Run {
+        seconds: report.elapsed.as_secs_f64(),
+        // A round is one outer iteration of every block.
+        iterations: outcome.rounds * p.blocks as u64,
+        messages: 0,
+        kills: 0,
+        negative_verdicts: 0,
+        max_global_residual: outcome.worst_global_residual,
+        distance,
+    })
+}
+
+fn label(s: Setting, periods: &[f64]) -> String {
+    let mode = format!("{:?}", s.mode).to_lowercase();
+    match s.period {
+        None => format!("{mode}, no crash"),
+        Some(i) => format!("{mode}, a kill every {:.2} s", periods[i]),
+    }
+}
+
+/// Runs `paper transport`.
+pub fn run(a: &TransportArgs) -> Result<()> {
+    if a.runs < 3 && !a.quick {
+        bail!("--runs {}: medians need at least 3 (or --quick)", a.runs);
+    }
+    let fractions: Vec<f64> = if a.periods.is_empty() {
+        PAPER_PERIODS.iter().map(|n| n / PAPER_TIMES[0]).collect()
+    } else {
+        a.periods.clone()
+    };
+    if fractions.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        bail!("--periods {fractions:?}: fractions must be positive");
+    }
+    let p = params(a);
+    let problem = Problem::new(p.clone()).context("the problem")?;
+    let started = Instant::now();
+    let load0 = loadavg();
+    let machine = Machine::now();
+    let date = utc_now();
+    println!(
+        "transport3d {}x{}x{}, {} blocks, dt {} s to {} s ({} steps), tol {:e}",
+        p.nx,
+        p.ny,
+        p.nz,
+        p.blocks,
+        p.dt,
+        p.t_end,
+        problem.steps(),
+        p.tol
+    );
+    // Rule 5: the warm-up sets the periods and the reference.
+    let (warm, reference) = iterative(&problem, Mode::Async, None, 0, None)?;
+    let periods: Vec<f64> = fractions.iter().map(|f| f * warm.seconds).collect();
+    println!(
+        "warm-up async: {:.2} s; kill periods {:?} s",
+        warm.seconds, periods
+    );
+    let mut settings = Vec::new();
+    for mode in [RunMode::Async, RunMode::Sync] {
+        settings.push(Setting { mode, period: None });
+        for i in 0..periods.len() {
+            settings.push(Setting {
+                mode,
+                period: Some(i),
+            });
+        }
+    }
+    settings.push(Setting {
+        mode: RunMode::Dataflow,
+        period: None,
+    });
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); settings.len()];
+    for rep in 0..a.runs {
+        if a.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(a.quiet_wait), QUIET_CORES) {
+            println!("  (the machine did not get quiet; measuring anyway)");
+        }
+        for (i, s) in settings.iter().enumerate() {
+            let seed = 1000 * u64::from(rep) + i as u64;
+            let run = match s.mode.iterative() {
+                Some(mode) => {
+                    let period = s.period.map(|k| Duration::from_secs_f64(periods[k]));
+                    iterative(&problem, mode, period, seed, Some(&reference))?.0
+                }
+                None => dataflow(&problem, &reference)?,
+            };
+            println!(
+                "  rep {rep} {:<32} {:>7.2} s, {} iterations, {} messages, {} kills",
+                label(*s, &periods),
+                run.seconds,
+                run.iterations,
+                run.messages,
+                run.kills
+            );
+            runs[i].push(run);
+        }
+    }
+    let load1 = loadavg();
+    let report = Report {
+        a,
+        p: &p,
+        steps: problem.steps(),
+        fractions: &fractions,
+        periods: &periods,
+        warm: &warm,
+        settings: &settings,
+        runs: &runs,
+    };
+    let out = out_dir(a.out.as_deref())?;
+    let stem = if a.quick {
+        "transport-quick"
+    } else {
+        "transport"
+    };
+    let drawn = plots(
+        &out,
+        stem,
+        |root| draw(root, &report),
+        |root| draw(root, &report),
+    );
+    let md = header(
+        &date,
+        &machine,
+        started.elapsed(),
+        &[load0.clone(), load1.clone()],
+        a.quick,
+    ) + &report.markdown(&drawn);
+    let json = report.json(&machine, &date, [load0, load1], &drawn);
+    write_report(&out, stem, &json, &md)
+}
+
+struct Report<'a> {
+    a: &'a TransportArgs,
+    p: &'a Params,
+    steps: u64,
+    fractions: &'a [f64],
+    periods: &'a [f64],
+    warm: &'a Run,
+    settings: &'a [Setting],
+    runs: &'a [Vec<Run>],
+}
+
+fn stat(runs: &[Run], f: impl Fn(&Run) -> f64) -> Stats {
+    let v: Vec<f64> = runs.iter().map(f).collect();
+    Stats::of(&v).unwrap_or(Stats {
+        median: f64::NAN,
+        min: f64::NAN,
+        max: f64::NAN,
+    })
+}
+
+impl Report<'_> {
+    fn time(&self, mode: RunMode, period: Option<usize>) -> f64 {
+        self.settings
+            .iter()
+            .position(|s| s.mode == mode && s.period == period)
+            .map_or(f64::NAN, |i| stat(&self.runs[i], |r| r.seconds).median)
+    }
+
+    /// The target's ratio: the most crash-heavy async setting over crash-free async.
+    fn ratio(&self) -> f64 {
+        let heavy = (0..self.periods.len())
+            .min_by(|&i, &j| self.periods[i].total_cmp(&self.periods[j]))
+            .map_or(f64::NAN, |i| self.time(RunMode::Async, Some(i)));
+        heavy / self.time(RunMode::Async, None)
+    }
+
+    fn markdown(&self, drawn: &crate::cluster::Plots) -> String {
+        let p = self.p;
+        let mut md = String::new();
+        let _ = writeln!(
+            md,
+            "# paper transport: paper 000 Table 1 scaled\n\n\
+             transport3d diurnal, {}x{}x{} mesh ({} unknowns), {} z slabs = {} vnodes, dt {} s to \
+             {} s ({} steps), tol {:e}; {} runs per setting (medians, min-max). Kill periods: \
+             {:?} of the crash-free async warm-up ({:.2} s) = {} s. Dataflow: 2 threads, 2 \
+             vnodes, no log, no crashes (module docs, rule 2).\n",
+            p.nx,
+            p.ny,
+            p.nz,
+            2 * p.nx * p.ny * p.nz,
+            p.blocks,
+            p.blocks,
+            p.dt,
+            p.t_end,
+            self.steps,
+            p.tol,
+            self.a.runs,
+            self.fractions
+                .iter()
+                .map(|f| format!("{f:.3}"))
+                .collect::<Vec<_>>(),
+            self.warm.seconds,
+            self.periods
+                .iter()
+                .map(|s| format!("{s:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let _ = writeln!(
+            md,
+            "| mode | kill every | time (s) | / crash-free | kills | iterations | messages | \
+             negative verdicts | max global residual |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for (s, runs) in self.settings.iter().zip(self.runs) {
+            let t = stat(runs, |r| r.seconds);
+            let base = self.time(s.mode, None);
+            let _ = writeln!(
+                md,
+                "| {:?} | {} | {:.2} ({:.2}-{:.2}) | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1e} |",
+                s.mode,
+                s.period
+                    .map_or("never".to_string(), |i| format!("{:.2} s", self.periods[i])),
+                t.median,
+                t.min,
+                t.max,
+                t.median / base,
+                stat(runs, |r| r.kills as f64).median,
+                stat(runs, |r| r.iterations as f64).median,
+                stat(runs, |r| r.messages as f64).median,
+                stat(runs, |r| r.negative_verdicts as f64).median,
+                runs.iter().map(|r| r.max_global_residual).fold(0.0, f64::max),
+            );
+        }
+        let ratio = self.ratio();
+        let _ = writeln!(
+            md,
+            "\nTarget: most crash-heavy async / crash-free async = **{ratio:.3}** (goal <= \
+             {TARGET_RATIO}: {}; JaceP2P-V2: {:.0} s / {:.0} s = {:.2}).\n\nPaper 000 Table 1 \
+             (JaceP2P-V2, 3 nodes killed every n s): n = inf, 90, 60, 30 s: {:?} s.\n\n\
+             Every run: true global residual of every step's accepted iterate below the bound \
+             (no false convergence), final solution within 10 tol of the reference.\n\nPlot: {}",
+            if ratio <= TARGET_RATIO {
+                "met"
+            } else {
+                "missed"
+            },
+            PAPER_TIMES[3],
+            PAPER_TIMES[0],
+            PAPER_TIMES[3] / PAPER_TIMES[0],
+            PAPER_TIMES,
+            plots_markdown(drawn),
+        );
+        md
+    }
+
+    fn json(
+        &self,
+        m: &Machine,
+        date: &str,
+        load: [Option<String>; 2],
+        drawn: &crate::cluster::Plots,
+    ) -> Value {
+        let settings: Vec<Value> = self
+            .settings
+            .iter()
+            .zip(self.runs)
+            .map(|(s, runs)| {
+                json!({
+                    "mode": s.mode,
+                    "kill_every_s": s.period.map(|i| self.periods[i]),
+                    "time_s": stat(runs, |r| r.seconds),
+                    "ratio_to_crash_free": stat(runs, |r| r.seconds).median
+                        / self.time(s.mode, None),
+                    "kills": stat(runs, |r| r.kills as f64),
+                    "iterations": stat(runs, |r| r.iterations as f64),
+                    "messages": stat(runs, |r| r.messages as f64),
+                    "negative_verdicts": stat(runs, |r| r.negative_verdicts as f64),
+                    "runs": runs,
+                })
+            })
+            .collect();
+        let ratio = self.ratio();
+        json!({
+            "benchmark": "paper transport",
+            "date": date,
+            "machine": m.json(),
+            "load_average": load,
+            "quick": self.a.quick,
+            "problem": {
+                "model": "diurnal",
+                "nx": self.p.nx, "ny": self.p.ny, "nz": self.p.nz,
+                "blocks": self.p.blocks, "vnodes": self.p.blocks,
+                "dt": self.p.dt, "t_end": self.p.t_end, "steps": self.steps,
+                "tol": self.p.tol, "inner_tol": self.p.inner_tol,
+            },
+            "method": {
+                "runs": self.a.runs,
+                "warm_up_async_s": self.warm.seconds,
+                "period_fractions": self.fractions,
+                "kill_periods_s": self.periods,
+                "dataflow": "2 threads, 2 vnodes, no log, no crashes",
+                "iterative": "run_embedded, runtime defaults (3 local iterations, 2 backup \
+                              neighbours, data backup every 10 iterations, resend 20 ms, \
+                              replacement 20 ms after a kill)",
+                "order": "warm-up, then per repetition every setting once, interleaved",
+            },
+            "settings": settings,
+            "paper_000_table_1": {
+                "n_s": [null, 90, 60, 30],
+                "jacep2p_v2_time_s": PAPER_TIMES,
+                "ratio": PAPER_TIMES[3] / PAPER_TIMES[0],
+            },
+            "plots": plots_json(drawn),
+            "targets": [{
+                "name": "async_most_crashes_over_crash_free",
+                "goal": format!("<= {TARGET_RATIO}"),
+                "measured": ratio,
+                "met": ratio <= TARGET_RATIO,
+            }],
+        })
+    }
+}
+
+/// Median time against the kill period (crash-free at the left), one line per mode.
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let n = r.periods.len();
+    let top = r
+        .runs
+        .iter()
+        .flatten()
+        .map(|x| x.seconds)
+        .fold(0.0, f64::max)
+        * 1.1;
+    let labels: Vec<String> = std::iter::once("no crash".to_string())
+        .chain(r.periods.iter().map(|s| format!("every {s:.2} s")))
+        .collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "transport3d {}^3, {} vnodes: median time with a vnode killed every n s",
+                r.p.nx, r.p.blocks
+            ),
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..(n as f64 + 0.5), 0.0..top.max(1e-3))
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 1)
+        .x_label_formatter(&|x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                labels
+                    .get(i as usize)
+                    .map_or_else(String::new, |s| s.clone())
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("time (s)")
+        .draw()
+        .map_err(e)?;
+    for (c, mode) in [RunMode::Async, RunMode::Sync, RunMode::Dataflow]
+        .into_iter()
+        .enumerate()
+    {
+        let color = COLORS[c % COLORS.len()];
+        let pts: Vec<(f64, f64)> = std::iter::once(None)
+            .chain((0..n).map(Some))
+            .enumerate()
+            .map(|(x, p)| (x as f64, r.time(mode, p)))
+            .filter(|(_, t)| t.is_finite())
+            .collect();
+        let name = format!("{mode:?}").to_lowercase();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(e)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 5, color.filled())))
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
+}
