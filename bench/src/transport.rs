@@ -38,7 +38,7 @@
 //!    (JaceP2P-V2: 744 s / 495 s = 1.50).
 //!
 //! Results: `transport.json`, `transport.md` and the plot `transport.svg`/`.png` in `--out`
-//! (`transport-quick.*` with `--quick`).
+//! (`transport-quick.*` with `--quick`, `transport-backupN.*` with `--backup-every N`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -88,6 +88,9 @@ pub struct TransportArgs {
     /// Outer tolerance.
     #[arg(long, default_value_t = 1e-7)]
     pub tol: f64,
+    /// Iterations between a vnode's data backups [default: the runtime's, 10].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub backup_every: Option<u64>,
     /// Kill periods as fractions of the crash-free async time [default: paper 000's 90, 60
     /// and 30 s of 495 s].
     #[arg(long, value_delimiter = ',')]
@@ -137,6 +140,7 @@ fn params(a: &TransportArgs) -> Params {
 /// Runs one iterative setting and checks it (rule 4).
 fn iterative(
     problem: &Problem,
+    backup_every: Option<u64>,
     mode: Mode,
     period: Option<Duration>,
     seed: u64,
@@ -152,7 +156,11 @@ fn iterative(
         }),
         ..Embedded::default()
     };
-    let report = run_embedded(config(p, mode), factory(problem), &opts)
+    let mut cfg = config(p, mode);
+    if let Some(n) = backup_every {
+        cfg.backup_every = n;
+    }
+    let report = run_embedded(cfg, factory(problem), &opts)
         .map_err(|e| anyhow!("{mode:?} run failed: {e}"))?;
     let checked = check(problem, &report.states).context("checking the final states")?;
     let bound = residual_bound(problem);
@@ -266,7 +274,7 @@ pub fn run(a: &TransportArgs) -> Result<()> {
         p.tol
     );
     // Rule 5: the warm-up sets the periods and the reference.
-    let (warm, reference) = iterative(&problem, Mode::Async, None, 0, None)?;
+    let (warm, reference) = iterative(&problem, a.backup_every, Mode::Async, None, 0, None)?;
     let periods: Vec<f64> = fractions.iter().map(|f| f * warm.seconds).collect();
     println!(
         "warm-up async: {:.2} s; kill periods {:?} s",
@@ -296,7 +304,15 @@ pub fn run(a: &TransportArgs) -> Result<()> {
             let run = match s.mode.iterative() {
                 Some(mode) => {
                     let period = s.period.map(|k| Duration::from_secs_f64(periods[k]));
-                    iterative(&problem, mode, period, seed, Some(&reference))?.0
+                    iterative(
+                        &problem,
+                        a.backup_every,
+                        mode,
+                        period,
+                        seed,
+                        Some(&reference),
+                    )?
+                    .0
                 }
                 None => dataflow(&problem, &reference)?,
             };
@@ -323,11 +339,12 @@ pub fn run(a: &TransportArgs) -> Result<()> {
         runs: &runs,
     };
     let out = out_dir(a.out.as_deref())?;
-    let stem = if a.quick {
-        "transport-quick"
-    } else {
-        "transport"
+    let stem = match (a.quick, a.backup_every) {
+        (true, _) => "transport-quick".to_string(),
+        (false, None) => "transport".to_string(),
+        (false, Some(n)) => format!("transport-backup{n}"),
     };
+    let stem = stem.as_str();
     let drawn = plots(
         &out,
         stem,
@@ -389,8 +406,9 @@ impl Report<'_> {
             "# paper transport: paper 000 Table 1 scaled\n\n\
              transport3d diurnal, {}x{}x{} mesh ({} unknowns), {} z slabs = {} vnodes, dt {} s to \
              {} s ({} steps), tol {:e}; {} runs per setting (medians, min-max). Kill periods: \
-             {:?} of the crash-free async warm-up ({:.2} s) = {} s. Dataflow: 2 threads, 2 \
-             vnodes, no log, no crashes (module docs, rule 2).\n",
+             {:?} of the crash-free async warm-up ({:.2} s) = {} s; a data backup every {} \
+             iterations. Dataflow: 2 threads, 2 vnodes, no log, no crashes (module docs, rule \
+             2).\n",
             p.nx,
             p.ny,
             p.nz,
@@ -412,6 +430,7 @@ impl Report<'_> {
                 .map(|s| format!("{s:.2}"))
                 .collect::<Vec<_>>()
                 .join(", "),
+            self.a.backup_every.unwrap_or(10),
         );
         let _ = writeln!(
             md,
@@ -507,8 +526,8 @@ impl Report<'_> {
                 "kill_periods_s": self.periods,
                 "dataflow": "2 threads, 2 vnodes, no log, no crashes",
                 "iterative": "run_embedded, runtime defaults (3 local iterations, 2 backup \
-                              neighbours, data backup every 10 iterations, resend 20 ms, \
-                              replacement 20 ms after a kill)",
+                              neighbours, resend 20 ms, replacement 20 ms after a kill)",
+                "backup_every": self.a.backup_every.unwrap_or(10),
                 "order": "warm-up, then per repetition every setting once, interleaved",
             },
             "settings": settings,
