@@ -41,7 +41,8 @@
 //! use veriflow::runtime::iterative::{run_embedded, Embedded, Mode};
 //!
 //! let mut p = Params::new(Model::Diurnal);
-//! (p.nx, p.ny, p.nz, p.blocks, p.dt, p.t_end, p.tol) = (6, 3, 6, 3, 120.0, 240.0, 1e-8);
+//! (p.nx, p.ny, p.nz, p.blocks, p.dt, p.t_end) = (6, 3, 6, 3, 120.0, 240.0);
+//! (p.tol, p.inner_tol) = (1e-8, 1e-9);
 //! let problem = Problem::new(p.clone()).unwrap();
 //! let report = run_embedded(config(&p, Mode::Async), factory(&problem), &Embedded::default()).unwrap();
 //! let checked = check(&problem, &report.states).unwrap();

@@ -1,5 +1,6 @@
 //! Iterative mode (paper 000) on transport3d: async, sync and dataflow agree; vnodes killed
-//! during the iterations and lost halos change nothing but the time; the check computes the
+//! during the iterations (embedded, and a SIGKILLed worker of a cluster) and lost halos change
+//! nothing but the time; the check computes the
 //! true global residual of every step's accepted iterate, catches a premature one, and finds
 //! none in 120 seeded runs; bad bytes and bad flags are errors, never panics.
 
@@ -477,5 +478,43 @@ fn cli_bad_values_are_usage_errors() {
         out.expect_code(2);
         assert!(out.stderr.contains(word), "{word}: {out}");
         assert!(!out.stderr.contains("panicked"), "{out}");
+    }
+}
+
+/// Cluster mode (`transport3d cluster`, worker processes on loopback): a worker SIGKILLed
+/// during the iterations (between 0.2 and 0.7 s into a job of about a second) and its vnodes
+/// replaced from their neighbours' backups give the embedded run's answer.
+#[test]
+fn cli_cluster_with_a_killed_worker_gives_the_same_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let grid = [
+        "--nx", "24", "--ny", "24", "--nz", "24", "--blocks", "4", "--dt", "120", "--t-end",
+        "2400", "--tol", "1e-8", "--json",
+    ];
+    let mut args = vec!["run", "--mode", "sync"];
+    args.extend_from_slice(&grid);
+    let out = t3d(tmp.path(), &args);
+    out.expect_code(0);
+    let want = samples(&out.json());
+    let mut args = vec![
+        "cluster",
+        "--workers",
+        "2",
+        "--spares",
+        "1",
+        "--kill-random",
+        "1",
+        "--mode",
+        "async",
+    ];
+    args.extend_from_slice(&grid);
+    let out = t3d(tmp.path(), &args);
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["correct"], Value::Bool(true), "{out}");
+    assert_eq!(j["failures"], 1, "{j}");
+    assert_eq!(j["steps"], 20, "{j}");
+    for (a, b) in samples(&j).iter().zip(&want) {
+        assert!((a - b).abs() <= AGREE * b.abs(), "{a} vs {b}");
     }
 }
