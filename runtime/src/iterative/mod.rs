@@ -12,6 +12,35 @@
 //! - [`Mode::Sync`]: every iteration waits for a fresh halo from every neighbour (asking for a
 //!   resend when one is late), the classical synchronous block iteration, for comparison.
 //!
+//! # Example
+//!
+//! The heat equation of [`heat`] on 4 vnodes, asynchronous, with 10% of the messages lost and
+//! two vnodes killed and replaced from their neighbours' backups while the others go on:
+//!
+//! ```
+//! use std::time::Duration;
+//! use veriflow_runtime::iterative::{heat, run_embedded, Embedded, IterConfig, IterKills, Mode};
+//!
+//! let (n, blocks, r, steps) = (64, 4, 0.5, 3);
+//! let cfg = IterConfig::new(Mode::Async, IterConfig::chain(blocks as u32), 1e-10);
+//! let opts = Embedded {
+//!     loss: 0.1,
+//!     seed: 7,
+//!     kills: Some(IterKills { every: Duration::from_millis(5), count: 2, seed: 7 }),
+//!     ..Embedded::default()
+//! };
+//! let report = run_embedded(cfg, heat::factory(n, blocks, r, steps), &opts)?;
+//! let u: Vec<f64> = report
+//!     .states
+//!     .iter()
+//!     .flat_map(|s| postcard::from_bytes::<heat::Heat>(s).unwrap().u)
+//!     .collect();
+//! let exact = heat::reference(n, r, steps);
+//! let err = u.iter().zip(&exact[2]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+//! assert!(err < 1e-8, "{err}");
+//! # Ok::<(), veriflow_runtime::iterative::IterError>(())
+//! ```
+//!
 //! # Rules
 //!
 //! 1. **Halos** (`node.rs`). After each iteration a vnode sends each data neighbour its halo,
