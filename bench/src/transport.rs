@@ -14,8 +14,9 @@
 //!    `dt` (300 s) to `t_end` (3000 s: 10 steps), outer tolerance `tol` (1e-7).
 //! 2. **Modes**: `async` and `sync` run the blocks with `veriflow::runtime::iterative::
 //!    run_embedded` (one thread per vnode, neighbours' backups, decentralized convergence
-//!    detection, the runtime's defaults: 3 local iterations, 2 backup neighbours, a data backup
-//!    every 10 iterations, resend 20 ms, replacement 20 ms after a kill); `dataflow` runs the
+//!    detection, transport3d's `iterative::config`: the runtime's defaults, 3 local iterations,
+//!    2 backup neighbours, resend 20 ms, replacement 20 ms after a kill, and a data backup every
+//!    `BACKUP_EVERY` = 2 iterations instead of 10; `--backup-every N` changes it); `dataflow` runs the
 //!    same outer iteration as tasks of the data-flow runtime on 2 threads and 2 vnodes **without
 //!    a log** (S0): with one, every round logs every block state twice (`dataflow.rs` rule 3),
 //!    gigabytes at 64³, and its kills count tasks, not seconds; so dataflow is measured without
@@ -88,7 +89,7 @@ pub struct TransportArgs {
     /// Outer tolerance.
     #[arg(long, default_value_t = 1e-7)]
     pub tol: f64,
-    /// Iterations between a vnode's data backups [default: the runtime's, 10].
+    /// Iterations between a vnode's data backups [default: transport3d's, 2].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub backup_every: Option<u64>,
     /// Kill periods as fractions of the crash-free async time [default: paper 000's 90, 60
@@ -203,6 +204,7 @@ fn dataflow(problem: &Problem, reference: &Solution) -> Result<Run> {
         inner_tol: Some(p.inner_tol),
         max_sweeps: p.max_sweeps,
         max_outer: p.max_outer,
+        backup_every: transport3d::iterative::BACKUP_EVERY,
     };
     let mut registry = Registry::new();
     Transport3d::register(&mut registry)?;
@@ -430,7 +432,7 @@ impl Report<'_> {
                 .map(|s| format!("{s:.2}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            self.a.backup_every.unwrap_or(10),
+            self.a.backup_every.unwrap_or(transport3d::iterative::BACKUP_EVERY),
         );
         let _ = writeln!(
             md,
@@ -527,7 +529,7 @@ impl Report<'_> {
                 "dataflow": "2 threads, 2 vnodes, no log, no crashes",
                 "iterative": "run_embedded, runtime defaults (3 local iterations, 2 backup \
                               neighbours, resend 20 ms, replacement 20 ms after a kill)",
-                "backup_every": self.a.backup_every.unwrap_or(10),
+                "backup_every": self.a.backup_every.unwrap_or(transport3d::iterative::BACKUP_EVERY),
                 "order": "warm-up, then per repetition every setting once, interleaved",
             },
             "settings": settings,

@@ -109,6 +109,16 @@ pub struct Transport3d {
     /// Most outer iterations per time step.
     #[arg(long, default_value_t = 1000)]
     pub max_outer: u32,
+    /// Iterative mode: outer iterations between a vnode's data backups on a neighbour (or
+    /// `--store`).
+    #[arg(long, default_value_t = crate::iterative::BACKUP_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    #[serde(default = "default_backup_every")]
+    pub backup_every: u64,
+}
+
+fn default_backup_every() -> u64 {
+    crate::iterative::BACKUP_EVERY
 }
 
 impl Transport3d {
@@ -331,8 +341,12 @@ impl Program for Transport3d {
         let mode = self.mode.iterative()?;
         // validate() runs first and refuses what Problem::new refuses; were it skipped, the
         // check of a run that cannot start says why.
+        let mut it = crate::iterative::iterative(&self.params(), mode);
+        if let Ok(it) = &mut it {
+            it.config.backup_every = self.backup_every;
+        }
         Some(
-            crate::iterative::iterative(&self.params(), mode).unwrap_or_else(|e| {
+            it.unwrap_or_else(|e| {
                 let msg = e.to_string();
                 Iterative {
                     config: veriflow::runtime::iterative::IterConfig::new(mode, Vec::new(), 1.0),

@@ -71,6 +71,14 @@ use crate::solution::{AssembleError, Solution};
 /// one per news; 4 leaves room for a replacement that restarts a step from an older backup.
 pub const ITERATION_SLACK: u64 = 4;
 
+/// Iterations between a vnode's data backups in [`config`] (`--backup-every`; the runtime's
+/// default is 10). `paper transport` (64³, 8 vnodes, a vnode killed every 6 % of the run)
+/// measured it: with 10, a replacement restarts from up to 10 iterations back and the run took
+/// 1.20 × the crash-free time; with 2, 1.03 ×, and the crash-free times were within the noise
+/// (7.20 s vs 7.18 s): a backup is one copy of the slab to a neighbour, a tenth of an outer
+/// iteration's work.
+pub const BACKUP_EVERY: u64 = 2;
+
 /// Margin of [`residual_bound`] (rule 5).
 pub const FALSE_CONVERGENCE: f64 = 10.0;
 
@@ -305,6 +313,7 @@ pub fn config(params: &Params, mode: IterMode) -> IterConfig {
     // blocks <= nz <= MAX_AXIS.
     let mut cfg = IterConfig::new(mode, IterConfig::chain(params.blocks as u32), params.tol);
     cfg.max_iterations = u64::from(params.max_outer) * ITERATION_SLACK;
+    cfg.backup_every = BACKUP_EVERY;
     cfg
 }
 

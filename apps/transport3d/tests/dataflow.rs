@@ -22,6 +22,7 @@ fn program() -> Transport3d {
         inner_tol: None,
         max_sweeps: 500,
         max_outer: 100,
+        backup_every: transport3d::iterative::BACKUP_EVERY,
     }
 }
 

@@ -71,6 +71,7 @@ fn dataflow(p: &Params) -> Solution {
         inner_tol: Some(p.inner_tol),
         max_sweeps: p.max_sweeps,
         max_outer: p.max_outer,
+        backup_every: transport3d::iterative::BACKUP_EVERY,
     };
     assert_eq!(program.params(), *p);
     let mut registry = Registry::new();
@@ -355,7 +356,23 @@ fn configuration_follows_the_parameters() {
         cfg.max_iterations,
         u64::from(p.max_outer) * transport3d::iterative::ITERATION_SLACK
     );
+    assert_eq!(cfg.backup_every, transport3d::iterative::BACKUP_EVERY);
     cfg.validate().unwrap();
+    // --backup-every reaches the configuration the runs use (embedded and cluster).
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        program: Transport3d,
+    }
+    let parse = |args: &[&str]| -> Transport3d {
+        clap::Parser::try_parse_from(["t"].iter().chain(args)).map(|c: Cli| c.program).unwrap()
+    };
+    let program = parse(&["--mode", "async", "--backup-every", "7"]);
+    assert_eq!(program.iterative().unwrap().config.backup_every, 7);
+    assert_eq!(
+        parse(&["--mode", "sync"]).iterative().unwrap().config.backup_every,
+        transport3d::iterative::BACKUP_EVERY
+    );
     // An impossible tolerance fails the run instead of hanging.
     let mut q = small(2);
     (q.tol, q.inner_tol, q.max_outer) = (1e-300, 1e-301, 2);
@@ -479,6 +496,7 @@ fn cli_bad_values_are_usage_errors() {
         (&["--mode", "async", "--certify"][..], "certify"),
         (&["--mode", "async", "--dt", "0"][..], "dt"),
         (&["--mode", "async", "--nx", "2"][..], "nx"),
+        (&["--mode", "async", "--backup-every", "0"][..], "backup-every"),
     ] {
         let mut args = vec!["run"];
         args.extend_from_slice(bad);
