@@ -88,6 +88,8 @@ struct Worker {
     k: u64,
     last_ckpt: u64,
     copies: Vec<(u64, Vec<u8>)>,
+    /// Buffers of dropped copies, reused by the next checkpoint (no fresh pages to fault in).
+    spare: Vec<Vec<u8>>,
     checkpoint_ns: u64,
     stash: HashMap<Key, (Wire, Vec<u8>)>,
 }
@@ -141,6 +143,7 @@ pub(crate) fn run(
         k: 0,
         last_ckpt: 0,
         copies: Vec::new(),
+        spare: Vec::new(),
         checkpoint_ns: 0,
         stash: HashMap::new(),
     };
@@ -231,17 +234,23 @@ fn rhs_rows(a: &Csr, l: &[f64], lo: usize) -> Vec<f64> {
 
 /// The exact layout of [`BlockState::to_bytes`] (kernel rule 4), written from the worker's
 /// vectors without building a state, with room for a message header after it.
+#[cfg(test)]
 fn state_bytes(iteration: u64, rho: f64, x: &[f64], r: &[f64], p: &[f64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(BlockState::encoded_len(x.len()) + 96);
+    let mut out = Vec::new();
+    state_bytes_into(&mut out, iteration, rho, x, r, p);
+    out
+}
+
+/// The state's bytes (`BlockState::to_bytes`' layout) into `out`, reusing its allocation.
+fn state_bytes_into(out: &mut Vec<u8>, iteration: u64, rho: f64, x: &[f64], r: &[f64], p: &[f64]) {
+    out.clear();
+    out.reserve(BlockState::encoded_len(x.len()) + 96);
     out.extend_from_slice(&iteration.to_le_bytes());
     out.extend_from_slice(&rho.to_bits().to_le_bytes());
     out.extend_from_slice(&(x.len() as u64).to_le_bytes());
     for v in [x, r, p] {
-        for f in v {
-            out.extend_from_slice(&f.to_bits().to_le_bytes());
-        }
+        wire::append_f64s(out, v);
     }
-    out
 }
 
 fn ns(t: Instant) -> u64 {
@@ -380,7 +389,15 @@ impl Worker {
                 // Strictly newer: an Abort left in the inbox of a dead predecessor is stale (rule 5).
                 Wire::Abort { g } if g > self.g => return Err(Interrupt::Abort(g)),
                 Wire::Stop => return Err(Interrupt::Stop),
-                Wire::Commit { stamp } => self.copies.retain(|c| c.0 >= stamp),
+                Wire::Commit { stamp } => {
+                    let (keep, old) = std::mem::take(&mut self.copies)
+                        .into_iter()
+                        .partition(|c| c.0 >= stamp);
+                    self.copies = keep;
+                    let old: Vec<(u64, Vec<u8>)> = old;
+                    self.spare.extend(old.into_iter().map(|c| c.1));
+                    self.spare.truncate(1);
+                }
                 Wire::Fetch { g, stamp } => {
                     let copy = self
                         .copies
@@ -615,7 +632,8 @@ impl Worker {
     fn checkpoint(&mut self) -> Result<(), Interrupt> {
         let t0 = Instant::now();
         let own = self.own();
-        let bytes = state_bytes(self.k, self.rho, &self.x, &self.r, &self.pwin[own]);
+        let mut bytes = self.spare.pop().unwrap_or_default();
+        state_bytes_into(&mut bytes, self.k, self.rho, &self.x, &self.r, &self.pwin[own]);
         let (g, stamp, threshold) = (self.g, self.k, self.threshold);
         let (p, k) = (self.plan.workers, self.plan.encoders);
         for j in 0..k {
