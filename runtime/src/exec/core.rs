@@ -160,6 +160,14 @@ impl Core {
         e.open = true;
     }
 
+    /// Recovery: keeps `id` from being dropped while the live tasks are wired one by one (an
+    /// early reader that finds the value would otherwise drop it before a later reader is
+    /// wired); `true` if it was closed, and then [`Core::close`] must follow.
+    pub(crate) fn hold(&mut self, id: DataId) -> bool {
+        let e = self.data.entry(id).or_default();
+        !std::mem::replace(&mut e.open, true)
+    }
+
     /// Recovery: a data entry as the log left it (value if written), scope closed.
     pub(crate) fn restore_data(&mut self, id: DataId, value: Option<(Vec<u8>, Digest)>) {
         let e = self.data.entry(id).or_default();

@@ -12,7 +12,9 @@
 //!    are restored from the log; a `Declared` or `Started` task is declared again (without a
 //!    new `Declared` event) and runs its body when its inputs are there; an `Adopted` task is
 //!    ready again with the input values its record carries; a `Stolen` task stays with its
-//!    thief.
+//!    thief. A value restored from the log stays until every restarted task that reads it is
+//!    wired (its entry is held open meanwhile), then is dropped like any value whose readers
+//!    are done: a value read by several tasks is not lost to the first.
 //! 3. A restarted task re-runs its body: the children it had declared are recognised by their
 //!    ids (the log knows them) and are neither declared nor run again. Only this vnode knows
 //!    them, so a restarted task that had started is never given to a thief.
@@ -231,6 +233,16 @@ impl Vnode {
                 }
             }
         }
+        // The inputs of live tasks are held open until all of them are wired (after the loop
+        // above, so that a scope that runs again stays open).
+        let mut held: Vec<DataId> = Vec::new();
+        for id in order.iter().filter(|t| live(t)) {
+            for &i in &declared[id].0.inputs {
+                if self.core.hold(i) {
+                    held.push(i);
+                }
+            }
+        }
         // Rule 5.
         if v.0 == 0 {
             for &o in &root.terminal {
@@ -334,6 +346,7 @@ impl Vnode {
             self.held.push_back((0, thief, msg));
         }
         self.core.owed_returns()?;
+        self.core.close(&held);
         Ok(out)
     }
 }

@@ -245,3 +245,100 @@ fn failed_vnodes_are_recovered_from_their_logs() {
     assert!(failures >= 200, "failures injected: {failures}");
     assert!(restarted > 0, "some recoveries restart tasks");
 }
+
+/// One value, many readers: `Fan(n)` spawns `Gen` and n `Plus(i)` reading its output, summed
+/// by a chain of `Add`s.
+#[derive(Serialize, Deserialize)]
+struct Fan(u64);
+
+impl Task for Fan {
+    const NAME: &'static str = "fan";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let (d,) = ctx.spawn(Gen, ());
+        let (mut acc,) = ctx.spawn(Plus(0), (d,));
+        for i in 1..self.0 {
+            let (p,) = ctx.spawn(Plus(i), (d,));
+            (acc,) = ctx.spawn(Add, (acc, p));
+        }
+        let (z,) = ctx.spawn(Plus(0), (d,));
+        ctx.spawn_delegate(Add, (acc, z), (out,));
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Gen;
+
+impl Task for Gen {
+    const NAME: &'static str = "gen";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        ctx.write(out, 100);
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Plus(u64);
+
+impl Task for Plus {
+    const NAME: &'static str = "plus";
+    type Inputs = (u64,);
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (v,): (u64,), (out,): Writes<Self>) -> TaskResult {
+        ctx.write(out, v + self.0);
+        Ok(())
+    }
+}
+
+/// Recovery rebuilds a vnode whose log holds a written value and many live readers of it:
+/// every reader is wired before any may drop the value (a regression: the first reader
+/// consumed it and the second found it unknown). Every event is sealed at once, so the log
+/// holds what ran before the failure; kills land between steps of `STEP_BUDGET` tasks, so the
+/// fan is wider than that; whatever the kill point, the sum is the same.
+#[test]
+fn a_value_with_several_live_readers_survives_recovery() {
+    use super::STEP_BUDGET;
+    use crate::log::CommitPolicy;
+    use crate::Kill;
+    let registry = || {
+        Registry::new()
+            .with::<Fan>()
+            .unwrap()
+            .with::<Gen>()
+            .unwrap()
+            .with::<Plus>()
+            .unwrap()
+            .with::<Add>()
+            .unwrap()
+    };
+    let n = 3 * STEP_BUDGET as u64;
+    for after in [1, 2, 3, 100, 300, 500, 700, 1000] {
+        for vnodes in [1, 2] {
+            let ctx = format!("{vnodes} vnode(s), v0 fails after {after} tasks");
+            let rt = Runtime::builder(registry())
+                .threads(1)
+                .vnodes(vnodes)
+                .store(Arc::new(MemoryStore::default()))
+                .commit_policy(CommitPolicy {
+                    max_bytes: 1,
+                    max_delay: std::time::Duration::ZERO,
+                })
+                .kills(vec![Kill {
+                    vnode: crate::VnodeId(0),
+                    after,
+                }])
+                .build()
+                .unwrap();
+            let r = rt.run(Fan(n), ()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            assert_eq!(r.outputs.0, (n + 1) * 100 + n * (n - 1) / 2, "{ctx}");
+            assert_eq!(r.vnodes[0].failures, 1, "{ctx}");
+            // The failure came mid-run: some tasks reused from the log, some run again.
+            let v0 = &r.vnodes[0];
+            assert!(v0.reused_tasks > 0 && v0.recovered_tasks > 0, "{ctx}: {v0:?}");
+        }
+    }
+}
