@@ -432,7 +432,9 @@ impl Report<'_> {
                 .map(|s| format!("{s:.2}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            self.a.backup_every.unwrap_or(transport3d::iterative::BACKUP_EVERY),
+            self.a
+                .backup_every
+                .unwrap_or(transport3d::iterative::BACKUP_EVERY),
         );
         let _ = writeln!(
             md,

@@ -345,23 +345,21 @@ impl Program for Transport3d {
         if let Ok(it) = &mut it {
             it.config.backup_every = self.backup_every;
         }
-        Some(
-            it.unwrap_or_else(|e| {
-                let msg = e.to_string();
-                Iterative {
-                    config: veriflow::runtime::iterative::IterConfig::new(mode, Vec::new(), 1.0),
-                    factory: std::sync::Arc::new(move |_| {
-                        Err(veriflow::runtime::iterative::BlockError(msg.clone()))
-                    }),
-                    check: std::sync::Arc::new(|_| {
-                        Err(WrongResult {
-                            expected: "valid parameters".into(),
-                            got: "none".into(),
-                        })
-                    }),
-                }
-            }),
-        )
+        Some(it.unwrap_or_else(|e| {
+            let msg = e.to_string();
+            Iterative {
+                config: veriflow::runtime::iterative::IterConfig::new(mode, Vec::new(), 1.0),
+                factory: std::sync::Arc::new(move |_| {
+                    Err(veriflow::runtime::iterative::BlockError(msg.clone()))
+                }),
+                check: std::sync::Arc::new(|_| {
+                    Err(WrongResult {
+                        expected: "valid parameters".into(),
+                        got: "none".into(),
+                    })
+                }),
+            }
+        }))
     }
 
     fn root(&self) -> (Start, ()) {

@@ -20,7 +20,8 @@
 //!    the block's system solved with its halos held fixed); its residual is the scaled change of
 //!    the block's state, which the runtime's local and global convergence rules compare with
 //!    `tol`. Each vnode may do at most [`ITERATION_SLACK`] `× max_outer` iterations per step
-//!    (a vnode of an asynchronous run may iterate on stale halos).
+//!    with a change at or above `tol` (a vnode of an asynchronous run may iterate on stale
+//!    halos; iterations below `tol`, on news while detection runs, do not count).
 //! 4. **Step records.** When a step ends ([`Block::advance`]) a block records what the check
 //!    needs to compute the true residual of the accepted iterate later, and nothing more: the
 //!    scaled max-norm of `F` over its planes whose equations involve no halo (one number), and,

@@ -365,20 +365,30 @@ fn configuration_follows_the_parameters() {
         program: Transport3d,
     }
     let parse = |args: &[&str]| -> Transport3d {
-        clap::Parser::try_parse_from(["t"].iter().chain(args)).map(|c: Cli| c.program).unwrap()
+        clap::Parser::try_parse_from(["t"].iter().chain(args))
+            .map(|c: Cli| c.program)
+            .unwrap()
     };
     let program = parse(&["--mode", "async", "--backup-every", "7"]);
     assert_eq!(program.iterative().unwrap().config.backup_every, 7);
     assert_eq!(
-        parse(&["--mode", "sync"]).iterative().unwrap().config.backup_every,
+        parse(&["--mode", "sync"])
+            .iterative()
+            .unwrap()
+            .config
+            .backup_every,
         transport3d::iterative::BACKUP_EVERY
     );
-    // An impossible tolerance fails the run instead of hanging.
+    // A run whose blocks keep changing fails instead of hanging: an impossible tolerance, one
+    // sweep pair per outer iteration and a long, strongly coupled step keep every block's change
+    // above it for more than the 4 x max_outer iterations allowed (a change of exactly 0, a
+    // floating-point fixed point, would count as converged).
     let mut q = small(2);
-    (q.tol, q.inner_tol, q.max_outer) = (1e-300, 1e-301, 2);
+    (q.tol, q.inner_tol, q.max_outer, q.max_sweeps) = (1e-300, 1e-301, 2, 1);
+    (q.dt, q.t_end) = (7200.0, 7200.0);
     let problem = Problem::new(q.clone()).unwrap();
     let e = run_embedded(
-        config(&q, Mode::Async),
+        config(&q, Mode::Sync),
         factory(&problem),
         &Embedded::default(),
     )
@@ -496,7 +506,10 @@ fn cli_bad_values_are_usage_errors() {
         (&["--mode", "async", "--certify"][..], "certify"),
         (&["--mode", "async", "--dt", "0"][..], "dt"),
         (&["--mode", "async", "--nx", "2"][..], "nx"),
-        (&["--mode", "async", "--backup-every", "0"][..], "backup-every"),
+        (
+            &["--mode", "async", "--backup-every", "0"][..],
+            "backup-every",
+        ),
     ] {
         let mut args = vec!["run"];
         args.extend_from_slice(bad);

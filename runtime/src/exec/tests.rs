@@ -338,7 +338,10 @@ fn a_value_with_several_live_readers_survives_recovery() {
             assert_eq!(r.vnodes[0].failures, 1, "{ctx}");
             // The failure came mid-run: some tasks reused from the log, some run again.
             let v0 = &r.vnodes[0];
-            assert!(v0.reused_tasks > 0 && v0.recovered_tasks > 0, "{ctx}: {v0:?}");
+            assert!(
+                v0.reused_tasks > 0 && v0.recovered_tasks > 0,
+                "{ctx}: {v0:?}"
+            );
         }
     }
 }

@@ -156,7 +156,9 @@ pub struct IterConfig {
     pub backup_every: u64,
     /// Resend period of unacknowledged messages (rule 4), and of halo requests in sync mode.
     pub resend: Duration,
-    /// Iterations per step after which the run fails as not converging (0: no limit).
+    /// Iterations per step with a residual at or above `tol` after which the run fails as not
+    /// converging (0: no limit). Iterations below `tol` (a converged vnode iterating on news
+    /// while detection runs) do not count.
     pub max_iterations: u64,
     /// Data backups go here instead of to a neighbour (rule 5).
     pub store: Option<Arc<dyn Store>>,

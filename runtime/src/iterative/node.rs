@@ -169,6 +169,10 @@ pub(crate) struct Node {
     /// Steps the block has ended (rule 6: a verdict advances it once).
     block_step: u64,
     iter: u64,
+    /// Iterations of this step with a residual at or above the tolerance (the limit counts
+    /// these: a converged vnode that iterates on its neighbours' news while detection runs is
+    /// not failing to converge).
+    unconverged: u64,
     counter: u32,
     finished: bool,
     negative_verdicts: u64,
@@ -241,6 +245,7 @@ impl Node {
             conv: Conv::new(me, tree),
             block_step: 0,
             iter: 0,
+            unconverged: 0,
             counter: 0,
             finished: false,
             negative_verdicts: 0,
@@ -403,11 +408,12 @@ impl Node {
         let converged = residual < self.cfg.tol;
         if !converged {
             self.counter = 0;
+            self.unconverged += 1;
         } else if counts {
             self.counter = self.counter.saturating_add(1);
         }
         let local = self.counter >= self.cfg.local_iterations;
-        if self.cfg.max_iterations > 0 && self.iter > self.cfg.max_iterations {
+        if self.cfg.max_iterations > 0 && self.unconverged > self.cfg.max_iterations {
             return Err(IterError::NotConverging {
                 vnode: self.me,
                 step: self.block_step,
@@ -554,6 +560,7 @@ impl Node {
             let more = self.block.advance();
             self.block_step += 1;
             self.iter = 0;
+            self.unconverged = 0;
             self.counter = 0;
             self.last_residual = f64::INFINITY;
             self.news = true;

@@ -633,7 +633,14 @@ impl Worker {
         let t0 = Instant::now();
         let own = self.own();
         let mut bytes = self.spare.pop().unwrap_or_default();
-        state_bytes_into(&mut bytes, self.k, self.rho, &self.x, &self.r, &self.pwin[own]);
+        state_bytes_into(
+            &mut bytes,
+            self.k,
+            self.rho,
+            &self.x,
+            &self.r,
+            &self.pwin[own],
+        );
         let (g, stamp, threshold) = (self.g, self.k, self.threshold);
         let (p, k) = (self.plan.workers, self.plan.encoders);
         for j in 0..k {
