@@ -390,11 +390,10 @@ impl Worker {
                 Wire::Abort { g } if g > self.g => return Err(Interrupt::Abort(g)),
                 Wire::Stop => return Err(Interrupt::Stop),
                 Wire::Commit { stamp } => {
-                    let (keep, old) = std::mem::take(&mut self.copies)
+                    let (keep, old): (Vec<_>, Vec<_>) = std::mem::take(&mut self.copies)
                         .into_iter()
                         .partition(|c| c.0 >= stamp);
                     self.copies = keep;
-                    let old: Vec<(u64, Vec<u8>)> = old;
                     self.spare.extend(old.into_iter().map(|c| c.1));
                     self.spare.truncate(1);
                 }
