@@ -367,13 +367,15 @@ pub enum IterError {
     #[error("{0}: its state is lost with all its backup neighbours; keep data backups on checkpoint servers (--store) to survive this")]
     Unrecoverable(VnodeId),
     /// A step did not converge within the iteration limit.
-    #[error("{vnode}: step {step} did not converge in {iterations} iterations")]
+    #[error(
+        "{vnode}: step {step} did not converge: {iterations} iterations at or above the tolerance"
+    )]
     NotConverging {
         /// Where.
         vnode: VnodeId,
         /// Which step.
         step: u64,
-        /// Iterations done.
+        /// Iterations at or above the tolerance done in that step (what the limit counts).
         iterations: u64,
     },
     /// The store failed.

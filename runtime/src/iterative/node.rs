@@ -417,7 +417,7 @@ impl Node {
             return Err(IterError::NotConverging {
                 vnode: self.me,
                 step: self.block_step,
-                iterations: self.iter,
+                iterations: self.unconverged,
             });
         }
         self.send_halos();
