@@ -122,6 +122,8 @@ pub(crate) enum CliError {
     Certify(#[from] CertifyError),
     #[error("certificate {path}: {source}")]
     Verify { path: PathBuf, source: VerifyError },
+    #[error(transparent)]
+    Cluster(#[from] veriflow_cluster::ClusterError),
     #[error("{0}")]
     Invalid(String),
     #[error("certification: REJECT")]

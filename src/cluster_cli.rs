@@ -16,11 +16,11 @@ use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
 use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
+use veriflow_cluster::coordinator::{self, CoordinatorConfig};
+use veriflow_cluster::protocol::{JobSpec, ToSubmit, WorkerReport};
+use veriflow_cluster::worker::{self, JobContext, WorkerConfig};
+
 use crate::app::{registry, CertifyParams, CliError, Program};
-use crate::cluster as cl;
-use crate::cluster::coordinator::{self, CoordinatorConfig};
-use crate::cluster::protocol::{JobSpec, ToSubmit, WorkerReport};
-use crate::cluster::worker::{self, JobContext, WorkerConfig};
 use veriflow_runtime::detect::FdParams;
 
 /// The failure detector's five parameters (paper 004 §4).
@@ -179,9 +179,18 @@ pub(crate) fn coordinator_cmd(
     program: &'static str,
 ) -> Result<(), CliError> {
     let key = Key::load(&args.key)?;
+    if matches!(args.store, StoreSpec::Local(_) | StoreSpec::Memory) {
+        // Issue 13: a local directory or this process's memory is one process's only; the
+        // workers could never reach it.
+        return Err(CliError::Invalid(format!(
+            "--store {}: a coordinator needs checkpoint servers every worker reaches \
+             (central:, replicate:, parity: or ida:)",
+            args.store
+        )));
+    }
     let store = open_store(&args.store, Some(&key))?;
     let cfg = CoordinatorConfig {
-        program,
+        program: program.to_string(),
         key,
         store_spec: args.store.to_string(),
         store,
@@ -204,7 +213,7 @@ pub(crate) fn coordinator_cmd(
         let _ = std::io::stdout().flush();
         coordinator::serve(listener, cfg)
             .await
-            .map_err(|e| CliError::Invalid(format!("coordinator: {e}")))
+            .map_err(CliError::from)
     })
 }
 
@@ -215,7 +224,7 @@ pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> 
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     });
     let cfg = WorkerConfig {
-        program: P::NAME,
+        program: P::NAME.to_string(),
         join: args.join.clone(),
         listen: args.listen.clone(),
         key,
@@ -223,7 +232,7 @@ pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> 
         spare: args.spare,
     };
     let run_job: worker::RunJob = Arc::new(move |ctx: JobContext| run_job::<P>(ctx, threads));
-    worker::run_worker(cfg, run_job).map_err(CliError::Invalid)
+    worker::run_worker(cfg, run_job).map_err(CliError::from)
 }
 
 /// The job arguments in a job's command line (`submit ...` or `cluster ...`).
@@ -359,7 +368,7 @@ fn follow(
         }
         _ => {}
     };
-    match cl::submit(addr, key, program, spec, &mut on_event).map_err(CliError::Invalid)? {
+    match veriflow_cluster::submit(addr, key, program, spec, &mut on_event)? {
         ToSubmit::Finished {
             outputs,
             root,

@@ -9,7 +9,6 @@
 //! A complete example, that `cargo test` compiles, is in README.md ("Write your own app").
 
 mod app;
-mod cluster;
 mod cluster_cli;
 mod inspect;
 mod iterative_cli;
@@ -30,6 +29,9 @@ pub use veriflow_runtime::{
 
 /// The runtime crate, for what the facade does not re-export.
 pub use veriflow_runtime as runtime;
+
+/// The cluster crate: coordinator and worker state machines, their drivers, the simulator.
+pub use veriflow_cluster as cluster;
 
 /// The certifier crate (paper 001 §V): sample sizes, the oracle, Algorithm 1, certificates.
 pub use veriflow_certifier as certifier;

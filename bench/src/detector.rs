@@ -352,6 +352,7 @@ struct LiveCluster {
     spawned: usize,
     // Last, so that the workers go first (they would only retry to reach it).
     coordinator: Guard,
+    _server: veriflow_checkpoint::launch::ServerProcess,
 }
 
 impl LiveCluster {
@@ -364,12 +365,23 @@ impl LiveCluster {
         let key = dir.path().join("cluster.key");
         veriflow::Key::create(&key)
             .with_context(|| format!("cannot create the key {}", key.display()))?;
+        // A coordinator needs a store every worker reaches: one checkpoint server in RAM.
+        let server_bin = veriflow_checkpoint::launch::server_binary().context(
+            "the checkpoint-server binary (build it: cargo build --release -p veriflow-checkpoint)",
+        )?;
+        let server = veriflow_checkpoint::launch::ServerProcess::start(
+            &server_bin,
+            "127.0.0.1:0",
+            None,
+            &key,
+        )
+        .context("cannot start a checkpoint server")?;
         let mut cmd = Command::new(knary);
         cmd.arg("coordinator")
             .arg("--listen=127.0.0.1:0")
             .arg("--key")
             .arg(&key)
-            .arg("--store=memory")
+            .arg(format!("--store=central:{}", server.addr))
             .args(fd_argv(params))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -412,6 +424,7 @@ impl LiveCluster {
             );
         };
         let mut cluster = LiveCluster {
+            _server: server,
             knary: knary.to_path_buf(),
             addr: addr.to_string(),
             key,

@@ -314,6 +314,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         self.recv_seq += 1;
         Ok(msg)
     }
+    /// A value both ends of this connection, and only they, derive from its session: a
+    /// proof bound to it cannot be replayed on another connection (channel binding). It is
+    /// not the session key, which it does not reveal.
+    pub fn channel_binding(&self) -> [u8; 32] {
+        blake3::derive_key("veriflow wire v1 channel binding", &self.session)
+    }
 
     /// The underlying stream (tests use it to inject bad frames).
     pub fn stream_mut(&mut self) -> &mut S {

@@ -1,5 +1,6 @@
 //! The messages between a coordinator, its workers and a submitting client, and between
 //! workers (all carried in authenticated frames: `veriflow_checkpoint::wire`).
+#![allow(missing_docs)] // fields are named for what they carry; variants say the rest
 
 use serde::{Deserialize, Serialize};
 use veriflow_runtime::detect::{FdParams, Heartbeat};
@@ -8,11 +9,11 @@ use veriflow_runtime::transport::Envelope;
 use veriflow_runtime::VnodeStats;
 
 /// A worker process, numbered by the coordinator from 1 in order of joining.
-pub(crate) type WorkerId = u32;
+pub type WorkerId = u32;
 
 /// The first message on a connection to the coordinator.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum Hello {
+pub enum Hello {
     /// A worker joins.
     Worker {
         /// Program (app) it runs: must be the coordinator's.
@@ -36,20 +37,20 @@ pub(crate) enum Hello {
 /// A job: the submit command's own arguments (each worker parses them with the same command
 /// line), and the run options the coordinator needs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct JobSpec {
+pub struct JobSpec {
     /// `submit` and its arguments, as typed.
-    pub(crate) argv: Vec<String>,
+    pub argv: Vec<String>,
     /// Vnodes (0: one per worker thread).
-    pub(crate) vnodes: u32,
+    pub vnodes: u32,
     /// Wait until this many workers have joined (up to a deadline) before starting.
-    pub(crate) min_workers: u32,
+    pub min_workers: u32,
     /// An iterative run (`Program::iterative`): the result is every vnode's final state.
-    pub(crate) iterative: bool,
+    pub iterative: bool,
 }
 
 /// Coordinator to worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ToWorker {
+pub enum ToWorker {
     /// Admitted: its id, the store every member logs into, and the failure detector's
     /// parameters.
     Welcome {
@@ -59,6 +60,8 @@ pub(crate) enum ToWorker {
     },
     /// A heartbeat of the coordinator's failure detector.
     Heartbeat(Heartbeat),
+    /// The hello was refused (rule 7 of `coordinator`): the connection closes next.
+    Refused { reason: String },
     /// Start job `job`: host these vnodes (at these epochs); `map` gives every vnode's host.
     Start {
         job: u64,
@@ -67,13 +70,13 @@ pub(crate) enum ToWorker {
         hosted: Vec<(u32, u64)>,
         starts: bool,
         map: Vec<(u32, WorkerId, u64)>,
-        peers: Vec<(WorkerId, String)>,
+        peers: Vec<PeerInfo>,
     },
     /// Vnodes moved (their host died): new hosts and epochs.
     Map {
         job: u64,
         map: Vec<(u32, WorkerId, u64)>,
-        peers: Vec<(WorkerId, String)>,
+        peers: Vec<PeerInfo>,
     },
     /// Host `vnode` from now on, rebuilt from its log, at `epoch`.
     Host { job: u64, vnode: u32, epoch: u64 },
@@ -85,7 +88,7 @@ pub(crate) enum ToWorker {
 
 /// Worker to coordinator.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ToCoord {
+pub enum ToCoord {
     /// Answer to a probe.
     Status {
         job: u64,
@@ -106,20 +109,20 @@ pub(crate) enum ToCoord {
 
 /// What a worker did in a job.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct WorkerReport {
-    pub(crate) outputs: Option<Vec<Vec<u8>>>,
+pub struct WorkerReport {
+    pub outputs: Option<Vec<Vec<u8>>>,
     /// Iterative runs: final states of the vnodes that finished here (vnode, steps, state).
-    pub(crate) states: Vec<(u32, u64, Vec<u8>)>,
+    pub states: Vec<(u32, u64, Vec<u8>)>,
     /// Iterative runs: counters of the vnodes' incarnations that ran here.
-    pub(crate) iter_stats: Vec<(u32, NodeStats)>,
-    pub(crate) tasks: u64,
-    pub(crate) events: u64,
-    pub(crate) vnodes: Vec<VnodeStats>,
+    pub iter_stats: Vec<(u32, NodeStats)>,
+    pub tasks: u64,
+    pub events: u64,
+    pub vnodes: Vec<VnodeStats>,
 }
 
 /// Coordinator to a submitting client.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ToSubmit {
+pub enum ToSubmit {
     /// The job runs on these workers.
     Accepted {
         workers: u32,
@@ -153,12 +156,38 @@ pub(crate) enum ToSubmit {
     Failed { error: String },
 }
 
+/// Another worker as the coordinator introduces it (rule 8 of `coordinator`).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its id.
+    pub id: WorkerId,
+    /// Where it listens for peers.
+    pub addr: String,
+    /// The key of the link between it and the receiver of this message.
+    pub link_key: [u8; 32],
+}
+
+impl std::fmt::Debug for PeerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The link key is a secret: never in a log line.
+        f.debug_struct("PeerInfo")
+            .field("id", &self.id)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Worker to worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[allow(clippy::large_enum_variant)] // nearly every frame is a `Msg`
-pub(crate) enum Peer {
-    /// First frame: who is calling.
-    Hello { from: WorkerId },
+pub enum Peer {
+    /// First frame: who is calling, proved with the link key over the connection's channel
+    /// binding (rule 5 of `worker`).
+    Hello {
+        from: WorkerId,
+        to: WorkerId,
+        proof: [u8; 32],
+    },
     /// A vnode message.
     Msg { to: u32, env: Envelope },
     /// A heartbeat of the sender's failure detector.

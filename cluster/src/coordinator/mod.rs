@@ -1,0 +1,1066 @@
+//! The coordinator: paper 001's fault-tolerance module. It admits workers, maps vnodes onto
+//! them, runs the termination test, reacts to failures, and holds no per-task state.
+//!
+//! [`Coordinator`] is an I/O-free state machine (HyperQueue's reactor): the caller feeds it
+//! [`Event`]s stamped with the time, and carries out the [`Action`]s it returns. The tokio
+//! driver ([`serve`]) turns actions into frames on TCP connections and store calls on a
+//! blocking thread; the simulator (`crate::sim`) turns them into deliveries on one thread.
+//!
+//! Rules:
+//!
+//! 1. One state machine owns all state; events are handled one at a time, in the order the
+//!    caller gives them, and the actions of one event are carried out in order.
+//! 2. A job maps its V vnodes round-robin onto the non-spare workers; every worker, spares
+//!    too, is a member of the job. The host of vnode 0 starts the run (manifest and root).
+//!    Before it starts, the store is checked ([`Action::CheckStore`]): a store holding a run
+//!    already is refused.
+//! 3. Termination: the coordinator probes every member for the work words of the vnodes it
+//!    hosts; when two complete rounds in a row cover all V vnodes, every word has no work
+//!    outstanding and no word changed, the run is over (the two-scan test of the runtime's
+//!    `exec/mod.rs` rule 4 across processes) and every member is told to stop.
+//! 4. A worker is lost when its connection to the coordinator closes or resets (at once), or
+//!    when the coordinator's own failure detector (`veriflow_runtime::detect`, paper 004 §4)
+//!    declares it broken. A worker's report that another is broken is a suspicion only: it is
+//!    acted on when the coordinator's detector does not see the suspect alive (it is
+//!    Unreachable or Broken here) or when `k` distinct members (paper 004's k, at most the
+//!    other live members) suspect it; a report from a worker about itself or about a stranger
+//!    is refused and noted. Every message counts as a heartbeat; a coordinator that was itself
+//!    stalled accuses nobody when it wakes (the detector's rule 9).
+//! 5. A lost worker's vnodes move, each at a new epoch, to a spare if one is idle, else to the
+//!    live member with the fewest vnodes; the new host rebuilds them from their logs and every
+//!    member learns the new map and epochs (so late messages of the lost incarnation are
+//!    dropped). The termination test starts over. A lost worker is never admitted again under
+//!    its id; its messages are ignored.
+//! 6. The job ends when every live member has reported; the coordinator then records the run
+//!    as finished in the manifest ([`Action::RecordFinished`]) and sends the summary to the
+//!    client. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
+//!    say which vnodes have finished their last step, a moved vnode restores from its
+//!    neighbours' backups instead of a log, and its result is the final states all members
+//!    returned.
+//! 7. Everything a key holder sends is bounded before it is used (issue 13: workers are
+//!    untrusted): job sizes ([`Limits`]), thread counts, names and addresses. A refused hello
+//!    closes its connection with a note; the cluster goes on.
+//! 8. Members authenticate each other with pairwise link keys the coordinator derives from its
+//!    own secret ([`link_key`]) and hands to the two ends only, in `Start` and `Map`: a key
+//!    holder can no longer claim to be another worker on a peer link (`worker` rule 5).
+
+mod driver;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams, Status};
+use veriflow_runtime::exec::MAX_VNODES;
+use veriflow_runtime::iterative::NodeStats;
+
+pub use driver::{serve, CoordinatorConfig};
+
+use crate::protocol::{JobSpec, PeerInfo, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
+
+/// A submitting client's connection, numbered by the driver.
+pub type ClientId = u64;
+
+/// Bounds on what a key holder may ask of the coordinator (rule 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most vnodes a job may have (the runtime's own bound).
+    pub max_vnodes: u32,
+    /// Most threads a worker may claim.
+    pub max_threads: u32,
+    /// Most workers a job may wait for.
+    pub max_min_workers: u32,
+    /// Most bytes of a job's command line, all arguments together.
+    pub max_argv_bytes: usize,
+    /// Most arguments in a job's command line.
+    pub max_argv: usize,
+    /// Longest program name or peer address.
+    pub max_name: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_vnodes: MAX_VNODES,
+            // The command line's own bound on `--threads`.
+            max_threads: 1024,
+            max_min_workers: 4096,
+            // A command line of 64 KiB is far above any real one (the kernel's own limit for
+            // one argument is 128 KiB), and small enough to hold for every waiting job.
+            max_argv_bytes: 64 << 10,
+            max_argv: 1024,
+            max_name: 256,
+        }
+    }
+}
+
+/// How a coordinator behaves (its I/O-free part).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The program (app) this cluster runs.
+    pub program: String,
+    /// The store every member logs into, as a spec the workers open.
+    pub store_spec: String,
+    /// The failure detector's parameters (paper 004 §4), sent to every worker too.
+    pub fd: FdParams,
+    /// Seed of the detector's monitor choices.
+    pub seed: u64,
+    /// Secret the pairwise link keys are derived from (rule 8).
+    pub secret: [u8; 32],
+    /// Probe rounds start at most this often: the end of a run is seen within about two
+    /// rounds, and the members are not kept busy answering.
+    pub probe_every: Duration,
+    /// How long a submission waits for the workers it asks for.
+    pub join_patience: Duration,
+    /// How often the client hears of progress.
+    pub progress_every: Duration,
+    /// Bounds on what clients and workers send (rule 7).
+    pub limits: Limits,
+}
+
+impl Config {
+    /// A configuration with the defaults of a real coordinator.
+    pub fn new(program: &str, store_spec: &str, fd: FdParams, secret: [u8; 32]) -> Config {
+        Config {
+            program: program.to_string(),
+            store_spec: store_spec.to_string(),
+            fd,
+            seed: u64::from_le_bytes(secret[..8].try_into().unwrap_or_default()),
+            secret,
+            probe_every: Duration::from_millis(5),
+            join_patience: Duration::from_secs(30),
+            progress_every: Duration::from_millis(200),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What a worker says when it joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joining {
+    /// Program (app) it runs: must be the coordinator's.
+    pub program: String,
+    /// Where its peers reach it.
+    pub peer_addr: String,
+    /// Its threads.
+    pub threads: u32,
+    /// Whether it waits idle until needed for recovery.
+    pub spare: bool,
+}
+
+/// What happens to a coordinator.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A worker said hello on a new connection, which the driver numbered `worker`.
+    Joined {
+        /// The connection's (and, once admitted, the worker's) id.
+        worker: WorkerId,
+        /// Its hello.
+        hello: Joining,
+    },
+    /// A worker sent a message.
+    FromWorker {
+        /// The worker.
+        worker: WorkerId,
+        /// The message.
+        msg: ToCoord,
+    },
+    /// A worker's connection closed or reset (rule 4).
+    Closed {
+        /// The worker.
+        worker: WorkerId,
+        /// Why, as the driver saw it.
+        reason: String,
+    },
+    /// A client submitted a job on a new connection, numbered `client`.
+    Submit {
+        /// The client.
+        client: ClientId,
+        /// The program the client runs.
+        program: String,
+        /// The job.
+        job: JobSpec,
+    },
+    /// The store was checked for a run already there ([`Action::CheckStore`]).
+    StoreChecked {
+        /// The job it was checked for.
+        job: u64,
+        /// Whether it holds a run; or why it cannot be read.
+        result: Result<bool, String>,
+    },
+    /// The run was recorded as finished ([`Action::RecordFinished`]).
+    Recorded {
+        /// The job.
+        job: u64,
+        /// The run's root task id (empty without a log), or why it could not be recorded.
+        result: Result<String, String>,
+    },
+    /// Time passed: run the timers due (probes, the detector, deadlines).
+    Tick,
+}
+
+/// What the coordinator asks of its driver.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Send `msg` to `worker`.
+    ToWorker {
+        /// The worker.
+        worker: WorkerId,
+        /// The message.
+        msg: ToWorker,
+    },
+    /// Close the connection of `worker` (a refused hello).
+    Disconnect {
+        /// The worker's connection.
+        worker: WorkerId,
+    },
+    /// Send `msg` to a client; `Finished` and `Failed` are its last message.
+    ToClient {
+        /// The client.
+        client: ClientId,
+        /// The message.
+        msg: ToSubmit,
+    },
+    /// Read the store's manifest and answer [`Event::StoreChecked`].
+    CheckStore {
+        /// The job.
+        job: u64,
+    },
+    /// Record the run as finished in the store's manifest and answer [`Event::Recorded`].
+    RecordFinished {
+        /// The job.
+        job: u64,
+    },
+    /// A line for the coordinator's log (joins, losses, refusals, job start and end).
+    Note(String),
+}
+
+/// The pairwise key of the link between workers `a` and `b` (rule 8): only the coordinator
+/// and the two ends know it.
+pub fn link_key(secret: &[u8; 32], a: WorkerId, b: WorkerId) -> [u8; 32] {
+    let (lo, hi) = (a.min(b), a.max(b));
+    let mut h = blake3::Hasher::new_keyed(secret);
+    h.update(b"veriflow link key v1");
+    h.update(&lo.to_le_bytes());
+    h.update(&hi.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+struct Worker {
+    peer_addr: String,
+    threads: u32,
+    spare: bool,
+}
+
+/// A submission waiting for its workers, or for the store check.
+struct Waiting {
+    client: ClientId,
+    spec: JobSpec,
+    deadline: Duration,
+}
+
+struct Job {
+    id: u64,
+    client: ClientId,
+    spec: JobSpec,
+    /// Before the store check answers, the job has no map yet.
+    running: bool,
+    host: Vec<WorkerId>,
+    epoch: Vec<u64>,
+    members: Vec<WorkerId>,
+    round: u64,
+    /// A probe round is in flight.
+    outstanding: bool,
+    /// When the last round started.
+    last_round: Duration,
+    statuses: BTreeMap<WorkerId, Vec<(u32, u64)>>,
+    completed: BTreeMap<WorkerId, u64>,
+    last_words: Option<Vec<u64>>,
+    stopping: bool,
+    /// The manifest is being recorded: the summary waits for it.
+    recording: bool,
+    done: BTreeMap<WorkerId, WorkerReport>,
+    error: Option<String>,
+    started: Duration,
+    lost: u32,
+    last_progress: Duration,
+}
+
+/// The coordinator's state machine (rules 1-8).
+pub struct Coordinator {
+    cfg: Config,
+    workers: BTreeMap<WorkerId, Worker>,
+    /// Ids of workers lost: never admitted again (rule 5).
+    gone: BTreeSet<WorkerId>,
+    job: Option<Job>,
+    next_job: u64,
+    waiting: Vec<Waiting>,
+    detector: Detector,
+    /// Who suspects whom (rule 4).
+    suspicions: BTreeMap<WorkerId, BTreeSet<WorkerId>>,
+    out: Vec<Action>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("workers", &self.workers.keys().collect::<Vec<_>>())
+            .field("job", &self.job.as_ref().map(|j| j.id))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coordinator {
+    /// A coordinator with no workers and no job.
+    pub fn new(cfg: Config) -> Coordinator {
+        let detector = Detector::new(0, cfg.fd, cfg.seed);
+        Coordinator {
+            cfg,
+            workers: BTreeMap::new(),
+            gone: BTreeSet::new(),
+            job: None,
+            next_job: 1,
+            waiting: Vec::new(),
+            detector,
+            suspicions: BTreeMap::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// When [`Event::Tick`] is due next.
+    pub fn next_deadline(&self) -> Duration {
+        let mut due = self.detector.next_deadline();
+        if let Some(j) = &self.job {
+            if j.running && !j.stopping && !j.outstanding {
+                due = due.min(j.last_round + self.cfg.probe_every);
+            }
+        }
+        for w in &self.waiting {
+            due = due.min(w.deadline);
+        }
+        due
+    }
+
+    /// The workers admitted and not lost.
+    pub fn workers(&self) -> Vec<WorkerId> {
+        self.workers.keys().copied().collect()
+    }
+
+    /// The current map of the running job: each vnode's host and epoch.
+    pub fn map(&self) -> Option<Vec<(WorkerId, u64)>> {
+        let j = self.job.as_ref().filter(|j| j.running)?;
+        Some(
+            j.host
+                .iter()
+                .copied()
+                .zip(j.epoch.iter().copied())
+                .collect(),
+        )
+    }
+
+    /// Handles `event` at `now` and returns what to do, in order (rule 1).
+    #[must_use = "the actions must be carried out"]
+    pub fn on_event(&mut self, now: Duration, event: Event) -> Vec<Action> {
+        match event {
+            Event::Joined { worker, hello } => self.on_joined(now, worker, hello),
+            Event::FromWorker { worker, msg } => self.on_worker(now, worker, msg),
+            Event::Closed { worker, reason } => {
+                self.detector.on_closed(worker, now);
+                self.lose(now, worker, reason);
+            }
+            Event::Submit {
+                client,
+                program,
+                job,
+            } => self.on_submit(now, client, program, job),
+            Event::StoreChecked { job, result } => self.on_store_checked(now, job, result),
+            Event::Recorded { job, result } => self.on_recorded(now, job, result),
+            Event::Tick => {}
+        }
+        self.timers(now);
+        std::mem::take(&mut self.out)
+    }
+
+    fn note(&mut self, line: String) {
+        self.out.push(Action::Note(line));
+    }
+
+    fn send(&mut self, worker: WorkerId, msg: ToWorker) {
+        self.out.push(Action::ToWorker { worker, msg });
+    }
+
+    fn tell_client(&mut self, client: ClientId, msg: ToSubmit) {
+        self.out.push(Action::ToClient { client, msg });
+    }
+
+    /// Rule 7: what a joining worker says is bounded.
+    fn refuse_hello(&self, hello: &Joining) -> Option<String> {
+        let l = &self.cfg.limits;
+        if hello.program != self.cfg.program {
+            return Some(format!(
+                "it runs {}, this cluster runs {}",
+                clip(&hello.program, l.max_name),
+                self.cfg.program
+            ));
+        }
+        if hello.threads == 0 || hello.threads > l.max_threads {
+            return Some(format!(
+                "it claims {} threads (1..={} allowed)",
+                hello.threads, l.max_threads
+            ));
+        }
+        if hello.peer_addr.is_empty() || hello.peer_addr.len() > l.max_name {
+            return Some(format!(
+                "its peer address has {} bytes (1..={} allowed)",
+                hello.peer_addr.len(),
+                l.max_name
+            ));
+        }
+        None
+    }
+
+    fn on_joined(&mut self, now: Duration, id: WorkerId, hello: Joining) {
+        if let Some(why) = self.refuse_hello(&hello) {
+            self.note(format!("refused worker {id}: {why}"));
+            self.send(id, ToWorker::Refused { reason: why });
+            self.out.push(Action::Disconnect { worker: id });
+            return;
+        }
+        if self.workers.contains_key(&id) || self.gone.contains(&id) {
+            self.note(format!("refused a second hello from worker {id}"));
+            self.out.push(Action::Disconnect { worker: id });
+            return;
+        }
+        self.note(format!(
+            "worker {id} joined ({}, {} threads{})",
+            hello.peer_addr,
+            hello.threads,
+            if hello.spare { ", spare" } else { "" }
+        ));
+        self.send(
+            id,
+            ToWorker::Welcome {
+                id,
+                store: self.cfg.store_spec.clone(),
+                fd: self.cfg.fd,
+            },
+        );
+        self.detector.add_peer(id, now);
+        self.workers.insert(
+            id,
+            Worker {
+                peer_addr: hello.peer_addr,
+                threads: hello.threads,
+                spare: hello.spare,
+            },
+        );
+    }
+
+    fn on_worker(&mut self, now: Duration, id: WorkerId, msg: ToCoord) {
+        if !self.workers.contains_key(&id) {
+            return; // lost, or never admitted (rule 5)
+        }
+        match msg {
+            ToCoord::Heartbeat(hb) => {
+                self.detector.on_heartbeat(id, &hb, now);
+                return;
+            }
+            _ => self.detector.on_message(id, now),
+        }
+        match msg {
+            ToCoord::Heartbeat(_) => {}
+            ToCoord::Broken { worker } => self.on_suspicion(now, id, worker),
+            ToCoord::Status {
+                job,
+                round,
+                work,
+                completed,
+                started,
+            } => self.on_status(now, id, job, round, work, completed, started),
+            ToCoord::Done { job, report } => {
+                let Some(j) = self.member_job(id, job) else {
+                    return;
+                };
+                j.done.insert(id, report);
+                self.maybe_finish(now);
+            }
+            ToCoord::Failed { job, error } => {
+                let Some(j) = self.member_job(id, job) else {
+                    return;
+                };
+                j.error.get_or_insert(format!("worker {id}: {error}"));
+                j.done.insert(id, WorkerReport::default());
+                self.stop_all();
+                self.maybe_finish(now);
+            }
+        }
+    }
+
+    /// The running job `job`, if `id` is one of its members.
+    fn member_job(&mut self, id: WorkerId, job: u64) -> Option<&mut Job> {
+        self.job
+            .as_mut()
+            .filter(|j| j.running && j.id == job && j.members.contains(&id))
+    }
+
+    /// Rule 4: a worker's report that `suspect` is broken.
+    fn on_suspicion(&mut self, now: Duration, reporter: WorkerId, suspect: WorkerId) {
+        if suspect == reporter || !self.workers.contains_key(&suspect) {
+            if !self.gone.contains(&suspect) {
+                self.note(format!(
+                    "refused worker {reporter}'s report that worker {suspect} is broken: {}",
+                    if suspect == reporter {
+                        "it reports itself"
+                    } else {
+                        "no such worker"
+                    }
+                ));
+            }
+            return;
+        }
+        let by = self.suspicions.entry(suspect).or_default();
+        by.insert(reporter);
+        let reporters = by.len();
+        let others = self.workers.len().saturating_sub(1).max(1);
+        let quorum = self.cfg.fd.k.clamp(1, others);
+        let here = self.detector.status(suspect);
+        if here != Some(Status::Alive) {
+            let reason = format!(
+                "declared broken by worker {reporter}'s failure detector, and silent here too"
+            );
+            self.lose(now, suspect, reason);
+        } else if reporters >= quorum {
+            let reason = format!("declared broken by {reporters} workers' failure detectors");
+            self.lose(now, suspect, reason);
+        } else {
+            self.note(format!(
+                "worker {reporter} suspects worker {suspect} ({reporters} of {quorum} needed; \
+                 it is alive here)"
+            ));
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_status(
+        &mut self,
+        now: Duration,
+        id: WorkerId,
+        job: u64,
+        round: u64,
+        work: Vec<(u32, u64)>,
+        completed: u64,
+        started: bool,
+    ) {
+        let Some(j) = self.member_job(id, job) else {
+            return;
+        };
+        if round != j.round || j.stopping {
+            return;
+        }
+        j.completed.insert(id, completed);
+        if !started {
+            j.last_words = None;
+        }
+        j.statuses.insert(id, work);
+        if j.statuses.len() == j.members.len() {
+            j.outstanding = false;
+            self.check_termination(now);
+        }
+    }
+
+    fn on_submit(&mut self, now: Duration, client: ClientId, program: String, spec: JobSpec) {
+        if program != self.cfg.program {
+            let error = format!(
+                "this coordinator runs {}, not {}",
+                self.cfg.program,
+                clip(&program, self.cfg.limits.max_name)
+            );
+            self.tell_client(client, ToSubmit::Failed { error });
+            return;
+        }
+        if let Err(error) = check_spec(&spec, &self.cfg.limits) {
+            self.note(format!("refused a job: {error}"));
+            self.tell_client(client, ToSubmit::Failed { error });
+            return;
+        }
+        self.waiting.push(Waiting {
+            client,
+            deadline: now + self.cfg.join_patience,
+            spec,
+        });
+    }
+
+    /// Runs what is due at `now`: the detector, waiting submissions, probes.
+    fn timers(&mut self, now: Duration) {
+        if now >= self.detector.next_deadline() {
+            for a in self.detector.tick(now) {
+                match a {
+                    FdAction::SendHeartbeat { to, heartbeat } => {
+                        if self.workers.contains_key(&to) {
+                            self.send(to, ToWorker::Heartbeat(heartbeat));
+                        }
+                    }
+                    FdAction::Broken { peer } => self.lose(
+                        now,
+                        peer,
+                        "declared broken by the coordinator's failure detector (silent: hung or \
+                         cut off)"
+                            .to_string(),
+                    ),
+                    FdAction::Unreachable { peer } => {
+                        // Rule 4: a suspicion reported earlier is now confirmed here.
+                        let reporters = self.suspicions.get(&peer).map_or(0, BTreeSet::len);
+                        if reporters > 0 {
+                            self.lose(
+                                now,
+                                peer,
+                                format!(
+                                    "declared broken by {reporters} worker(s) and silent here too"
+                                ),
+                            );
+                        }
+                    }
+                    FdAction::Reachable { .. } => {}
+                }
+            }
+        }
+        self.start_waiting(now);
+        self.probe(now);
+    }
+
+    /// Submissions whose workers have joined start (or fail at their deadline).
+    fn start_waiting(&mut self, now: Duration) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for w in waiting {
+            let wanted = w.spec.min_workers.max(1) as usize;
+            let ready = self.workers.len() >= wanted;
+            if !ready && now < w.deadline {
+                self.waiting.push(w);
+                continue;
+            }
+            if self.job.is_some() {
+                self.tell_client(
+                    w.client,
+                    ToSubmit::Failed {
+                        error: "the cluster is running another job".to_string(),
+                    },
+                );
+                continue;
+            }
+            if !ready {
+                let error = format!(
+                    "{} worker(s) joined this coordinator within {:?}, the job asks for {wanted}",
+                    self.workers.len(),
+                    self.cfg.join_patience
+                );
+                self.tell_client(w.client, ToSubmit::Failed { error });
+                continue;
+            }
+            let id = self.next_job;
+            self.next_job += 1;
+            self.job = Some(Job {
+                id,
+                client: w.client,
+                spec: w.spec,
+                running: false,
+                host: Vec::new(),
+                epoch: Vec::new(),
+                members: Vec::new(),
+                round: 0,
+                outstanding: false,
+                last_round: now,
+                statuses: BTreeMap::new(),
+                completed: BTreeMap::new(),
+                last_words: None,
+                stopping: false,
+                recording: false,
+                done: BTreeMap::new(),
+                error: None,
+                started: now,
+                lost: 0,
+                last_progress: now,
+            });
+            self.out.push(Action::CheckStore { job: id });
+        }
+    }
+
+    fn on_store_checked(&mut self, now: Duration, job: u64, result: Result<bool, String>) {
+        let Some(j) = self.job.as_ref().filter(|j| j.id == job && !j.running) else {
+            return;
+        };
+        let client = j.client;
+        let error = match result {
+            Ok(false) => None,
+            Ok(true) => Some(format!(
+                "the store {} already holds a run: start the coordinator on a fresh store",
+                self.cfg.store_spec
+            )),
+            Err(e) => Some(format!("cannot read the store: {e}")),
+        };
+        if let Some(error) = error {
+            self.job = None;
+            self.tell_client(client, ToSubmit::Failed { error });
+            return;
+        }
+        self.start_job(now);
+    }
+
+    /// Rule 2: maps the job's vnodes and starts every member.
+    fn start_job(&mut self, now: Duration) {
+        let mut active: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.spare)
+            .map(|(&id, _)| id)
+            .collect();
+        if active.is_empty() {
+            active = self.workers.keys().copied().collect();
+        }
+        let Some(j) = self.job.as_mut() else { return };
+        if active.is_empty() {
+            let client = j.client;
+            self.job = None;
+            self.tell_client(
+                client,
+                ToSubmit::Failed {
+                    error: "every worker left before the job started".to_string(),
+                },
+            );
+            return;
+        }
+        let vnodes = if j.spec.vnodes > 0 {
+            j.spec.vnodes
+        } else {
+            let sum: u64 = active
+                .iter()
+                .map(|w| u64::from(self.workers[w].threads.max(1)))
+                .sum();
+            u32::try_from(sum.min(u64::from(self.cfg.limits.max_vnodes))).unwrap_or(1)
+        };
+        j.host = (0..vnodes as usize)
+            .map(|v| active[v % active.len()])
+            .collect();
+        j.epoch = vec![0; vnodes as usize];
+        j.members = self.workers.keys().copied().collect();
+        j.running = true;
+        j.started = now;
+        j.last_round = now;
+        j.last_progress = now;
+        let (id, spec, client) = (j.id, j.spec.clone(), j.client);
+        let map: Vec<(u32, WorkerId, u64)> =
+            (0..vnodes).map(|v| (v, j.host[v as usize], 0)).collect();
+        let members = j.members.clone();
+        let host = j.host.clone();
+        for &m in &members {
+            let hosted: Vec<(u32, u64)> = (0..vnodes)
+                .filter(|&v| host[v as usize] == m)
+                .map(|v| (v, 0))
+                .collect();
+            let peers = self.peers_for(m);
+            self.send(
+                m,
+                ToWorker::Start {
+                    job: id,
+                    spec: spec.clone(),
+                    vnodes,
+                    hosted,
+                    starts: host[0] == m,
+                    map: map.clone(),
+                    peers,
+                },
+            );
+        }
+        let spares = u32::try_from(self.workers.len() - active.len()).unwrap_or(u32::MAX);
+        let workers = u32::try_from(active.len()).unwrap_or(u32::MAX);
+        self.tell_client(
+            client,
+            ToSubmit::Accepted {
+                workers,
+                spares,
+                vnodes,
+                store: self.cfg.store_spec.clone(),
+            },
+        );
+        self.note(format!(
+            "job {id} started: {vnodes} vnodes on {workers} workers ({spares} spare)"
+        ));
+    }
+
+    /// The peers `me` may talk to, with their link keys (rule 8).
+    fn peers_for(&self, me: WorkerId) -> Vec<PeerInfo> {
+        self.workers
+            .iter()
+            .filter(|(&id, _)| id != me)
+            .map(|(&id, w)| PeerInfo {
+                id,
+                addr: w.peer_addr.clone(),
+                link_key: link_key(&self.cfg.secret, me, id),
+            })
+            .collect()
+    }
+
+    /// Rule 3: starts a probe round when the previous one is complete.
+    fn probe(&mut self, now: Duration) {
+        let every = self.cfg.probe_every;
+        let Some(j) = self.job.as_mut().filter(|j| j.running) else {
+            return;
+        };
+        if j.stopping || j.outstanding || now < j.last_round + every {
+            return;
+        }
+        j.outstanding = true;
+        j.last_round = now;
+        j.round += 1;
+        j.statuses.clear();
+        let (id, round, members) = (j.id, j.round, j.members.clone());
+        for m in members {
+            self.send(m, ToWorker::Probe { job: id, round });
+        }
+    }
+
+    fn stop_all(&mut self) {
+        let Some(j) = self.job.as_mut() else { return };
+        if j.stopping {
+            return;
+        }
+        j.stopping = true;
+        let (id, members) = (j.id, j.members.clone());
+        for m in members {
+            self.send(m, ToWorker::Stop { job: id });
+        }
+    }
+
+    fn check_termination(&mut self, now: Duration) {
+        let every = self.cfg.progress_every;
+        let Some(j) = self.job.as_mut() else { return };
+        let v = j.host.len();
+        let mut words: Vec<Option<u64>> = vec![None; v];
+        for (w, list) in &j.statuses {
+            for &(vn, word) in list {
+                // Only the current host speaks for a vnode.
+                if let Some(slot) = words.get_mut(vn as usize) {
+                    if j.host[vn as usize] == *w {
+                        *slot = Some(word);
+                    }
+                }
+            }
+        }
+        let total: u64 = j.completed.values().sum();
+        if now >= j.last_progress + every {
+            j.last_progress = now;
+            let client = j.client;
+            self.tell_client(client, ToSubmit::Progress { completed: total });
+        }
+        let Some(j) = self.job.as_mut() else { return };
+        let Some(words) = words.into_iter().collect::<Option<Vec<u64>>>() else {
+            j.last_words = None;
+            return;
+        };
+        let idle = words.iter().all(|w| w & 0xffff_ffff == 0);
+        if idle && j.last_words.as_ref() == Some(&words) {
+            self.stop_all();
+        } else {
+            j.last_words = Some(words);
+        }
+    }
+
+    /// Rule 6: when every live member has reported, records the run, then answers the client.
+    fn maybe_finish(&mut self, now: Duration) {
+        let Some(j) = self.job.as_mut() else { return };
+        if j.recording || !j.members.iter().all(|m| j.done.contains_key(m)) {
+            return;
+        }
+        let has_outputs = j.spec.iterative || j.done.values().any(|r| r.outputs.is_some());
+        if j.error.is_none() && has_outputs {
+            j.recording = true;
+            let id = j.id;
+            self.out.push(Action::RecordFinished { job: id });
+            return;
+        }
+        let error = j.error.clone().unwrap_or_else(|| {
+            "no member returned the terminal outputs (the host of vnode 0 was lost while the job \
+             finished)"
+                .to_string()
+        });
+        self.end_job(now, ToSubmit::Failed { error });
+    }
+
+    fn on_recorded(&mut self, now: Duration, job: u64, result: Result<String, String>) {
+        let Some(j) = self.job.as_mut().filter(|j| j.id == job && j.recording) else {
+            return;
+        };
+        let msg = match result {
+            Err(error) => ToSubmit::Failed { error },
+            Ok(root) => {
+                let outputs = if j.spec.iterative {
+                    Vec::new()
+                } else {
+                    j.done
+                        .values()
+                        .find_map(|r| r.outputs.clone())
+                        .unwrap_or_default()
+                };
+                let mut states: BTreeMap<u32, (u64, Vec<u8>)> = BTreeMap::new();
+                let mut iter_stats: BTreeMap<u32, NodeStats> = BTreeMap::new();
+                for r in j.done.values() {
+                    for (v, steps, state) in &r.states {
+                        states.insert(*v, (*steps, state.clone()));
+                    }
+                    for (v, s) in &r.iter_stats {
+                        iter_stats.entry(*v).or_default().add(s);
+                    }
+                }
+                let mut vnodes: Vec<_> = j.done.values().flat_map(|r| r.vnodes.clone()).collect();
+                vnodes.sort_by_key(|s| s.vnode);
+                ToSubmit::Finished {
+                    outputs,
+                    root,
+                    tasks: j.done.values().map(|r| r.tasks).sum(),
+                    events: j.done.values().map(|r| r.events).sum(),
+                    elapsed_s: now.saturating_sub(j.started).as_secs_f64(),
+                    vnodes,
+                    workers_lost: j.lost,
+                    states: states.into_iter().map(|(v, (n, s))| (v, n, s)).collect(),
+                    iter_stats: iter_stats.into_iter().collect(),
+                }
+            }
+        };
+        self.end_job(now, msg);
+    }
+
+    fn end_job(&mut self, now: Duration, msg: ToSubmit) {
+        let Some(j) = self.job.take() else { return };
+        let elapsed = now.saturating_sub(j.started).as_secs_f64();
+        self.note(format!("job {} over in {elapsed:.3} s", j.id));
+        self.tell_client(j.client, msg);
+    }
+
+    /// Rule 5.
+    fn lose(&mut self, now: Duration, id: WorkerId, reason: String) {
+        if self.workers.remove(&id).is_none() {
+            return;
+        }
+        self.gone.insert(id);
+        self.suspicions.remove(&id);
+        for by in self.suspicions.values_mut() {
+            by.remove(&id);
+        }
+        self.detector.remove_peer(id);
+        self.out.push(Action::Disconnect { worker: id });
+        self.note(format!("worker {id} lost: {reason}"));
+        let Some(j) = self.job.as_mut() else { return };
+        if !j.running || !j.members.contains(&id) {
+            return;
+        }
+        j.members.retain(|&m| m != id);
+        j.lost += 1;
+        if j.members.is_empty() {
+            let error = format!("every worker was lost (the last: worker {id}, {reason})");
+            self.end_job(now, ToSubmit::Failed { error });
+            return;
+        }
+        if j.stopping {
+            // A member lost while the job ends: if it was the recording's only wait, the
+            // others' reports decide (rule 6).
+            if !j.recording {
+                self.maybe_finish(now);
+            }
+            return;
+        }
+        let mut moved = Vec::new();
+        for v in 0..j.host.len() {
+            if j.host[v] != id {
+                continue;
+            }
+            let load = |w: &WorkerId| j.host.iter().filter(|h| *h == w).count();
+            let idle_spare = j
+                .members
+                .iter()
+                .copied()
+                .find(|m| self.workers.get(m).is_some_and(|w| w.spare) && load(m) == 0);
+            let Some(target) =
+                idle_spare.or_else(|| j.members.iter().copied().min_by_key(|m| (load(m), *m)))
+            else {
+                break;
+            };
+            j.host[v] = target;
+            j.epoch[v] += 1;
+            moved.push((u32::try_from(v).unwrap_or(u32::MAX), target, j.epoch[v]));
+        }
+        // The termination test starts over (rule 5).
+        j.round += 1;
+        j.outstanding = false;
+        j.statuses.clear();
+        j.last_words = None;
+        j.completed.remove(&id);
+        let (job, client, members) = (j.id, j.client, j.members.clone());
+        for m in members {
+            let peers = self.peers_for(m);
+            self.send(
+                m,
+                ToWorker::Map {
+                    job,
+                    map: moved.clone(),
+                    peers,
+                },
+            );
+        }
+        for &(vnode, target, epoch) in &moved {
+            self.send(target, ToWorker::Host { job, vnode, epoch });
+        }
+        self.tell_client(
+            client,
+            ToSubmit::WorkerLost {
+                worker: id,
+                reason,
+                moved: moved.iter().map(|&(v, t, _)| (v, t)).collect(),
+            },
+        );
+    }
+}
+
+/// Rule 7: a job's spec within the limits.
+fn check_spec(spec: &JobSpec, l: &Limits) -> Result<(), String> {
+    if spec.vnodes > l.max_vnodes {
+        return Err(format!(
+            "the job asks for {} vnodes; at most {} are allowed",
+            spec.vnodes, l.max_vnodes
+        ));
+    }
+    if spec.min_workers > l.max_min_workers {
+        return Err(format!(
+            "the job waits for {} workers; at most {} are allowed",
+            spec.min_workers, l.max_min_workers
+        ));
+    }
+    let bytes: usize = spec.argv.iter().map(String::len).sum();
+    if spec.argv.len() > l.max_argv || bytes > l.max_argv_bytes {
+        return Err(format!(
+            "the job's command line has {} arguments and {bytes} bytes; at most {} and {} are \
+             allowed",
+            spec.argv.len(),
+            l.max_argv,
+            l.max_argv_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// At most `max` bytes of `s`, for messages that quote what a peer sent.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests;

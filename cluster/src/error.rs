@@ -1,0 +1,90 @@
+//! What goes wrong in cluster mode, grouped by what the caller should do.
+
+use veriflow_checkpoint::wire::WireError;
+
+/// An error of a cluster role's driver or client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    // Unreachable or gone: the cluster or the address is wrong, or a peer died.
+    /// The coordinator could not be reached at all.
+    #[error("coordinator {addr} unreachable after {tries} tries ({last}); is it running, and is the address right?")]
+    Unreachable {
+        /// Its address.
+        addr: String,
+        /// Connection attempts made.
+        tries: u32,
+        /// The last attempt's error.
+        last: String,
+    },
+    /// The connection to the coordinator was lost.
+    #[error("lost the coordinator {0}")]
+    CoordinatorLost(String),
+    /// A network error on a connection.
+    #[error("{addr}: {source}")]
+    Net {
+        /// The other end.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A framing or authentication error on a connection.
+    #[error("{addr}: {source}")]
+    Wire {
+        /// The other end.
+        addr: String,
+        /// The error.
+        source: WireError,
+    },
+
+    // Refused: fix the configuration (key, program, limits).
+    /// The coordinator refused us.
+    #[error("coordinator {addr} refused us: {reason}")]
+    Refused {
+        /// Its address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The store could not be opened.
+    #[error("cannot open the store {spec}: {reason}")]
+    Store {
+        /// Its spec.
+        spec: String,
+        /// Why.
+        reason: String,
+    },
+
+    // Local resources.
+    /// Could not listen on an address.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Could not start a thread or runtime.
+    #[error("cannot start {what}: {source}")]
+    Start {
+        /// What.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl ClusterError {
+    pub(crate) fn net(addr: &str, source: std::io::Error) -> Self {
+        ClusterError::Net {
+            addr: addr.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn wire(addr: &str, source: WireError) -> Self {
+        ClusterError::Wire {
+            addr: addr.to_string(),
+            source,
+        }
+    }
+}

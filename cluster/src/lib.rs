@@ -1,0 +1,17 @@
+//! veriflow's cluster mode: the same programs across OS processes (HyperQueue's server /
+//! worker / submit split). A [`coordinator`] (paper 001's fault-tolerance module), [`worker`]s
+//! hosting vnodes, a submitting client ([`submit()`]), and checkpoint servers holding the logs.
+//!
+//! Every role is an I/O-free state machine ([`coordinator::Coordinator`],
+//! [`worker::WorkerCore`]) that takes events at an explicit time and returns actions; thin
+//! tokio drivers ([`coordinator::serve`], [`worker::run_worker`]) turn the actions into TCP
+//! frames, threads and store calls.
+
+pub mod coordinator;
+mod error;
+pub mod protocol;
+mod submit;
+pub mod worker;
+
+pub use error::ClusterError;
+pub use submit::submit;
