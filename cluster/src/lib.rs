@@ -5,11 +5,13 @@
 //! Every role is an I/O-free state machine ([`coordinator::Coordinator`],
 //! [`worker::WorkerCore`]) that takes events at an explicit time and returns actions; thin
 //! tokio drivers ([`coordinator::serve`], [`worker::run_worker`]) turn the actions into TCP
-//! frames, threads and store calls.
+//! frames, threads and store calls, and the deterministic simulator ([`sim`]) turns them into
+//! deliveries on one thread, in an order and with faults drawn from a seed.
 
 pub mod coordinator;
 mod error;
 pub mod protocol;
+pub mod sim;
 mod submit;
 pub mod worker;
 

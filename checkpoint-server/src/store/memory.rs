@@ -3,12 +3,14 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Pairs, Store, StoreError};
+use super::{Fences, Pairs, Store, StoreError};
 
-/// A store in RAM (tests, and runs with nothing to survive).
+/// A store in RAM (tests, and runs with nothing to survive). It keeps epoch fences: the
+/// cluster simulator shares one among all its simulated processes.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    fences: Fences,
 }
 
 impl MemoryStore {
@@ -56,5 +58,18 @@ impl Store for MemoryStore {
 
     fn describe(&self) -> String {
         "memory".to_string()
+    }
+
+    fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        self.fences.raise(scope, epoch);
+        Ok(())
+    }
+
+    fn put_batch_fenced(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        self.fences.admit(fences, || self.put_batch(pairs))
     }
 }

@@ -1,8 +1,10 @@
 //! The [`Store`] trait and its implementations (rules in the crate docs).
 
+mod fence;
 mod memory;
 mod sled_store;
 
+pub use fence::Fences;
 pub use memory::MemoryStore;
 pub use sled_store::SledStore;
 
@@ -55,6 +57,18 @@ pub enum StoreError {
     /// The engine found its own files corrupt.
     #[error("store is corrupt: {0}")]
     Corruption(String),
+    // --- this writer is deposed ---
+    /// A write carried an epoch older than its scope's fence: the writer is an incarnation
+    /// declared dead (a zombie) and must stop (`store/fence.rs`).
+    #[error("write refused: {scope} is at epoch {newest}, this writer is at epoch {epoch} (declared dead)")]
+    Fenced {
+        /// The scope (a vnode's log prefix, lossy UTF-8).
+        scope: String,
+        /// The writer's epoch.
+        epoch: u64,
+        /// The scope's newest epoch.
+        newest: u64,
+    },
 }
 
 impl From<sled::Error> for StoreError {
@@ -85,6 +99,24 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<(), StoreError>;
     /// A short human description ("local:/tmp/x", "memory").
     fn describe(&self) -> String;
+    /// Raises the epoch fence of `scope` to `epoch` (`store/fence.rs` rule 1): later
+    /// [`Store::put_batch_fenced`] writes with an older epoch for it are refused. A store that
+    /// one process alone writes keeps no fence (the default): an incarnation there is replaced
+    /// only after its thread stopped. A store several processes share must keep them.
+    fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        let _ = (scope, epoch);
+        Ok(())
+    }
+    /// Stores all pairs atomically if every (scope, epoch) in `fences` is at or above its
+    /// scope's fence, else refuses them all with [`StoreError::Fenced`] (rule 2).
+    fn put_batch_fenced(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        let _ = fences;
+        self.put_batch(pairs)
+    }
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams, Status};
 use veriflow_runtime::exec::MAX_VNODES;
 use veriflow_runtime::iterative::NodeStats;
 
+pub(crate) use driver::record_finished;
 pub use driver::{serve, CoordinatorConfig};
 
 use crate::protocol::{JobSpec, PeerInfo, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};

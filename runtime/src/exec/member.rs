@@ -165,6 +165,14 @@ pub struct MemberReport {
 /// How long the control watcher blocks before looking at the run's state again.
 const CONTROL_POLL: Duration = Duration::from_millis(20);
 
+/// A member run's state that does not depend on how it is driven (threads or one caller).
+struct MemberRun {
+    vnodes: Vec<Vnode>,
+    shared: Arc<RunShared>,
+    writer: Option<LogWriter>,
+    setup: RootSetup,
+}
+
 impl Runtime {
     /// Runs this process's share of a cluster run (rules 1-5). `root` and `inputs` are the
     /// program's, on every member (any member may end up hosting vnode 0).
@@ -174,32 +182,72 @@ impl Runtime {
         inputs: T::Inputs,
         member: Member,
     ) -> Result<MemberReport, RunError> {
+        let Member {
+            transport,
+            hosted,
+            starts,
+            control,
+            status,
+        } = member;
+        let mut run =
+            self.member_start(root, inputs, &hosted, starts, &*transport, &status, false)?;
+        let outcome = self.member_loop(&mut run, &*transport, &status, control);
+        self.member_end(run, outcome)
+    }
+
+    /// This process's share of a cluster run, stepped by the caller on one thread (the
+    /// cluster simulator): the same vnodes, log and recovery as [`Runtime::run_member`],
+    /// with a manual log writer ([`LogWriter::manual`]) so that durability moves only when
+    /// the caller pumps it.
+    pub fn stepped_member<T: Task>(
+        self: &Arc<Self>,
+        root: T,
+        inputs: T::Inputs,
+        hosted: &[(VnodeId, Epoch)],
+        starts: bool,
+        transport: Arc<dyn Transport>,
+    ) -> Result<SteppedMember, RunError> {
+        let status = MemberStatus::new();
+        let run = self.member_start(root, inputs, hosted, starts, &*transport, &status, true)?;
+        Ok(SteppedMember {
+            rt: self.clone(),
+            run: Some(run),
+            transport,
+            status,
+        })
+    }
+
+    /// Rules 1 and 4: the hosted vnodes, the log writer, and (if this member starts the run)
+    /// the manifest and the root.
+    #[allow(clippy::too_many_arguments)]
+    fn member_start<T: Task>(
+        &self,
+        root: T,
+        inputs: T::Inputs,
+        hosted: &[(VnodeId, Epoch)],
+        starts: bool,
+        transport: &dyn Transport,
+        status: &MemberStatus,
+        manual: bool,
+    ) -> Result<MemberRun, RunError> {
         let store = self.store.clone();
         let (setup, manifest) = self.prepare(root, inputs)?;
         let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
         shared.set_distributed();
         // Without a store (the S0 baseline) nothing is logged and no vnode can be recovered.
         let writer = match &store {
+            Some(st) if manual => Some(LogWriter::manual(st.clone(), self.vnodes, self.policy)),
             Some(st) => Some(LogWriter::start(st.clone(), self.vnodes, self.policy)?),
             None => None,
         };
         let mut vnodes = Vec::new();
-        for &(v, epoch) in &member.hosted {
+        for &(v, epoch) in hosted {
             shared.set_epoch(v, epoch.0);
-            vnodes.push(self.member_vnode(
-                v,
-                epoch,
-                writer.as_ref(),
-                &shared,
-                &*member.transport,
-            )?);
+            vnodes.push(self.member_vnode(v, epoch, writer.as_ref(), &shared, transport)?);
         }
-        *member
-            .status
-            .hosted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = member.hosted.iter().map(|(v, _)| *v).collect();
-        if member.starts {
+        *status.hosted.lock().unwrap_or_else(|p| p.into_inner()) =
+            hosted.iter().map(|(v, _)| *v).collect();
+        if starts {
             if let Some(store) = &store {
                 if Manifest::load(&**store)?.is_none() {
                     manifest.store(&**store)?;
@@ -211,22 +259,59 @@ impl Runtime {
         }
         // Only now may the coordinator count this member's work: before the root is planted,
         // every counter is zero and the run would look over (rule 2).
-        let _ = member.status.shared.set(shared.clone());
-        let Member {
-            transport,
-            control,
-            status,
-            ..
-        } = member;
-        let outcome = self.member_loop(
-            &mut vnodes,
-            &shared,
-            writer.as_ref(),
-            &setup,
-            &*transport,
-            &status,
-            control,
-        );
+        let _ = status.shared.set(shared.clone());
+        Ok(MemberRun {
+            vnodes,
+            shared,
+            writer,
+            setup,
+        })
+    }
+
+    /// Rule 3: hosts `v` from now on, at `epoch`, rebuilt from its log.
+    fn member_host(
+        &self,
+        run: &mut MemberRun,
+        v: VnodeId,
+        epoch: Epoch,
+        transport: &dyn Transport,
+        status: &MemberStatus,
+    ) -> Result<(), RunError> {
+        if run.vnodes.iter().any(|x| x.core.vnode == v) {
+            return Ok(());
+        }
+        run.shared.set_epoch(v, epoch.0);
+        let Some(writer) = run.writer.as_ref() else {
+            return Err(RunError::Config(format!(
+                "{v} lost its host and this run logs nothing to rebuild it from"
+            )));
+        };
+        let mut vn = self.member_vnode(v, epoch, Some(writer), &run.shared, transport)?;
+        let r = vn.resume_from_log(writer, &run.setup)?;
+        vn.stats.failures += 1;
+        vn.stats.recovered_tasks += r.restarted;
+        vn.stats.reused_tasks += r.reused;
+        run.vnodes.push(vn);
+        status
+            .hosted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(v);
+        Ok(())
+    }
+
+    /// Rule 5: syncs every hosted vnode's log, shuts the writer down, and reports.
+    fn member_end(
+        &self,
+        run: MemberRun,
+        outcome: Result<(), RunError>,
+    ) -> Result<MemberReport, RunError> {
+        let MemberRun {
+            mut vnodes,
+            shared,
+            writer,
+            setup,
+        } = run;
         // Rule 5, after an error too (best effort then).
         let mut error = outcome.err().or_else(|| shared.take_error());
         let mut stats = Vec::with_capacity(vnodes.len());
@@ -300,23 +385,17 @@ impl Runtime {
         Ok(vnode)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn member_loop(
         &self,
-        vnodes: &mut Vec<Vnode>,
-        shared: &Arc<RunShared>,
-        writer: Option<&LogWriter>,
-        setup: &RootSetup,
+        run: &mut MemberRun,
         transport: &dyn Transport,
         status: &MemberStatus,
         control: Receiver<Control>,
     ) -> Result<(), RunError> {
         let pending: Mutex<Vec<Control>> = Mutex::default();
         let pending = &pending;
-        let rc = RecoveryContext {
-            writer,
-            root: setup,
-        };
+        let shared = run.shared.clone();
+        let shared = &shared;
         std::thread::scope(|scope| {
             // The watcher: applies epochs at once, queues hosting orders and interrupts the
             // drivers for them, stops the run on Stop or when the coordinator is gone.
@@ -339,7 +418,13 @@ impl Runtime {
             });
             let result = (|| -> Result<(), RunError> {
                 loop {
-                    self.drive(vnodes, shared, &rc);
+                    {
+                        let rc = RecoveryContext {
+                            writer: run.writer.as_ref(),
+                            root: &run.setup,
+                        };
+                        self.drive(&mut run.vnodes, shared, &rc);
+                    }
                     if shared.stopped() {
                         return Ok(());
                     }
@@ -348,28 +433,7 @@ impl Runtime {
                         std::mem::take(&mut *pending.lock().unwrap_or_else(|p| p.into_inner()));
                     for order in orders {
                         if let Control::Host(v, epoch) = order {
-                            if vnodes.iter().any(|x| x.core.vnode == v) {
-                                continue;
-                            }
-                            shared.set_epoch(v, epoch.0);
-                            let Some(writer) = writer else {
-                                return Err(RunError::Config(format!(
-                                    "{v} lost its host and this run logs nothing to rebuild it \
-                                     from"
-                                )));
-                            };
-                            let mut vn =
-                                self.member_vnode(v, epoch, Some(writer), shared, transport)?;
-                            let r = vn.resume_from_log(writer, setup)?;
-                            vn.stats.failures += 1;
-                            vn.stats.recovered_tasks += r.restarted;
-                            vn.stats.reused_tasks += r.reused;
-                            vnodes.push(vn);
-                            status
-                                .hosted
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(v);
+                            self.member_host(run, v, epoch, transport, status)?;
                         }
                     }
                 }
@@ -379,5 +443,82 @@ impl Runtime {
             }
             result
         })
+    }
+}
+
+/// A member driven by its caller on one thread ([`Runtime::stepped_member`]).
+pub struct SteppedMember {
+    rt: Arc<Runtime>,
+    run: Option<MemberRun>,
+    transport: Arc<dyn Transport>,
+    status: Arc<MemberStatus>,
+}
+
+impl std::fmt::Debug for SteppedMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SteppedMember")
+            .field("hosted", &self.status.hosted())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SteppedMember {
+    fn run(&mut self) -> Result<&mut MemberRun, RunError> {
+        self.run.as_mut().ok_or_else(|| RunError::Internal {
+            vnode: VnodeId(u32::MAX),
+            message: "a stepped member used after it finished".to_string(),
+        })
+    }
+
+    /// Steps every hosted vnode once (up to `budget` tasks each, then its messages and
+    /// timers). Returns whether anything happened.
+    pub fn step(&mut self, budget: usize) -> Result<bool, RunError> {
+        let run = self.run()?;
+        let mut worked = false;
+        for v in &mut run.vnodes {
+            worked |= v.step(budget)?;
+        }
+        if let Some(e) = run.shared.take_error() {
+            return Err(e);
+        }
+        Ok(worked)
+    }
+
+    /// Stores and flushes what the vnodes sealed so far: durability moves (rule 2 of
+    /// `log/mod.rs`); messages waiting for it go out at the next step.
+    pub fn pump(&mut self) -> Result<(), RunError> {
+        if let Some(w) = self.run()?.writer.as_ref() {
+            w.pump();
+        }
+        Ok(())
+    }
+
+    /// An order of the coordinator (rule 3); `Stop` ends nothing by itself: call
+    /// [`SteppedMember::finish`].
+    pub fn control(&mut self, order: Control) -> Result<(), RunError> {
+        let rt = self.rt.clone();
+        let transport = self.transport.clone();
+        let status = self.status.clone();
+        let run = self.run()?;
+        match order {
+            Control::Epoch(v, e) => run.shared.set_epoch(v, e.0),
+            Control::Host(v, e) => rt.member_host(run, v, e, &*transport, &status)?,
+            Control::Stop => run.shared.stop(),
+        }
+        Ok(())
+    }
+
+    /// What the coordinator's probes read (rule 2).
+    pub fn status(&self) -> &Arc<MemberStatus> {
+        &self.status
+    }
+
+    /// Rule 5: syncs the logs and reports.
+    pub fn finish(mut self) -> Result<MemberReport, RunError> {
+        let run = self.run.take().ok_or_else(|| RunError::Internal {
+            vnode: VnodeId(u32::MAX),
+            message: "a stepped member finished twice".to_string(),
+        })?;
+        self.rt.member_end(run, Ok(()))
     }
 }

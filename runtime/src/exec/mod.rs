@@ -39,7 +39,7 @@ use veriflow_checkpoint::Store;
 
 use self::core::Core;
 pub use self::forge::{Forge, ForgeMode};
-pub use self::member::{Control, Member, MemberReport, MemberStatus};
+pub use self::member::{Control, Member, MemberReport, MemberStatus, SteppedMember};
 use self::recover::{plant_root, RecoveryContext, RootSetup};
 pub use self::shared::Kill;
 use self::shared::RunShared;

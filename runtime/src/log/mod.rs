@@ -23,6 +23,10 @@
 //!    later generations beside it (`generation.rs`), and the manifest names the current one.
 //! 6. A store error in the writer is kept and returned by every later call: nothing that was
 //!    flushed before is lost, and nothing after it is claimed durable.
+//! 7. **Fences.** A vnode's log written by incarnation `e` (`LogWriter::vnode_log_at`) first
+//!    raises the store's fence for that log to `e`, then reads it; every segment write carries
+//!    its incarnation's epoch and a store that keeps fences refuses an older one
+//!    (`StoreError::Fenced`), so a zombie can never add to a successor's log.
 //!
 //! ```
 //! use std::sync::Arc;

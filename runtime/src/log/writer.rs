@@ -36,6 +36,8 @@ impl Default for CommitPolicy {
 
 struct Sealed {
     vnode: VnodeId,
+    /// The incarnation that sealed it: its write is fenced by it (`store/fence.rs`).
+    epoch: u64,
     segno: u64,
     last_seq: u64,
     bytes: Vec<u8>,
@@ -57,9 +59,50 @@ struct Shared {
     flushed_cv: Condvar,
     /// Set when the writer thread has exited: nothing more will become durable.
     closed: std::sync::atomic::AtomicBool,
+    /// A manual writer ([`LogWriter::manual`]): no thread; sealed segments wait here until
+    /// [`LogWriter::pump`] (or a sync) stores them.
+    manual: Option<Mutex<Manual>>,
+}
+
+/// The queue and store of a manual writer.
+struct Manual {
+    rx: Receiver<ToWriter>,
+    store: Arc<dyn Store>,
 }
 
 impl Shared {
+    /// A manual writer: stores what was sealed so far, as the thread would (rule 2).
+    fn pump(&self) {
+        let Some(m) = &self.manual else { return };
+        let m = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut batch = Vec::new();
+        while let Ok(msg) = m.rx.try_recv() {
+            match msg {
+                ToWriter::Segment(s) => batch.push(s),
+                ToWriter::Barrier(reply) => {
+                    let _ = reply.send(());
+                }
+                ToWriter::Stop => {}
+            }
+        }
+        if !batch.is_empty() && self.error().is_none() {
+            store_batch(&*m.store, self, batch);
+        }
+    }
+}
+
+impl Shared {
+    fn new(vnodes: u32, manual: Option<Manual>) -> Shared {
+        Shared {
+            durable: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            error: Mutex::new(None),
+            flushed: Mutex::new(0),
+            flushed_cv: Condvar::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            manual: manual.map(Mutex::new),
+        }
+    }
+
     fn error(&self) -> Option<String> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -92,13 +135,7 @@ impl LogWriter {
         vnodes: u32,
         policy: CommitPolicy,
     ) -> Result<LogWriter, LogError> {
-        let shared = Arc::new(Shared {
-            durable: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
-            error: Mutex::new(None),
-            flushed: Mutex::new(0),
-            flushed_cv: Condvar::new(),
-            closed: std::sync::atomic::AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(vnodes, None));
         let (tx, rx) = mpsc::channel::<ToWriter>();
         let thread = {
             let (shared, store) = (shared.clone(), store.clone());
@@ -121,6 +158,31 @@ impl LogWriter {
         })
     }
 
+    /// A writer without a thread, for a caller that runs everything on one thread (the
+    /// cluster simulator): sealed segments wait in memory until [`LogWriter::pump`] stores
+    /// them, so a crash before the pump loses them as a real crash loses what was not yet
+    /// flushed. [`VnodeLog::sync`] and [`LogWriter::barrier`] pump first.
+    pub fn manual(store: Arc<dyn Store>, vnodes: u32, policy: CommitPolicy) -> LogWriter {
+        let (tx, rx) = mpsc::channel::<ToWriter>();
+        let manual = Manual {
+            rx,
+            store: store.clone(),
+        };
+        LogWriter {
+            tx: Some(tx),
+            thread: None,
+            shared: Arc::new(Shared::new(vnodes, Some(manual))),
+            store,
+            policy,
+        }
+    }
+
+    /// A manual writer: stores and flushes every segment sealed so far (a thread's writer
+    /// does this by itself; then this does nothing).
+    pub fn pump(&self) {
+        self.shared.pump();
+    }
+
     /// The log of `vnode`, continuing after any segments it already has in the store.
     pub fn vnode_log(&self, vnode: VnodeId) -> Result<VnodeLog, LogError> {
         self.vnode_log_at(vnode, 0)
@@ -136,7 +198,11 @@ impl LogWriter {
                 self.shared.durable.len()
             ))
         })?;
-        let existing = self.store.scan_prefix(&segment::vnode_prefix(vnode))?;
+        // A new incarnation raises its log's fence before reading it: from now on a zombie of
+        // an older one cannot add a segment this one would not have seen (rule 7).
+        let prefix = segment::vnode_prefix(vnode);
+        self.store.raise_fence(&prefix, epoch)?;
+        let existing = self.store.scan_prefix(&prefix)?;
         let mut next_segno = 0;
         let mut next_seq = 0;
         for (i, (key, value)) in existing.iter().enumerate() {
@@ -169,6 +235,7 @@ impl LogWriter {
             .ok_or_else(|| LogError::Stopped("shut down".to_string()))?;
         Ok(VnodeLog {
             vnode,
+            epoch,
             builder: SegmentBuilder::new(self.policy.max_bytes),
             first_seq: next_seq,
             next_seq,
@@ -185,6 +252,10 @@ impl LogWriter {
     /// writer has stopped). Recovery uses it: what a failed vnode sealed reaches the store
     /// before its log is read back, and the new incarnation numbers its segments after it.
     pub fn barrier(&self) {
+        if self.shared.manual.is_some() {
+            self.shared.pump();
+            return;
+        }
         let (reply, done) = mpsc::sync_channel(1);
         if let Some(tx) = &self.tx {
             if tx.send(ToWriter::Barrier(reply)).is_ok() {
@@ -200,6 +271,7 @@ impl LogWriter {
 
     /// Stores what was sealed, stops the thread, and reports any store error (rule 5).
     pub fn shutdown(mut self) -> Result<(), LogError> {
+        self.shared.pump();
         self.stop();
         match self.shared.error() {
             Some(e) => Err(LogError::Store(e)),
@@ -254,49 +326,64 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
                 Err(_) => break,
             }
         }
-        let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = batch
-            .into_iter()
-            .map(|s| {
-                marks.push((s.vnode, s.last_seq));
-                (segment::segment_key(s.vnode, s.segno), s.bytes)
-            })
-            .collect();
-        // Stores bound what one batch may carry (a checkpoint server takes one frame): hand
-        // them the segments in order, in chunks of at most MAX_BATCH_BYTES, then flush once.
-        // Chunks go in log order, so a crash leaves a prefix of the segments, never a gap.
-        let mut result = Ok(());
-        let mut start = 0;
-        while start < pairs.len() && result.is_ok() {
-            let mut end = start;
-            let mut bytes = 0usize;
-            while end < pairs.len()
-                && (end == start || bytes + pairs[end].1.len() <= MAX_BATCH_BYTES)
-            {
-                bytes += pairs[end].1.len();
-                end += 1;
-            }
-            result = store.put_batch(&pairs[start..end]);
-            start = end;
-        }
-        let result = result.and_then(|()| store.flush());
-        if let Err(e) = result {
-            tracing::error!("log writer: {e}");
-            *shared.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        if !store_batch(store, shared, batch) {
             shared.flushed_cv.notify_all();
             return; // rule 5: nothing after this is claimed durable
         }
-        for (v, seq) in marks {
-            shared.durable[v.0 as usize]
-                .0
-                .fetch_max(seq, Ordering::Release);
-        }
-        *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        shared.flushed_cv.notify_all();
         for reply in barriers.drain(..) {
             let _ = reply.send(());
         }
     }
+}
+
+/// Stores one batch of sealed segments and flushes, then raises the durable marks (rule 2).
+/// Returns false, with the error kept in `shared`, if the store failed (rule 5).
+fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
+    let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
+    let mut fences: Vec<(VnodeId, u64)> = Vec::new();
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = batch
+        .into_iter()
+        .map(|s| {
+            marks.push((s.vnode, s.last_seq));
+            if !fences.contains(&(s.vnode, s.epoch)) {
+                fences.push((s.vnode, s.epoch));
+            }
+            (segment::segment_key(s.vnode, s.segno), s.bytes)
+        })
+        .collect();
+    let fences: Vec<(Vec<u8>, u64)> = fences
+        .into_iter()
+        .map(|(v, e)| (segment::vnode_prefix(v), e))
+        .collect();
+    // Stores bound what one batch may carry (a checkpoint server takes one frame): hand
+    // them the segments in order, in chunks of at most MAX_BATCH_BYTES, then flush once.
+    // Chunks go in log order, so a crash leaves a prefix of the segments, never a gap.
+    let mut result = Ok(());
+    let mut start = 0;
+    while start < pairs.len() && result.is_ok() {
+        let mut end = start;
+        let mut bytes = 0usize;
+        while end < pairs.len() && (end == start || bytes + pairs[end].1.len() <= MAX_BATCH_BYTES) {
+            bytes += pairs[end].1.len();
+            end += 1;
+        }
+        result = store.put_batch_fenced(&fences, &pairs[start..end]);
+        start = end;
+    }
+    let result = result.and_then(|()| store.flush());
+    if let Err(e) = result {
+        tracing::error!("log writer: {e}");
+        *shared.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        return false;
+    }
+    for (v, seq) in marks {
+        shared.durable[v.0 as usize]
+            .0
+            .fetch_max(seq, Ordering::Release);
+    }
+    *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    shared.flushed_cv.notify_all();
+    true
 }
 
 /// Most bytes of segments handed to the store in one `put_batch` (a remote store sends a
@@ -306,6 +393,7 @@ const MAX_BATCH_BYTES: usize = 16 << 20;
 /// One vnode's log: appends to the open batch and seals segments (rules 1-2).
 pub struct VnodeLog {
     vnode: VnodeId,
+    epoch: u64,
     builder: SegmentBuilder,
     first_seq: u64,
     next_seq: u64,
@@ -371,6 +459,7 @@ impl VnodeLog {
         self.tx
             .send(ToWriter::Segment(Sealed {
                 vnode: self.vnode,
+                epoch: self.epoch,
                 segno: self.next_segno,
                 last_seq: self.next_seq,
                 bytes,
@@ -417,6 +506,7 @@ impl VnodeLog {
     /// Seals and waits until everything appended is durable.
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.seal()?;
+        self.shared.pump();
         let target = self.next_seq;
         let mut flushed = self
             .shared

@@ -1,0 +1,79 @@
+//! The cluster simulator over many seeds (`veriflow_cluster::sim`, rules 1-6).
+//!
+//! `VERIFLOW_SIM_SEED=N` replays one seed (with `VERIFLOW_SIM_TRACE=1`, every delivery and
+//! fault is printed); `VERIFLOW_SIM_SEEDS=K` runs K seeds instead of the default.
+
+use veriflow_cluster::sim::{self, FaultCounts, Faults, SimConfig};
+
+/// Seeds `cargo test` runs: issue 14's budget for the data-flow protocol.
+const SEEDS: u64 = 1000;
+
+fn seeds() -> Vec<u64> {
+    if let Some(s) = std::env::var("VERIFLOW_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return vec![s];
+    }
+    let n = std::env::var("VERIFLOW_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEEDS);
+    (0..n).collect()
+}
+
+#[test]
+fn sim_seeds_keep_every_invariant() {
+    let seeds = seeds();
+    let mut total = FaultCounts::default();
+    let mut checks = 0u64;
+    let mut failures = Vec::new();
+    let mut fewest = u64::MAX;
+    for &seed in &seeds {
+        match sim::run(&SimConfig::from_seed(seed)) {
+            Ok(o) => {
+                total.add(&o.faults);
+                checks += o.checks;
+                fewest = fewest.min(o.faults.total());
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    println!(
+        "sim: {} seeds, {} failed; faults {total:?} (fewest in one seed: {fewest}); {checks} invariants checked",
+        seeds.len(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} seeds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn one_seed_run_twice_gives_the_same_trace() {
+    for seed in [3, 17] {
+        let cfg = SimConfig::from_seed(seed);
+        let a = sim::run(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let b = sim::run(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.trace, b.trace, "seed {seed}");
+        assert_eq!(a.faults, b.faults, "seed {seed}");
+    }
+    let a = sim::run(&SimConfig::from_seed(3)).unwrap();
+    let b = sim::run(&SimConfig::from_seed(4)).unwrap();
+    assert_ne!(a.trace, b.trace, "different seeds, different traces");
+}
+
+#[test]
+fn without_faults_the_job_finishes_with_the_reference_bits() {
+    let cfg = SimConfig {
+        faults: Faults::none(),
+        ..SimConfig::from_seed(1)
+    };
+    let o = sim::run(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(o.faults.total(), 0);
+    assert_eq!(o.workers_lost, 0);
+    assert!(o.checks > o.tasks, "{o:?}");
+}
