@@ -102,6 +102,17 @@ pub enum RunError {
     #[error(transparent)]
     Log(#[from] LogError),
 
+    // --- The run stopped progressing: a lost peer, a partition, or a bug. ---
+    /// No task completed for `after`: the run waits for something that does not come
+    /// (`exec/waits.rs`).
+    #[error("no task completed for {after:?}: the run is stalled; {}", waits.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(" | "))]
+    Stalled {
+        /// How long nothing completed.
+        after: std::time::Duration,
+        /// What each vnode of the reporting driver waits for.
+        waits: Vec<crate::exec::VnodeWaits>,
+    },
+
     // --- A bug in veriflow: please report. ---
     /// An invariant of the runtime broke.
     #[error("internal error on {vnode}: {message} (a veriflow bug: please report it)")]

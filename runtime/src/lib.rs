@@ -57,7 +57,8 @@ pub use codec::Digest;
 pub use error::RunError;
 pub use exec::{
     Control, Forge, ForgeMode, Kill, Member, MemberReport, MemberStatus, ProgressFn, RunReport,
-    Runtime, RuntimeBuilder, SteppedMember, Timers, TransportFactory, VnodeStats,
+    Runtime, RuntimeBuilder, Stall, SteppedMember, Timers, TransportFactory, VnodeStats,
+    VnodeWaits,
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{

@@ -11,7 +11,7 @@ use tokio::task::AbortHandle;
 use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{Key, Store};
 use veriflow_runtime::detect::FdParams;
-use veriflow_runtime::log::{Manifest, RunStatus};
+use veriflow_runtime::log::{terminal_outputs, LogReader, Manifest, RunStatus};
 use veriflow_runtime::{Clock, SystemClock};
 
 use super::{Action, ClientId, Config, Coordinator, Event, Joining};
@@ -243,6 +243,13 @@ async fn actor(
                         let _ = me.send(Input::Event(Event::StoreChecked { job, result }));
                     });
                 }
+                Action::ReadOutputs { job } => {
+                    let (store, me) = (store.clone(), me.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let result = read_outputs(store);
+                        let _ = me.send(Input::Event(Event::OutputsRead { job, result }));
+                    });
+                }
                 Action::RecordFinished { job } => {
                     let (store, me) = (store.clone(), me.clone());
                     tokio::task::spawn_blocking(move || {
@@ -254,6 +261,13 @@ async fn actor(
             }
         }
     }
+}
+
+/// The terminal outputs from the logs (rule 6).
+pub(crate) fn read_outputs(store: Arc<dyn Store>) -> Result<Option<Vec<Vec<u8>>>, String> {
+    LogReader::latest(store)
+        .and_then(|r| terminal_outputs(&r))
+        .map_err(|e| e.to_string())
 }
 
 /// Records the run as finished in the manifest (rule 6) and returns its root; a run without a

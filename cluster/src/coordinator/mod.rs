@@ -33,7 +33,8 @@
 //!    its id; its messages are ignored.
 //! 6. The job ends when every live member has reported; the coordinator then records the run
 //!    as finished in the manifest ([`Action::RecordFinished`]) and sends the summary to the
-//!    client. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
+//!    client. If the member holding vnode 0 was lost after the run ended, the terminal outputs
+//!    are read from the logs ([`Action::ReadOutputs`]): termination means they are durable. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
 //!    say which vnodes have finished their last step, a moved vnode restores from its
 //!    neighbours' backups instead of a log, and its result is the final states all members
 //!    returned.
@@ -53,7 +54,7 @@ use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams, Status};
 use veriflow_runtime::exec::MAX_VNODES;
 use veriflow_runtime::iterative::NodeStats;
 
-pub(crate) use driver::record_finished;
+pub(crate) use driver::{read_outputs, record_finished};
 pub use driver::{serve, CoordinatorConfig};
 
 use crate::protocol::{JobSpec, PeerInfo, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
@@ -188,6 +189,13 @@ pub enum Event {
         /// Whether it holds a run; or why it cannot be read.
         result: Result<bool, String>,
     },
+    /// The terminal outputs were read from the logs ([`Action::ReadOutputs`]).
+    OutputsRead {
+        /// The job.
+        job: u64,
+        /// The outputs, `None` if the logs do not hold them all, or why they cannot be read.
+        result: Result<Option<Vec<Vec<u8>>>, String>,
+    },
     /// The run was recorded as finished ([`Action::RecordFinished`]).
     Recorded {
         /// The job.
@@ -223,6 +231,12 @@ pub enum Action {
     },
     /// Read the store's manifest and answer [`Event::StoreChecked`].
     CheckStore {
+        /// The job.
+        job: u64,
+    },
+    /// Read the run's terminal outputs from its logs and answer [`Event::OutputsRead`]
+    /// (rule 6: the member holding vnode 0 was lost as the job ended).
+    ReadOutputs {
         /// The job.
         job: u64,
     },
@@ -277,8 +291,10 @@ struct Job {
     completed: BTreeMap<WorkerId, u64>,
     last_words: Option<Vec<u64>>,
     stopping: bool,
-    /// The manifest is being recorded: the summary waits for it.
+    /// The manifest is being recorded (or the outputs read): the summary waits for it.
     recording: bool,
+    /// Terminal outputs read from the logs (rule 6), when no member returned them.
+    outputs: Option<Vec<Vec<u8>>>,
     done: BTreeMap<WorkerId, WorkerReport>,
     error: Option<String>,
     started: Duration,
@@ -379,6 +395,7 @@ impl Coordinator {
                 job,
             } => self.on_submit(now, client, program, job),
             Event::StoreChecked { job, result } => self.on_store_checked(now, job, result),
+            Event::OutputsRead { job, result } => self.on_outputs_read(now, job, result),
             Event::Recorded { job, result } => self.on_recorded(now, job, result),
             Event::Tick => {}
         }
@@ -679,6 +696,7 @@ impl Coordinator {
                 last_words: None,
                 stopping: false,
                 recording: false,
+                outputs: None,
                 done: BTreeMap::new(),
                 error: None,
                 started: now,
@@ -875,19 +893,53 @@ impl Coordinator {
         if j.recording || !j.members.iter().all(|m| j.done.contains_key(m)) {
             return;
         }
-        let has_outputs = j.spec.iterative || j.done.values().any(|r| r.outputs.is_some());
-        if j.error.is_none() && has_outputs {
-            j.recording = true;
-            let id = j.id;
-            self.out.push(Action::RecordFinished { job: id });
+        if let Some(error) = j.error.clone() {
+            self.end_job(now, ToSubmit::Failed { error });
             return;
         }
-        let error = j.error.clone().unwrap_or_else(|| {
-            "no member returned the terminal outputs (the host of vnode 0 was lost while the job \
-             finished)"
-                .to_string()
+        j.recording = true;
+        let id = j.id;
+        let has_outputs = j.spec.iterative || j.done.values().any(|r| r.outputs.is_some());
+        // Rule 6: the host of vnode 0 was lost as the job ended; its outputs are in the logs.
+        self.out.push(if has_outputs {
+            Action::RecordFinished { job: id }
+        } else {
+            Action::ReadOutputs { job: id }
         });
-        self.end_job(now, ToSubmit::Failed { error });
+    }
+
+    fn on_outputs_read(
+        &mut self,
+        now: Duration,
+        job: u64,
+        result: Result<Option<Vec<Vec<u8>>>, String>,
+    ) {
+        let Some(j) = self.job.as_mut().filter(|j| j.id == job && j.recording) else {
+            return;
+        };
+        match result {
+            Ok(Some(outputs)) => {
+                j.outputs = Some(outputs);
+                self.out.push(Action::RecordFinished { job });
+            }
+            Ok(None) => self.end_job(
+                now,
+                ToSubmit::Failed {
+                    error: "the host of vnode 0 was lost as the job ended, and the logs do not \
+                            hold the terminal outputs"
+                        .to_string(),
+                },
+            ),
+            Err(e) => self.end_job(
+                now,
+                ToSubmit::Failed {
+                    error: format!(
+                        "the host of vnode 0 was lost as the job ended, and the logs cannot be \
+                         read: {e}"
+                    ),
+                },
+            ),
+        }
     }
 
     fn on_recorded(&mut self, now: Duration, job: u64, result: Result<String, String>) {
@@ -903,6 +955,7 @@ impl Coordinator {
                     j.done
                         .values()
                         .find_map(|r| r.outputs.clone())
+                        .or_else(|| j.outputs.clone())
                         .unwrap_or_default()
                 };
                 let mut states: BTreeMap<u32, (u64, Vec<u8>)> = BTreeMap::new();

@@ -584,3 +584,95 @@ fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
     assert_eq!(c.workers(), vec![1]);
     assert_eq!(c.map().unwrap(), vec![(1, 0), (1, 1)]);
 }
+
+/// Found by the simulator (then seed 538): the member hosting vnode 0 was lost after the run
+/// ended and before it reported, and the job failed with "no member returned the terminal
+/// outputs". They are durable in the logs: the coordinator reads them from there.
+#[test]
+fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
+    let mut c = running(2, 0, 2);
+    // Termination detected: two idle unchanged rounds.
+    let mut now = ms(10);
+    'rounds: for _ in 0..4 {
+        let a = c.on_event(now, Event::Tick);
+        let Some(ToWorker::Probe { job, round }) = to_worker(&a, 1)
+            .into_iter()
+            .find(|m| matches!(m, ToWorker::Probe { .. }))
+        else {
+            panic!("{a:?}");
+        };
+        for w in [1u32, 2] {
+            let a = c.on_event(
+                now,
+                Event::FromWorker {
+                    worker: w,
+                    msg: ToCoord::Status {
+                        job,
+                        round,
+                        work: vec![(w - 1, 7 << 32)],
+                        completed: 3,
+                        started: true,
+                    },
+                },
+            );
+            if to_worker(&a, 2)
+                .iter()
+                .any(|m| matches!(m, ToWorker::Stop { .. }))
+            {
+                break 'rounds;
+            }
+        }
+        now += ms(10);
+    }
+    // Worker 2 reports; worker 1 (vnode 0's host) dies before it does.
+    let _ = c.on_event(
+        now,
+        Event::FromWorker {
+            worker: 2,
+            msg: ToCoord::Done {
+                job: 1,
+                report: WorkerReport::default(),
+            },
+        },
+    );
+    let a = c.on_event(
+        now,
+        Event::Closed {
+            worker: 1,
+            reason: "reset".into(),
+        },
+    );
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::ReadOutputs { job: 1 })),
+        "{a:?}"
+    );
+    let a = c.on_event(
+        now,
+        Event::OutputsRead {
+            job: 1,
+            result: Ok(Some(vec![vec![42]])),
+        },
+    );
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::RecordFinished { job: 1 })));
+    let a = c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    );
+    match to_client(&a).as_slice() {
+        [ToSubmit::Finished {
+            outputs,
+            workers_lost,
+            ..
+        }] => {
+            assert_eq!(outputs, &vec![vec![42u8]]);
+            assert_eq!(*workers_lost, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,4 +1,4 @@
-//! The simulator's checkers (rule 5 of `sim/mod.rs`).
+//! The simulator's checkers (rule 6 of `sim/mod.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

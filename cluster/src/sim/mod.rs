@@ -22,13 +22,18 @@
 //!    worker pauses, sometimes past the detector's bound, and comes back as a zombie; a
 //!    partition cuts a worker from the coordinator or two workers from each other, one way or
 //!    both, and heals. At least one member of the job is always left alive and unpaused.
-//! 4. Then the liveness phase: no new faults; partitions heal and pauses end; the job must
-//!    finish within `liveness`.
-//! 5. Checkers after every seed ([`check`]): the outputs are the bits of a single-vnode
+//! 4. The safety phase lasts at least `safety` and until `min_faults` faults were injected;
+//!    a seed behind that budget is forced one fault per quantum (a crash, pause or partition
+//!    if a member can be spared, else a lost peer frame or a link to the coordinator clogged
+//!    for less than the detector's bound).
+//! 5. Then the liveness phase: no new faults; partitions heal and pauses end at their own
+//!    (bounded) times; the job must finish within `liveness`, else the seed fails as a hang
+//!    with what every vnode waits for (`VnodeWaits`).
+//! 6. Checkers after every seed ([`check`]): the outputs are the bits of a single-vnode
 //!    reference run; every task is declared, started and completed in exactly one vnode's log,
 //!    and completed exactly once counting duplicates (a task completed before a failure is
 //!    never run again); every segment the store acknowledged is still there and decodes.
-//! 6. Everything observable (deliveries, notes, faults) is folded into a trace hash: one seed
+//! 7. Everything observable (deliveries, notes, faults) is folded into a trace hash: one seed
 //!    run twice gives the same hash.
 
 mod check;
@@ -123,9 +128,15 @@ pub struct SimConfig {
     pub fanout: u32,
     /// Fault rates.
     pub faults: Faults,
-    /// Length of the safety phase (rule 3).
+    /// Length of the safety phase (rules 3-4); it goes on past this until `min_faults` faults
+    /// were injected (or the job ends).
     pub safety: Duration,
-    /// Time the job has to finish after it (rule 4).
+    /// Faults the safety phase injects at least (issue 14: 20 per seed).
+    pub min_faults: u64,
+    /// Whether the store keeps epoch fences (`StoreError::Fenced`); off only to show what
+    /// zombies do without them.
+    pub fences: bool,
+    /// Time the job has to finish after it (rule 5).
     pub liveness: Duration,
 }
 
@@ -133,7 +144,7 @@ impl SimConfig {
     /// The configuration of seed `seed`: sizes and fault rates drawn from it.
     pub fn from_seed(seed: u64) -> SimConfig {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5111_c0de);
-        let workers = rng.gen_range(2..=4);
+        let workers = rng.gen_range(2..=5);
         let vnodes = rng.gen_range(workers..=8);
         // Trees of 485 to 1,706 tasks.
         let (depth, fanout) = [(5, 3), (6, 3), (4, 4), (5, 4), (4, 5)][rng.gen_range(0..5)];
@@ -143,12 +154,14 @@ impl SimConfig {
         SimConfig {
             seed,
             workers,
-            spares: rng.gen_range(0..=2),
+            spares: rng.gen_range(1..=2),
             vnodes,
             depth,
             fanout,
             faults: Faults::draw(&mut rng),
             safety: run.mul_f64(rng.gen_range(0.4..0.9)),
+            min_faults: 20,
+            fences: true,
             liveness: Duration::from_secs(20),
         }
     }
@@ -169,6 +182,8 @@ pub struct FaultCounts {
     pub zombies: u64,
     /// Partitions (worker-coordinator or worker-worker, one way or both).
     pub partitions: u64,
+    /// Links with the coordinator clogged for less than the detector's bound, then restored.
+    pub clogs: u64,
     /// Peer frames lost.
     pub lost: u64,
     /// Peer frames duplicated.
@@ -180,7 +195,13 @@ pub struct FaultCounts {
 impl FaultCounts {
     /// All faults injected.
     pub fn total(&self) -> u64 {
-        self.crashes + self.pauses + self.partitions + self.lost + self.duplicated
+        self.crashes
+            + self.pauses
+            + self.partitions
+            + self.clogs
+            + self.lost
+            + self.duplicated
+            + self.writes_lost
     }
 
     /// Adds `o` to these counts.
@@ -191,6 +212,7 @@ impl FaultCounts {
         self.pauses += o.pauses;
         self.zombies += o.zombies;
         self.partitions += o.partitions;
+        self.clogs += o.clogs;
         self.lost += o.lost;
         self.duplicated += o.duplicated;
         self.writes_lost += o.writes_lost;
@@ -204,7 +226,7 @@ pub struct SimOutcome {
     pub config: SimConfig,
     /// Faults injected.
     pub faults: FaultCounts,
-    /// Hash of everything observable (rule 6).
+    /// Hash of everything observable (rule 7).
     pub trace: u64,
     /// Simulated time at which the job finished.
     pub finished_at: Duration,
@@ -278,6 +300,8 @@ struct Proc {
     core: Option<WorkerCore>,
     member: Option<(u64, SteppedMember, Router)>,
     outbox: Outbox,
+    /// Frames arrived and not yet read (the socket buffer).
+    inbox: std::collections::VecDeque<Frame>,
     paused_until: Option<Duration>,
     /// Set when the process exited or crashed.
     dead: bool,
@@ -286,6 +310,7 @@ struct Proc {
 /// A store that remembers every segment key it acknowledged (a flush after the put).
 struct Recording {
     inner: MemoryStore,
+    fences: bool,
     pending: Mutex<Vec<Vec<u8>>>,
     acked: Mutex<Vec<Vec<u8>>>,
 }
@@ -333,6 +358,9 @@ impl Store for Recording {
         "the simulator's store".to_string()
     }
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), veriflow_checkpoint::StoreError> {
+        if !self.fences {
+            return Ok(());
+        }
         self.inner.raise_fence(scope, epoch)
     }
     fn put_batch_fenced(
@@ -340,7 +368,11 @@ impl Store for Recording {
         fences: &[(Vec<u8>, u64)],
         pairs: &[(Vec<u8>, Vec<u8>)],
     ) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.put_batch_fenced(fences, pairs)?;
+        if self.fences {
+            self.inner.put_batch_fenced(fences, pairs)?;
+        } else {
+            self.inner.put_batch(pairs)?;
+        }
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         p.extend(pairs.iter().map(|(k, _)| k.clone()));
         Ok(())
@@ -368,6 +400,8 @@ struct World {
     faults: FaultCounts,
     trace: blake3::Hasher,
     restarts_due: Vec<Duration>,
+    /// Lose the next peer frame (rule 4).
+    force_loss: bool,
 }
 
 /// The detector's parameters in the simulation: paper 004's shape, scaled to simulated
@@ -422,6 +456,7 @@ impl World {
         let inner = MemoryStore::default();
         let store = Arc::new(Recording {
             inner,
+            fences: cfg.fences,
             pending: Mutex::default(),
             acked: Mutex::default(),
         });
@@ -460,6 +495,7 @@ impl World {
             faults: FaultCounts::default(),
             trace: blake3::Hasher::new(),
             restarts_due: Vec::new(),
+            force_loss: false,
         };
         for i in 0..cfg.workers + cfg.spares {
             w.join(i >= cfg.workers);
@@ -497,6 +533,7 @@ impl World {
                 core: None,
                 member: None,
                 outbox: Outbox::default(),
+                inbox: std::collections::VecDeque::new(),
                 paused_until: None,
                 dead: false,
             },
@@ -562,6 +599,10 @@ impl World {
                         .map_err(|e| e.to_string());
                     self.coord_event(coordinator::Event::StoreChecked { job, result });
                 }
+                coordinator::Action::ReadOutputs { job } => {
+                    let result = coordinator::read_outputs(self.store.clone());
+                    self.coord_event(coordinator::Event::OutputsRead { job, result });
+                }
                 coordinator::Action::RecordFinished { job } => {
                     let result = coordinator::record_finished(&*self.store);
                     self.coord_event(coordinator::Event::Recorded { job, result });
@@ -595,7 +636,7 @@ impl World {
                 self.send(Node::Worker(id), Node::Coord, Frame::ToCoord(id, m), true)
             }
             worker::Action::ToPeer { worker, frame, .. } => {
-                if self.rng.gen_bool(self.cfg.faults.loss) {
+                if std::mem::take(&mut self.force_loss) || self.rng.gen_bool(self.cfg.faults.loss) {
                     self.faults.lost += 1;
                     return Ok(());
                 }
@@ -812,14 +853,22 @@ impl World {
         if live.is_empty() {
             return;
         }
-        let healthy = self.healthy_members();
-        // A victim may be any live worker, unless it is the last healthy member.
+        // A victim may be any live worker as long as another member stays healthy (rule 3),
+        // judged after the faults already injected in this quantum.
         let pick = |w: &mut World, live: &[WorkerId]| -> Option<WorkerId> {
             let v = live[w.rng.gen_range(0..live.len())];
-            let last = healthy.len() <= 1 && healthy.contains(&v);
-            (!last).then_some(v)
+            w.healthy_members().iter().any(|&h| h != v).then_some(v)
         };
-        if self.rng.gen_bool((f.crash * q).min(1.0)) {
+        // Behind the budget of `min_faults` over the planned safety phase: force one fault of
+        // a kind drawn from the seed this quantum, so that a short run still meets it.
+        let due = (self.cfg.min_faults as f64 * self.now.as_secs_f64()
+            / self.cfg.safety.as_secs_f64().max(1e-9)) as u64;
+        let forced = (self.faults.total() < due).then(|| self.rng.gen_range(0..3));
+        if forced.is_some() {
+            // When no victim can be spared, the next peer frame is lost instead.
+            self.force_loss = true;
+        }
+        if forced == Some(0) || self.rng.gen_bool((f.crash * q).min(1.0)) {
             if let Some(v) = pick(self, &live) {
                 let reset = self.rng.gen_bool(0.5);
                 self.faults.crashes += 1;
@@ -835,7 +884,7 @@ impl World {
                 self.restarts_due.push(back);
             }
         }
-        if self.rng.gen_bool((f.pause * q).min(1.0)) {
+        if forced == Some(1) || self.rng.gen_bool((f.pause * q).min(1.0)) {
             if let Some(v) = pick(self, &live) {
                 // Half of the pauses outlast the detector's bound: zombies.
                 let bound = self.fd.interval + self.fd.timeout + self.fd.broken;
@@ -854,7 +903,7 @@ impl World {
                 }
             }
         }
-        if self.rng.gen_bool((f.partition * q).min(1.0)) {
+        if forced == Some(2) || self.rng.gen_bool((f.partition * q).min(1.0)) {
             if let Some(a) = pick(self, &live) {
                 let other = if self.rng.gen_bool(0.5) {
                     Node::Coord
@@ -878,21 +927,40 @@ impl World {
                 }
             }
         }
+        if forced.is_some() && self.faults.total() < due {
+            // No victim could be spared: clog one worker's link with the coordinator for less
+            // than the detector's bound (a clogged link, restored), which any worker survives.
+            let w = live[self.rng.gen_range(0..live.len())];
+            let len = Duration::from_micros(
+                self.rng
+                    .gen_range(500..(self.fd.interval + self.fd.timeout).as_micros() as u64 / 2),
+            );
+            let (from, to) = if self.rng.gen_bool(0.5) {
+                (Node::Worker(w), Node::Coord)
+            } else {
+                (Node::Coord, Node::Worker(w))
+            };
+            let heal = self.now + len;
+            let e = self.cuts.entry((from, to)).or_insert(heal);
+            *e = (*e).max(heal);
+            self.faults.clogs += 1;
+            self.note(&format!("fault: clog {from:?} -> {to:?} for {len:?}"));
+        }
     }
 
     fn run(&mut self) -> Result<(Vec<Vec<u8>>, u32), String> {
-        let end_safety = self.cfg.safety;
-        let deadline = end_safety + self.cfg.liveness;
+        let mut safety = true;
+        let mut deadline = Duration::MAX;
         loop {
-            let safety = self.now < end_safety;
+            if safety && self.now >= self.cfg.safety && self.faults.total() >= self.cfg.min_faults {
+                // Rule 5: the liveness phase begins: no new faults; partitions and pauses run
+                // out at their own (bounded) ends, so frames they held keep their order.
+                safety = false;
+                deadline = self.now + self.cfg.liveness;
+                self.note("liveness phase");
+            }
             if safety {
                 self.inject_faults();
-            } else if self.now < end_safety + QUANTUM {
-                // Rule 4: the liveness phase begins: partitions heal, pauses end.
-                self.cuts.clear();
-                for p in self.procs.values_mut() {
-                    p.paused_until = None;
-                }
             }
             let now = self.now;
             self.cuts.retain(|_, heal| *heal > now);
@@ -907,8 +975,9 @@ impl World {
                 self.faults.restarts += 1;
                 self.join(true);
             }
-            // Deliveries due; a paused worker's frames wait (its socket buffers them).
-            let mut waiting = Vec::new();
+            // Deliveries due: to the coordinator at once; to a worker into its socket buffer,
+            // which it reads while running, so a paused worker reads its frames later and in
+            // their order (rule 2).
             while let Some(top) = self.net.peek() {
                 if top.at > self.now {
                     break;
@@ -920,21 +989,21 @@ impl World {
                     }
                     _ => None,
                 };
-                if let Some(w) = to {
-                    if self
-                        .procs
-                        .get(&w)
-                        .is_some_and(|p| !self.running(p) && !p.dead)
-                    {
-                        waiting.push(f);
-                        continue;
-                    }
+                match to.and_then(|w| self.procs.get_mut(&w)) {
+                    Some(p) if !p.dead => p.inbox.push_back(f.frame),
+                    Some(_) => {}
+                    None => self.deliver(f.frame)?,
                 }
-                self.deliver(f.frame)?;
             }
-            for mut f in waiting {
-                f.at = self.now + QUANTUM;
-                self.net.push(f);
+            let ids: Vec<WorkerId> = self.procs.keys().copied().collect();
+            for id in ids {
+                while self.procs.get(&id).is_some_and(|p| self.running(p)) {
+                    let Some(frame) = self.procs.get_mut(&id).and_then(|p| p.inbox.pop_front())
+                    else {
+                        break;
+                    };
+                    self.deliver(frame)?;
+                }
             }
             if now >= self.coord.next_deadline() {
                 self.coord_event(coordinator::Event::Tick);
@@ -972,7 +1041,7 @@ impl World {
                     _ => Err("the job ended without a result".into()),
                 };
             }
-            if self.now >= deadline {
+            if self.now >= deadline || (safety && self.now >= self.cfg.safety + self.cfg.liveness) {
                 return Err(format!(
                     "no end {:?} after the faults stopped (hang); waiting: {}",
                     self.cfg.liveness,
@@ -1021,14 +1090,8 @@ impl World {
             let state = if p.dead {
                 "dead".to_string()
             } else if let Some((_, m, _)) = &p.member {
-                let work: Vec<String> = m
-                    .status()
-                    .work()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(v, w)| format!("{v}:{} units", w & 0xffff_ffff))
-                    .collect();
-                format!("hosts [{}]", work.join(", "))
+                let waits: Vec<String> = m.waits().iter().map(ToString::to_string).collect();
+                format!("hosts [{}]", waits.join(" | "))
             } else {
                 "idle".to_string()
             };

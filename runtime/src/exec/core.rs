@@ -107,6 +107,21 @@ impl Core {
         }
     }
 
+    /// Tasks waiting for inputs, with the inputs they miss (`waits.rs` rule 2).
+    pub(crate) fn blocked(&self) -> (usize, Vec<(TaskId, Vec<DataId>)>) {
+        super::waits::sample(self.waiting.iter().map(|(t, w)| {
+            let missing = w
+                .spec
+                .inputs
+                .iter()
+                .copied()
+                .filter(|d| self.data.get(d).map_or(true, |e| e.value.is_none()))
+                .take(4)
+                .collect();
+            (*t, missing)
+        }))
+    }
+
     pub(crate) fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }

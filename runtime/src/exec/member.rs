@@ -31,6 +31,7 @@ use super::core::Core;
 use super::recover::{plant_root, RecoveryContext, RootSetup};
 use super::shared::RunShared;
 use super::vnode::{Vnode, VnodeStats};
+use super::waits::VnodeWaits;
 use super::Runtime;
 use crate::error::RunError;
 use crate::ids::{Epoch, TaskId, VnodeId};
@@ -511,6 +512,14 @@ impl SteppedMember {
     /// What the coordinator's probes read (rule 2).
     pub fn status(&self) -> &Arc<MemberStatus> {
         &self.status
+    }
+
+    /// What each hosted vnode waits for (`waits.rs`).
+    pub fn waits(&self) -> Vec<VnodeWaits> {
+        self.run
+            .as_ref()
+            .map(|r| r.vnodes.iter().map(Vnode::waits).collect())
+            .unwrap_or_default()
     }
 
     /// Rule 5: syncs the logs and reports.

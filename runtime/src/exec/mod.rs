@@ -28,6 +28,7 @@ mod member;
 mod recover;
 mod shared;
 mod vnode;
+mod waits;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -45,6 +46,7 @@ pub use self::shared::Kill;
 use self::shared::RunShared;
 use self::vnode::Vnode;
 pub use self::vnode::{Timers, VnodeStats};
+pub use self::waits::{Stall, VnodeWaits};
 use crate::clock::{Clock, SystemClock};
 use crate::codec;
 use crate::error::{panic_message, RunError};
@@ -82,6 +84,7 @@ pub struct RuntimeBuilder {
     timers: Timers,
     kills: Vec<Kill>,
     forge: Option<Forge>,
+    stall: Stall,
 }
 
 /// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
@@ -105,7 +108,15 @@ impl RuntimeBuilder {
             timers: Timers::default(),
             kills: Vec::new(),
             forge: None,
+            stall: Stall::default(),
         }
+    }
+
+    /// When a run that stops progressing reports what its vnodes wait for, and whether that
+    /// ends it (`waits.rs` rule 1; default: a warning after 30 s).
+    pub fn stall(mut self, stall: Stall) -> Self {
+        self.stall = stall;
+        self
     }
 
     /// Fault injection: each `Kill` makes a vnode fail (all its memory lost) once that many
@@ -259,6 +270,7 @@ impl RuntimeBuilder {
             timers: self.timers,
             kills: self.kills,
             forge: self.forge,
+            stall: self.stall,
             pool,
         })
     }
@@ -300,6 +312,7 @@ pub struct Runtime {
     timers: Timers,
     kills: Vec<Kill>,
     forge: Option<Forge>,
+    stall: Stall,
     pool: rayon::ThreadPool,
 }
 
@@ -590,7 +603,9 @@ impl Runtime {
         self.pool.scope(|s| {
             for share in shares {
                 s.spawn(move |_| {
-                    let result = catch_unwind(AssertUnwindSafe(|| drive_share(share, shared, rc)));
+                    let stall = self.stall;
+                    let result =
+                        catch_unwind(AssertUnwindSafe(|| drive_share(share, shared, rc, stall)));
                     if let Err(payload) = result {
                         shared.fail(RunError::Internal {
                             vnode: VnodeId(u32::MAX),
@@ -609,8 +624,19 @@ impl Runtime {
     }
 }
 
-fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared, rc: &RecoveryContext<'_>) {
+fn drive_share(
+    mut share: Vec<&mut Vnode>,
+    shared: &RunShared,
+    rc: &RecoveryContext<'_>,
+    stall: Stall,
+) {
     let mine: Vec<VnodeId> = share.iter().map(|v| v.core.vnode).collect();
+    // waits.rs rule 1: when a task last completed anywhere in the run, as this driver saw it.
+    let mut last = (
+        shared.completed(),
+        share.first().map_or(Duration::ZERO, |v| v.now()),
+    );
+    let mut reported = false;
     while !shared.stopped() && !shared.interrupted() {
         while let Some(dead) = shared.due_kill(&mine) {
             if let Some(v) = share.iter_mut().find(|v| v.core.vnode == dead) {
@@ -641,6 +667,25 @@ fn drive_share(mut share: Vec<&mut Vnode>, shared: &RunShared, rc: &RecoveryCont
             if !shared.distributed() && shared.quiescent() && !shared.kill_due() {
                 shared.stop();
                 return;
+            }
+            let (done, now) = (
+                shared.completed(),
+                share.first().map_or(Duration::ZERO, |v| v.now()),
+            );
+            if done != last.0 {
+                last = (done, now);
+                reported = false;
+            } else if !reported && now.saturating_sub(last.1) >= stall.after {
+                reported = true;
+                let waits: Vec<VnodeWaits> = share.iter().map(|v| v.waits()).collect();
+                if stall.fail {
+                    shared.fail(waits::stalled(stall.after, waits));
+                    return;
+                }
+                for w in &waits {
+                    tracing::warn!("stalled {:?}: {w}", stall.after);
+                    eprintln!("veriflow: no task completed for {:?}; {w}", stall.after);
+                }
             }
             if share.len() == 1 {
                 share[0].wait(IDLE_WAIT);

@@ -345,3 +345,81 @@ fn a_value_with_several_live_readers_survives_recovery() {
         }
     }
 }
+
+/// A transport that loses every `Returned` message: a stolen task's output never comes home.
+struct NoReturns(crate::transport::InProcTransport);
+
+struct NoReturnsEndpoint(Box<dyn crate::transport::Endpoint>);
+
+impl crate::transport::Transport for NoReturns {
+    fn endpoint(
+        &self,
+        me: crate::VnodeId,
+    ) -> Result<Box<dyn crate::transport::Endpoint>, crate::transport::TransportError> {
+        Ok(Box::new(NoReturnsEndpoint(self.0.endpoint(me)?)))
+    }
+}
+
+impl crate::transport::Endpoint for NoReturnsEndpoint {
+    fn send(
+        &mut self,
+        to: crate::VnodeId,
+        msg: crate::transport::Message,
+    ) -> Result<(), crate::transport::TransportError> {
+        if matches!(msg, crate::transport::Message::Returned { .. }) {
+            return Ok(());
+        }
+        self.0.send(to, msg)
+    }
+    fn try_recv(&mut self) -> Option<crate::transport::Envelope> {
+        self.0.try_recv()
+    }
+    fn recv_timeout(&mut self, t: std::time::Duration) -> Option<crate::transport::Envelope> {
+        self.0.recv_timeout(t)
+    }
+    fn set_epoch(&mut self, e: crate::Epoch) {
+        self.0.set_epoch(e)
+    }
+}
+
+/// waits.rs: a run that can never end says what it waits for (here: outputs of stolen tasks
+/// that never come back) instead of idling silently, and with `fail` it ends with the report.
+#[test]
+fn a_run_that_cannot_end_reports_what_its_vnodes_wait_for() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(stalled_run());
+    });
+    // If the stall report broke, the run would idle forever: a deadline far above 300 ms
+    // turns that into a failure.
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the run neither ended nor reported its stall");
+    let Err(crate::RunError::Stalled { waits, .. }) = r else {
+        panic!("the run must stall and say so: {r:?}");
+    };
+    let text: Vec<String> = waits.iter().map(ToString::to_string).collect();
+    let text = text.join(" | ");
+    assert!(
+        waits.iter().any(|w| w.expected.0 > 0 || w.returns.0 > 0),
+        "the report names the returns it waits for: {text}"
+    );
+    assert!(text.contains("work units"), "{text}");
+}
+
+fn stalled_run() -> Result<crate::RunReport<(u64,)>, crate::RunError> {
+    Runtime::builder(fib_registry())
+        .threads(2)
+        .vnodes(2)
+        .seed(1)
+        .transport(Arc::new(|v| {
+            Box::new(NoReturns(crate::transport::InProcTransport::new(v)))
+        }))
+        .stall(crate::Stall {
+            after: std::time::Duration::from_millis(300),
+            fail: true,
+        })
+        .build()
+        .unwrap()
+        .run(Fib(18), ())
+}

@@ -32,6 +32,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::core::{Core, ReadyTask, TaskSpec};
+use super::waits::{sample, VnodeWaits};
 use crate::clock::Clock;
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
@@ -169,6 +170,32 @@ impl Vnode {
 
     fn id(&self) -> VnodeId {
         self.core.vnode
+    }
+
+    /// What this vnode waits for (`waits.rs` rule 2).
+    pub(crate) fn waits(&self) -> VnodeWaits {
+        let v = self.id();
+        VnodeWaits {
+            vnode: v,
+            epoch: self.core.shared.epoch(v),
+            work: self.core.shared.work_word(v),
+            ready: self.core.ready.len(),
+            blocked: self.core.blocked(),
+            grants: sample(self.grants.iter().map(|(t, u)| (*t, u.to))),
+            returns: sample(self.returns.keys().copied()),
+            expected: sample(self.expected.iter().copied()),
+            held: (
+                self.held.len(),
+                self.held.front().map_or(0, |h| h.0),
+                self.core.log.as_ref().map_or(0, |l| l.durable()),
+            ),
+            stealing_from: self.steal_out.map(|(v, _)| v),
+        }
+    }
+
+    /// The vnode's clock.
+    pub(crate) fn now(&self) -> Duration {
+        self.clock.now()
     }
 
     /// Runs up to `budget` tasks and handles messages. Returns whether anything happened.

@@ -49,6 +49,7 @@
 mod event;
 mod generation;
 mod manifest;
+mod outputs;
 mod reader;
 pub mod segment;
 mod writer;
@@ -56,6 +57,7 @@ mod writer;
 pub use event::{Declared, Event, EventKey, EventKind, Output};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
+pub use outputs::terminal_outputs;
 pub use reader::{LogReader, LoggedEvent, TornTail, VnodeEvents};
 pub use writer::{CommitPolicy, LogWriter, VnodeLog};
 
