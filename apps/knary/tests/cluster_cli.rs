@@ -211,3 +211,19 @@ fn unreachable_coordinator_is_a_clear_error_after_retries() {
     .expect_code(1)
     .stderr_has(&addr);
 }
+
+/// Issue 13: the coordinator accepted a `local:` store that only one process can use (the
+/// workers would each open their own directory, and recovery would find no log).
+#[test]
+fn a_coordinator_refuses_a_store_only_one_process_can_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    knary(&["keygen", s(&key)]).expect_code(0);
+    let local = format!("local:{}", dir.path().join("logs").display());
+    for store in [local.as_str(), "memory"] {
+        knary(&["coordinator", "--key", s(&key), "--store", store])
+            .expect_code(1)
+            .stderr_has("needs checkpoint servers every worker reaches");
+    }
+    assert!(!dir.path().join("logs").exists(), "nothing was created");
+}
