@@ -21,7 +21,8 @@
 //!    crashes (its connection resets, or it falls silent) and a new process joins later; a
 //!    worker pauses, sometimes past the detector's bound, and comes back as a zombie; a
 //!    partition cuts a worker from the coordinator or two workers from each other, one way or
-//!    both, and heals. At least one member of the job is always left alive and unpaused.
+//!    both, and heals. At least one member of the job is always left alive and unpaused. In
+//!    one seed in five, a vnode forges a share of its tasks (a wrong value, plausibly so).
 //! 4. The safety phase lasts at least `safety` and until `min_faults` faults were injected;
 //!    a seed behind that budget is forced one fault per quantum (a crash, pause or partition
 //!    if a member can be spared, else a lost peer frame or a link to the coordinator clogged
@@ -32,7 +33,9 @@
 //! 6. Checkers after every seed ([`check`]): the outputs are the bits of a single-vnode
 //!    reference run; every task is declared, started and completed in exactly one vnode's log,
 //!    and completed exactly once counting duplicates (a task completed before a failure is
-//!    never run again); every segment the store acknowledged is still there and decodes.
+//!    never run again); every segment the store acknowledged is still there and decodes. A
+//!    run with forgeries is certified with full checking and correction (paper 001 Algorithm
+//!    1): the corrected outputs must be the reference bits.
 //! 7. Everything observable (deliveries, notes, faults) is folded into a trace hash: one seed
 //!    run twice gives the same hash.
 
@@ -49,7 +52,7 @@ use veriflow_checkpoint::{MemoryStore, Store};
 use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{CommitPolicy, Manifest};
 use veriflow_runtime::transport::{Envelope, Router};
-use veriflow_runtime::{Control, ManualClock, Runtime, SteppedMember, VnodeId};
+use veriflow_runtime::{Control, Forge, ForgeMode, ManualClock, Runtime, SteppedMember, VnodeId};
 
 pub use check::Violation;
 
@@ -136,6 +139,8 @@ pub struct SimConfig {
     /// Whether the store keeps epoch fences (`StoreError::Fenced`); off only to show what
     /// zombies do without them.
     pub fences: bool,
+    /// A vnode that lies, and the share of its tasks it forges (rule 3: machines that lie).
+    pub forge: Option<(u32, f64)>,
     /// Time the job has to finish after it (rule 5).
     pub liveness: Duration,
 }
@@ -162,6 +167,10 @@ impl SimConfig {
             safety: run.mul_f64(rng.gen_range(0.4..0.9)),
             min_faults: 20,
             fences: true,
+            // One seed in five has a vnode that forges 2-20 % of its tasks.
+            forge: rng
+                .gen_bool(0.2)
+                .then(|| (rng.gen_range(0..vnodes), rng.gen_range(0.02..0.2))),
             liveness: Duration::from_secs(20),
         }
     }
@@ -470,9 +479,18 @@ impl World {
             .commit_policy(CommitPolicy {
                 max_bytes: 4 << 10,
                 max_delay: Duration::from_millis(1),
-            })
-            .build()
-            .map_err(|e| format!("runtime: {e}"))?;
+            });
+        let rt = match cfg.forge {
+            Some((v, rate)) => rt.forge(Forge {
+                vnodes: vec![VnodeId(v)],
+                rate,
+                seed: cfg.seed,
+                tasks: Default::default(),
+                mode: ForgeMode::Consistent,
+            }),
+            None => rt,
+        };
+        let rt = rt.build().map_err(|e| format!("runtime: {e}"))?;
         let fd = sim_fd();
         let mut ccfg = coordinator::Config::new("sim", "sim:store", fd, [0x5e; 32]);
         ccfg.seed = cfg.seed;

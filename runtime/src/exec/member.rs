@@ -15,8 +15,9 @@
 //!    state; drivers pause only while the vnode is added. [`Control::Epoch`] fences an old
 //!    incarnation: its late messages are dropped.
 //! 4. The member hosting vnode 0 when the run starts writes the manifest (if the store has
-//!    none) and plants the root; whoever hosts vnode 0 at the end returns the terminal
-//!    outputs.
+//!    none) and plants the root; a member that hosts vnode 0 after a failure writes it too if
+//!    it is still missing (its first host died before writing it) and the rebuild plants the
+//!    root again; whoever hosts vnode 0 at the end returns the terminal outputs.
 //! 5. At the end every hosted vnode's log is synced and the writer shut down before the
 //!    report is returned: what the member did is durable when the coordinator hears of it.
 
@@ -172,6 +173,7 @@ struct MemberRun {
     shared: Arc<RunShared>,
     writer: Option<LogWriter>,
     setup: RootSetup,
+    manifest: Manifest,
 }
 
 impl Runtime {
@@ -250,9 +252,7 @@ impl Runtime {
             hosted.iter().map(|(v, _)| *v).collect();
         if starts {
             if let Some(store) = &store {
-                if Manifest::load(&**store)?.is_none() {
-                    manifest.store(&**store)?;
-                }
+                ensure_manifest(&**store, &manifest)?;
             }
             if let Some(v0) = vnodes.iter_mut().find(|v| v.core.vnode == VnodeId(0)) {
                 plant_root(&mut v0.core, &setup)?;
@@ -266,6 +266,7 @@ impl Runtime {
             shared,
             writer,
             setup,
+            manifest,
         })
     }
 
@@ -287,6 +288,12 @@ impl Runtime {
                 "{v} lost its host and this run logs nothing to rebuild it from"
             )));
         };
+        if v == VnodeId(0) {
+            // Rule 4: the member that started the run may have died before it wrote the
+            // manifest (found by the cluster simulator: the run then finished without one,
+            // and could be neither inspected nor certified).
+            ensure_manifest(&**writer.store(), &run.manifest)?;
+        }
         let mut vn = self.member_vnode(v, epoch, Some(writer), &run.shared, transport)?;
         let r = vn.resume_from_log(writer, &run.setup)?;
         vn.stats.failures += 1;
@@ -312,6 +319,7 @@ impl Runtime {
             shared,
             writer,
             setup,
+            ..
         } = run;
         // Rule 5, after an error too (best effort then).
         let mut error = outcome.err().or_else(|| shared.take_error());
@@ -445,6 +453,17 @@ impl Runtime {
             result
         })
     }
+}
+
+/// Writes `manifest` unless the store holds one (rule 4).
+fn ensure_manifest(
+    store: &dyn veriflow_checkpoint::Store,
+    manifest: &Manifest,
+) -> Result<(), RunError> {
+    if Manifest::load(store)?.is_none() {
+        manifest.store(store)?;
+    }
+    Ok(())
 }
 
 /// A member driven by its caller on one thread ([`Runtime::stepped_member`]).
