@@ -45,5 +45,5 @@ pub mod strategy;
 pub mod wire;
 
 pub use key::{Key, KeyError};
-pub use store::{Fences, MemoryStore, Pairs, SledStore, Store, StoreError};
+pub use store::{Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
 pub use strategy::{open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, StoreSpec};
