@@ -36,6 +36,8 @@
 
 pub mod client;
 pub mod erasure;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod key;
 pub mod launch;
 mod protocol;

@@ -223,6 +223,22 @@ async fn read_raw<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Vec<u8>
     read_body(s, n, None).await
 }
 
+/// Reads one frame within `budget` (rules 1, 7, 8): the length is checked, the declared
+/// length reserved, then the body read within `body_deadline`.
+pub(crate) async fn recv_frame_within<S: AsyncRead + Unpin>(
+    s: &mut S,
+    max: usize,
+    budget: &FrameBudget,
+    body_deadline: Duration,
+) -> Result<(Vec<u8>, Reservation), WireError> {
+    let n = read_len(s, max).await?;
+    let reservation = budget.reserve(n).await?;
+    let frame = tokio::time::timeout(body_deadline, read_body(s, n, Some(budget)))
+        .await
+        .map_err(|_| WireError::Timeout(body_deadline))??;
+    Ok((frame, reservation))
+}
+
 /// A memory budget for the frames a server is receiving, shared by its connections (rule 8),
 /// with counters for tests and monitoring. Cloning gives another handle on the same budget.
 #[derive(Debug, Clone)]
@@ -520,12 +536,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         budget: &FrameBudget,
         body_deadline: Duration,
     ) -> Result<(M, Reservation), WireError> {
-        let n = read_len(&mut self.stream, self.max_frame).await?;
-        let reservation = budget.reserve(n).await?;
-        let frame =
-            tokio::time::timeout(body_deadline, read_body(&mut self.stream, n, Some(budget)))
-                .await
-                .map_err(|_| WireError::Timeout(body_deadline))??;
+        let (frame, reservation) =
+            recv_frame_within(&mut self.stream, self.max_frame, budget, body_deadline).await?;
         let msg = open_frame(&self.session, self.side.recv_dir(), self.recv_seq, &frame)?;
         self.recv_seq += 1;
         Ok((msg, reservation))
@@ -580,7 +592,7 @@ pub struct WireReader<R> {
     max_frame: usize,
 }
 
-fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
+pub(crate) fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(session);
     h.update(&[dir]);
     h.update(&seq.to_le_bytes());
@@ -590,7 +602,7 @@ fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] 
 
 /// Checks a received frame's authentication and sequence number and decodes its payload
 /// (rules 3-6).
-fn open_frame<M: DeserializeOwned>(
+pub(crate) fn open_frame<M: DeserializeOwned>(
     session: &[u8; 32],
     dir: u8,
     expected: u64,
