@@ -128,7 +128,7 @@ pub fn fragment_bytes(data: &[u8]) {
             slots[slot] = Some(data);
             // Keep only M slots besides the fuzzed one so that it matters.
             for (i, s) in slots.iter_mut().enumerate() {
-                if i != slot && i >= codec.data_fragments() + 1 {
+                if i != slot && i > codec.data_fragments() {
                     *s = None;
                 }
             }
