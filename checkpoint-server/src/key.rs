@@ -8,12 +8,21 @@
 //!    an existing path is an error, so a key in use cannot be lost by a typo.
 //! 3. Loading refuses a file that group or others can read or write (as ssh does), a file of
 //!    the wrong length and a file that is not hex, each with a message that says how to fix it.
+//! 4. Loading reads only a regular file (a symlink to one is fine), and at most
+//!    [`MAX_KEY_FILE_BYTES`] of it: a FIFO, socket, device or directory is refused before any
+//!    byte is read, so a key path can never block a process or feed it an endless stream. The
+//!    file is opened without blocking and checked through the open handle, so nothing can be
+//!    swapped in between the check and the read.
 
 use std::fmt;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use rand::RngCore;
+
+/// Largest key file read (rule 4): 64 hex digits and a newline fit many times over; a key
+/// written by hand with a few blank lines or a comment-free CRLF still fits.
+pub const MAX_KEY_FILE_BYTES: u64 = 1024;
 
 /// A 32-byte secret key.
 #[derive(Clone, PartialEq, Eq)]
@@ -58,6 +67,14 @@ pub enum KeyError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// The path is not a regular file (rule 4): a FIFO would block the reader forever.
+    #[error("key file {path} is a {kind}, not a regular file; give the path of a key file written by `keygen FILE`")]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead ("FIFO", "directory", ...).
+        kind: &'static str,
     },
     /// No config directory to put the default key in.
     #[error("no config directory for the default key: pass --key FILE")]
@@ -122,13 +139,29 @@ impl Key {
         Ok(key)
     }
 
-    /// Loads the key in `path` (rule 3).
+    /// Loads the key in `path` (rules 3-4).
     pub fn load(path: &Path) -> Result<Key, KeyError> {
         let io = |e: std::io::Error| KeyError::Io {
             path: path.to_path_buf(),
             reason: e.to_string(),
         };
-        let meta = std::fs::metadata(path).map_err(io)?;
+        // Rule 4: open without blocking (opening a FIFO for reading otherwise waits for a
+        // writer), then check what the handle points at before reading a byte.
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.custom_flags(libc::O_NONBLOCK);
+        }
+        let file = opts.open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(KeyError::NotAFile {
+                path: path.to_path_buf(),
+                kind: file_kind(&meta.file_type()),
+            });
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -140,13 +173,27 @@ impl Key {
                 });
             }
         }
-        if meta.len() > 1024 {
-            return Err(KeyError::Malformed {
-                path: path.to_path_buf(),
-                reason: format!("{} bytes long", meta.len()),
-            });
+        let too_long = |len: u64| KeyError::Malformed {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{len} bytes long, more than the {MAX_KEY_FILE_BYTES} a key file may be"
+            ),
+        };
+        if meta.len() > MAX_KEY_FILE_BYTES {
+            return Err(too_long(meta.len()));
         }
-        let text = std::fs::read_to_string(path).map_err(io)?;
+        // The size read is bounded too, should the file grow after the check.
+        let mut bytes = Vec::new();
+        file.take(MAX_KEY_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
+            return Err(too_long(bytes.len() as u64));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| KeyError::Malformed {
+            path: path.to_path_buf(),
+            reason: "not text".to_string(),
+        })?;
         Key::parse_hex(text.trim()).map_err(|reason| KeyError::Malformed {
             path: path.to_path_buf(),
             reason,
@@ -200,6 +247,31 @@ impl Key {
     }
 }
 
+/// What a non-regular file is, for [`KeyError::NotAFile`].
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_char_device() {
+            return "character device";
+        }
+        if t.is_block_device() {
+            return "block device";
+        }
+    }
+    if t.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +309,82 @@ mod tests {
             let e = Key::load(&p).unwrap_err();
             assert!(matches!(e, KeyError::Malformed { .. }), "{e}");
         }
+    }
+
+    #[cfg(unix)]
+    fn owner_only(p: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    /// Issue 13 point 6: a FIFO given as a key file blocked `load` forever (opening it for
+    /// reading waits for a writer). It must be refused at once, naming what it is.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_key_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("key.fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success(), "mkfifo failed");
+        owner_only(&fifo); // so that only the file type can be the reason
+                           // Guard against the hang this test reproduces: run the load on its own thread, and if
+                           // it blocks, open the FIFO for writing to release it so the test fails instead.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = fifo.clone();
+        let loader = std::thread::spawn(move || tx.send(Key::load(&p)).unwrap());
+        let r = match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(r) => r,
+            Err(_) => {
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+                loader.join().unwrap();
+                panic!("Key::load blocked on a FIFO");
+            }
+        };
+        let e = r.expect_err("a FIFO is not a key file");
+        assert!(
+            matches!(e, KeyError::NotAFile { kind: "FIFO", .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_to_a_key_loads_and_directories_and_big_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.key");
+        let k = Key::create(&real).unwrap();
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(
+            Key::load(&link).unwrap(),
+            k,
+            "a symlink to a regular file is fine"
+        );
+
+        let sub = dir.path().join("d");
+        std::fs::create_dir(&sub).unwrap();
+        owner_only(&sub);
+        let e = Key::load(&sub).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                KeyError::NotAFile {
+                    kind: "directory",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        let big = dir.path().join("big.key");
+        std::fs::write(&big, vec![b'a'; 4096]).unwrap();
+        owner_only(&big);
+        let e = Key::load(&big).unwrap_err();
+        assert!(matches!(e, KeyError::Malformed { .. }), "{e:?}");
     }
 
     #[test]

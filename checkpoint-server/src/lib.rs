@@ -36,6 +36,8 @@
 
 pub mod client;
 pub mod erasure;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod key;
 pub mod launch;
 mod protocol;
@@ -45,5 +47,5 @@ pub mod strategy;
 pub mod wire;
 
 pub use key::{Key, KeyError};
-pub use store::{Fences, MemoryStore, Pairs, SledStore, Store, StoreError};
+pub use store::{Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
 pub use strategy::{open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, StoreSpec};

@@ -10,7 +10,10 @@
 //! 4. Every fragment returned is checked first; one that fails is returned as `Corrupt`, never as
 //!    bytes, so the client counts it as lost and repairs it.
 //! 5. `Scan` pages: pairs with keys strictly after `after`, in key order, until the page holds
-//!    `max_bytes`; `more` says whether another page follows.
+//!    `max_bytes` or the server's own page limits (pairs and bytes; at least one pair when
+//!    there is one); `more` says whether another page may follow (it may be empty). A client
+//!    reads a prefix by asking again after the last key until `more` is false or a page is
+//!    empty; the server reads only the page from its store.
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;

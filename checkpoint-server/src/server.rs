@@ -10,9 +10,24 @@
 //! 2. Store calls are blocking (sled), so they run on tokio's blocking pool, never on a worker
 //!    that drives sockets.
 //! 3. Requests on one connection are answered in order; connections are independent.
+//! 4. **Every size and count is bounded** ([`ServerConfig`]): at most `max_connections` open
+//!    connections, and `max_connections_per_peer` from one IP address; an extra one is closed
+//!    at once and the refusal logged (at most once a second, with the count refused since).
+//!    Request frames are received within one [`FrameBudget`] of `memory_budget` bytes (wire
+//!    rules 7-8: a partial frame holds what arrived, not what it declares, and must complete
+//!    within `frame_timeout`); at most `max_requests` requests are handled at once, each
+//!    holding its slot until its answer is sent (also within `frame_timeout`), so answers take
+//!    at most `max_requests × max_frame` beyond the budget. A scan page holds at most
+//!    `page_keys` pairs and `page_bytes` bytes (or one pair, however large) and reads only
+//!    that page from the store; clients page through (protocol rule 5).
+//! 5. A failing `accept` (out of file descriptors, ...) is retried after a pause that doubles
+//!    from [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`] while it keeps failing.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_bytes::ByteBuf;
 use tokio::net::{TcpListener, TcpStream};
@@ -20,31 +35,298 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::erasure::verify_fragment;
 use crate::key::Key;
 use crate::protocol::{Request, Response, Slot};
-use crate::store::Store;
-use crate::wire::{Connection, WireError};
+use crate::store::{PageLimit, Store};
+use crate::wire::{Connection, FrameBudget, WireError, DEFAULT_MAX_FRAME};
+
+/// First pause after a failed `accept` (rule 5).
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause after failed `accept`s (rule 5): long enough that a server out of file
+/// descriptors costs nothing, short enough to serve again within a second of recovering.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Limits of a checkpoint server (rule 4). `Default` gives the values below; [`ServerConfig::validate`]
+/// checks a changed one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Largest frame accepted (default [`DEFAULT_MAX_FRAME`], 64 MiB).
+    pub max_frame: usize,
+    /// Bytes of request frames held at once over all connections (default 256 MiB: four
+    /// largest frames, or thousands of segment batches).
+    pub memory_budget: usize,
+    /// Open connections over all peers (default 512: below the usual 1024 file descriptors,
+    /// far above the one connection per client process a cluster uses).
+    pub max_connections: usize,
+    /// Open connections from one IP address (default 64: every process of a test cluster on
+    /// one machine shares 127.0.0.1).
+    pub max_connections_per_peer: usize,
+    /// Requests handled at once (default 8: sled serializes flushes, so more buys little).
+    pub max_requests: usize,
+    /// Time for a frame's body to arrive once its length did, and for an answer to be sent
+    /// (default 60 s, the client's request timeout).
+    pub frame_timeout: Duration,
+    /// Pairs in one scan page (default 4096).
+    pub page_keys: usize,
+    /// Bytes in one scan page (default 4 MiB; a client may ask for less).
+    pub page_bytes: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_frame: DEFAULT_MAX_FRAME,
+            memory_budget: 256 << 20,
+            max_connections: 512,
+            max_connections_per_peer: 64,
+            max_requests: 8,
+            frame_timeout: Duration::from_secs(60),
+            page_keys: 4096,
+            page_bytes: 4 << 20,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks that the limits add up: every count at least 1, and a largest frame that fits in
+    /// the memory budget (else it could never be received).
+    pub fn validate(&self) -> Result<(), ServerError> {
+        let bad = |m: String| Err(ServerError::Config(m));
+        if self.max_frame < 64 {
+            return bad(format!(
+                "max_frame {} is below the 64 bytes of a handshake",
+                self.max_frame
+            ));
+        }
+        if self.memory_budget < self.max_frame {
+            return bad(format!(
+                "memory budget {} is smaller than the largest frame {}: such a frame could never be received",
+                self.memory_budget, self.max_frame
+            ));
+        }
+        for (name, v) in [
+            ("max_connections", self.max_connections),
+            ("max_connections_per_peer", self.max_connections_per_peer),
+            ("max_requests", self.max_requests),
+            ("page_keys", self.page_keys),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be at least 1"));
+            }
+        }
+        if self.page_bytes == 0 || self.frame_timeout.is_zero() {
+            return bad("page_bytes and frame_timeout must be above 0".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The limits do not add up (fix the options).
+    #[error("bad server limits: {0}")]
+    Config(String),
+    /// The address could not be bound.
+    #[error("cannot listen: {0}")]
+    Bind(#[from] std::io::Error),
+}
+
+/// Counters of a running server, for tests and monitoring (cloneable handle).
+#[derive(Debug, Clone)]
+pub struct ServerStats {
+    budget: FrameBudget,
+    conns: Arc<ConnTable>,
+}
+
+impl ServerStats {
+    /// Open connections.
+    pub fn connections(&self) -> usize {
+        self.conns.total.load(Ordering::SeqCst)
+    }
+    /// Connections refused by the caps so far.
+    pub fn refused_connections(&self) -> u64 {
+        self.conns.refused.load(Ordering::SeqCst)
+    }
+    /// Failed `accept` calls so far.
+    pub fn accept_errors(&self) -> u64 {
+        self.conns.accept_errors.load(Ordering::SeqCst)
+    }
+    /// The request frame budget and its counters (bytes reserved, buffered, peak).
+    pub fn budget(&self) -> &FrameBudget {
+        &self.budget
+    }
+}
+
+/// Open connections, total and per peer address (rule 4).
+#[derive(Debug, Default)]
+struct ConnTable {
+    total: AtomicUsize,
+    per_peer: Mutex<HashMap<IpAddr, usize>>,
+    refused: AtomicU64,
+    accept_errors: AtomicU64,
+}
+
+/// One open connection's place in the [`ConnTable`]; gives it back when dropped.
+struct ConnSlot {
+    table: Arc<ConnTable>,
+    ip: IpAddr,
+}
+
+impl ConnTable {
+    fn peers(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.per_peer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a connection from `ip`, or why not.
+    fn admit(self: &Arc<Self>, ip: IpAddr, cfg: &ServerConfig) -> Result<ConnSlot, String> {
+        let mut peers = self.peers();
+        let total = self.total.load(Ordering::SeqCst);
+        if total >= cfg.max_connections {
+            return Err(format!(
+                "{total} connections open, the limit is {}",
+                cfg.max_connections
+            ));
+        }
+        let mine = peers.entry(ip).or_insert(0);
+        if *mine >= cfg.max_connections_per_peer {
+            return Err(format!(
+                "{mine} connections open from {ip}, the limit per peer is {}",
+                cfg.max_connections_per_peer
+            ));
+        }
+        *mine += 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+        Ok(ConnSlot {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut peers = self.table.peers();
+        if let Some(n) = peers.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+        self.table.total.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The pause after failed `accept`s (rule 5).
+#[derive(Debug)]
+struct AcceptBackoff {
+    next: Duration,
+}
+
+impl AcceptBackoff {
+    fn new() -> Self {
+        AcceptBackoff {
+            next: ACCEPT_BACKOFF_MIN,
+        }
+    }
+    /// After a failure: how long to pause.
+    fn failed(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(ACCEPT_BACKOFF_MAX);
+        d
+    }
+    /// After a success: the next failure pauses briefly again.
+    fn succeeded(&mut self) {
+        self.next = ACCEPT_BACKOFF_MIN;
+    }
+}
+
+/// Logs refused connections at most once a second (rule 4), so a flood cannot flood the log.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    fn refused(&mut self, peer: SocketAddr, why: &str) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        if self.suppressed > 0 {
+            tracing::warn!(
+                "refused connection from {peer}: {why} ({} more refused since the last report)",
+                self.suppressed
+            );
+        } else {
+            tracing::warn!("refused connection from {peer}: {why}");
+        }
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// What every connection task shares.
+struct Shared {
+    store: Arc<dyn Store>,
+    key: Key,
+    config: ServerConfig,
+    budget: FrameBudget,
+    requests: Arc<tokio::sync::Semaphore>,
+}
 
 /// A checkpoint server bound to an address.
 pub struct Server {
     listener: TcpListener,
-    store: Arc<dyn Store>,
-    key: Key,
-    max_frame: usize,
+    shared: Arc<Shared>,
+    conns: Arc<ConnTable>,
 }
 
 impl Server {
-    /// Binds `addr` (use port 0 for any free port) to serve `store` to holders of `key`.
+    /// Binds `addr` (use port 0 for any free port) to serve `store` to holders of `key`, with
+    /// the default limits and `max_frame` (the memory budget grows to hold one such frame).
     pub async fn bind(
         addr: &str,
         store: Arc<dyn Store>,
         key: Key,
         max_frame: usize,
     ) -> std::io::Result<Server> {
+        let d = ServerConfig::default();
+        let config = ServerConfig {
+            max_frame: max_frame.max(64),
+            memory_budget: d.memory_budget.max(max_frame),
+            ..d
+        };
+        Server::bind_with(addr, store, key, config)
+            .await
+            .map_err(|e| match e {
+                ServerError::Bind(e) => e,
+                e => std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
+            })
+    }
+
+    /// Binds `addr` with the limits of `config` (rule 4), checked first.
+    pub async fn bind_with(
+        addr: &str,
+        store: Arc<dyn Store>,
+        key: Key,
+        config: ServerConfig,
+    ) -> Result<Server, ServerError> {
+        config.validate()?;
         let listener = TcpListener::bind(addr).await?;
         Ok(Server {
             listener,
-            store,
-            key,
-            max_frame,
+            shared: Arc::new(Shared {
+                store,
+                key,
+                budget: FrameBudget::new(config.memory_budget),
+                requests: Arc::new(tokio::sync::Semaphore::new(config.max_requests)),
+                config,
+            }),
+            conns: Arc::new(ConnTable::default()),
         })
     }
 
@@ -53,23 +335,46 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// A handle on the server's counters, valid while and after it runs.
+    pub fn stats(&self) -> ServerStats {
+        ServerStats {
+            budget: self.shared.budget.clone(),
+            conns: self.conns.clone(),
+        }
+    }
+
     /// Serves until the process ends (rule 1: a failing connection never stops the loop).
     pub async fn run(self) -> std::io::Result<()> {
-        let shared = Arc::new((self.store, self.key, self.max_frame));
+        let mut backoff = AcceptBackoff::new();
+        let mut refusals = RefusalLog::default();
         loop {
             let (stream, peer) = match self.listener.accept().await {
-                Ok(x) => x,
+                Ok(x) => {
+                    backoff.succeeded();
+                    x
+                }
                 Err(e) => {
-                    // Out of file descriptors and similar: wait a moment rather than spin.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    // Out of file descriptors and similar (rule 5): pause rather than spin.
+                    self.conns.accept_errors.fetch_add(1, Ordering::SeqCst);
+                    let pause = backoff.failed();
+                    tracing::warn!("accept failed: {e}; retrying in {pause:?}");
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             };
-            let shared = shared.clone();
+            let slot = match self.conns.admit(peer.ip(), &self.shared.config) {
+                Ok(slot) => slot,
+                Err(why) => {
+                    self.conns.refused.fetch_add(1, Ordering::SeqCst);
+                    refusals.refused(peer, &why);
+                    drop(stream);
+                    continue;
+                }
+            };
+            let shared = self.shared.clone();
             tokio::spawn(async move {
-                let (store, key, max_frame) = &*shared;
-                if let Err(e) = serve_connection(stream, store.clone(), key, *max_frame).await {
+                let _slot = slot;
+                if let Err(e) = serve_connection(stream, &shared).await {
                     match e {
                         // A client that went away (closed, reset, killed) is no news.
                         WireError::Closed | WireError::Io(_) => {
@@ -83,21 +388,33 @@ impl Server {
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    store: Arc<dyn Store>,
-    key: &Key,
-    max_frame: usize,
-) -> Result<(), WireError> {
+async fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), WireError> {
     let _ = stream.set_nodelay(true);
-    let mut conn = Connection::server(stream, key, max_frame).await?;
+    let cfg = &shared.config;
+    let mut conn = Connection::server(stream, &shared.key, cfg.max_frame).await?;
+    let limit = PageLimit {
+        max_keys: cfg.page_keys,
+        max_bytes: cfg.page_bytes,
+    };
     loop {
-        let req: Request = conn.recv().await?;
-        let store = store.clone();
-        let resp = tokio::task::spawn_blocking(move || handle(&*store, req))
+        let (req, reservation): (Request, _) =
+            conn.recv_within(&shared.budget, cfg.frame_timeout).await?;
+        // Rule 4: a bounded number of requests in hand at once, each until its answer is out.
+        let slot = shared
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| WireError::Closed)?; // never closed
+        let store = shared.store.clone();
+        let resp = tokio::task::spawn_blocking(move || handle(&*store, req, limit))
             .await
             .unwrap_or_else(|e| Response::Failed(format!("request handler panicked: {e}")));
-        conn.send(&resp).await?;
+        drop(reservation); // the request is consumed; its bytes are free
+        tokio::time::timeout(cfg.frame_timeout, conn.send(&resp))
+            .await
+            .map_err(|_| WireError::Timeout(cfg.frame_timeout))??;
+        drop(slot);
     }
 }
 
@@ -117,8 +434,9 @@ fn slot(value: Vec<u8>) -> Slot {
     }
 }
 
-/// Answers one request against `store` (protocol rules 1-5).
-pub(crate) fn handle(store: &dyn Store, req: Request) -> Response {
+/// Answers one request against `store` (protocol rules 1-5), scan pages within `limit`
+/// (rule 4: the client's `max_bytes` can only lower it).
+pub(crate) fn handle(store: &dyn Store, req: Request, limit: PageLimit) -> Response {
     let failed = |e: crate::store::StoreError| Response::Failed(e.to_string());
     match req {
         Request::Ping => Response::Done,
@@ -154,26 +472,23 @@ pub(crate) fn handle(store: &dyn Store, req: Request) -> Response {
             prefix,
             after,
             max_bytes,
-        } => match store.scan_prefix(&prefix) {
-            Ok(pairs) => {
-                let mut entries = Vec::new();
-                let mut bytes = 0u64;
-                let mut more = false;
-                for (k, v) in pairs {
-                    if after.as_ref().is_some_and(|a| k.as_slice() <= a.as_slice()) {
-                        continue;
-                    }
-                    if !entries.is_empty() && bytes + (k.len() + v.len()) as u64 > max_bytes {
-                        more = true;
-                        break;
-                    }
-                    bytes += (k.len() + v.len()) as u64;
-                    entries.push((ByteBuf::from(k), slot(v)));
-                }
-                Response::Page { entries, more }
+        } => {
+            let limit = PageLimit {
+                max_keys: limit.max_keys,
+                max_bytes: max_bytes.min(limit.max_bytes),
+            };
+            match store.scan_page(&prefix, after.as_deref().map(Vec::as_slice), limit) {
+                Ok(page) => Response::Page {
+                    entries: page
+                        .pairs
+                        .into_iter()
+                        .map(|(k, v)| (ByteBuf::from(k), slot(v)))
+                        .collect(),
+                    more: page.more,
+                },
+                Err(e) => failed(e),
             }
-            Err(e) => failed(e),
-        },
+        }
         Request::Delete { key } => match store.delete(&key).and_then(|_| store.flush()) {
             Ok(()) => Response::Done,
             Err(e) => failed(e),
@@ -182,71 +497,4 @@ pub(crate) fn handle(store: &dyn Store, req: Request) -> Response {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::erasure::Codec;
-    use crate::store::MemoryStore;
-
-    fn b(x: &[u8]) -> ByteBuf {
-        ByteBuf::from(x.to_vec())
-    }
-
-    #[test]
-    fn non_fragments_are_refused_whole_and_corruption_is_reported() {
-        let store = MemoryStore::default();
-        let good = Codec::replicate(1).unwrap().encode(b"value", 1).remove(0);
-        assert!(matches!(
-            handle(
-                &store,
-                Request::Put {
-                    key: b(b"a"),
-                    value: b(b"not a fragment")
-                }
-            ),
-            Response::Refused(_)
-        ));
-        // One bad pair refuses the whole batch (protocol rule 1): nothing is stored.
-        let r = handle(
-            &store,
-            Request::Batch(vec![(b(b"a"), b(&good)), (b(b"b"), b(b"junk"))]),
-        );
-        assert!(matches!(r, Response::Refused(_)), "{r:?}");
-        assert!(matches!(
-            handle(&store, Request::Get { key: b(b"a") }),
-            Response::Value(None)
-        ));
-        assert!(matches!(
-            handle(
-                &store,
-                Request::Put {
-                    key: b(b"a"),
-                    value: b(&good)
-                }
-            ),
-            Response::Done
-        ));
-        // A stored fragment that rots is returned as Corrupt, never as bytes (rule 4).
-        let mut rotten = good.clone();
-        let last = rotten.len() - 1;
-        rotten[last] ^= 1;
-        store.put(b"r", &rotten).unwrap();
-        assert!(matches!(
-            handle(&store, Request::Get { key: b(b"r") }),
-            Response::Value(Some(Slot::Corrupt(_)))
-        ));
-        match handle(
-            &store,
-            Request::Scan {
-                prefix: b(b""),
-                after: None,
-                max_bytes: 1,
-            },
-        ) {
-            Response::Page { entries, more } => {
-                assert_eq!(entries.len(), 1, "a page holds at least one entry");
-                assert!(more);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-}
+mod tests;

@@ -24,7 +24,20 @@
 //!    keeps serving other connections); a connection is never used after an error.
 //! 6. Payloads are postcard-encoded serde values. Decoding a payload never allocates more than
 //!    the frame's length, which rule 1 bounds.
+//! 7. **Memory follows the bytes.** A frame's buffer grows as its bytes arrive, in steps of at
+//!    most [`READ_CHUNK`] or what has arrived so far, never to the declared length up front: a
+//!    peer that declares 48 MiB and sends 1 KiB makes the receiver hold about 64 KiB. Before the
+//!    handshake the limit is 64 bytes (a hello or a proof), whatever `max_frame` says.
+//! 8. **Budget.** A server receives with [`Connection::recv_within`]: each frame reserves its
+//!    declared length from a [`FrameBudget`] shared by all connections before its body is read
+//!    (waiting while the budget is spent; a frame larger than the whole budget is refused), and
+//!    keeps the reservation until the caller drops it (after answering). Its body must then
+//!    arrive within a deadline, so a peer that stalls mid-frame releases its reservation. So
+//!    the bytes of requests a server holds never exceed its budget, and reserving whole frames
+//!    (rather than chunks) means a frame that got its reservation can always complete.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
@@ -41,6 +54,11 @@ pub const HELLO_MAGIC: &[u8; 8] = b"VFWIRE01";
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 /// Deadline for the whole handshake; an unauthenticated peer cannot hold a connection longer.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Step by which a frame buffer grows while its bytes arrive (rule 7): 64 KiB, a log segment's
+/// size, so a typical frame is read in one or two steps.
+pub const READ_CHUNK: usize = 64 << 10;
+/// Largest handshake message (rule 7): a hello is 40 bytes, a server reply 64, a proof 32.
+const HANDSHAKE_MAX: usize = 64;
 
 const SERVER_PROOF: &str = "veriflow wire v1 server proof";
 const CLIENT_PROOF: &str = "veriflow wire v1 client proof";
@@ -148,8 +166,8 @@ async fn write_raw<S: AsyncWrite + Unpin>(s: &mut S, parts: &[&[u8]]) -> Result<
     Ok(())
 }
 
-/// Reads one frame (rule 1: the length is checked before the buffer is allocated).
-async fn read_raw<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Vec<u8>, WireError> {
+/// Reads a frame's 4-byte length and checks it against `max` (rule 1).
+async fn read_len<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<usize, WireError> {
     let mut len = [0u8; 4];
     match s.read_exact(&mut len).await {
         Ok(_) => {}
@@ -164,15 +182,204 @@ async fn read_raw<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Vec<u8>
             max,
         });
     }
-    let mut buf = vec![0u8; n_usize];
-    s.read_exact(&mut buf).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            WireError::Closed
-        } else {
-            e.into()
+    Ok(n_usize)
+}
+
+/// Reads a frame body of `n` bytes, growing the buffer only as bytes arrive (rule 7), and keeps
+/// `budget`'s count of buffered bytes up to date while it does.
+async fn read_body<S: AsyncRead + Unpin>(
+    s: &mut S,
+    n: usize,
+    budget: Option<&FrameBudget>,
+) -> Result<Vec<u8>, WireError> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut counted = Buffered { budget, bytes: 0 };
+    while buf.len() < n {
+        if buf.len() == buf.capacity() {
+            let grow = (n - buf.len()).min(buf.len().max(READ_CHUNK));
+            buf.reserve_exact(grow);
+            counted.set(buf.capacity());
         }
-    })?;
+        let want = (buf.capacity() - buf.len()).min(n - buf.len());
+        let got = (&mut *s)
+            .take(want as u64)
+            .read_buf(&mut buf)
+            .await
+            .map_err(WireError::from)?;
+        if got == 0 {
+            return Err(WireError::Closed);
+        }
+        if let Some(b) = budget {
+            b.inner.received.fetch_add(got as u64, Ordering::Relaxed);
+        }
+    }
     Ok(buf)
+}
+
+/// Reads one frame (rules 1 and 7: the length is checked before anything is allocated, and
+/// the buffer grows with the bytes that arrive).
+async fn read_raw<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Vec<u8>, WireError> {
+    let n = read_len(s, max).await?;
+    read_body(s, n, None).await
+}
+
+/// Reads one frame within `budget` (rules 1, 7, 8): the length is checked, the declared
+/// length reserved, then the body read within `body_deadline`.
+pub(crate) async fn recv_frame_within<S: AsyncRead + Unpin>(
+    s: &mut S,
+    max: usize,
+    budget: &FrameBudget,
+    body_deadline: Duration,
+) -> Result<(Vec<u8>, Reservation), WireError> {
+    let n = read_len(s, max).await?;
+    let reservation = budget.reserve(n).await?;
+    let frame = tokio::time::timeout(body_deadline, read_body(s, n, Some(budget)))
+        .await
+        .map_err(|_| WireError::Timeout(body_deadline))??;
+    Ok((frame, reservation))
+}
+
+/// A memory budget for the frames a server is receiving, shared by its connections (rule 8),
+/// with counters for tests and monitoring. Cloning gives another handle on the same budget.
+#[derive(Debug, Clone)]
+pub struct FrameBudget {
+    inner: Arc<BudgetInner>,
+}
+
+#[derive(Debug)]
+struct BudgetInner {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+    reserved: AtomicUsize,
+    buffered: AtomicUsize,
+    peak_buffered: AtomicUsize,
+    received: AtomicU64,
+}
+
+impl FrameBudget {
+    /// A budget of `limit` bytes (at most `tokio::sync::Semaphore::MAX_PERMITS`).
+    pub fn new(limit: usize) -> FrameBudget {
+        let limit = limit.min(tokio::sync::Semaphore::MAX_PERMITS);
+        FrameBudget {
+            inner: Arc::new(BudgetInner {
+                permits: Arc::new(tokio::sync::Semaphore::new(limit)),
+                limit,
+                reserved: AtomicUsize::new(0),
+                buffered: AtomicUsize::new(0),
+                peak_buffered: AtomicUsize::new(0),
+                received: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// Bytes reserved by frames being received or not yet answered (never above the limit).
+    pub fn reserved(&self) -> usize {
+        self.inner.reserved.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of frame buffers allocated right now (capacity, rule 7).
+    pub fn buffered(&self) -> usize {
+        self.inner.buffered.load(Ordering::SeqCst)
+    }
+
+    /// The most [`FrameBudget::buffered`] has ever been.
+    pub fn peak_buffered(&self) -> usize {
+        self.inner.peak_buffered.load(Ordering::SeqCst)
+    }
+
+    /// Frame body bytes read so far, in total.
+    pub fn received(&self) -> u64 {
+        self.inner.received.load(Ordering::SeqCst)
+    }
+
+    /// Reserves `n` bytes, waiting until they are free (rule 8).
+    async fn reserve(&self, n: usize) -> Result<Reservation, WireError> {
+        if n > self.inner.limit {
+            return Err(WireError::FrameTooLarge {
+                len: n as u64,
+                max: self.inner.limit,
+            });
+        }
+        // n <= limit <= MAX_PERMITS; a frame length came from a u32.
+        let permits = u32::try_from(n).map_err(|_| WireError::FrameTooLarge {
+            len: n as u64,
+            max: u32::MAX as usize,
+        })?;
+        let permit = self
+            .inner
+            .permits
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| WireError::Closed)?; // the semaphore is never closed
+        self.inner.reserved.fetch_add(n, Ordering::SeqCst);
+        Ok(Reservation {
+            budget: self.clone(),
+            bytes: n,
+            _permit: permit,
+        })
+    }
+}
+
+/// A received frame's share of a [`FrameBudget`] (rule 8); dropping it gives the bytes back.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: FrameBudget,
+    bytes: usize,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Reservation {
+    /// Bytes reserved.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget
+            .inner
+            .reserved
+            .fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// Keeps a budget's `buffered` count equal to one buffer's capacity while it lives.
+struct Buffered<'a> {
+    budget: Option<&'a FrameBudget>,
+    bytes: usize,
+}
+
+impl Buffered<'_> {
+    fn set(&mut self, bytes: usize) {
+        if let Some(b) = self.budget {
+            if bytes >= self.bytes {
+                let now = b
+                    .inner
+                    .buffered
+                    .fetch_add(bytes - self.bytes, Ordering::SeqCst)
+                    + (bytes - self.bytes);
+                b.inner.peak_buffered.fetch_max(now, Ordering::SeqCst);
+            } else {
+                b.inner
+                    .buffered
+                    .fetch_sub(self.bytes - bytes, Ordering::SeqCst);
+            }
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Buffered<'_> {
+    fn drop(&mut self) {
+        self.set(0);
+    }
 }
 
 fn nonce() -> [u8; 32] {
@@ -223,7 +430,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     async fn client_inner(mut stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
         let nc = nonce();
         write_raw(&mut stream, &[HELLO_MAGIC, &nc]).await?;
-        let reply = read_raw(&mut stream, 64).await?;
+        let reply = read_raw(&mut stream, HANDSHAKE_MAX).await?;
         if reply.len() != 64 {
             return Err(WireError::Handshake(format!(
                 "server reply of {} bytes, expected 64",
@@ -257,7 +464,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     async fn server_inner(mut stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
-        let hello = read_raw(&mut stream, 64).await?;
+        let hello = read_raw(&mut stream, HANDSHAKE_MAX).await?;
         if hello.len() != 40 || &hello[..8] != HELLO_MAGIC {
             return Err(WireError::Handshake(
                 "not a veriflow hello (wrong protocol or version)".into(),
@@ -267,7 +474,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         let ns = nonce();
         let t = transcript(&nc, &ns);
         write_raw(&mut stream, &[&ns, &key.mac(SERVER_PROOF, &t)]).await?;
-        let proof = read_raw(&mut stream, 64).await?;
+        let proof = read_raw(&mut stream, HANDSHAKE_MAX).await?;
         let proof = array32(&proof)?;
         if !key.verify(CLIENT_PROOF, &t, &proof) {
             return Err(WireError::WrongKey);
@@ -321,6 +528,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         blake3::derive_key("veriflow wire v1 channel binding", &self.session)
     }
 
+    /// Receives one message within a [`FrameBudget`] (rules 1, 3-8): the frame's declared length
+    /// is reserved before its body is read, the body must arrive within `body_deadline`, and the
+    /// returned [`Reservation`] holds the bytes until the caller drops it.
+    pub async fn recv_within<M: DeserializeOwned>(
+        &mut self,
+        budget: &FrameBudget,
+        body_deadline: Duration,
+    ) -> Result<(M, Reservation), WireError> {
+        let (frame, reservation) =
+            recv_frame_within(&mut self.stream, self.max_frame, budget, body_deadline).await?;
+        let msg = open_frame(&self.session, self.side.recv_dir(), self.recv_seq, &frame)?;
+        self.recv_seq += 1;
+        Ok((msg, reservation))
+    }
+
+    /// Test helper: the bytes of the next frame carrying `payload` (length, sequence number,
+    /// MAC and payload), counted as sent but not written, so a test can send it piecewise.
+    #[doc(hidden)]
+    pub fn seal_next(&mut self, payload: &[u8]) -> Vec<u8> {
+        let seq = self.send_seq;
+        self.send_seq += 1;
+        let mac = self.mac(self.side.send_dir(), seq, payload);
+        let len = u32::try_from(payload.len() + AUTH_LEN).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(4 + AUTH_LEN + payload.len());
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&mac);
+        out.extend_from_slice(payload);
+        out
+    }
+
     /// The underlying stream (tests use it to inject bad frames).
     pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
@@ -354,7 +592,7 @@ pub struct WireReader<R> {
     max_frame: usize,
 }
 
-fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
+pub(crate) fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(session);
     h.update(&[dir]);
     h.update(&seq.to_le_bytes());
@@ -364,7 +602,7 @@ fn frame_mac(session: &[u8; 32], dir: u8, seq: u64, payload: &[u8]) -> [u8; 32] 
 
 /// Checks a received frame's authentication and sequence number and decodes its payload
 /// (rules 3-6).
-fn open_frame<M: DeserializeOwned>(
+pub(crate) fn open_frame<M: DeserializeOwned>(
     session: &[u8; 32],
     dir: u8,
     expected: u64,

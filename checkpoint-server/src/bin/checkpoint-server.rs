@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! checkpoint-server --listen 127.0.0.1:7000 --data DIR --key FILE [--memory]
+//!                   [--max-connections N] [--max-connections-per-peer N] [--memory-budget-mib M]
 //! checkpoint-server keygen FILE
 //! checkpoint-server scrub --store SPEC --key FILE [--json]
 //! ```
@@ -11,9 +12,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use veriflow_checkpoint::server::Server;
+use veriflow_checkpoint::server::{Server, ServerConfig};
 use veriflow_checkpoint::strategy::RemoteStore;
-use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
 use veriflow_checkpoint::{Key, MemoryStore, SledStore, Store, StoreSpec};
 
 #[derive(Parser, Debug)]
@@ -36,6 +36,15 @@ struct Cli {
     /// Keep fragments in RAM only (paper 002's diskless checkpoint): nothing survives a restart.
     #[arg(long)]
     memory: bool,
+    /// Most open connections; extra ones are closed at once and logged.
+    #[arg(long, default_value_t = ServerConfig::default().max_connections)]
+    max_connections: usize,
+    /// Most open connections from one IP address.
+    #[arg(long, default_value_t = ServerConfig::default().max_connections_per_peer)]
+    max_connections_per_peer: usize,
+    /// MiB of request frames held at once over all connections (at least 64: one largest frame).
+    #[arg(long, default_value_t = ServerConfig::default().memory_budget >> 20)]
+    memory_budget_mib: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,6 +93,13 @@ fn serve(cli: Cli) -> Result<()> {
     let key_path = cli.key.context("--key FILE is required to serve")?;
     let key =
         Key::load(&key_path).with_context(|| format!("loading key {}", key_path.display()))?;
+    let config = ServerConfig {
+        max_connections: cli.max_connections,
+        max_connections_per_peer: cli.max_connections_per_peer,
+        memory_budget: cli.memory_budget_mib.saturating_mul(1 << 20),
+        ..ServerConfig::default()
+    };
+    config.validate().context("checking the limits")?;
     let store: Arc<dyn Store> = match (cli.memory, cli.data) {
         (true, None) => Arc::new(MemoryStore::default()),
         (true, Some(_)) => bail!("--memory keeps fragments in RAM: drop --data, or drop --memory"),
@@ -97,7 +113,7 @@ fn serve(cli: Cli) -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async {
-        let server = Server::bind(&listen, store, key, DEFAULT_MAX_FRAME)
+        let server = Server::bind_with(&listen, store, key, config)
             .await
             .with_context(|| format!("binding {listen}"))?;
         let addr = server.local_addr().context("reading the bound address")?;

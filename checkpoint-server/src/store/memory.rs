@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Fences, Pairs, Store, StoreError};
+use super::{fill_page, page_start, Fences, Page, PageLimit, Pairs, Store, StoreError};
 
 /// A store in RAM (tests, and runs with nothing to survive). It keeps epoch fences: the
 /// cluster simulator shares one among all its simulated processes.
@@ -45,6 +45,22 @@ impl Store for MemoryStore {
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
+    }
+
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: PageLimit,
+    ) -> Result<Page, StoreError> {
+        let m = self.map();
+        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        fill_page(
+            m.range::<[u8], _>(range)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| Ok((k.clone(), v.clone()))),
+            limit,
+        )
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {

@@ -83,6 +83,64 @@ impl From<sled::Error> for StoreError {
 /// Key-value pairs, as returned by [`Store::scan_prefix`].
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// How much one page of [`Store::scan_page`] may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageLimit {
+    /// At most this many pairs (at least 1 is used).
+    pub max_keys: usize,
+    /// At most this many bytes of keys and values, except that a page holds at least one pair
+    /// when there is one, however large.
+    pub max_bytes: u64,
+}
+
+/// One page of a prefix scan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// Pairs in key order.
+    pub pairs: Pairs,
+    /// Whether pairs may follow the last one (ask again with it as `after`). A page cut at
+    /// `max_keys` says `true` without looking further, so the next page may be empty.
+    pub more: bool,
+}
+
+/// Fills a page from pairs in key order that all start with the prefix and follow `after`
+/// (the shared part of every [`Store::scan_page`]): reads one pair past the page at most.
+pub(crate) fn fill_page(
+    pairs: impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>,
+    limit: PageLimit,
+) -> Result<Page, StoreError> {
+    let max_keys = limit.max_keys.max(1);
+    let mut page = Page::default();
+    let mut bytes = 0u64;
+    for pair in pairs {
+        let (k, v) = pair?;
+        let len = (k.len() + v.len()) as u64;
+        if !page.pairs.is_empty() && bytes.saturating_add(len) > limit.max_bytes {
+            page.more = true;
+            break;
+        }
+        bytes = bytes.saturating_add(len);
+        page.pairs.push((k, v));
+        if page.pairs.len() >= max_keys {
+            page.more = true;
+            break;
+        }
+    }
+    Ok(page)
+}
+
+/// Where a page's range starts: keys strictly after `after`, or from `prefix` if `after` sorts
+/// before it.
+pub(crate) fn page_start<'a>(
+    prefix: &'a [u8],
+    after: Option<&'a [u8]>,
+) -> std::ops::Bound<&'a [u8]> {
+    match after {
+        Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
+        _ => std::ops::Bound::Included(prefix),
+    }
+}
+
 /// A key-value store of opaque byte records (rules 1-3 in the crate docs).
 pub trait Store: Send + Sync + 'static {
     /// Stores `value` under `key`, replacing any previous value; durable after [`Store::flush`].
@@ -93,6 +151,24 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Every pair whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError>;
+    /// One page of [`Store::scan_prefix`]: the pairs under `prefix` with keys strictly after
+    /// `after`, in key order, within `limit`. The default filters a whole `scan_prefix`;
+    /// [`SledStore`] and [`MemoryStore`] read only the page (and one pair past it at most), which
+    /// is what a checkpoint server serves scans with.
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: PageLimit,
+    ) -> Result<Page, StoreError> {
+        let all = self.scan_prefix(prefix)?;
+        fill_page(
+            all.into_iter()
+                .filter(|(k, _)| after.map_or(true, |a| k.as_slice() > a))
+                .map(Ok),
+            limit,
+        )
+    }
     /// Removes `key`; durable after [`Store::flush`].
     fn delete(&self, key: &[u8]) -> Result<(), StoreError>;
     /// Returns once everything written before is on stable storage.
@@ -141,9 +217,117 @@ mod tests {
         assert_eq!(store.scan_prefix(b"a/").unwrap().len(), 1);
     }
 
+    /// Pages through `prefix` and checks the pages join up to `scan_prefix`.
+    fn pages_join_up(store: &dyn Store, prefix: &[u8], limit: PageLimit) -> usize {
+        let mut got = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        let mut pages = 0;
+        loop {
+            let page = store.scan_page(prefix, after.as_deref(), limit).unwrap();
+            pages += 1;
+            assert!(page.pairs.len() <= limit.max_keys.max(1));
+            let bytes: usize = page.pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+            assert!(page.pairs.len() <= 1 || bytes as u64 <= limit.max_bytes);
+            after = page.pairs.last().map(|(k, _)| k.clone());
+            got.extend(page.pairs);
+            if !page.more || after.is_none() {
+                break;
+            }
+        }
+        assert_eq!(got, store.scan_prefix(prefix).unwrap());
+        pages
+    }
+
+    fn exercise_pages(store: &dyn Store) {
+        for i in 0u32..50 {
+            store
+                .put(
+                    &[b"p/", &i.to_be_bytes()[..]].concat(),
+                    &vec![7; i as usize * 10],
+                )
+                .unwrap();
+        }
+        store.put(b"a", b"before").unwrap();
+        store.put(b"q", b"after").unwrap();
+        for limit in [
+            PageLimit {
+                max_keys: 1,
+                max_bytes: u64::MAX,
+            },
+            PageLimit {
+                max_keys: 7,
+                max_bytes: u64::MAX,
+            },
+            PageLimit {
+                max_keys: 1000,
+                max_bytes: 100,
+            },
+            PageLimit {
+                max_keys: 0,
+                max_bytes: 0,
+            },
+        ] {
+            assert!(pages_join_up(store, b"p/", limit) > 1, "{limit:?}");
+            pages_join_up(store, b"", limit);
+            pages_join_up(store, b"none", limit);
+        }
+        // `after` before the prefix starts at the prefix; after it, nothing.
+        let l = PageLimit {
+            max_keys: 1,
+            max_bytes: u64::MAX,
+        };
+        assert_eq!(
+            store.scan_page(b"p/", Some(b"a"), l).unwrap().pairs[0].0,
+            [b"p/", &0u32.to_be_bytes()[..]].concat()
+        );
+        assert!(store
+            .scan_page(b"p/", Some(b"p0"), l)
+            .unwrap()
+            .pairs
+            .is_empty());
+    }
+
     #[test]
     fn memory_store_keeps_rules() {
         exercise(&MemoryStore::default());
+        exercise_pages(&MemoryStore::default());
+    }
+
+    #[test]
+    fn sled_store_pages_join_up() {
+        let dir = tempfile::tempdir().unwrap();
+        exercise_pages(&SledStore::open(dir.path()).unwrap());
+    }
+
+    /// A store with only the trait's default `scan_page`.
+    struct Plain(MemoryStore);
+    impl Store for Plain {
+        fn put(&self, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
+            self.0.put(k, v)
+        }
+        fn put_batch(&self, p: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+            self.0.put_batch(p)
+        }
+        fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.get(k)
+        }
+        fn scan_prefix(&self, p: &[u8]) -> Result<Pairs, StoreError> {
+            self.0.scan_prefix(p)
+        }
+        fn delete(&self, k: &[u8]) -> Result<(), StoreError> {
+            self.0.delete(k)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn describe(&self) -> String {
+            "plain".into()
+        }
+    }
+
+    #[test]
+    fn the_default_scan_page_agrees() {
+        exercise_pages(&Plain(MemoryStore::default()));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Pairs, Store, StoreError};
+use super::{fill_page, page_start, Page, PageLimit, Pairs, Store, StoreError};
 
 /// Retries of [`SledStore::open`] while the lock is still held: 20 × 50 ms = 1 s, far above
 /// the few milliseconds seen, far below a user's patience.
@@ -99,6 +99,25 @@ impl Store for SledStore {
                     .map_err(StoreError::from)
             })
             .collect()
+    }
+
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: PageLimit,
+    ) -> Result<Page, StoreError> {
+        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        fill_page(
+            self.db
+                .range::<&[u8], _>(range)
+                .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+                .map(|r| {
+                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                        .map_err(StoreError::from)
+                }),
+            limit,
+        )
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
