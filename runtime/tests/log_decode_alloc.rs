@@ -30,10 +30,8 @@ static GLOBAL: Counting = Counting;
 /// Found by `cargo fuzz run segment` (30 executions a second): a sound frame of 24 header bytes
 /// whose event count says 65,536 makes `decode_segment` reserve room for 65,536 events (about
 /// 10 MB) before it finds the first event missing. The reservation should be bounded by what
-/// the payload can hold (an event takes at least its 4-byte length). Left to the log reader's
-/// rewrite (issue 13 point 1 is rewriting `runtime/src/log/`); ignored until then.
+/// the payload can hold (an event takes at least its 4-byte length).
 #[test]
-#[ignore = "issue 13: decode_segment preallocates min(count, 65536) events whatever the payload holds; fix belongs to the log reader rewrite"]
 fn a_segment_claiming_many_events_allocates_what_its_bytes_can_hold() {
     let mut payload = vec![0u8; 24];
     payload[20..24].copy_from_slice(&u32::MAX.to_le_bytes()); // event count
