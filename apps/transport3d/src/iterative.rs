@@ -12,29 +12,39 @@
 //!    the chain v-1, v+1 ([`IterConfig::chain`]). A neighbour's side is found by comparing
 //!    indices: v-1 is [`Side::Lower`], v+1 is [`Side::Upper`]; any other vnode is not a
 //!    neighbour.
-//! 2. **Halos** are the boundary plane facing the receiver (`block.rs` rule 2) as `2 nx ny`
-//!    f64 little-endian. A halo of another length, or from a vnode that is not a neighbour, is
-//!    refused with a [`BlockError`](veriflow::runtime::iterative::BlockError); bytes never
-//!    panic. (`halo_for` a vnode that is not a neighbour is empty, which its receiver refuses.)
+//! 2. **Halos** are `[sender's step: u64][boundary plane][accepted boundary plane]`: the
+//!    boundary plane facing the receiver (`block.rs` rule 2) and, for rule 4, the same plane of
+//!    the sender's accepted state (the iterate it accepted when it ended its last step), each
+//!    `2 nx ny` f64, all little-endian. A halo of another length, or from a vnode that is not a
+//!    neighbour, is refused with a [`BlockError`](veriflow::runtime::iterative::BlockError);
+//!    bytes never panic. (`halo_for` a vnode that is not a neighbour is empty, which its
+//!    receiver refuses.)
 //! 3. **Iterations.** One iteration is one outer iteration of the block ([`Block::outer_iteration`]:
 //!    the block's system solved with its halos held fixed); its residual is the scaled change of
 //!    the block's state, which the runtime's local and global convergence rules compare with
 //!    `tol`. Each vnode may do at most [`ITERATION_SLACK`] `× max_outer` iterations per step
 //!    with a change at or above `tol` (a vnode of an asynchronous run may iterate on stale
 //!    halos; iterations below `tol`, on news while detection runs, do not count).
-//! 4. **Step records.** When a step ends ([`Block::advance`]) a block records what the check
-//!    needs to compute the true residual of the accepted iterate later, and nothing more: the
-//!    scaled max-norm of `F` over its planes whose equations involve no halo (one number), and,
-//!    for each plane next to a neighbour, `F` there with the halos taken as zero and the plane's
-//!    values — at most 4 planes per step however thick the slab (`F` is linear in a halo plane,
-//!    so the neighbour's accepted plane completes it exactly). The records travel in the
-//!    block's state ([`IterBlock`]'s `save`), so a replacement restored from a backup carries
-//!    them, and the steps it ends again are recorded from the iterate it really accepted.
-//! 5. **Check** ([`check`]): every vnode's final state decodes, is at `t_end` and holds one
-//!    record per step; the true global residual of every step's accepted iterate is computed
-//!    from the records of all blocks (every halo taken from the neighbour's accepted plane, as
-//!    [`Problem::global_residual`] does). A run whose residual at some step exceeds
-//!    [`residual_bound`] was declared converged falsely: its result is wrong.
+//! 4. **Step records, bounded.** When a step ends ([`Block::advance`]) a block records what it
+//!    needs to compute the true residual of the accepted iterate: the scaled max-norm of `F`
+//!    over its planes whose equations involve no halo (one number) and, for each plane next to
+//!    a neighbour, `F` there with the halos taken as zero (`F` is linear in a halo plane, so
+//!    the neighbour's accepted plane completes it exactly). The neighbours' accepted planes
+//!    arrive with their halos of the next step (rule 2; the runtime's verification makes every
+//!    vnode install a halo of every neighbour before a step ends, so they always come, the
+//!    newest incarnation's last); when the block ends that next step it *closes* the record:
+//!    computes its residual and folds it into a [`Summary`] (steps closed, the largest residual
+//!    and its step, the last [`RECENT_STEPS`] residuals). So the block's state ([`IterBlock`]'s
+//!    `save`, what backups carry) holds the state to resume, one record and a fixed-size
+//!    summary: its size does not grow with the steps taken. A step closed without a
+//!    neighbour's plane is recorded as unchecked, never as fine.
+//! 5. **Check** ([`check`]): every vnode's final state decodes, is at `t_end`, has closed every
+//!    step but the last and holds the last one's record; the last step's true global residual
+//!    is computed from the records and accepted states of all blocks (every halo taken from the
+//!    neighbour's accepted plane, as [`Problem::global_residual`] does), the others are the
+//!    worst of the blocks' closed residuals. A run whose largest residual exceeds
+//!    [`residual_bound`] was declared converged falsely: its result is wrong; a run with an
+//!    unchecked step is not checked, an error too.
 //!
 //! ```
 //! use transport3d::iterative::{check, config, factory, residual_bound};
@@ -47,7 +57,7 @@
 //! let problem = Problem::new(p.clone()).unwrap();
 //! let report = run_embedded(config(&p, Mode::Async), factory(&problem), &Embedded::default()).unwrap();
 //! let checked = check(&problem, &report.states).unwrap();
-//! assert_eq!(checked.residuals.len(), 2);
+//! assert_eq!((checked.steps, checked.residuals.len()), (2, 2));
 //! assert!(checked.max_global_residual < residual_bound(&problem));
 //! ```
 
@@ -128,7 +138,13 @@ impl RunMode {
     }
 }
 
-/// What a block keeps of one step's accepted iterate (rule 4).
+/// Steps whose true global residuals a block keeps one by one (rule 4); older steps are
+/// summarised by their count and their largest residual. 32 × 8 bytes: the last steps of a run
+/// stay visible in `--json` while the state stays proportional to the block, not the run.
+pub const RECENT_STEPS: usize = 32;
+
+/// What a block keeps of the last step it ended (rule 4): enough to compute the true residual
+/// of that step's accepted iterate once the neighbours' accepted planes are known.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// The step (0-based: the iterate is the state at `t_{step+1}`).
@@ -137,39 +153,108 @@ pub struct StepRecord {
     pub interior: f64,
     /// The planes next to a neighbour.
     pub edges: Vec<Edge>,
+    /// The lower neighbour's accepted top plane of that step, once received (rule 4).
+    pub lower: Option<Vec<f64>>,
+    /// The upper neighbour's accepted bottom plane of that step, once received (rule 4).
+    pub upper: Option<Vec<f64>>,
 }
 
-/// An own plane next to a neighbour, in a [`StepRecord`].
+/// An own plane next to a neighbour, in a [`StepRecord`]; its accepted values are the block's
+/// accepted state ([`Block::accepted`]) while the record is the last one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Edge {
     /// Own plane, 1-based (1: the lowest).
     pub plane: u32,
     /// `F` on it, unscaled, with both halo planes zero.
     pub f0: Vec<f64>,
-    /// The accepted values on it.
-    pub values: Vec<f64>,
 }
 
-/// The bytes of [`IterBlock`]'s `save` (rule 4).
+/// The true residuals of the steps a block has closed (rule 4): bounded, whatever the run's
+/// length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Steps closed: 0..closed.
+    pub closed: u64,
+    /// The largest residual of a closed step (infinity for a NaN), and its step.
+    pub max: f64,
+    /// The step of `max`.
+    pub worst_step: u64,
+    /// The residuals of the last closed steps (at most [`RECENT_STEPS`]), oldest first.
+    pub recent: Vec<f64>,
+    /// The first step closed without a neighbour's accepted plane: its residual is unknown.
+    pub unchecked: Option<u64>,
+}
+
+impl Summary {
+    fn new() -> Self {
+        Summary {
+            closed: 0,
+            max: 0.0,
+            worst_step: 0,
+            recent: Vec::new(),
+            unchecked: None,
+        }
+    }
+
+    /// Closes step `closed` with its residual (`None`: unknown).
+    fn close(&mut self, r: Option<f64>) {
+        let step = self.closed;
+        self.closed += 1;
+        let Some(r) = r else {
+            self.unchecked.get_or_insert(step);
+            self.recent.push(f64::INFINITY);
+            self.trim();
+            return;
+        };
+        let r = if r.is_nan() { f64::INFINITY } else { r };
+        if r > self.max {
+            self.max = r;
+            self.worst_step = step;
+        }
+        self.recent.push(r);
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        if self.recent.len() > RECENT_STEPS {
+            let extra = self.recent.len() - RECENT_STEPS;
+            self.recent.drain(..extra);
+        }
+    }
+
+    /// Whether it fits a block at `step` (bytes from elsewhere never panic later).
+    fn fits(&self, step: u64) -> bool {
+        self.closed == step.saturating_sub(1)
+            && self.recent.len() <= RECENT_STEPS
+            && self.recent.len() as u64 <= self.closed
+            && (self.closed == 0 || self.worst_step < self.closed)
+            && self.unchecked.map_or(true, |s| s < self.closed)
+    }
+}
+
+/// The bytes of [`IterBlock`]'s `save` (rule 4): proportional to the block, not the run.
 #[derive(Serialize, Deserialize)]
 struct Saved {
     block: BlockState,
-    history: Vec<StepRecord>,
+    summary: Summary,
+    last: Option<StepRecord>,
 }
 
 /// A transport3d [`Block`] as a block of iterative mode (rules 1-4).
 #[derive(Debug)]
 pub struct IterBlock {
     block: Block,
-    history: Vec<StepRecord>,
+    summary: Summary,
+    last: Option<StepRecord>,
 }
 
 impl IterBlock {
-    /// Wraps a block (at any step; its earlier steps have no records).
+    /// Wraps a block at step 0.
     pub fn new(block: Block) -> Self {
         IterBlock {
             block,
-            history: Vec::new(),
+            summary: Summary::new(),
+            last: None,
         }
     }
 
@@ -178,9 +263,14 @@ impl IterBlock {
         &self.block
     }
 
-    /// The records of the steps it ended (rule 4).
-    pub fn history(&self) -> &[StepRecord] {
-        &self.history
+    /// The residuals of the steps it has closed (rule 4).
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+
+    /// The record of the last step it ended, not closed yet (rule 4).
+    pub fn last(&self) -> Option<&StepRecord> {
+        self.last.as_ref()
     }
 
     /// Rule 1: the side of vnode `v`, if it is a neighbour.
@@ -199,8 +289,6 @@ impl IterBlock {
 
     fn record(&self) -> StepRecord {
         let (interior, planes) = self.block.residual_parts();
-        let ps = self.block.halo_len();
-        let values = self.block.values();
         StepRecord {
             step: self.block.step(),
             interior,
@@ -210,10 +298,21 @@ impl IterBlock {
                     // p <= nzl <= MAX_AXIS.
                     plane: p as u32,
                     f0,
-                    values: values[(p - 1) * ps..p * ps].to_vec(),
                 })
                 .collect(),
+            lower: None,
+            upper: None,
         }
+    }
+
+    /// The own accepted plane facing `side` (rule 2's second part).
+    fn accepted_plane(&self, side: Side) -> &[f64] {
+        let ps = self.block.halo_len();
+        let p = match side {
+            Side::Lower => 1,
+            Side::Upper => self.block.planes().len(),
+        };
+        &self.block.accepted()[(p - 1) * ps..p * ps]
     }
 }
 
@@ -221,15 +320,82 @@ fn err(m: impl std::fmt::Display) -> it::BlockError {
     it::BlockError(m.to_string())
 }
 
+/// Rule 4: the true residual of block `b`'s record `rec` with its neighbours' accepted planes
+/// `lower` and `upper` (each needed when the block has that neighbour) and its own accepted
+/// state `values`. `Ok(None)`: a needed plane is missing; `Err(())`: the record does not fit.
+fn record_residual(
+    problem: &Problem,
+    b: usize,
+    rec: &StepRecord,
+    values: &[f64],
+    lower: Option<&[f64]>,
+    upper: Option<&[f64]>,
+) -> Result<Option<f64>, ()> {
+    let inner = &problem.inner;
+    let n = problem.params().blocks;
+    let ps = inner.plane_len();
+    let planes = problem.planes(b);
+    let nzl = planes.len();
+    let (has_lower, has_upper) = (b > 0, b + 1 < n);
+    let want = usize::from(has_lower) + usize::from(has_upper)
+        - usize::from(has_lower && has_upper && nzl == 1);
+    if rec.edges.len() != want || values.len() != nzl * ps {
+        return Err(());
+    }
+    if [lower, upper].iter().flatten().any(|p| p.len() != ps) {
+        return Err(());
+    }
+    if (has_lower && lower.is_none()) || (has_upper && upper.is_none()) {
+        return Ok(None);
+    }
+    let dt = inner.dt_of(rec.step);
+    let floor = inner.floor;
+    let mut worst = nan_max(0.0, rec.interior);
+    for e in &rec.edges {
+        let p = e.plane as usize;
+        if e.f0.len() != ps || p == 0 || p > nzl {
+            return Err(());
+        }
+        let kg = planes.start + p - 1;
+        let lo = lower
+            .filter(|_| has_lower && p == 1)
+            .map(|h| (dt * inner.z.lo[kg], h));
+        let up = upper
+            .filter(|_| has_upper && p == nzl)
+            .map(|h| (dt * inner.z.up[kg], h));
+        let v = &values[(p - 1) * ps..p * ps];
+        for idx in 0..ps {
+            let mut f = e.f0[idx];
+            if let Some((a, h)) = lo {
+                f -= a * h[idx];
+            }
+            if let Some((a, h)) = up {
+                f -= a * h[idx];
+            }
+            let x = f.abs() / (v[idx].abs() + floor[idx & 1]);
+            worst = nan_max(worst, x);
+        }
+    }
+    Ok(Some(worst))
+}
+
 impl it::Block for IterBlock {
+    /// Rule 2: `[sender's step: u64][its current boundary plane][its accepted boundary plane]`.
     fn halo_for(&self, to: VnodeId) -> Vec<u8> {
         match self.side_of(to) {
-            Some(side) => self
-                .block
-                .halo_slice(side)
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
+            Some(side) => {
+                let mut out = Vec::with_capacity(8 + 16 * self.block.halo_len());
+                out.extend_from_slice(&self.block.step().to_le_bytes());
+                for v in self
+                    .block
+                    .halo_slice(side)
+                    .iter()
+                    .chain(self.accepted_plane(side))
+                {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out
+            }
             None => Vec::new(),
         }
     }
@@ -239,19 +405,32 @@ impl it::Block for IterBlock {
         let side = self
             .side_of(from)
             .ok_or_else(|| err(format!("block {me}: {from} is not a neighbour")))?;
-        let want = self.block.halo_len();
-        if halo.len() != 8 * want {
+        let ps = self.block.halo_len();
+        if halo.len() != 8 + 16 * ps {
             return Err(err(format!(
-                "block {me}: a halo from {from} has {} bytes, want {} (f64 x {want})",
+                "block {me}: a halo from {from} has {} bytes, want {} (u64 + f64 x {})",
                 halo.len(),
-                8 * want
+                8 + 16 * ps,
+                2 * ps
             )));
         }
-        let plane: Vec<f64> = halo
+        let step = u64::from_le_bytes(halo[..8].try_into().expect("8 bytes"));
+        let mut values = halo[8..]
             .chunks_exact(8)
-            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect();
-        self.block.set_halo(side, &plane).map_err(err)
+            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+        let plane: Vec<f64> = values.by_ref().take(ps).collect();
+        self.block.set_halo(side, &plane).map_err(err)?;
+        // Rule 4: the sender's accepted plane of the step this block's last record is about.
+        if let Some(rec) = &mut self.last {
+            if step == rec.step + 1 && step == self.block.step() {
+                let accepted = Some(values.collect());
+                match side {
+                    Side::Lower => rec.lower = accepted,
+                    Side::Upper => rec.upper = accepted,
+                }
+            }
+        }
+        Ok(())
     }
 
     fn iterate(&mut self) -> f64 {
@@ -262,15 +441,29 @@ impl it::Block for IterBlock {
         if self.block.finished() {
             return false;
         }
-        let r = self.record();
-        self.history.push(r);
+        // Rule 4: close the previous step with the accepted planes its neighbours sent.
+        if let Some(rec) = self.last.take() {
+            let r = record_residual(
+                self.block.problem(),
+                self.block.index(),
+                &rec,
+                self.block.accepted(),
+                rec.lower.as_deref(),
+                rec.upper.as_deref(),
+            )
+            // Made by this block for its own mesh: it fits; if not, the step is unchecked.
+            .unwrap_or(None);
+            self.summary.close(r);
+        }
+        self.last = Some(self.record());
         self.block.advance()
     }
 
     fn save(&self) -> Vec<u8> {
         let saved = Saved {
             block: self.block.state(),
-            history: self.history.clone(),
+            summary: self.summary.clone(),
+            last: self.last.clone(),
         };
         // Plain numbers and vectors into a Vec: cannot fail.
         postcard::to_stdvec(&saved).unwrap_or_default()
@@ -285,17 +478,14 @@ impl it::Block for IterBlock {
                 saved.block.index
             )));
         }
-        if saved.history.len() as u64 != saved.block.step
-            || saved
-                .history
-                .iter()
-                .enumerate()
-                .any(|(s, r)| r.step != s as u64)
-        {
+        let step = saved.block.step;
+        let last_fits = match &saved.last {
+            None => step == 0,
+            Some(r) => step > 0 && r.step + 1 == step,
+        };
+        if !last_fits || !saved.summary.fits(step) {
             return Err(err(format!(
-                "block {me}: a state at step {} with {} step records",
-                saved.block.step,
-                saved.history.len()
+                "block {me}: a state at step {step} whose step records do not fit it"
             )));
         }
         self.block = self
@@ -303,7 +493,8 @@ impl it::Block for IterBlock {
             .problem()
             .block_from_state(saved.block)
             .map_err(err)?;
-        self.history = saved.history;
+        self.summary = saved.summary;
+        self.last = saved.last;
         Ok(())
     }
 }
@@ -350,21 +541,30 @@ pub enum CheckError {
         /// What is wrong.
         message: String,
     },
-    /// A block is not at `t_end`, or its records are not one per step.
-    #[error("v{vnode}: at step {step} with {records} step records, want {want} of each")]
+    /// A block is not at `t_end`, or its records do not cover every step.
+    #[error("v{vnode}: at step {step} with {records} steps recorded, want {want} of each")]
     Steps {
         /// Whose.
         vnode: usize,
         /// Its step.
         step: u64,
-        /// Its records.
-        records: usize,
+        /// Steps its records cover (closed, and the last one).
+        records: u64,
         /// Steps of the problem.
         want: u64,
     },
     /// A record does not have the planes its block needs.
     #[error("v{vnode}: the record of step {step} does not fit the mesh")]
     Record {
+        /// Whose.
+        vnode: usize,
+        /// Which step.
+        step: u64,
+    },
+    /// A block ended a step without a neighbour's accepted plane: that step's residual is
+    /// unknown, so the run cannot be checked.
+    #[error("v{vnode}: step {step} ended without a neighbour's accepted plane: its true residual is unknown (not checked)")]
+    Unchecked {
         /// Whose.
         vnode: usize,
         /// Which step.
@@ -380,21 +580,25 @@ pub enum CheckError {
 pub struct Checked {
     /// The final concentrations (at `t_end`).
     pub solution: Solution,
-    /// The true global residual of each step's accepted iterate (rule 5).
+    /// Steps whose true global residual was computed: all of them.
+    pub steps: u64,
+    /// The true global residuals of the last steps (at most [`RECENT_STEPS`], rule 4), oldest
+    /// first; the first is that of step `first_step`.
     pub residuals: Vec<f64>,
-    /// Their largest.
+    /// The step of `residuals[0]`.
+    pub first_step: u64,
+    /// The largest true global residual of all steps (infinity for a NaN).
     pub max_global_residual: f64,
+    /// Its step.
+    pub worst_step: u64,
 }
 
 impl Checked {
-    /// The first step whose residual exceeds `bound`: a false convergence (rule 5).
+    /// The worst step if its residual exceeds `bound`: a false convergence (rule 5).
     pub fn false_convergence(&self, bound: f64) -> Option<(u64, f64)> {
-        self.residuals
-            .iter()
-            .enumerate()
-            // NaN is never below a bound.
-            .find(|(_, r)| r.is_nan() || **r > bound)
-            .map(|(s, r)| (s as u64, *r))
+        // NaN is never below a bound (and was made infinity).
+        (self.max_global_residual.is_nan() || self.max_global_residual > bound)
+            .then_some((self.worst_step, self.max_global_residual))
     }
 
     /// The summary `run --json` reports: steps, time, residuals, digest, mass and the values
@@ -410,7 +614,9 @@ impl Checked {
             "steps": s.step,
             "time": s.time,
             "max_global_residual": self.max_global_residual,
+            "worst_step": self.worst_step,
             "global_residuals": self.residuals,
+            "global_residuals_from_step": self.first_step,
             "digest": s.digest(),
             "mass": s.mass(problem),
             "samples": samples,
@@ -429,7 +635,8 @@ pub fn sample_points(problem: &Problem) -> [(usize, usize, usize); 3] {
 }
 
 /// Rule 5: the final solution and the true global residual of every step, from the final
-/// states of an iterative run (by vnode, as [`IterReport::states`]).
+/// states of an iterative run (by vnode, as [`IterReport::states`]): the steps the blocks
+/// closed during the run from their summaries, the last one from their last records.
 pub fn check(problem: &Problem, states: &[Vec<u8>]) -> Result<Checked, CheckError> {
     let n = problem.params().blocks;
     if states.len() != n {
@@ -440,7 +647,7 @@ pub fn check(problem: &Problem, states: &[Vec<u8>]) -> Result<Checked, CheckErro
     }
     let steps = problem.steps();
     let mut blocks = Vec::with_capacity(n);
-    let mut histories = Vec::with_capacity(n);
+    let mut saves = Vec::with_capacity(n);
     for (v, bytes) in states.iter().enumerate() {
         let bad = |message: String| CheckError::State { vnode: v, message };
         let saved: Saved = postcard::from_bytes(bytes).map_err(|e| bad(e.to_string()))?;
@@ -450,33 +657,78 @@ pub fn check(problem: &Problem, states: &[Vec<u8>]) -> Result<Checked, CheckErro
         let block = problem
             .block_from_state(saved.block)
             .map_err(|e| bad(e.to_string()))?;
+        let last_step = saved.last.as_ref().map(|r| r.step);
+        let records = saved.summary.closed + u64::from(last_step.is_some());
         if block.step() != steps
-            || saved.history.len() as u64 != steps
-            || saved
-                .history
-                .iter()
-                .enumerate()
-                .any(|(s, r)| r.step != s as u64)
+            || steps == 0
+            || last_step != Some(steps - 1)
+            || !saved.summary.fits(steps)
         {
             return Err(CheckError::Steps {
                 vnode: v,
                 step: block.step(),
-                records: saved.history.len(),
+                records,
                 want: steps,
             });
         }
+        if let Some(step) = saved.summary.unchecked {
+            return Err(CheckError::Unchecked { vnode: v, step });
+        }
         blocks.push(block);
-        histories.push(saved.history);
+        saves.push((saved.summary, saved.last.expect("checked above")));
     }
     let solution = problem.assemble_accepted(&blocks)?;
-    let residuals = (0..steps)
-        .map(|s| step_residual(problem, &histories, s))
-        .collect::<Result<Vec<f64>, CheckError>>()?;
-    let max_global_residual = residuals.iter().copied().fold(0.0, nan_max);
+    // The last step: every block's record with its neighbours' accepted planes.
+    let ps = problem.inner.plane_len();
+    let plane = |b: usize, side: Side| -> &[f64] {
+        let nzl = problem.planes(b).len();
+        let p = if side == Side::Lower { 1 } else { nzl };
+        &blocks[b].accepted()[(p - 1) * ps..p * ps]
+    };
+    let mut last = 0.0;
+    for (b, (_, rec)) in saves.iter().enumerate() {
+        let lower = (b > 0).then(|| plane(b - 1, Side::Upper));
+        let upper = (b + 1 < n).then(|| plane(b + 1, Side::Lower));
+        let r = record_residual(problem, b, rec, blocks[b].accepted(), lower, upper)
+            .ok()
+            .flatten()
+            .ok_or(CheckError::Record {
+                vnode: b,
+                step: rec.step,
+            })?;
+        last = nan_max(last, r);
+    }
+    // The closed steps: the worst of every block's, step by step for the recent ones.
+    let (mut max_global_residual, mut worst_step) = (0.0, 0);
+    for (summary, _) in &saves {
+        if summary.closed > 0 && summary.max > max_global_residual {
+            (max_global_residual, worst_step) = (summary.max, summary.worst_step);
+        }
+    }
+    if last.is_nan() || last > max_global_residual || steps == 1 {
+        (max_global_residual, worst_step) = (nan_max(last, max_global_residual), steps - 1);
+    }
+    let kept = saves.iter().map(|(s, _)| s.recent.len()).min().unwrap_or(0);
+    let mut residuals: Vec<f64> = (0..kept)
+        .map(|i| {
+            saves
+                .iter()
+                .map(|(s, _)| s.recent[s.recent.len() - kept + i])
+                .fold(0.0, nan_max)
+        })
+        .collect();
+    residuals.push(last);
+    if residuals.len() > RECENT_STEPS {
+        residuals.remove(0);
+    }
+    let first_step = steps - residuals.len() as u64;
     Ok(Checked {
         solution,
+        steps,
         residuals,
+        first_step,
         max_global_residual,
+        worst_step,
     })
 }
 
@@ -486,73 +738,6 @@ fn nan_max(a: f64, b: f64) -> f64 {
     } else {
         a.max(b)
     }
-}
-
-/// Rule 5 for one step: every block's `F` with its neighbours' accepted planes as halos.
-fn step_residual(
-    problem: &Problem,
-    histories: &[Vec<StepRecord>],
-    s: u64,
-) -> Result<f64, CheckError> {
-    let inner = &problem.inner;
-    let n = histories.len();
-    let ps = inner.plane_len();
-    let dt = inner.dt_of(s);
-    let floor = inner.floor;
-    let rec = |b: usize| &histories[b][s as usize];
-    let nzl = |b: usize| problem.planes(b).len();
-    // The accepted values of block b's own plane p (1-based).
-    let plane = |b: usize, p: usize| -> Result<&[f64], CheckError> {
-        rec(b)
-            .edges
-            .iter()
-            .find(|e| e.plane as usize == p && e.values.len() == ps)
-            .map(|e| e.values.as_slice())
-            .ok_or(CheckError::Record { vnode: b, step: s })
-    };
-    let mut worst = 0.0;
-    for b in 0..n {
-        let r = rec(b);
-        worst = nan_max(worst, r.interior);
-        let lower = if b > 0 {
-            Some(plane(b - 1, nzl(b - 1))?)
-        } else {
-            None
-        };
-        let upper = if b + 1 < n {
-            Some(plane(b + 1, 1)?)
-        } else {
-            None
-        };
-        let want = usize::from(lower.is_some()) + usize::from(upper.is_some())
-            - usize::from(lower.is_some() && upper.is_some() && nzl(b) == 1);
-        if r.edges.len() != want {
-            return Err(CheckError::Record { vnode: b, step: s });
-        }
-        for e in &r.edges {
-            let p = e.plane as usize;
-            if e.f0.len() != ps || e.values.len() != ps || p == 0 || p > nzl(b) {
-                return Err(CheckError::Record { vnode: b, step: s });
-            }
-            let kg = problem.planes(b).start + p - 1;
-            let lo = lower.filter(|_| p == 1).map(|h| (dt * inner.z.lo[kg], h));
-            let up = upper
-                .filter(|_| p == nzl(b))
-                .map(|h| (dt * inner.z.up[kg], h));
-            for idx in 0..ps {
-                let mut f = e.f0[idx];
-                if let Some((a, h)) = lo {
-                    f -= a * h[idx];
-                }
-                if let Some((a, h)) = up {
-                    f -= a * h[idx];
-                }
-                let x = f.abs() / (e.values[idx].abs() + floor[idx & 1]);
-                worst = nan_max(worst, x);
-            }
-        }
-    }
-    Ok(worst)
 }
 
 /// An iterative run of `params` in `mode` for [`veriflow::App`] and cluster mode: [`config`],

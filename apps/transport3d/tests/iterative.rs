@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use transport3d::iterative::{check, config, factory, residual_bound, Checked, IterBlock};
+use transport3d::iterative::{
+    check, config, factory, residual_bound, Checked, IterBlock, RECENT_STEPS,
+};
 use transport3d::{Model, ModelName, Params, Problem, RunMode, Solution, Transport3d};
 use veriflow::runtime::iterative::{
     run_embedded, Block as _, Embedded, IterConfig, IterKills, IterReport, Mode,
@@ -42,7 +44,12 @@ fn run(p: &Params, mode: Mode, opts: &Embedded, tag: &str) -> (IterReport, Check
     assert_eq!(report.steps, problem.steps(), "{tag}");
     let checked = check(&problem, &report.states).unwrap_or_else(|e| panic!("{tag}: {e}"));
     let bound = residual_bound(&problem);
-    assert_eq!(checked.residuals.len() as u64, problem.steps(), "{tag}");
+    assert_eq!(checked.steps, problem.steps(), "{tag}");
+    assert_eq!(
+        checked.residuals.len() as u64,
+        problem.steps().min(RECENT_STEPS as u64),
+        "{tag}"
+    );
     // No false convergence: every detection left the coupled system solved.
     assert_eq!(
         checked.false_convergence(bound),
@@ -282,6 +289,7 @@ fn the_check_is_the_true_global_residual_and_catches_a_premature_step() {
         }
         let states: Vec<Vec<u8>> = blocks.iter().map(|b| b.save()).collect();
         let checked = check(&problem, &states).unwrap();
+        assert_eq!(checked.first_step, 0);
         for (s, (a, b)) in checked.residuals.iter().zip(&direct).enumerate() {
             assert!(
                 // Rounding: F is a small difference of terms up to (1 + dt |dR/dc|) |c|.
@@ -307,7 +315,8 @@ fn bad_bytes_are_errors_never_panics() {
     let mut b1 = f(VnodeId(1)).unwrap();
     let b2 = f(VnodeId(2)).unwrap();
     let good = b2.halo_for(VnodeId(1));
-    assert_eq!(good.len(), 8 * 2 * 8 * 3);
+    // The step, the boundary plane and the accepted boundary plane (rule 2).
+    assert_eq!(good.len(), 8 + 2 * 8 * 2 * 8 * 3);
     b1.set_halo(VnodeId(2), &good).unwrap();
     for (from, bytes) in [
         (2, &good[..good.len() - 1]),
@@ -556,4 +565,51 @@ fn cli_cluster_with_a_killed_worker_gives_the_same_answer() {
     for (a, b) in samples(&j).iter().zip(&want) {
         assert!((a - b).abs() <= AGREE * b.abs(), "{a} vs {b}");
     }
+}
+
+/// Issue 13 point 7 (b): a block's saved state (what every data backup carries, to a neighbour
+/// or a store) held one record per step, so on a 10×1×10 mesh it grew from ~130 KB to ~1.4 MB
+/// over 4,320 steps (27 GB of backups). It holds the state to resume, one record and a
+/// bounded summary: the same size after 300 steps as after 64 (up to a few varint bytes), and
+/// the check still sees every step (the largest residual, the last ones one by one). Failed
+/// before the fix: 64 records vs 300.
+#[test]
+fn saved_state_does_not_grow_with_the_steps() {
+    let mut p = Params::new(Model::DiurnalFlatY);
+    (p.nx, p.ny, p.nz, p.blocks) = (10, 1, 10, 2);
+    (p.dt, p.t_end, p.tol, p.inner_tol) = (10.0, 3000.0, 1e-8, 1e-9);
+    let problem = Problem::new(p).unwrap();
+    let n = 2;
+    let mut blocks: Vec<IterBlock> = (0..n).map(|b| IterBlock::new(problem.block(b))).collect();
+    let mut sizes = Vec::new();
+    for _step in 0..problem.steps() {
+        for it in 0.. {
+            let (lo, up) = (VnodeId(0), VnodeId(1));
+            let a = blocks[0].halo_for(up);
+            let b = blocks[1].halo_for(lo);
+            blocks[1].set_halo(lo, &a).unwrap();
+            blocks[0].set_halo(up, &b).unwrap();
+            let r = blocks.iter_mut().map(|b| b.iterate()).fold(0.0, f64::max);
+            if r < 1e-10 && it > 0 {
+                break;
+            }
+        }
+        for b in &mut blocks {
+            b.advance();
+        }
+        sizes.push(blocks[0].save().len());
+    }
+    assert_eq!(problem.steps(), 300);
+    let (early, late) = (sizes[2 * RECENT_STEPS - 1], *sizes.last().unwrap());
+    // Postcard varints: the step counts may take a byte or two more.
+    assert!(
+        late <= early + 8,
+        "block 0's saved state grew from {early} bytes (step 64) to {late} (step 300)"
+    );
+    let states: Vec<Vec<u8>> = blocks.iter().map(|b| b.save()).collect();
+    let checked = check(&problem, &states).unwrap();
+    assert_eq!(checked.steps, 300);
+    assert_eq!(checked.residuals.len(), RECENT_STEPS);
+    assert_eq!(checked.first_step, 300 - RECENT_STEPS as u64);
+    assert_eq!(checked.false_convergence(residual_bound(&problem)), None);
 }
