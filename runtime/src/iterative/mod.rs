@@ -64,7 +64,8 @@
 //! 5. **Backups** (paper 000 §3.2). The status backup (convergence state and its unacknowledged
 //!    messages: small) goes to every backup neighbour on every status change. The data backup
 //!    (block state, step and iteration) goes every [`IterConfig::backup_every`] iterations to one
-//!    backup neighbour, round-robin, or to the store with [`IterConfig::store`]; and to all of
+//!    backup neighbour, round-robin, or to the store with [`IterConfig::store`] (one live copy
+//!    per vnode, the previous one reclaimed: `backup.rs`); and to all of
 //!    them, acknowledged, before a vnode answers yes in a verification and after it ends a step.
 //!    So a yes and a finished step are never lost with the vnode that said them.
 //! 6. **Replacement.** A vnode found dead is replaced (new epoch) by one that fetches the backups
@@ -81,6 +82,7 @@
 //! 7. **End.** A vnode whose last step ended reports its final state and keeps answering (acks,
 //!    halo requests, backups) until every vnode has finished; then all stop.
 
+mod backup;
 mod conv;
 mod embedded;
 pub mod heat;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::backup::StoreBackup;
 use super::conv::{Conv, ConvKind, Out, Tag};
 use super::{Block, IterConfig, IterError, IterMsg, Mode};
 use crate::ids::{Epoch, VnodeId};
@@ -194,6 +195,8 @@ pub(crate) struct Node {
     last_sent: HashMap<VnodeId, (u64, u64, Vec<u8>)>,
     halo_asked: Instant,
     held: HashMap<VnodeId, Held>,
+    /// The newest data backup on the store (`backup.rs`).
+    store_backup: StoreBackup,
     /// A replacement: it lost the backups it held for others (rule 6).
     lost_held: bool,
     rr: usize,
@@ -262,6 +265,7 @@ impl Node {
             last_sent: HashMap::new(),
             halo_asked: now,
             held: HashMap::new(),
+            store_backup: StoreBackup::default(),
             lost_held: epoch.0 > 0,
             rr: 0,
             last_residual: f64::INFINITY,
@@ -464,7 +468,9 @@ impl Node {
         if let Some(store) = &self.cfg.store {
             let state = self.block.save();
             self.stats.data_backups += 1;
-            return put_store(&**store, self.me, self.block_step, self.iter, &state);
+            return self
+                .store_backup
+                .put(&**store, self.me, self.block_step, self.iter, &state);
         }
         if self.backups.is_empty() {
             return Ok(());
@@ -490,7 +496,8 @@ impl Node {
         let state = self.block.save();
         self.stats.data_backups += 1;
         if let Some(store) = &self.cfg.store {
-            put_store(&**store, self.me, self.block_step, self.iter, &state)?;
+            self.store_backup
+                .put(&**store, self.me, self.block_step, self.iter, &state)?;
             self.forced = None;
             return self.backup_settled();
         }
@@ -919,7 +926,7 @@ impl Node {
             }
         }
         if let Some(store) = &self.cfg.store {
-            if let Some(d) = get_store(&**store, self.me)? {
+            if let Some(d) = self.store_backup.get(&**store, self.me)? {
                 if data
                     .as_ref()
                     .map_or(true, |(s, i, _)| (d.0, d.1) > (*s, *i))
@@ -995,47 +1002,4 @@ impl Node {
         }
         Ok(None)
     }
-}
-
-fn store_key(v: VnodeId) -> Vec<u8> {
-    format!("iter/{}/data", v.0).into_bytes()
-}
-
-fn put_store(
-    store: &dyn veriflow_checkpoint::Store,
-    v: VnodeId,
-    step: u64,
-    iter: u64,
-    state: &[u8],
-) -> Result<(), IterError> {
-    let mut value = Vec::with_capacity(16 + state.len());
-    value.extend_from_slice(&step.to_le_bytes());
-    value.extend_from_slice(&iter.to_le_bytes());
-    value.extend_from_slice(state);
-    let err = |e: veriflow_checkpoint::StoreError| IterError::Store {
-        vnode: v,
-        message: e.to_string(),
-    };
-    store.put(&store_key(v), &value).map_err(err)?;
-    store.flush().map_err(err)
-}
-
-fn get_store(
-    store: &dyn veriflow_checkpoint::Store,
-    v: VnodeId,
-) -> Result<Option<(u64, u64, Vec<u8>)>, IterError> {
-    let value = store.get(&store_key(v)).map_err(|e| IterError::Store {
-        vnode: v,
-        message: e.to_string(),
-    })?;
-    let Some(value) = value else { return Ok(None) };
-    if value.len() < 16 {
-        return Err(IterError::Store {
-            vnode: v,
-            message: format!("data backup of {} bytes is truncated", value.len()),
-        });
-    }
-    let step = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
-    let iter = u64::from_le_bytes(value[8..16].try_into().expect("8 bytes"));
-    Ok(Some((step, iter, value[16..].to_vec())))
 }
