@@ -613,3 +613,100 @@ fn saved_state_does_not_grow_with_the_steps() {
     assert_eq!(checked.first_step, 300 - RECENT_STEPS as u64);
     assert_eq!(checked.false_convergence(residual_bound(&problem)), None);
 }
+
+/// What sled keeps whatever the data (`backup.rs`): its log file holds a few 512 KiB segments
+/// (the cleaner frees a segment once its live share drops, never the last ones written), its
+/// snapshot and config. Measured here: 4.8-6.8 MB (at most 13 segments) for the run below
+/// and the same run 4 times longer (1,414 backups), 2.7-3.2 MB for 200 KB overwritten 1,000
+/// times as 4 KiB pieces; 24 segments, 12 MiB, leave room for the cleaner's lag.
+const SLED_FOOTPRINT: u64 = 24 * 512 * 1024;
+
+fn dir_size(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                dir_size(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}
+
+/// Issue 13 point 7 (a): `transport3d run --mode async --nx 24 --ny 24 --nz 24 --blocks 2
+/// --dt 60 --t-end 1800 --store local:DIR` made 355 data backups and left 183 MB for about
+/// 0.2 MB of live state: sled kept every replaced backup in a blob file, and each backup
+/// carried the block's history. The same run on a local store now stays within twice the live
+/// state (the final states, what one backup of every vnode holds) plus sled's own footprint.
+/// Failed before the fix: 183 MB against a bound of about 13 MB.
+#[test]
+fn store_backups_stay_within_twice_the_live_state() {
+    let mut p = Params::new(Model::Diurnal);
+    (p.nx, p.ny, p.nz, p.blocks) = (24, 24, 24, 2);
+    (p.dt, p.t_end) = (60.0, 1800.0);
+    let problem = Problem::new(p.clone()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let report = {
+        let store: Arc<dyn Store> = Arc::new(veriflow::SledStore::open(&dir).unwrap());
+        let mut cfg = config(&p, Mode::Async);
+        cfg.store = Some(store);
+        run_embedded(cfg, factory(&problem), &Embedded::default()).unwrap()
+    };
+    let backups: u64 = report.vnodes.iter().map(|s| s.data_backups).sum();
+    assert!(backups > 100, "a long run: {backups} backups");
+    check(&problem, &report.states).unwrap();
+    let live: u64 = report.states.iter().map(|s| s.len() as u64).sum();
+    // The store is closed (dropped with the run's configuration): what is left is on disk.
+    let used = dir_size(&dir);
+    let bound = 2 * live + SLED_FOOTPRINT;
+    eprintln!("{backups} backups, live state {live} bytes, store {used} bytes, bound {bound}");
+    assert!(
+        used <= bound,
+        "{backups} backups of {live} live bytes left {used} bytes on disk (bound {bound})"
+    );
+}
+
+/// Issue 13 point 7: a full disk. Backups on a local store whose files may not grow past
+/// 2 MiB (`ulimit -f`, what a full disk does to a write, without root: EFBIG instead of
+/// ENOSPC) end the run with a clear error and exit 1, never a hang (sled's flush used to wait
+/// forever after a failed write of a large value, and its drop too) nor a panic; and every
+/// backup the store made durable before reads back whole (digest checked) and restores.
+#[test]
+fn a_full_disk_is_a_clear_error_that_loses_no_durable_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let bin = env!("CARGO_BIN_EXE_transport3d");
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"trap "" XFSZ; ulimit -f 4096; exec "$0" "$@""#, bin])
+        .args([
+            "run", "--mode", "async", "--nx", "24", "--ny", "24", "--nz", "24", "--blocks", "2",
+            "--dt", "60", "--t-end", "1800", "--store",
+        ])
+        .arg(format!("local:{}", dir.display()))
+        .env_remove("VERIFLOW_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("data backup store") && stderr.contains("File too large"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let store = veriflow::SledStore::open(&dir).unwrap();
+    let mut p = Params::new(Model::Diurnal);
+    (p.nx, p.ny, p.nz, p.blocks) = (24, 24, 24, 2);
+    (p.dt, p.t_end) = (60.0, 1800.0);
+    let problem = Problem::new(p).unwrap();
+    let f = factory(&problem);
+    for v in 0..2 {
+        let (_, _, state) = veriflow::runtime::iterative::stored_backup(&store, VnodeId(v))
+            .unwrap()
+            .unwrap_or_else(|| panic!("v{v} has a backup"));
+        f(VnodeId(v)).unwrap().restore(&state).unwrap();
+    }
+}

@@ -104,6 +104,16 @@ pub use node::NodeStats;
 use crate::ids::VnodeId;
 use veriflow_checkpoint::Store;
 
+/// The data backup of vnode `v` on `store` (rule 5 with [`IterConfig::store`]), checked
+/// against its digest: (step, iteration, [`Block::save`] bytes). Reads only; a replacement
+/// reads its own. For tools and tests: after a run, what the store holds.
+pub fn stored_backup(
+    store: &dyn Store,
+    v: VnodeId,
+) -> Result<Option<(u64, u64, Vec<u8>)>, IterError> {
+    Ok(backup::read(store, v)?.map(|(_, _, found)| found))
+}
+
 /// One vnode's part of an iterative computation.
 ///
 /// Everything crosses vnodes as bytes the block encodes itself, so a block can be restored in

@@ -468,9 +468,14 @@ impl Node {
         if let Some(store) = &self.cfg.store {
             let state = self.block.save();
             self.stats.data_backups += 1;
-            return self
-                .store_backup
-                .put(&**store, self.me, self.block_step, self.iter, &state);
+            // Rule 5: like a round-robin backup to a neighbour, not waited for.
+            return self.store_backup.put(
+                &**store,
+                self.me,
+                (self.block_step, self.iter),
+                &state,
+                false,
+            );
         }
         if self.backups.is_empty() {
             return Ok(());
@@ -496,8 +501,13 @@ impl Node {
         let state = self.block.save();
         self.stats.data_backups += 1;
         if let Some(store) = &self.cfg.store {
-            self.store_backup
-                .put(&**store, self.me, self.block_step, self.iter, &state)?;
+            self.store_backup.put(
+                &**store,
+                self.me,
+                (self.block_step, self.iter),
+                &state,
+                true,
+            )?;
             self.forced = None;
             return self.backup_settled();
         }
