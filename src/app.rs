@@ -56,7 +56,9 @@ pub trait Program: Args + Clone + Send + Sync + 'static {
     fn expected_tasks(&self) -> Option<u64> {
         None
     }
-    /// Checks the terminal outputs and returns the result to report.
+    /// Checks the terminal outputs and returns the result to report. A result object with a
+    /// string `not_checked` says what the check could not verify: the summary prints it
+    /// ([`checked_note`]) instead of a bare "(checked)".
     fn check(
         &self,
         outputs: &<Self::Root as Task>::Outputs,
@@ -697,7 +699,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         println!("{summary}");
     } else {
         match &checked {
-            Ok(v) => println!("{}: result {v} (checked)", P::NAME),
+            Ok(v) => println!("{}: result {v} {}", P::NAME, checked_note(v)),
             Err(e) => println!("{}: {e}", P::NAME),
         }
         println!(
@@ -748,6 +750,15 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
     match certificate {
         Some((c, _)) if c.decision == Decision::Reject => Err(CliError::Rejected),
         _ => Ok(()),
+    }
+}
+
+/// How a run's summary qualifies a result its check accepted: "(checked)", or "(checked; not
+/// checked: WHAT)" when the result object carries a string `not_checked` ([`Program::check`]).
+pub fn checked_note(result: &serde_json::Value) -> String {
+    match result.get("not_checked").and_then(|v| v.as_str()) {
+        Some(what) => format!("(checked; not checked: {what})"),
+        None => "(checked)".to_string(),
     }
 }
 

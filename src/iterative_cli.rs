@@ -127,7 +127,7 @@ pub(crate) fn print_summary<P: Program>(
         return;
     }
     match checked {
-        Ok(v) => println!("{}: result {v} (checked)", P::NAME),
+        Ok(v) => println!("{}: result {v} {}", P::NAME, crate::app::checked_note(v)),
         Err(e) => println!("{}: {e}", P::NAME),
     }
     let on = match workers {

@@ -13,7 +13,7 @@ mod cluster_cli;
 mod inspect;
 mod iterative_cli;
 
-pub use app::{App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
+pub use app::{checked_note, App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
 pub use inspect::{inspect, Inspection, TerminalValue, VnodeSummary};
 
 pub use veriflow_checkpoint::{MemoryStore, SledStore, Store, StoreError};

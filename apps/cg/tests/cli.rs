@@ -281,3 +281,69 @@ fn usage_errors_and_bad_files_exit_with_a_message() {
         "{out}"
     );
 }
+
+/// Issue 13 point 9: on a singular matrix CG's residual test passes while x is far from L
+/// (`rel_error 0.71`), and the summary said "(checked)" with exit 0. Now x = L is checked
+/// against `--x-tol` (exit 1 here), and without it the summary says it was not checked.
+/// Failed before the fix: exit 0, "(checked)", and `--x-tol` did not exist.
+#[test]
+fn a_singular_matrix_fails_the_x_check_or_says_it_was_not_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The Laplacian of a path of 3 nodes: symmetric, positive semi-definite, singular (its
+    // null space is the constants). b = A L lies in its range, so CG's residual goes to zero,
+    // with x in the range too: x = L minus L's mean, not L.
+    let mtx = tmp.path().join("path3.mtx");
+    std::fs::write(
+        &mtx,
+        "%%MatrixMarket matrix coordinate real symmetric\n3 3 5\n1 1 1\n2 1 -1\n2 2 2\n3 2 -1\n3 3 1\n",
+    )
+    .unwrap();
+    let base = [
+        "run",
+        "--matrix",
+        s(&mtx),
+        "--rhs",
+        "random:3",
+        "--blocks",
+        "1",
+    ];
+    let out = cg_in(tmp.path(), &base);
+    out.expect_code(0);
+    assert!(
+        out.stdout.contains("not checked: x = L"),
+        "the summary must say x = L was not checked: {out}"
+    );
+    assert!(!out.stdout.contains("(checked)"), "{out}");
+    let mut strict = base.to_vec();
+    strict.extend(["--x-tol", "1e-6"]);
+    let out = cg_in(tmp.path(), &strict);
+    out.expect_code(1);
+    assert!(out.stdout.contains("|x - L| / |L|"), "{out}");
+    let mut json = strict.clone();
+    json.push("--json");
+    let out = cg_in(tmp.path(), &json);
+    out.expect_code(1);
+    assert_eq!(out.json()["correct"], false);
+    // The same check passes on a well-conditioned matrix, and says what it checked.
+    let out = cg_in(
+        tmp.path(),
+        &[
+            "run",
+            "--matrix",
+            "poisson2d:8",
+            "--rtol",
+            "1e-10",
+            "--x-tol",
+            "1e-6",
+            "--json",
+        ],
+    );
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["result"]["x_tol"], 1e-6, "{j}");
+    assert!(j["result"].get("not_checked").is_none(), "{j}");
+    // The spmd mode has the same check.
+    let mut spmd = strict.clone();
+    spmd.extend(["--mode", "spmd"]);
+    cg_in(tmp.path(), &spmd).expect_code(1);
+}

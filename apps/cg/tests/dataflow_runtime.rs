@@ -33,6 +33,7 @@ fn program(matrix: &str, rhs: Rhs, blocks: u32, batch: u32, rtol: f64) -> Cg {
         matrix: source,
         rhs,
         rtol,
+        x_tol: None,
         max_iter: None,
         blocks,
         batch,

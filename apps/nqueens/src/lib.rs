@@ -474,7 +474,12 @@ impl Program for NQueens {
                 expected: format!("{want} (OEIS A000170)"),
                 got: count.to_string(),
             }),
-            _ => Ok(serde_json::json!(count)),
+            Some(_) => Ok(serde_json::json!(count)),
+            // Nothing to compare with: say so rather than "(checked)".
+            None => Ok(serde_json::json!({
+                "solutions": count,
+                "not_checked": format!("the count (OEIS A000170 is known here for n <= {})", A000170.len()),
+            })),
         }
     }
 }
@@ -482,6 +487,27 @@ impl Program for NQueens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 13 point 9's review: beyond the known counts the check compared nothing and the
+    /// summary said "(checked)". It says what it did not check. Failed before the fix: a bare
+    /// number (printed "(checked)").
+    #[test]
+    fn a_count_beyond_the_known_ones_is_not_checked_and_says_so() {
+        let q = |n| NQueens {
+            n,
+            split_rows: None,
+            cutoff_row: None,
+            no_mirror: false,
+        };
+        assert_eq!(q(8).check(&(92,)).unwrap(), serde_json::json!(92));
+        assert!(q(8).check(&(91,)).is_err());
+        let r = q(28).check(&(1,)).unwrap();
+        assert_eq!(r["solutions"], 1);
+        assert!(
+            veriflow::checked_note(&r).contains("not checked: the count"),
+            "{r}"
+        );
+    }
 
     #[test]
     fn the_sequential_solvers_match_a000170() {

@@ -390,6 +390,16 @@ impl Program for Transport3d {
         if let Some(bad) = s.c.iter().find(|v| !v.is_finite()) {
             return wrong("finite concentrations".into(), bad.to_string());
         }
+        // The true global residual of every accepted step, as iterative mode checks it (it was
+        // reported and never compared with anything).
+        let bound = crate::iterative::residual_bound(&problem);
+        // NaN is never within a bound.
+        if outcome.worst_global_residual.is_nan() || outcome.worst_global_residual > bound {
+            return wrong(
+                format!("a true global residual <= {bound:e} at every step"),
+                format!("{:e} (false convergence)", outcome.worst_global_residual),
+            );
+        }
         let p = problem.params();
         let corners = [
             (0, 0, 0),

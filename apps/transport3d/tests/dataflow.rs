@@ -103,3 +103,21 @@ fn vnodes_killed_mid_run_give_the_same_answer() {
         );
     }
 }
+
+/// Issue 13 point 9's review: the dataflow check reported `worst_global_residual` and compared
+/// it with nothing, so a false convergence passed as "(checked)". It is now held to the bound
+/// iterative mode uses. Failed before the fix: the tampered outcome was accepted.
+#[test]
+fn the_check_holds_the_global_residual_to_its_bound() {
+    let p = program();
+    let report = run(&p, 1, Vec::new());
+    let problem = Problem::new(p.params()).unwrap();
+    let bound = transport3d::iterative::residual_bound(&problem);
+    let mut outcome = report.outputs.0.clone();
+    assert!(outcome.worst_global_residual <= bound);
+    for bad in [100.0 * bound, f64::NAN] {
+        outcome.worst_global_residual = bad;
+        let e = p.check(&(outcome.clone(),)).unwrap_err();
+        assert!(e.to_string().contains("false convergence"), "{e}");
+    }
+}
