@@ -413,7 +413,8 @@ pub(crate) struct RuntimeArgs {
 
 impl RuntimeArgs {
     /// The failures to inject: the explicit ones, then `--kill-random` drawn from the seed
-    /// (vnodes uniformly, points uniformly over the expected tasks, or the first 1000).
+    /// (vnodes uniformly, points uniformly over the expected tasks, or the first 1000), each
+    /// moved when due to a vnode holding work if its own holds none ([`Kill::retarget`]).
     fn kills(&self, vnodes: u32, expected_tasks: Option<u64>) -> Result<Vec<Kill>, InvalidArgs> {
         if self.kill_vnode.len() != self.kill_after.len() {
             return Err(InvalidArgs(format!(
@@ -432,6 +433,7 @@ impl RuntimeArgs {
             kills.push(Kill {
                 vnode: VnodeId(v),
                 after,
+                retarget: false,
             });
         }
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x6b69_6c6c); // "kill"
@@ -441,6 +443,8 @@ impl RuntimeArgs {
             kills.push(Kill {
                 vnode,
                 after: rng.gen_range(0..horizon),
+                // Issue 13 point 10: a kill drawn onto an idle vnode injects nothing.
+                retarget: true,
             });
         }
         Ok(kills)
@@ -690,6 +694,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             "failures": report.vnodes.iter().map(|s| s.failures).sum::<u64>(),
             "recovered_tasks": report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
             "reused_tasks": report.vnodes.iter().map(|s| s.reused_tasks).sum::<u64>(),
+            "failures_without_effect": report.vnodes.iter().map(|s| s.failures_without_effect).sum::<u64>(),
             "per_vnode": report.vnodes,
             "forged": report.forged.iter().map(|(t, v)| json!({
                 "task": format!("{t:#}"), "vnode": v.0,
@@ -723,6 +728,17 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
                 },
                 report.vnodes.iter().map(|s| s.recovered_tasks).sum::<u64>(),
             );
+            let idle: u64 = report
+                .vnodes
+                .iter()
+                .map(|s| s.failures_without_effect)
+                .sum();
+            if idle > 0 {
+                println!(
+                    "recovery: {idle} of the {failures} failure(s) hit a vnode holding no task: \
+                     they injected nothing"
+                );
+            }
         }
         match (&log_dir_text, &spec) {
             (Some(d), _) => println!(

@@ -160,6 +160,7 @@ pub fn run_knary(
         builder = builder.kills(vec![Kill {
             vnode: VnodeId(S2_FAILING_VNODE),
             after: shape.tasks()? / 2,
+            retarget: false,
         }]);
     }
     let runtime = builder.build().context("building the runtime")?;

@@ -148,10 +148,12 @@ fn honest_runs_with_failures_and_recovery_are_accepted() {
             Kill {
                 vnode: VnodeId(1),
                 after: 10 + seed * 7,
+                retarget: false,
             },
             Kill {
                 vnode: VnodeId(2),
                 after: 40 + seed * 3,
+                retarget: false,
             },
         ];
         let (store, report) = run_with(4, 3, seed, None, kills);

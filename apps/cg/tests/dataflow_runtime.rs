@@ -114,6 +114,7 @@ fn killed_vnodes_recover_to_the_same_bits() {
             .map(|_| Kill {
                 vnode: VnodeId(rng.gen_range(0..4)),
                 after: rng.gen_range(1..4000),
+                retarget: false,
             })
             .collect();
         let (sol, failures) = run(&p, 4, kills.clone(), seed);

@@ -132,3 +132,58 @@ fn bad_input_exits_2_with_a_message() {
         .expect_code(2)
         .stderr_has("--n");
 }
+
+/// Issue 13 point 10: `--kill-random 2 --seed 5` on n = 15 drew two kills onto vnodes holding
+/// no work (0 tasks recovered or reused): fault injection that injected nothing, reported as
+/// two failures. Random kills now land on a vnode with work when they fire, and the summary
+/// counts the failures that hit nothing. Failed before the fix: 0 tasks recovered or reused,
+/// and no `failures_without_effect`.
+#[test]
+fn random_kills_land_on_vnodes_with_work_and_idle_hits_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let j = counted(
+        15,
+        &[
+            "run",
+            "-n",
+            "15",
+            "--vnodes",
+            "4",
+            "--threads",
+            "2",
+            "--kill-random",
+            "2",
+            "--seed",
+            "5",
+            "--json",
+            "--log-dir",
+            s(&log),
+        ],
+    );
+    assert_eq!(j["failures"], 2, "{j}");
+    assert_eq!(j["failures_without_effect"], 0, "{j}");
+    let hit = j["recovered_tasks"].as_u64().unwrap() + j["reused_tasks"].as_u64().unwrap();
+    assert!(hit > 0, "the kills recovered and reused nothing: {j}");
+    // An explicit kill of a vnode that holds nothing yet (one driver thread: it is injected
+    // before any task runs) is injected as asked, and said to have hit nothing.
+    let out = nqueens(&[
+        "run",
+        "-n",
+        "8",
+        "--vnodes",
+        "4",
+        "--threads",
+        "1",
+        "--kill-vnode",
+        "3",
+        "--kill-after",
+        "0",
+    ]);
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("1 of the 1 failure(s) hit a vnode holding no task"),
+        "{out}"
+    );
+}

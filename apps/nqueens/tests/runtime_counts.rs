@@ -164,6 +164,7 @@ fn vnodes_killed_mid_run_give_the_exact_count() {
             .map(|_| Kill {
                 vnode: VnodeId(rng.gen_range(0..vnodes)),
                 after: rng.gen_range(0..tasks),
+                retarget: false,
             })
             .collect::<Vec<_>>();
         let want = kills.len() as u64;

@@ -90,6 +90,7 @@ fn vnodes_killed_mid_run_give_the_same_answer() {
             .map(|(v, after)| Kill {
                 vnode: VnodeId(v),
                 after,
+                retarget: false,
             })
             .collect();
         let n = kills.len() as u64;

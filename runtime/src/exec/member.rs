@@ -299,6 +299,7 @@ impl Runtime {
         vn.stats.failures += 1;
         vn.stats.recovered_tasks += r.restarted;
         vn.stats.reused_tasks += r.reused;
+        vn.stats.failures_without_effect += u64::from(r.restarted == 0 && r.reused == 0);
         run.vnodes.push(vn);
         status
             .hosted

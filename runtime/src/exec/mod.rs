@@ -645,6 +645,8 @@ fn drive_share(
                         v.stats.failures += 1;
                         v.stats.recovered_tasks += r.restarted;
                         v.stats.reused_tasks += r.reused;
+                        v.stats.failures_without_effect +=
+                            u64::from(r.restarted == 0 && r.reused == 0);
                     }
                     Err(e) => {
                         shared.fail(e);

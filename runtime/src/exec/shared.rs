@@ -23,6 +23,11 @@ pub struct Kill {
     pub vnode: VnodeId,
     /// Completed tasks (whole run) at which it fails.
     pub after: u64,
+    /// Land where there is something to lose: if `vnode` holds no outstanding work when the
+    /// kill is due, the next vnode in id order (cyclically) that holds some fails instead
+    /// (`--kill-random`: a kill drawn onto an idle vnode would inject nothing). With no vnode
+    /// holding work, `vnode` fails anyway, and its report counts a failure without effect.
+    pub retarget: bool,
 }
 
 pub(crate) struct RunShared {
@@ -114,6 +119,19 @@ impl RunShared {
             return None;
         }
         let done = self.completed();
+        let n = self.work.len();
+        let busy = |v: usize| self.work[v].0.load(Ordering::SeqCst) & LOW != 0;
+        for k in kills.iter_mut().filter(|k| k.after <= done && k.retarget) {
+            // Settled once: the vnode it lands on is chosen when it becomes due.
+            k.retarget = false;
+            let v = k.vnode.0 as usize;
+            if v < n && !busy(v) {
+                if let Some(w) = (1..n).map(|d| (v + d) % n).find(|&w| busy(w)) {
+                    // w < n = vnodes, a u32.
+                    k.vnode = VnodeId(w as u32);
+                }
+            }
+        }
         let i = kills
             .iter()
             .position(|k| k.after <= done && mine.contains(&k.vnode))?;

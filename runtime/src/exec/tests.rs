@@ -196,6 +196,7 @@ fn failed_vnodes_are_recovered_from_their_logs() {
     let k = |v: u32, after: u64| Kill {
         vnode: crate::VnodeId(v),
         after,
+        retarget: false,
     };
     // Named cases first: two vnodes at once, the root's vnode, a vnode failing again during
     // its own recovery and another's, before anything was durable; then seeded random ones.
@@ -330,6 +331,7 @@ fn a_value_with_several_live_readers_survives_recovery() {
                 .kills(vec![Kill {
                     vnode: crate::VnodeId(0),
                     after,
+                    retarget: false,
                 }])
                 .build()
                 .unwrap();

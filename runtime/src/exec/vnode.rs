@@ -85,6 +85,8 @@ pub struct VnodeStats {
     pub recovered_tasks: u64,
     /// Tasks completed before its failures, reused and not run again.
     pub reused_tasks: u64,
+    /// Failures that found nothing to lose: it held no task (none restarted, none reused).
+    pub failures_without_effect: u64,
 }
 
 pub(crate) struct Unacked {
