@@ -27,6 +27,8 @@ pub mod cg_spmd;
 
 pub mod transport;
 
+pub mod sim;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
