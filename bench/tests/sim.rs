@@ -45,7 +45,16 @@ fn seeds_report_every_seed_in_order_with_its_faults_and_trace() {
     // The per-kind totals add up to the per-seed rows.
     let row_faults: f64 = rows.iter().filter_map(|r| r[3].as_f64()).sum();
     assert_eq!(f(&j["faults_per_kind"]["total"]["total"]), row_faults);
-    let kinds = ["crashes", "pauses", "partitions", "lost", "duplicated"];
+    // FaultCounts::total: every kind but the sub-counts resets, restarts and zombies.
+    let kinds = [
+        "crashes",
+        "pauses",
+        "partitions",
+        "clogs",
+        "lost",
+        "duplicated",
+        "writes_lost",
+    ];
     let by_kind: f64 = kinds
         .iter()
         .map(|k| f(&j["faults_per_kind"][k]["total"]))
