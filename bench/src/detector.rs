@@ -153,7 +153,7 @@ fn issue_params() -> FdParams {
 }
 
 /// The cluster command's defaults (`FdArgs` in `src/cluster_cli.rs`).
-fn cluster_default_params() -> FdParams {
+pub(crate) fn cluster_default_params() -> FdParams {
     FdParams {
         interval: Duration::from_millis(200),
         timeout: Duration::from_millis(400),
@@ -1692,10 +1692,10 @@ fn draw_latency<DB: DrawingBackend>(
 }
 
 /// A small seeded generator (splitmix64): the victims, phases and simulated delays.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -1704,17 +1704,17 @@ impl SplitMix {
     }
 
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         // The top 53 bits: every double in [0, 1) with that spacing.
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform in 0..n (n > 0; slightly biased for huge n, irrelevant here).
-    fn below_u64(&mut self, n: u64) -> u64 {
+    pub(crate) fn below_u64(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         usize::try_from(self.below_u64(u64::try_from(n).unwrap_or(u64::MAX))).unwrap_or(0)
     }
 }

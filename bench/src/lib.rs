@@ -6,6 +6,8 @@
 //!   one vnode fails half-way and is recovered from its log;
 //! - `paper storage` ([`storage`]) measures the checkpoint storage strategies: coding
 //!   throughput, and run-time and storage overhead on a logged matrix product (paper 003);
+//! - `paper sim` ([`sim`]) runs the cluster simulator over many seeds, and simulates the failure
+//!   detector's heartbeats at 10,000 processes;
 //! - the `micro` criterion bench measures hot paths (id derivation, codec, a small run).
 //!
 //! This library holds what both share: one knary run on a fresh runtime ([`run_knary`]), the
@@ -26,6 +28,8 @@ pub mod cg;
 pub mod cg_spmd;
 
 pub mod transport;
+
+pub mod sim;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -76,6 +76,10 @@ enum Command {
     /// transport3d in iterative mode (paper 000 Table 1): time with a random vnode killed every
     /// n seconds, async vs sync vs dataflow, on a 64^3 mesh and 8 vnodes.
     Transport(veriflow_bench::transport::TransportArgs),
+    /// The cluster simulator over many seeds (`--seeds N`: faults per kind, invariants,
+    /// failures with their replay lines), or the failure detector's heartbeats and detection
+    /// times at N simulated processes (`--nodes N`).
+    Sim(veriflow_bench::sim::SimArgs),
 }
 
 #[derive(Args, Debug)]
@@ -131,6 +135,7 @@ fn main() -> Result<()> {
         Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
         Command::Cg(args) => veriflow_bench::cg::run(&args),
         Command::Transport(args) => veriflow_bench::transport::run(&args),
+        Command::Sim(args) => veriflow_bench::sim::run(&args),
     }
 }
 
