@@ -453,7 +453,7 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
         );
     } else {
         match &checked {
-            Ok(v) => println!("{}: result {v} (checked)", P::NAME),
+            Ok(v) => println!("{}: result {v} {}", P::NAME, crate::app::checked_note(v)),
             Err(e) => println!("{}: {e}", P::NAME),
         }
         println!(
