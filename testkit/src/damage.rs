@@ -576,7 +576,8 @@ pub fn trial(
         ));
     }
 
-    let mut args: Vec<&str> = base.run_args.iter().map(String::as_str).collect();
+    let mut args: Vec<&str> = vec!["run"];
+    args.extend(base.run_args.iter().map(String::as_str));
     args.extend(["--log-dir", &d, "--json", "--resume"]);
     let resume = run_limited(bin, work, &args, limit);
     let o = judge(&resume, || match resume.json() {
@@ -627,15 +628,16 @@ pub fn tally(trials: &[Trial]) -> BTreeMap<(String, String, String, String), u64
     t
 }
 
-/// The knary options of the campaign's runs: 1365 tasks of 0.3 ms, 3 vnodes, small segments
-/// (`--commit-kib 2`) so that a store has many segments and blob files to damage.
+/// The knary options of the campaign's runs: 6826 tasks of 50 µs on 3 vnodes, segments of up
+/// to 256 KiB, so that the store has both segments inline in sled's `db` file and segments in
+/// blob files (sled keeps a value above half a sled segment, 128 KiB, in a file of its own).
 pub const KNARY_RUN: [&str; 14] = [
     "--depth",
-    "6",
+    "7",
     "--fanout",
     "4",
     "--grain-us",
-    "300",
+    "50",
     "--threads",
     "2",
     "--vnodes",
@@ -643,7 +645,7 @@ pub const KNARY_RUN: [&str; 14] = [
     "--seed",
     "5",
     "--commit-kib",
-    "2",
+    "256",
 ];
 
 /// Makes the two baselines in `work`: a finished knary run, and one killed with SIGKILL part
@@ -722,4 +724,32 @@ pub fn knary_baselines(bin: &Path, work: &Path, limit: Duration) -> Result<Vec<B
         after += after / 2; // nothing logged yet: kill later
     }
     Err("could not kill a knary run between its first log write and its end".to_string())
+}
+
+/// Runs `count` trials, seeds `first..`, alternating the baselines; a seed whose draw found
+/// nothing to damage is skipped (and counted in the second value).
+pub fn campaign(
+    bin: &Path,
+    work: &Path,
+    baselines: &[Baseline],
+    first: u64,
+    count: u64,
+    limit: Duration,
+    mut progress: impl FnMut(&Trial),
+) -> std::io::Result<(Vec<Trial>, u64)> {
+    let mut trials = Vec::new();
+    let mut skipped = 0;
+    let mut seed = first;
+    while (trials.len() as u64) < count {
+        let base = &baselines[usize::try_from(seed).unwrap_or(0) % baselines.len()];
+        match trial(bin, work, base, seed, limit)? {
+            Some(t) => {
+                progress(&t);
+                trials.push(t);
+            }
+            None => skipped += 1,
+        }
+        seed += 1;
+    }
+    Ok((trials, skipped))
 }
