@@ -11,7 +11,7 @@ use std::time::Duration;
 use veriflow_testkit::damage::{campaign, knary_baselines, tally};
 
 /// Damages under `cargo test` (the first seeds; `paper damage --count 1000` runs many more).
-const DAMAGES: u64 = 48;
+const DAMAGES: u64 = 100;
 
 /// Far above what one command takes here (well under a second): only a hang reaches it.
 const HANG: Duration = Duration::from_secs(60);
