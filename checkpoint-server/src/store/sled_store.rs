@@ -403,16 +403,18 @@ impl Store for SledStore {
         limit: PageLimit,
     ) -> Result<Page, StoreError> {
         let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
-        fill_page(
-            self.db
-                .range::<&[u8], _>(range)
-                .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
-                .map(|r| {
-                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                        .map_err(StoreError::from)
-                }),
-            limit,
-        )
+        guarded("scan_page", || {
+            fill_page(
+                self.db()
+                    .range::<&[u8], _>(range)
+                    .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+                    .map(|r| {
+                        r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                            .map_err(StoreError::from)
+                    }),
+                limit,
+            )
+        })
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
