@@ -90,6 +90,13 @@ pub enum Outcome {
     Detected,
     /// Exit 0 with what the intact store gives (the damage touched nothing that matters).
     Right,
+    /// Exit 0 on the interrupted run's store with less than the intact copy shows: only
+    /// events at the tail of vnodes' logs, as if the run had been killed a little earlier.
+    /// A SIGKILLed process leaves in sled's files writes it never flushed (the page cache
+    /// keeps them), which no reader may count on; the flush record (rule 2 of `sled_store.rs`)
+    /// guarantees that no flushed write is missing. Not a failure: `run --resume` must then
+    /// still give the right result (judged on its own).
+    EarlierCrashPoint,
     /// The time limit was reached.
     Hang,
     /// Exit 101, a signal, or "panicked" in the output.
@@ -107,7 +114,10 @@ pub enum Outcome {
 impl Outcome {
     /// Whether this outcome fails the campaign.
     pub fn is_failure(self) -> bool {
-        !matches!(self, Outcome::Detected | Outcome::Right)
+        !matches!(
+            self,
+            Outcome::Detected | Outcome::Right | Outcome::EarlierCrashPoint
+        )
     }
 
     /// A short name for tables.
@@ -115,6 +125,7 @@ impl Outcome {
         match self {
             Outcome::Detected => "detected (exit 1)",
             Outcome::Right => "right answer (exit 0)",
+            Outcome::EarlierCrashPoint => "earlier crash point (exit 0)",
             Outcome::Hang => "hang",
             Outcome::Panic => "panic",
             Outcome::Silent => "exit 0, missing data",
@@ -552,6 +563,12 @@ pub fn trial(
     let o = judge(&inspect, || {
         if inspect_right {
             Outcome::Right
+        } else if base.name == "interrupted"
+            && inspect
+                .json()
+                .is_some_and(|j| is_earlier(&essence(&j), &base.inspect))
+        {
+            Outcome::EarlierCrashPoint
         } else {
             Outcome::Silent
         }
@@ -595,6 +612,22 @@ pub fn trial(
         damage,
         outcomes,
     }))
+}
+
+/// Whether `got` is what an earlier kill of the run would show next to `intact`: same status,
+/// generation and terminal outputs, and per vnode at most as many events, none torn.
+fn is_earlier(got: &Value, intact: &Value) -> bool {
+    let same = |k: &str| got[k] == intact[k];
+    let (Some(g), Some(i)) = (got["vnodes"].as_array(), intact["vnodes"].as_array()) else {
+        return false;
+    };
+    same("status")
+        && same("generation")
+        && same("terminal")
+        && g.len() == i.len()
+        && g.iter()
+            .zip(i)
+            .all(|(g, i)| g[0] == i[0] && g[2].is_null() && g[1].as_u64() <= i[1].as_u64())
 }
 
 fn judge(ran: &Ran, on_zero: impl FnOnce() -> Outcome) -> Outcome {
