@@ -317,10 +317,13 @@ impl StoreArgs {
     }
 
     /// Opens the store of an existing run (a local directory must exist: a typo does not
-    /// create an empty log).
-    fn open_existing(&self) -> Result<Arc<dyn Store>, CliError> {
+    /// create an empty log). Readers (`inspect`, `certify` without `--correct`) open a local
+    /// store read-only: on a copy, never running the engine's repair on the original (rule 1
+    /// of `sled_store.rs`).
+    fn open_existing(&self, write: bool) -> Result<Arc<dyn Store>, CliError> {
         match self.spec() {
-            Some(StoreSpec::Local(dir)) => Ok(Arc::new(SledStore::open_existing(&dir)?)),
+            Some(StoreSpec::Local(dir)) if write => Ok(Arc::new(SledStore::open_existing(&dir)?)),
+            Some(StoreSpec::Local(dir)) => Ok(Arc::new(SledStore::open_read_only(&dir)?)),
             Some(StoreSpec::Memory) => Err(CliError::Invalid(
                 "--store memory holds nothing once its run has ended: give the run's store"
                     .to_string(),
@@ -628,7 +631,17 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
     if let Some(v) = rt.vnodes {
         builder = builder.vnodes(v);
     }
-    let store: Option<Arc<dyn Store>> = spec.as_ref().map(|sp| rt.store.open(sp)).transpose()?;
+    let store: Option<Arc<dyn Store>> = match &spec {
+        // Resuming needs the run's logs: a missing directory is an error, not a fresh store.
+        Some(_) if rt.resume => Some(rt.store.open_existing(true).map_err(|e| match e {
+            CliError::Store(e @ StoreError::Open { .. }) => {
+                CliError::Invalid(format!("no run to resume: {e}"))
+            }
+            other => other,
+        })?),
+        Some(sp) => Some(rt.store.open(sp)?),
+        None => None,
+    };
     if let Some(store) = &store {
         builder = builder.store(store.clone());
     }
@@ -1033,7 +1046,10 @@ pub(crate) fn certificate_text(
 }
 
 fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
-    let store = args.store.open_existing()?;
+    // Only a correction writes (a new log generation).
+    let store = args
+        .store
+        .open_existing(args.correct && args.verify.is_none())?;
     if let Some(path) = &args.verify {
         let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
         let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
@@ -1126,7 +1142,7 @@ pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar
 
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
-    let store = args.store.open_existing()?;
+    let store = args.store.open_existing(false)?;
     let report = inspect::inspect(store, &registry)?;
     if let Some(path) = &args.dot {
         std::fs::write(path, report.graph.to_dot()).map_err(|source| CliError::Io {

@@ -27,6 +27,8 @@ pub mod nqueens;
 pub mod cg;
 pub mod cg_spmd;
 
+pub mod damage;
+
 pub mod transport;
 
 pub mod sim;

@@ -1171,7 +1171,7 @@ impl Bench {
             (Some(s), _) => {
                 let mut total = 0;
                 for d in &s.dirs {
-                    let pairs = SledStore::open_existing(d)
+                    let pairs = SledStore::open_read_only(d)
                         .and_then(|db| db.scan_prefix(b""))
                         .with_context(|| format!("cannot read the fragments in {}", d.display()))?;
                     total += pairs

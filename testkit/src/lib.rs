@@ -13,6 +13,8 @@
 //! 3. Every process started is SIGKILLed and reaped when its handle is dropped, so a failed
 //!    test leaves nothing running.
 
+pub mod damage;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -80,6 +80,9 @@ enum Command {
     /// failures with their replay lines), or the failure detector's heartbeats and detection
     /// times at N simulated processes (`--nodes N`).
     Sim(veriflow_bench::sim::SimArgs),
+    /// Issue 13's damage campaign: seeded random damages of a finished and an interrupted
+    /// knary run's stores, judged by inspect, certify and run --resume.
+    Damage(veriflow_bench::damage::DamageArgs),
 }
 
 #[derive(Args, Debug)]
@@ -136,6 +139,7 @@ fn main() -> Result<()> {
         Command::Cg(args) => veriflow_bench::cg::run(&args),
         Command::Transport(args) => veriflow_bench::transport::run(&args),
         Command::Sim(args) => veriflow_bench::sim::run(&args),
+        Command::Damage(args) => veriflow_bench::damage::run(&args),
     }
 }
 

@@ -51,6 +51,9 @@ pub enum StoreError {
         /// What the underlying engine said.
         reason: String,
     },
+    /// A write to a store opened read-only (`inspect`, `certify`: a bug of the caller).
+    #[error("store at {} was opened read-only", .0.display())]
+    ReadOnly(PathBuf),
     /// A read or write failed at the I/O level. Data flushed before is still there.
     #[error("store I/O error: {0}")]
     Io(String),
@@ -340,6 +343,97 @@ mod tests {
         let s = SledStore::open(dir.path()).unwrap();
         assert_eq!(s.get(b"a/2").unwrap().as_deref(), Some(&b"two"[..]));
         assert_eq!(s.get(b"a/1").unwrap(), None);
+    }
+
+    /// Rule 2 of `sled_store.rs`: a database holding fewer flushes than its flush record says
+    /// lost flushed writes (what sled's recovery does after a damaged record) and is corrupt,
+    /// for a writer and a reader alike; a missing flush record beside a flushed database too.
+    #[test]
+    fn a_sled_store_that_lost_flushed_writes_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join(SledStore::FLUSH_FILE);
+        let first = {
+            let s = SledStore::open(dir.path()).unwrap();
+            s.put(b"k", b"v").unwrap();
+            s.flush().unwrap();
+            std::fs::read(&record).unwrap()
+        };
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            s.flush().unwrap();
+        }
+        assert_ne!(
+            std::fs::read(&record).unwrap(),
+            first,
+            "each flush is recorded"
+        );
+        assert!(SledStore::open_read_only(dir.path()).is_ok());
+        // A damaged record.
+        let mut bumped = first.clone();
+        bumped[4] = bumped[4].wrapping_add(1);
+        std::fs::write(&record, &bumped).unwrap();
+        for open in [SledStore::open_read_only, SledStore::open] {
+            let err = open(dir.path()).expect_err("a damaged flush record");
+            assert!(matches!(err, StoreError::Corruption(_)), "{err}");
+        }
+        // A sound record of more flushes than the database holds: what is left after sled's
+        // recovery dropped the writes that followed a damaged record.
+        std::fs::write(&record, encode_for_test(1000)).unwrap();
+        for open in [SledStore::open_read_only, SledStore::open] {
+            let err = open(dir.path()).expect_err("flushed writes lost");
+            assert!(err.to_string().contains("lost writes"), "{err}");
+        }
+        std::fs::remove_file(&record).unwrap();
+        let err = SledStore::open_read_only(dir.path()).expect_err("record missing");
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    /// Rule 1 of `sled_store.rs`: a read-only store reads a copy, refuses writes, and leaves
+    /// the directory as it was.
+    #[test]
+    fn a_read_only_sled_store_never_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            exercise(&s);
+        }
+        let before = snapshot(dir.path());
+        {
+            let s = SledStore::open_read_only(dir.path()).unwrap();
+            assert_eq!(s.get(b"a/2").unwrap().as_deref(), Some(&b"two"[..]));
+            assert!(matches!(s.put(b"x", b"y"), Err(StoreError::ReadOnly(_))));
+            assert!(matches!(s.delete(b"a/2"), Err(StoreError::ReadOnly(_))));
+            s.flush().unwrap();
+        }
+        assert_eq!(snapshot(dir.path()), before);
+        let missing = dir.path().join("nope");
+        assert!(SledStore::open_read_only(&missing).is_err());
+        assert!(SledStore::open_existing(&missing).is_err());
+        assert!(!missing.exists());
+    }
+
+    fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    out.push((e.path(), std::fs::read(e.path()).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn encode_for_test(n: u64) -> Vec<u8> {
+        let mut out = b"VFFL".to_vec();
+        out.extend_from_slice(&n.to_le_bytes());
+        let digest = blake3::hash(&out);
+        out.extend_from_slice(&digest.as_bytes()[..8]);
+        out
     }
 
     #[test]

@@ -3,8 +3,38 @@
 //! sled's background flush is switched off (`flush_every_ms(None)`): durability comes only from
 //! our explicit [`Store::flush`], which the log's group-commit writer calls once per batch of
 //! segments (rule 2 in the crate docs).
+//!
+//! Rules this file keeps on top of sled (issue 13 point 2: "readers never write"):
+//!
+//! 1. **Readers open a copy.** sled 0.34 has no working read-only mode (its `read_only` option
+//!    fails with EINVAL or panics: sled issues #914, #1054), and opening a database runs sled's
+//!    recovery, which *writes*: at a damaged record it takes everything after as a torn tail,
+//!    zeroes it and deletes the blob files written after it. So [`SledStore::open_read_only`]
+//!    copies the directory (the flush record first, then `conf`, snapshots, `db`, `blobs/`)
+//!    into a fresh temporary directory and opens sled there; the original is never opened for
+//!    writing, which also makes a read-only directory, a full disk, or a run still writing its
+//!    log readable. The copy goes to the system's temporary directory, or to `/dev/shm` when
+//!    that fails (a full disk), and is removed when the store is dropped. It costs one copy of
+//!    the store per `inspect` or `certify`: reading the whole log costs about as much anyway.
+//! 2. **sled's repair never passes silently.** Each [`Store::flush`] bumps a counter kept inside
+//!    the database (its own sled tree, invisible to scans) *and then*, once sled's flush has
+//!    returned, writes it to the file `veriflow.flushes` beside sled's files (one `pwrite`, no
+//!    extra fsync: it is written after sled's own fsync, so after any crash it is at most the
+//!    durable counter). Every open compares the two: a database whose counter is below the
+//!    file's lost writes that were flushed (sled's recovery dropped what followed a damaged
+//!    record), and is [`StoreError::Corruption`]. A missing or damaged flush file beside a
+//!    database that has flushed is corruption too.
+//! 3. **A panic in sled is an error.** Every call into sled runs under `catch_unwind` and a
+//!    panic becomes [`StoreError::Corruption`] (a deleted blob file makes sled 0.34 panic on
+//!    read); dropping the database is guarded the same way.
+//! 4. A writer that resumes a run ([`SledStore::open_existing`]) first checks a copy as in rule
+//!    1, so damage is reported before sled's recovery touches the original.
 
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use super::{fill_page, page_start, Page, PageLimit, Pairs, Store, StoreError};
 
@@ -13,15 +43,93 @@ use super::{fill_page, page_start, Page, PageLimit, Pairs, Store, StoreError};
 const LOCK_RETRIES: u32 = 20;
 const LOCK_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// The file beside sled's own that records the last flush (rule 2).
+const FLUSH_FILE: &str = "veriflow.flushes";
+/// sled tree of the flush counter (rule 2): a tree of its own, so no scan of the store sees it.
+const META_TREE: &[u8] = b"veriflow.meta";
+const FLUSHES_KEY: &[u8] = b"flushes";
+/// Flush file layout: magic, counter (u64 LE), first 8 bytes of blake3(magic ‖ counter).
+const FLUSH_MAGIC: [u8; 4] = *b"VFFL";
+const FLUSH_FILE_LEN: usize = 4 + 8 + 8;
+
 /// A sled database in one directory.
 #[derive(Debug, Clone)]
 pub struct SledStore {
-    db: sled::Db,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The database and its flush-counter tree; `None` only while dropping.
+    engine: Option<(sled::Db, sled::Tree)>,
+    /// The directory asked for (not the copy).
     path: PathBuf,
+    /// The flush counter and the open flush file (rule 2); `None` for a read-only copy.
+    flushes: Option<Mutex<(u64, std::fs::File)>>,
+    /// The copy a read-only store reads (rule 1), removed after the database is closed.
+    copy: Option<tempfile::TempDir>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Rule 3: sled flushes on drop and may panic on a damaged store.
+        if let Some(engine) = self.engine.take() {
+            let _ = guarded("close", move || {
+                drop(engine);
+                Ok(())
+            });
+        }
+    }
+}
+
+thread_local! {
+    /// Set while this thread is inside a guarded call into sled (rule 3).
+    static IN_SLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs, once, a panic hook that keeps quiet about panics inside guarded sled calls (they
+/// become errors, reported once by whoever gets them) and hands every other panic to the hook
+/// that was there before.
+fn quiet_sled_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_SLED.with(|f| f.get()) {
+                tracing::debug!("the store engine panicked: {info}");
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f` (a call into sled), turning a panic into an error (rule 3).
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    quiet_sled_panics();
+    let outer = IN_SLED.with(|flag| flag.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    IN_SLED.with(|flag| flag.set(outer));
+    match result {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            Err(StoreError::Corruption(format!(
+                "the store engine (sled) crashed in {what} (a panic, caught): {msg}"
+            )))
+        }
+    }
 }
 
 impl SledStore {
-    /// Opens (or creates) the store in `path`.
+    /// Name of the file beside sled's own that records the last flush (rule 2).
+    pub const FLUSH_FILE: &'static str = FLUSH_FILE;
+
+    /// Opens (or creates) the store in `path` for writing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let open_err = |reason: String| StoreError::Open {
             path: path.to_path_buf(),
@@ -30,75 +138,262 @@ impl SledStore {
         if path.exists() && !path.is_dir() {
             return Err(open_err("not a directory".to_string()));
         }
-        let config = sled::Config::new()
-            .path(path)
-            .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput);
-        // sled's file lock can outlive the last handle by a moment (its background thread lets
-        // go of the database last), so reopening right after a drop may briefly find it held.
-        let mut tries = 0;
-        loop {
-            match config.open() {
-                Ok(db) => {
-                    return Ok(Self {
-                        db,
-                        path: path.to_path_buf(),
-                    })
-                }
-                Err(e) if tries < LOCK_RETRIES && e.to_string().contains("lock") => {
-                    tries += 1;
-                    std::thread::sleep(LOCK_RETRY_DELAY);
-                }
-                Err(e) => return Err(open_err(e.to_string())),
-            }
-        }
+        let db = open_db(path)?;
+        let meta = guarded("open", || Ok(db.open_tree(META_TREE)?))?;
+        let durable = check_flushes(path, &meta)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path.join(FLUSH_FILE))
+            .map_err(|e| open_err(format!("cannot open {FLUSH_FILE}: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine: Some((db, meta)),
+                path: path.to_path_buf(),
+                flushes: Some(Mutex::new((durable, file))),
+                copy: None,
+            }),
+        })
     }
 
-    /// Opens an existing store in `path` and fails if there is none (for readers: `inspect`,
-    /// `certify`, `--resume`), so that a typo does not silently create an empty log.
+    /// Opens an existing store in `path` for writing, and fails if there is none (for
+    /// `--resume`), so that a typo does not silently create an empty log. A copy is checked
+    /// first (rule 4).
     pub fn open_existing(path: &Path) -> Result<Self, StoreError> {
-        if !path.join("conf").is_file() || !path.join("db").is_file() {
-            return Err(StoreError::Open {
-                path: path.to_path_buf(),
-                reason: "no store here (missing sled files `conf` and `db`)".to_string(),
-            });
-        }
+        require_store(path)?;
+        drop(Self::open_read_only(path)?);
         Self::open(path)
     }
 
-    /// The directory of this store.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens an existing store in `path` for reading only (`inspect`, `certify`): on a copy,
+    /// checked against its flush record (rules 1-3). Writes through it are refused.
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        require_store(path)?;
+        let copy = copy_store(path)?;
+        let db = open_db(copy.path())?;
+        let meta = guarded("open", || Ok(db.open_tree(META_TREE)?))?;
+        check_flushes(copy.path(), &meta).map_err(|e| match e {
+            StoreError::Corruption(m) => StoreError::Corruption(format!("{}: {m}", path.display())),
+            other => other,
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine: Some((db, meta)),
+                path: path.to_path_buf(),
+                flushes: None,
+                copy: Some(copy),
+            }),
+        })
     }
+
+    /// The directory of this store (the original, also for a read-only copy).
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn db(&self) -> &sled::Db {
+        &self.engine().0
+    }
+
+    fn engine(&self) -> &(sled::Db, sled::Tree) {
+        self.inner
+            .engine
+            .as_ref()
+            .expect("the database is open until drop")
+    }
+
+    fn writable(&self) -> Result<(), StoreError> {
+        match &self.inner.copy {
+            None => Ok(()),
+            Some(_) => Err(StoreError::ReadOnly(self.inner.path.clone())),
+        }
+    }
+}
+
+/// The directory must hold a sled store (conf and db), or it is an `Open` error.
+fn require_store(path: &Path) -> Result<(), StoreError> {
+    if !path.join("conf").is_file() || !path.join("db").is_file() {
+        return Err(StoreError::Open {
+            path: path.to_path_buf(),
+            reason: if path.exists() {
+                "no store here (missing sled files `conf` and `db`)".to_string()
+            } else {
+                "no store here (no such directory)".to_string()
+            },
+        });
+    }
+    Ok(())
+}
+
+fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    let open_err = |reason: String| StoreError::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let config = sled::Config::new()
+        .path(path)
+        .flush_every_ms(None)
+        .mode(sled::Mode::HighThroughput);
+    // sled's file lock can outlive the last handle by a moment (its background thread lets
+    // go of the database last), so reopening right after a drop may briefly find it held.
+    let mut tries = 0;
+    loop {
+        match guarded("open", || Ok(config.open())) {
+            Ok(Ok(db)) => return Ok(db),
+            Ok(Err(e)) if tries < LOCK_RETRIES && e.to_string().contains("lock") => {
+                tries += 1;
+                std::thread::sleep(LOCK_RETRY_DELAY);
+            }
+            Ok(Err(sled::Error::Corruption { at, .. })) => {
+                return Err(StoreError::Corruption(format!(
+                    "{}: sled found its files corrupt at {at:?}",
+                    path.display()
+                )))
+            }
+            Ok(Err(e)) => return Err(open_err(e.to_string())),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Rule 2: the database's flush counter must reach the flush file's. Returns the counter.
+fn check_flushes(dir: &Path, meta: &sled::Tree) -> Result<u64, StoreError> {
+    let stored = guarded("read", || Ok(meta.get(FLUSHES_KEY)?))?;
+    let in_db = match stored {
+        None => 0,
+        Some(v) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| {
+            StoreError::Corruption(format!("the flush counter is {} bytes, not 8", v.len()))
+        })?),
+    };
+    let file = dir.join(FLUSH_FILE);
+    let recorded = match std::fs::read(&file) {
+        Ok(bytes) => decode_flushes(&bytes).ok_or_else(|| {
+            StoreError::Corruption(format!(
+                "{FLUSH_FILE} is damaged ({} bytes, not a flush record)",
+                bytes.len()
+            ))
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && in_db == 0 => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::Corruption(format!(
+                "{FLUSH_FILE} is missing, though the database was flushed {in_db} times"
+            )))
+        }
+        Err(e) => {
+            return Err(StoreError::Io(format!(
+                "cannot read {}: {e}",
+                file.display()
+            )))
+        }
+    };
+    if in_db < recorded {
+        return Err(StoreError::Corruption(format!(
+            "the database lost writes it had flushed: its files hold flush {in_db} of the {recorded} \
+             recorded in {FLUSH_FILE} (a damaged file, after which the store engine's recovery \
+             dropped everything)"
+        )));
+    }
+    Ok(in_db)
+}
+
+fn encode_flushes(n: u64) -> [u8; FLUSH_FILE_LEN] {
+    let mut out = [0u8; FLUSH_FILE_LEN];
+    out[..4].copy_from_slice(&FLUSH_MAGIC);
+    out[4..12].copy_from_slice(&n.to_le_bytes());
+    let digest = blake3::hash(&out[..12]);
+    out[12..].copy_from_slice(&digest.as_bytes()[..8]);
+    out
+}
+
+fn decode_flushes(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() != FLUSH_FILE_LEN || bytes[..4] != FLUSH_MAGIC {
+        return None;
+    }
+    let n = u64::from_le_bytes(bytes[4..12].try_into().ok()?);
+    (encode_flushes(n)[..] == *bytes).then_some(n)
+}
+
+/// Rule 1: copies the store at `from` into a fresh temporary directory, the flush file first.
+fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
+    let mut last_err = None;
+    let mut places = vec![std::env::temp_dir()];
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        places.push(shm.to_path_buf());
+    }
+    for place in places {
+        let attempt = tempfile::Builder::new()
+            .prefix("veriflow-read-")
+            .tempdir_in(&place)
+            .and_then(|dir| copy_tree(from, dir.path()).map(|()| dir));
+        match attempt {
+            Ok(dir) => return Ok(dir),
+            Err(e) => last_err = Some(format!("{}: {e}", place.display())),
+        }
+    }
+    Err(StoreError::Open {
+        path: from.to_path_buf(),
+        reason: format!(
+            "cannot copy it to read it without writing to it: {}",
+            last_err.unwrap_or_default()
+        ),
+    })
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(from)?.collect::<Result<_, _>>()?;
+    // The flush record before the files it vouches for (a writer may be running).
+    entries.sort_by_key(|e| (e.file_name() != FLUSH_FILE, e.file_name()));
+    for e in entries {
+        let kind = e.file_type()?;
+        let target = to.join(e.file_name());
+        if kind.is_dir() {
+            std::fs::create_dir(&target)?;
+            copy_tree(&e.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(e.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 impl Store for SledStore {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.db.insert(key, value)?;
-        Ok(())
+        self.writable()?;
+        guarded("insert", || {
+            self.db().insert(key, value)?;
+            Ok(())
+        })
     }
 
     fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        self.writable()?;
         let mut batch = sled::Batch::default();
         for (k, v) in pairs {
             batch.insert(k.as_slice(), v.as_slice());
         }
-        self.db.apply_batch(batch)?;
-        Ok(())
+        guarded("apply_batch", || {
+            self.db().apply_batch(batch)?;
+            Ok(())
+        })
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.db.get(key)?.map(|v| v.to_vec()))
+        guarded("get", || Ok(self.db().get(key)?.map(|v| v.to_vec())))
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
-        self.db
-            .scan_prefix(prefix)
-            .map(|r| {
-                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(StoreError::from)
-            })
-            .collect()
+        guarded("scan_prefix", || {
+            self.db()
+                .scan_prefix(prefix)
+                .map(|r| {
+                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                        .map_err(StoreError::from)
+                })
+                .collect()
+        })
     }
 
     fn scan_page(
@@ -108,29 +403,50 @@ impl Store for SledStore {
         limit: PageLimit,
     ) -> Result<Page, StoreError> {
         let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
-        fill_page(
-            self.db
-                .range::<&[u8], _>(range)
-                .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
-                .map(|r| {
-                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                        .map_err(StoreError::from)
-                }),
-            limit,
-        )
+        guarded("scan_page", || {
+            fill_page(
+                self.db()
+                    .range::<&[u8], _>(range)
+                    .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+                    .map(|r| {
+                        r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                            .map_err(StoreError::from)
+                    }),
+                limit,
+            )
+        })
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        self.db.remove(key)?;
-        Ok(())
+        self.writable()?;
+        guarded("remove", || {
+            self.db().remove(key)?;
+            Ok(())
+        })
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        let Some(flushes) = &self.inner.flushes else {
+            return Ok(()); // a read-only copy has nothing of its own to make durable
+        };
+        // Rule 2: counter into the database, sled's flush, then the file.
+        let mut state = flushes.lock().unwrap_or_else(|p| p.into_inner());
+        let next = state.0 + 1;
+        guarded("flush", || {
+            self.engine().1.insert(FLUSHES_KEY, &next.to_le_bytes())?;
+            self.db().flush()?;
+            Ok(())
+        })?;
+        state
+            .1
+            .write_all_at(&encode_flushes(next), 0)
+            .and_then(|()| state.1.flush())
+            .map_err(|e| StoreError::Io(format!("cannot write {FLUSH_FILE}: {e}")))?;
+        state.0 = next;
         Ok(())
     }
 
     fn describe(&self) -> String {
-        format!("local:{}", self.path.display())
+        format!("local:{}", self.inner.path.display())
     }
 }

@@ -462,7 +462,8 @@ fn ensure_manifest(
     manifest: &Manifest,
 ) -> Result<(), RunError> {
     if Manifest::load(store)?.is_none() {
-        manifest.store(store)?;
+        // With an empty durable watermark for each vnode that has none (log rule 8).
+        manifest.store_new(store)?;
     }
     Ok(())
 }

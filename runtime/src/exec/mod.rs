@@ -456,7 +456,11 @@ impl Runtime {
                     }
                     _ => {}
                 }
-                manifest.store(&**store)?;
+                if resume {
+                    manifest.store(&**store)?;
+                } else {
+                    manifest.store_new(&**store)?;
+                }
                 Some(LogWriter::start(store.clone(), self.vnodes, self.policy)?)
             }
             None if resume => {

@@ -7,10 +7,14 @@
 //! 2. A generation is written whole, flushed, and only then named current in the manifest: a
 //!    crash while writing leaves the manifest on the previous generation, and the half-written
 //!    one is cleared when it is written again.
+//! 3. Each vnode of a generation gets its durable watermark (rule 8 of `log/mod.rs`) under the
+//!    generation's prefix, so a gap or a lost tail in a generation is noticed as in the run's
+//!    own log.
 
 use veriflow_checkpoint::Store;
 
 use super::segment::{self, SegmentBuilder};
+use super::watermark::{watermark_key, LastSegment, Watermark};
 use super::{Event, LogError, Manifest};
 use crate::ids::VnodeId;
 
@@ -49,9 +53,30 @@ pub fn write_generation(
                 first = seq;
             }
         }
+        let mut last = None;
         if seg.count() > 0 {
             batch.push(sealed(&prefix, *vnode, segno, first, seg));
+            last = Some(LastSegment {
+                segno,
+                end_seq: seq,
+            });
+        } else if segno > 0 {
+            last = Some(LastSegment {
+                segno: segno - 1,
+                end_seq: seq,
+            });
         }
+        // Rule 8 of `log/mod.rs`: the generation's watermark of every vnode, even an empty one.
+        let mut key = prefix.clone();
+        key.extend_from_slice(&watermark_key(*vnode));
+        batch.push((
+            key,
+            Watermark {
+                vnode: *vnode,
+                last,
+            }
+            .encode()?,
+        ));
         store.put_batch(&batch)?;
     }
     store.flush()?;

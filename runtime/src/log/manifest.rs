@@ -3,9 +3,14 @@
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
 
+use super::watermark::{watermark_key, Watermark};
 use super::LogError;
 use crate::codec;
-use crate::ids::{DataId, TaskId};
+use crate::ids::{DataId, TaskId, VnodeId};
+
+/// Watermarks per store batch in [`Manifest::store_new`]: 4096 records of ~60 bytes, far
+/// below any store's batch limit.
+const WATERMARKS_PER_BATCH: usize = 4096;
 
 /// Store key of the manifest.
 pub const MANIFEST_KEY: &[u8] = b"manifest";
@@ -58,6 +63,31 @@ impl Manifest {
         store.put(MANIFEST_KEY, &codec::frame(MANIFEST_MAGIC, &bytes))?;
         store.flush()?;
         Ok(())
+    }
+
+    /// Writes the manifest of a new run, after an empty durable watermark for each vnode it
+    /// lists that has none yet (rule 8 of `log/mod.rs`): from then on a vnode whose log is
+    /// wholly lost is noticed. Flushes.
+    pub fn store_new(&self, store: &dyn Store) -> Result<(), LogError> {
+        let mut batch = Vec::new();
+        for v in 0..self.vnodes {
+            let key = watermark_key(VnodeId(v));
+            if store.get(&key)?.is_none() {
+                let wm = Watermark {
+                    vnode: VnodeId(v),
+                    last: None,
+                };
+                batch.push((key, wm.encode()?));
+            }
+            // Bounded batches (a checkpoint server takes one frame each).
+            if batch.len() >= WATERMARKS_PER_BATCH {
+                store.put_batch(&std::mem::take(&mut batch))?;
+            }
+        }
+        if !batch.is_empty() {
+            store.put_batch(&batch)?;
+        }
+        self.store(store)
     }
 
     /// Reads the manifest; `Ok(None)` when there is none.

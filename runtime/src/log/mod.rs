@@ -27,6 +27,18 @@
 //!    raises the store's fence for that log to `e`, then reads it; every segment write carries
 //!    its incarnation's epoch and a store that keeps fences refuses an older one
 //!    (`StoreError::Fenced`), so a zombie can never add to a successor's log.
+//! 8. **A gap is corruption.** Segment numbers of a vnode are contiguous (0, 1, 2, ...; a
+//!    cluster incarnation at epoch e starts a new run at `e << 40`, [`segment::EPOCH_SHIFT`]),
+//!    and so are sequence numbers: each segment's `first_seq` is the end of the one before it
+//!    (or below it: overlapping events are duplicates, not a gap). To notice a lost *tail*,
+//!    each vnode has a *durable watermark* record (`watermark.rs`): the writer puts it in the
+//!    same store batch as the segments it covers (last segment number and sequence end), so it
+//!    costs one small record per vnode per flush, not per task. A new run writes an empty one
+//!    for every vnode the manifest lists ([`Manifest::store_new`]). A reader reports as
+//!    [`LogError::Missing`], naming vnode and segment: a missing segment number or sequence
+//!    range, a log that stops short of its watermark, a torn segment the watermark covers (it
+//!    was flushed whole: only a segment written after the last flush may be torn, rule 4), and a
+//!    vnode the manifest lists with no watermark record.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -52,6 +64,7 @@ mod manifest;
 mod outputs;
 mod reader;
 pub mod segment;
+pub mod watermark;
 mod writer;
 
 pub use event::{Declared, Event, EventKey, EventKind, Output};
@@ -81,6 +94,17 @@ pub enum LogError {
         offset: u64,
         /// What failed.
         reason: String,
+    },
+    /// Part of a vnode's log is missing (rule 8): a gap in its segments, a tail lost below its
+    /// durable watermark, or a vnode the manifest lists without a sound watermark record.
+    #[error("log of {vnode} is corrupt: {what}")]
+    Missing {
+        /// The vnode whose log it is.
+        vnode: VnodeId,
+        /// The first segment known to be missing, when it can be named.
+        segment: Option<u64>,
+        /// What is missing (naming the segment when known), and what is there around it.
+        what: String,
     },
     /// The directory holds no veriflow run (no manifest).
     #[error("no veriflow run here: {0}")]

@@ -18,6 +18,17 @@ pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 /// Largest single event a writer accepts.
 pub const MAX_EVENT_BYTES: usize = 512 << 20;
 
+/// A cluster incarnation at epoch e numbers its segments from `e << EPOCH_SHIFT`
+/// (`LogWriter::vnode_log_at`), so a zombie of an older one never overwrites them; a reader
+/// accepts that jump in the numbering (rule 8 of `log/mod.rs`). 2^40 segments of an epoch are
+/// more than any run writes.
+pub const EPOCH_SHIFT: u32 = 40;
+
+/// Whether `segno` is the first segment number of an epoch (rule 8 of `log/mod.rs`).
+pub fn starts_epoch(segno: u64) -> bool {
+    segno & ((1u64 << EPOCH_SHIFT) - 1) == 0
+}
+
 /// Store key of segment `segno` of `vnode`: sorts by vnode then number.
 pub fn segment_key(vnode: VnodeId, segno: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(4 + 4 + 8);

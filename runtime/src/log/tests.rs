@@ -140,12 +140,24 @@ fn a_torn_last_segment_is_reported_and_skipped_but_not_a_torn_middle_one() {
     ]);
     let all = segments(&store);
     let (last_key, last) = all[2].clone();
-    store.put(&last_key, &last[..last.len() - 5]).unwrap();
+    // A crash mid-write tears a segment written after the last flush: beyond the durable
+    // watermark (rule 8), here segment 3.
+    store
+        .put(&segment_key(VnodeId(0), 3), &last[..last.len() - 5])
+        .unwrap();
     let r = read(&store).unwrap();
-    assert_eq!(r.events.len(), 2, "the torn segment's events are skipped");
+    assert_eq!(r.events.len(), 4, "the torn segment's events are skipped");
     let torn = r.torn.expect("torn tail reported");
-    assert_eq!(torn.segment, 2);
+    assert_eq!(torn.segment, 3);
     assert!(torn.reason.is_torn());
+    store.delete(&segment_key(VnodeId(0), 3)).unwrap();
+
+    // A torn segment the watermark covers was flushed whole: corruption, not a crash.
+    store.put(&last_key, &last[..last.len() - 5]).unwrap();
+    let err = read(&store).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { segment: 2, .. }), "{err}");
+    assert!(err.to_string().contains("watermark"), "{err}");
+    store.put(&last_key, &last).unwrap();
 
     let (mid_key, mid) = all[1].clone();
     store.put(&mid_key, &mid[..10]).unwrap();
@@ -330,4 +342,82 @@ fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
     assert!(largest <= 18 << 20, "a batch of {largest} bytes");
     let read = LogReader::new(store).read_vnode(VnodeId(0)).unwrap();
     assert_eq!(read.events.len(), 48);
+}
+
+fn manifest(vnodes: u32) -> Manifest {
+    Manifest {
+        program: "test".to_string(),
+        root: TaskId(1),
+        root_name: "root".to_string(),
+        root_args: vec![],
+        inputs: vec![],
+        terminal: vec![DataId(2)],
+        vnodes,
+        seed: 0,
+        status: RunStatus::Running,
+        tool_version: "test".to_string(),
+        generation: 0,
+    }
+}
+
+/// The message of a read that must fail, checked to name the vnode and the segment.
+fn gap_error(r: Result<VnodeEvents, LogError>, vnode: u32, segment: u64) -> String {
+    let err = r
+        .map(|v| v.events.len())
+        .expect_err("a log with a gap must not read");
+    let text = err.to_string();
+    assert!(text.contains(&format!("v{vnode}")), "{text}");
+    assert!(text.contains(&format!("segment {segment}")), "{text}");
+    assert!(text.contains("corrupt"), "{text}");
+    text
+}
+
+/// Issue 13 point 1: a missing middle segment is corruption naming vnode and segment (the
+/// reader used to return the other segments' events as if nothing was missing).
+#[test]
+fn a_missing_middle_segment_is_corruption_naming_vnode_and_segment() {
+    let store = write(&[vec![started(1)], vec![started(2)], vec![started(3)]]);
+    let all = segments(&store);
+    store.delete(&all[1].0).unwrap();
+    let text = gap_error(read(&store), 0, 1);
+    assert!(text.contains("missing"), "{text}");
+}
+
+/// Issue 13 point 1: the last segment going missing is noticed (the durable watermark names
+/// it), and so is the whole log of a vnode going missing.
+#[test]
+fn a_missing_last_segment_is_noticed_and_names_it() {
+    let store = write(&[vec![started(1)], vec![started(2)], vec![started(3)]]);
+    let all = segments(&store);
+    store.delete(&all[2].0).unwrap();
+    gap_error(read(&store), 0, 2);
+    store.delete(&all[1].0).unwrap();
+    gap_error(read(&store), 0, 1);
+    store.delete(&all[0].0).unwrap();
+    gap_error(read(&store), 0, 0);
+}
+
+/// Issue 13 point 1: a vnode the manifest lists whose every segment is gone is corruption in
+/// `read_all` (which used to drop it silently).
+#[test]
+fn a_vnode_the_manifest_lists_without_its_segments_is_corruption() {
+    let store = Arc::new(MemoryStore::default());
+    manifest(2).store(&*store).unwrap();
+    let writer = LogWriter::start(store.clone(), 2, CommitPolicy::default()).unwrap();
+    for v in 0..2 {
+        let mut log = writer.vnode_log(VnodeId(v)).unwrap();
+        log.append(&started(u128::from(v) + 1)).unwrap();
+        log.sync().unwrap();
+    }
+    writer.shutdown().unwrap();
+    assert_eq!(LogReader::new(store.clone()).read_all().unwrap().len(), 2);
+    for (key, _) in store.scan_prefix(&vnode_prefix(VnodeId(1))).unwrap() {
+        store.delete(&key).unwrap();
+    }
+    let err = LogReader::new(store.clone())
+        .read_all()
+        .map(|logs| logs.len())
+        .expect_err("a vnode's log is gone");
+    assert!(err.to_string().contains("v1"), "{err}");
+    assert!(err.to_string().contains("segment 0"), "{err}");
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use veriflow_checkpoint::Store;
 
 use super::segment::{self, SegmentBuilder};
+use super::watermark::{watermark_key, LastSegment, Watermark};
 use super::{Event, EventKey, LogError};
 use crate::ids::{IdHasher, VnodeId};
 use crate::util::Padded;
@@ -203,6 +204,15 @@ impl LogWriter {
         let prefix = segment::vnode_prefix(vnode);
         self.store.raise_fence(&prefix, epoch)?;
         let existing = self.store.scan_prefix(&prefix)?;
+        // Rule 8: a torn segment the watermark covers was flushed whole, so it is damage, not
+        // a crash's leftover: it is kept for readers to report, never dropped here.
+        let covered = match self.store.get(&watermark_key(vnode))? {
+            Some(bytes) => Watermark::decode(vnode, &bytes)
+                .ok()
+                .and_then(|wm| wm.last)
+                .map(|l| l.segno),
+            None => None,
+        };
         let mut next_segno = 0;
         let mut next_seq = 0;
         for (i, (key, value)) in existing.iter().enumerate() {
@@ -216,7 +226,9 @@ impl LogWriter {
                     // would make it a torn *middle* segment, which readers refuse: drop it and
                     // reuse its number.
                     Err(segment::SegmentError::Frame(f))
-                        if f.is_torn() && i + 1 == existing.len() =>
+                        if f.is_torn()
+                            && i + 1 == existing.len()
+                            && covered.map_or(true, |c| segno > c) =>
                     {
                         tracing::warn!("log of {vnode}: dropping torn last segment {segno} ({f})");
                         self.store.delete(key)?;
@@ -227,7 +239,7 @@ impl LogWriter {
                 }
             }
         }
-        next_segno = next_segno.max(epoch << 40);
+        next_segno = next_segno.max(epoch << segment::EPOCH_SHIFT);
         slot.0.fetch_max(next_seq, Ordering::Release);
         let tx = self
             .tx
@@ -341,16 +353,11 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
 fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
     let mut fences: Vec<(VnodeId, u64)> = Vec::new();
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = batch
-        .into_iter()
-        .map(|s| {
-            marks.push((s.vnode, s.last_seq));
-            if !fences.contains(&(s.vnode, s.epoch)) {
-                fences.push((s.vnode, s.epoch));
-            }
-            (segment::segment_key(s.vnode, s.segno), s.bytes)
-        })
-        .collect();
+    for s in &batch {
+        if !fences.contains(&(s.vnode, s.epoch)) {
+            fences.push((s.vnode, s.epoch));
+        }
+    }
     let fences: Vec<(Vec<u8>, u64)> = fences
         .into_iter()
         .map(|(v, e)| (segment::vnode_prefix(v), e))
@@ -358,17 +365,46 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     // Stores bound what one batch may carry (a checkpoint server takes one frame): hand
     // them the segments in order, in chunks of at most MAX_BATCH_BYTES, then flush once.
     // Chunks go in log order, so a crash leaves a prefix of the segments, never a gap.
+    // Each chunk carries the durable watermark of every vnode it holds segments of (rule
+    // 8), so the watermark never names a segment that is not stored with it, and a fenced
+    // zombie's watermark is refused with its segments.
     let mut result = Ok(());
-    let mut start = 0;
-    while start < pairs.len() && result.is_ok() {
-        let mut end = start;
+    let mut segments = batch.into_iter().peekable();
+    while segments.peek().is_some() && result.is_ok() {
+        let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
-        while end < pairs.len() && (end == start || bytes + pairs[end].1.len() <= MAX_BATCH_BYTES) {
-            bytes += pairs[end].1.len();
-            end += 1;
+        while let Some(s) =
+            segments.next_if(|s| chunk.is_empty() || bytes + s.bytes.len() <= MAX_BATCH_BYTES)
+        {
+            bytes += s.bytes.len();
+            marks.push((s.vnode, s.last_seq));
+            let mark = LastSegment {
+                segno: s.segno,
+                end_seq: s.last_seq,
+            };
+            match last.iter_mut().find(|(v, _)| *v == s.vnode) {
+                Some((_, m)) => *m = mark,
+                None => last.push((s.vnode, mark)),
+            }
+            chunk.push((segment::segment_key(s.vnode, s.segno), s.bytes));
         }
-        result = store.put_batch_fenced(&fences, &pairs[start..end]);
-        start = end;
+        for (vnode, mark) in last {
+            let wm = Watermark {
+                vnode,
+                last: Some(mark),
+            };
+            match wm.encode() {
+                Ok(bytes) => chunk.push((watermark_key(vnode), bytes)),
+                Err(e) => {
+                    result = Err(veriflow_checkpoint::StoreError::Io(e.to_string()));
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = store.put_batch_fenced(&fences, &chunk);
+        }
     }
     let result = result.and_then(|()| store.flush());
     if let Err(e) = result {
