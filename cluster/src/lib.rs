@@ -17,3 +17,15 @@ pub mod worker;
 
 pub use error::ClusterError;
 pub use submit::submit;
+
+/// The failure detector's parameters of the unit tests: paper 004's shape in milliseconds.
+#[cfg(test)]
+pub(crate) fn test_fd() -> veriflow_runtime::detect::FdParams {
+    veriflow_runtime::detect::FdParams {
+        interval: std::time::Duration::from_millis(100),
+        timeout: std::time::Duration::from_millis(200),
+        insurance: std::time::Duration::from_millis(500),
+        broken: std::time::Duration::from_millis(200),
+        k: 2,
+    }
+}

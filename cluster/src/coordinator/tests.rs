@@ -2,22 +2,17 @@
 
 use std::time::Duration;
 
-use veriflow_runtime::detect::{FdParams, Heartbeat};
+use veriflow_runtime::detect::Heartbeat;
 
 use super::*;
 
-fn fd() -> FdParams {
-    FdParams {
-        interval: Duration::from_millis(100),
-        timeout: Duration::from_millis(200),
-        insurance: Duration::from_millis(500),
-        broken: Duration::from_millis(200),
-        k: 2,
-    }
-}
-
 fn coord() -> Coordinator {
-    Coordinator::new(Config::new("knary", "central:x:1", fd(), [7; 32]))
+    Coordinator::new(Config::new(
+        "knary",
+        "central:x:1",
+        crate::test_fd(),
+        [7; 32],
+    ))
 }
 
 fn ms(n: u64) -> Duration {
@@ -206,12 +201,11 @@ fn a_store_that_holds_a_run_is_refused() {
     assert!(c.map().is_none());
 }
 
-#[test]
-fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest() {
-    let mut c = running(2, 0, 2);
-    let mut now = ms(10);
-    let mut stopped = false;
-    for _ in 0..4 {
+/// Answers every probe of a running job on workers 1 and 2 (hosting vnodes 0 and 1) with idle,
+/// unchanged words until the coordinator stops the job; returns when it did, or None if it did
+/// not within `rounds` rounds.
+fn idle_until_stopped(c: &mut Coordinator, mut now: Duration, rounds: u32) -> Option<Duration> {
+    for _ in 0..rounds {
         let a = c.on_event(now, Event::Tick);
         let probes: Vec<_> = [1, 2]
             .iter()
@@ -224,7 +218,6 @@ fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest
         assert_eq!(probes.len(), 2, "one probe per member: {a:?}");
         let (job, round) = probes[0];
         for w in [1u32, 2] {
-            let v = w - 1;
             let a = c.on_event(
                 now,
                 Event::FromWorker {
@@ -232,7 +225,7 @@ fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest
                     msg: ToCoord::Status {
                         job,
                         round,
-                        work: vec![(v, 5 << 32)],
+                        work: vec![(w - 1, 5 << 32)],
                         completed: 10,
                         started: true,
                     },
@@ -242,15 +235,18 @@ fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest
                 .iter()
                 .any(|m| matches!(m, ToWorker::Stop { .. }))
             {
-                stopped = true;
+                return Some(now);
             }
-        }
-        if stopped {
-            break;
         }
         now += ms(10);
     }
-    assert!(stopped, "two identical idle rounds end the run");
+    None
+}
+
+#[test]
+fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest() {
+    let mut c = running(2, 0, 2);
+    let now = idle_until_stopped(&mut c, ms(10), 4).expect("two identical idle rounds end the run");
     let report = |outputs| WorkerReport {
         outputs,
         tasks: 10,
@@ -591,39 +587,7 @@ fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
 #[test]
 fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
     let mut c = running(2, 0, 2);
-    // Termination detected: two idle unchanged rounds.
-    let mut now = ms(10);
-    'rounds: for _ in 0..4 {
-        let a = c.on_event(now, Event::Tick);
-        let Some(ToWorker::Probe { job, round }) = to_worker(&a, 1)
-            .into_iter()
-            .find(|m| matches!(m, ToWorker::Probe { .. }))
-        else {
-            panic!("{a:?}");
-        };
-        for w in [1u32, 2] {
-            let a = c.on_event(
-                now,
-                Event::FromWorker {
-                    worker: w,
-                    msg: ToCoord::Status {
-                        job,
-                        round,
-                        work: vec![(w - 1, 7 << 32)],
-                        completed: 3,
-                        started: true,
-                    },
-                },
-            );
-            if to_worker(&a, 2)
-                .iter()
-                .any(|m| matches!(m, ToWorker::Stop { .. }))
-            {
-                break 'rounds;
-            }
-        }
-        now += ms(10);
-    }
+    let now = idle_until_stopped(&mut c, ms(10), 4).expect("the run ends");
     // Worker 2 reports; worker 1 (vnode 0's host) dies before it does.
     let _ = c.on_event(
         now,

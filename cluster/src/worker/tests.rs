@@ -2,22 +2,11 @@
 
 use std::time::Duration;
 
-use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::transport::{Envelope, Message};
 use veriflow_runtime::{Epoch, VnodeId};
 
 use super::*;
 use crate::coordinator::link_key;
-
-fn fd() -> FdParams {
-    FdParams {
-        interval: Duration::from_millis(100),
-        timeout: Duration::from_millis(200),
-        insurance: Duration::from_millis(500),
-        broken: Duration::from_millis(200),
-        k: 2,
-    }
-}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -44,7 +33,7 @@ fn env() -> Envelope {
 /// Worker 1 of workers 1-3, started on job 7 hosting vnode 0; vnode 1 on worker 2, vnode 2
 /// not mapped yet.
 fn started() -> WorkerCore {
-    let mut w = WorkerCore::new(1, fd(), ms(0));
+    let mut w = WorkerCore::new(1, crate::test_fd(), ms(0));
     let a = w.on_event(
         ms(1),
         Event::FromCoord(ToWorker::Start {

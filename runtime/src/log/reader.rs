@@ -126,7 +126,12 @@ impl LogReader {
         match Manifest::load(&*self.store)? {
             None => Ok(marked),
             Some(m) => {
-                if let Some(&v) = marked.iter().find(|v| v.0 >= m.vnodes) {
+                // A correction's generation holds the oracle's own log besides the vnodes'.
+                let oracle = marked.contains(&VnodeId::ORACLE);
+                if let Some(&v) = marked
+                    .iter()
+                    .find(|v| v.0 >= m.vnodes && **v != VnodeId::ORACLE)
+                {
                     return Err(LogError::Missing {
                         vnode: v,
                         segment: None,
@@ -137,7 +142,10 @@ impl LogReader {
                         ),
                     });
                 }
-                Ok((0..m.vnodes).map(VnodeId).collect())
+                Ok((0..m.vnodes)
+                    .map(VnodeId)
+                    .chain(oracle.then_some(VnodeId::ORACLE))
+                    .collect())
             }
         }
     }
