@@ -269,6 +269,9 @@ fn check_flushes(dir: &Path, meta: &sled::Tree) -> Result<u64, StoreError> {
     };
     let file = dir.join(FLUSH_FILE);
     let recorded = match std::fs::read(&file) {
+        // Created at open, and its first write failed (a full disk): it records no flush,
+        // which is at most the database's counter, as rule 2 requires.
+        Ok(bytes) if bytes.is_empty() => 0,
         Ok(bytes) => decode_flushes(&bytes).ok_or_else(|| {
             StoreError::Corruption(format!(
                 "{FLUSH_FILE} is damaged ({} bytes, not a flush record)",
