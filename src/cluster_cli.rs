@@ -271,13 +271,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
     let report = runtime
         .run_member(root, inputs, ctx.member)
         .map_err(|e| e.to_string())?;
-    Ok(WorkerReport {
-        outputs: report.outputs,
-        tasks: report.tasks,
-        events: report.events,
-        vnodes: report.vnodes,
-        ..WorkerReport::default()
-    })
+    Ok(WorkerReport::from(report))
 }
 
 /// What a finished cluster job gives the summary.

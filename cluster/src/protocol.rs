@@ -193,3 +193,38 @@ pub enum Peer {
     /// A heartbeat of the sender's failure detector.
     Heartbeat(Heartbeat),
 }
+
+impl From<veriflow_runtime::MemberReport> for WorkerReport {
+    /// What a data-flow member did, as the coordinator hears it.
+    fn from(r: veriflow_runtime::MemberReport) -> Self {
+        WorkerReport {
+            outputs: r.outputs,
+            tasks: r.tasks,
+            events: r.events,
+            vnodes: r.vnodes,
+            ..WorkerReport::default()
+        }
+    }
+}
+
+impl ToCoord {
+    /// The answer to probe `round` of `job` from the member's shared status (`worker` rule 4);
+    /// `None` when no member of that job runs here.
+    pub fn status(
+        job: u64,
+        round: u64,
+        status: Option<&veriflow_runtime::MemberStatus>,
+    ) -> ToCoord {
+        let (work, completed, started) = match status.and_then(|s| s.work().map(|w| (w, s))) {
+            Some((w, s)) => (w, s.completed(), true),
+            None => (Vec::new(), 0, false),
+        };
+        ToCoord::Status {
+            job,
+            round,
+            work: work.into_iter().map(|(v, w)| (v.0, w)).collect(),
+            completed,
+            started,
+        }
+    }
+}

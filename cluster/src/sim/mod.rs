@@ -736,37 +736,19 @@ impl World {
                     let (job, member, _) = p.member.take().expect("checked above");
                     let result = member
                         .finish()
-                        .map(|r| WorkerReport {
-                            outputs: r.outputs,
-                            tasks: r.tasks,
-                            events: r.events,
-                            vnodes: r.vnodes,
-                            ..WorkerReport::default()
-                        })
+                        .map(WorkerReport::from)
                         .map_err(|e| e.to_string());
                     return self.worker_event(id, worker::Event::JobEnded { job, result });
                 }
             }
             worker::Action::AnswerProbe { job, round } => {
-                let (work, completed, started) = match self
+                let status = self
                     .procs
                     .get(&id)
                     .and_then(|p| p.member.as_ref())
                     .filter(|(j, _, _)| *j == job)
-                {
-                    Some((_, m, _)) => match m.status().work() {
-                        Some(w) => (w, m.status().completed(), true),
-                        None => (Vec::new(), 0, false),
-                    },
-                    None => (Vec::new(), 0, false),
-                };
-                let msg = ToCoord::Status {
-                    job,
-                    round,
-                    work: work.into_iter().map(|(v, w)| (v.0, w)).collect(),
-                    completed,
-                    started,
-                };
+                    .map(|(_, m, _)| &**m.status());
+                let msg = ToCoord::status(job, round, status);
                 self.send(Node::Worker(id), Node::Coord, Frame::ToCoord(id, msg), true);
             }
             worker::Action::Exit(reason) => {

@@ -140,20 +140,8 @@ impl Driver {
                 }
             }
             Action::AnswerProbe { job, round } => {
-                let (work, completed, started) = match st.job.as_ref().filter(|j| j.id == job) {
-                    Some(j) => match j.status.work() {
-                        Some(w) => (w, j.status.completed(), true),
-                        None => (Vec::new(), 0, false),
-                    },
-                    None => (Vec::new(), 0, false),
-                };
-                let _ = self.to_coord.send(ToCoord::Status {
-                    job,
-                    round,
-                    work: work.into_iter().map(|(v, w)| (v.0, w)).collect(),
-                    completed,
-                    started,
-                });
+                let status = st.job.as_ref().filter(|j| j.id == job).map(|j| &*j.status);
+                let _ = self.to_coord.send(ToCoord::status(job, round, status));
             }
             Action::Exit(reason) => {
                 if st.exit.is_none() {
