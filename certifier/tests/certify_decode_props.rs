@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_certifier::{certify, Certificate, NoProgress, Options};
-use veriflow_checkpoint::fuzzing::{damage, Damage};
+use veriflow_checkpoint::fuzzing::{damage, damages};
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{Ctx, MemoryStore, Registry, Runtime, Store, Task, TaskResult, Writes};
 
@@ -82,18 +82,6 @@ fn signed() -> &'static (Arc<dyn Store>, String, Key) {
         cert.sign(&key).unwrap();
         (store, cert.to_json(), key)
     })
-}
-
-fn damages() -> impl Strategy<Value = Vec<Damage>> {
-    prop::collection::vec(
-        (
-            any::<u8>(),
-            any::<usize>(),
-            any::<usize>(),
-            prop::collection::vec(any::<u8>(), 0..8),
-        ),
-        1..4,
-    )
 }
 
 proptest! {

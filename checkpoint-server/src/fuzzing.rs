@@ -161,6 +161,21 @@ pub fn store_spec_text(text: &str) {
 /// Positions are taken modulo the length, so any tuple applies to any encoding.
 pub type Damage = (u8, usize, usize, Vec<u8>);
 
+/// The proptest strategy of 1-3 damages, shared by every crate's decoder property tests.
+#[cfg(any(test, feature = "proptest"))]
+pub fn damages() -> impl proptest::strategy::Strategy<Value = Vec<Damage>> {
+    use proptest::prelude::*;
+    prop::collection::vec(
+        (
+            any::<u8>(),
+            any::<usize>(),
+            any::<usize>(),
+            prop::collection::vec(any::<u8>(), 0..8),
+        ),
+        1..4,
+    )
+}
+
 /// Applies `damages` in order to a copy of `bytes`.
 pub fn damage(bytes: &[u8], damages: &[Damage]) -> Vec<u8> {
     let mut b = bytes.to_vec();
@@ -192,18 +207,6 @@ mod tests {
     use crate::erasure::Codec;
     use proptest::prelude::*;
     use serde_bytes::ByteBuf;
-
-    fn damages() -> impl Strategy<Value = Vec<Damage>> {
-        prop::collection::vec(
-            (
-                any::<u8>(),
-                any::<usize>(),
-                any::<usize>(),
-                prop::collection::vec(any::<u8>(), 0..8),
-            ),
-            1..4,
-        )
-    }
 
     /// A valid frame stream carrying `req` as frame 0 under [`SESSION`].
     fn valid_stream(req: &Request) -> Vec<u8> {

@@ -5,7 +5,7 @@
 //! what the input holds.
 
 use proptest::prelude::*;
-use veriflow_checkpoint::fuzzing::{damage, Damage};
+use veriflow_checkpoint::fuzzing::{damage, damages};
 use veriflow_runtime::codec;
 use veriflow_runtime::log::segment::{decode_segment, SegmentBuilder, SEGMENT_MAGIC};
 use veriflow_runtime::log::{Declared, Event, Manifest, Output, RunStatus, MANIFEST_KEY};
@@ -13,18 +13,6 @@ use veriflow_runtime::{DataId, Digest, MemoryStore, Store, TaskId, VnodeId};
 
 /// The manifest's frame magic (private to the log; written in its files).
 const MANIFEST_MAGIC: [u8; 4] = *b"VFMF";
-
-fn damages() -> impl Strategy<Value = Vec<Damage>> {
-    prop::collection::vec(
-        (
-            any::<u8>(),
-            any::<usize>(),
-            any::<usize>(),
-            prop::collection::vec(any::<u8>(), 0..8),
-        ),
-        1..4,
-    )
-}
 
 fn events() -> Vec<Event> {
     let root = TaskId::root("prog", b"args");

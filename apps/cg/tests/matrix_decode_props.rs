@@ -4,7 +4,7 @@
 //! checked against the file's length before anything is allocated).
 
 use proptest::prelude::*;
-use veriflow_checkpoint::fuzzing::{damage, Damage};
+use veriflow_checkpoint::fuzzing::{damage, damages, Damage};
 
 const MTX: &str = include_str!("data/lund_a.mtx");
 const RSA: &str = include_str!("data/lund_a.rsa");
@@ -35,18 +35,6 @@ fn check(bytes: &[u8]) {
             bytes.len()
         );
     }
-}
-
-fn damages() -> impl Strategy<Value = Vec<Damage>> {
-    prop::collection::vec(
-        (
-            any::<u8>(),
-            any::<usize>(),
-            any::<usize>(),
-            prop::collection::vec(any::<u8>(), 0..8),
-        ),
-        1..4,
-    )
 }
 
 /// A Matrix Market header with arbitrary size fields, then a few entries.
