@@ -85,15 +85,30 @@ pub(crate) struct CoordinatorArgs {
     /// replicate:, parity: or ida:; a local: directory is one process's only).
     #[arg(long, value_name = "SPEC")]
     store: StoreSpec,
+    /// Stand by: take over when the active coordinator's lease in the store expires.
+    #[arg(long)]
+    standby: bool,
+    /// The other coordinators' addresses, told to workers and clients.
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',')]
+    join_coordinators: Vec<String>,
+    /// The active coordinator renews its lease in the store every quarter of this; a standby
+    /// takes over when it has not moved for this long, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(40..=600_000))]
+    lease_ms: u64,
     #[command(flatten)]
     fd: FdArgs,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct WorkerArgs {
-    /// The coordinator's address.
-    #[arg(long, value_name = "ADDR")]
-    join: String,
+    /// The coordinators' addresses (the one holding the role answers).
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    join: Vec<String>,
+    /// How long to look for a coordinator after losing one before giving up, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    rejoin_patience: u64,
     /// The cluster's key file.
     #[arg(long, value_name = "FILE")]
     key: PathBuf,
@@ -136,9 +151,10 @@ pub(crate) struct JobArgs<P: Program> {
 
 #[derive(Args, Debug)]
 pub(crate) struct SubmitArgs<P: Program> {
-    /// The coordinator's address.
-    #[arg(long, value_name = "ADDR")]
-    coordinator: String,
+    /// The coordinators' addresses (the one holding the role answers; after a takeover the
+    /// job is followed on its successor).
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    coordinator: Vec<String>,
     /// The cluster's key file.
     #[arg(long, value_name = "FILE")]
     key: PathBuf,
@@ -167,6 +183,13 @@ pub(crate) struct ClusterArgs<P: Program> {
     /// Kill K worker processes with SIGKILL at points drawn from --seed.
     #[arg(long, value_name = "K", default_value_t = 0)]
     kill_random: u32,
+    /// Coordinator processes: the first is active, the others stand by.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    coordinators: u32,
+    /// Kill the active coordinator with SIGKILL at a point drawn from --seed (needs
+    /// --coordinators 2 or more).
+    #[arg(long, requires = "coordinators")]
+    kill_coordinator: bool,
     #[command(flatten)]
     fd: FdArgs,
     #[command(flatten)]
@@ -195,6 +218,9 @@ pub(crate) fn coordinator_cmd(
         store_spec: args.store.to_string(),
         store,
         fd: args.fd.params()?,
+        standby: args.standby,
+        coordinators: args.join_coordinators.clone(),
+        lease: coordinator::LeaseParams::with_expiry(Duration::from_millis(args.lease_ms)),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -211,9 +237,12 @@ pub(crate) fn coordinator_cmd(
         println!("coordinator listening on {addr}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        coordinator::serve(listener, cfg)
-            .await
-            .map_err(CliError::from)
+        coordinator::serve(listener, cfg, || {
+            println!("coordinator active at {addr}");
+            let _ = std::io::stdout().flush();
+        })
+        .await
+        .map_err(CliError::from)
     })
 }
 
@@ -226,6 +255,7 @@ pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> 
     let cfg = WorkerConfig {
         program: P::NAME.to_string(),
         join: args.join.clone(),
+        rejoin_patience: Duration::from_secs(args.rejoin_patience),
         listen: args.listen.clone(),
         key,
         threads,
@@ -324,7 +354,7 @@ fn job_spec<P: Program>(
 
 /// Follows a job to its end, printing what happens on the way unless `--json`.
 fn follow(
-    addr: &str,
+    addrs: &[String],
     key: &Key,
     program: &str,
     spec: JobSpec,
@@ -338,6 +368,7 @@ fn follow(
             spares,
             vnodes,
             store: s,
+            ..
         } => {
             workers = *w;
             store = s.clone();
@@ -346,6 +377,9 @@ fn follow(
             }
         }
         ToSubmit::Progress { completed } => on_progress(*completed),
+        ToSubmit::Takeover { coordinator } if !json => {
+            eprintln!("cluster: coordinator {coordinator} took the job over");
+        }
         ToSubmit::WorkerLost {
             worker,
             reason,
@@ -362,7 +396,7 @@ fn follow(
         }
         _ => {}
     };
-    match veriflow_cluster::submit(addr, key, program, spec, &mut on_event)? {
+    match veriflow_cluster::submit(addrs, key, program, spec, &mut on_event)? {
         ToSubmit::Finished {
             outputs,
             root,
@@ -651,34 +685,58 @@ pub(crate) fn cluster_cmd<P: Program>(
         });
     }
     let store_spec = format!("{strategy}:{}", addrs.join(","));
-    // The coordinator.
-    let mut coord_args = vec![
-        "coordinator".to_string(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--key".into(),
-        kp.clone(),
-        "--store".into(),
-        store_spec.clone(),
-    ];
-    coord_args.extend(args.fd.to_args());
-    let mut coordinator = spawn_self(&coord_args, &dir.path().join("coordinator.log"))?;
-    let mut line = String::new();
-    if let Some(out) = coordinator.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
+    // The coordinators: the first takes the role, the others stand by.
+    let mut coordinators: Vec<Proc> = Vec::new();
+    let mut caddrs: Vec<String> = Vec::new();
+    for i in 0..args.coordinators {
+        let mut coord_args = vec![
+            "coordinator".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--key".into(),
+            kp.clone(),
+            "--store".into(),
+            store_spec.clone(),
+        ];
+        if i > 0 {
+            coord_args.push("--standby".into());
+            coord_args.push(format!("--join-coordinators={}", caddrs.join(",")));
+        }
+        coord_args.extend(args.fd.to_args());
+        let log = dir.path().join(format!("coordinator{i}.log"));
+        let mut child = spawn_self(&coord_args, &log)?;
+        let out = child.stdout.take();
+        let proc = Proc(Some(child));
+        let mut lines = out.map(BufReader::new);
+        let mut line = String::new();
+        let mut next = || {
+            line.clear();
+            if let Some(r) = lines.as_mut() {
+                let _ = r.read_line(&mut line);
+            }
+            line.trim().to_string()
+        };
+        let Some(addr) = next()
+            .strip_prefix("coordinator listening on ")
+            .map(str::to_string)
+        else {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(CliError::Invalid(format!(
+                "coordinator {i} did not start: {}",
+                log.trim()
+            )));
+        };
+        if i == 0 && !next().starts_with("coordinator active") {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(CliError::Invalid(format!(
+                "the coordinator did not take the role: {}",
+                log.trim()
+            )));
+        }
+        caddrs.push(addr);
+        coordinators.push(proc);
     }
-    let coordinator = Proc(Some(coordinator));
-    let Some(caddr) = line
-        .trim()
-        .strip_prefix("coordinator listening on ")
-        .map(str::to_string)
-    else {
-        let log = std::fs::read_to_string(dir.path().join("coordinator.log")).unwrap_or_default();
-        return Err(CliError::Invalid(format!(
-            "the coordinator did not start: {}",
-            log.trim()
-        )));
-    };
+    let caddr = caddrs.join(",");
     // The workers.
     let mut workers: Vec<Proc> = Vec::new();
     for i in 0..args.workers + args.spares {
@@ -713,6 +771,9 @@ pub(crate) fn cluster_cmd<P: Program>(
     let bar = crate::app::progress_bar(args.job.json, expected);
     let started = std::time::Instant::now();
     let mut killed: Vec<usize> = Vec::new();
+    // The active coordinator's kill, after the workers' first (or at a third of the run).
+    let mut coord_kill = (args.kill_coordinator && args.coordinators > 1)
+        .then(|| kills.first().map_or(0.33, |k| (k.0 + 0.05).min(0.8)));
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
             b.set_position(n);
@@ -734,8 +795,12 @@ pub(crate) fn cluster_cmd<P: Program>(
                 killed.push(v);
             }
         }
+        if coord_kill.is_some_and(|at| frac >= at) {
+            coord_kill = None;
+            coordinators[0].kill();
+        }
     };
-    let done = follow(&caddr, &key, P::NAME, spec, args.job.json, &mut progress);
+    let done = follow(&caddrs, &key, P::NAME, spec, args.job.json, &mut progress);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -744,7 +809,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         Err(e) => Err(e),
     };
     drop(workers);
-    drop(coordinator);
+    drop(coordinators);
     drop(net);
     if result.is_err() {
         eprintln!(

@@ -19,6 +19,12 @@ pub enum ClusterError {
     /// The connection to the coordinator was lost.
     #[error("lost the coordinator {0}")]
     CoordinatorLost(String),
+    /// This coordinator lost its role to one of a newer term, or could not keep it.
+    #[error("this coordinator stepped down: {0}")]
+    Deposed(String),
+    /// The coordinator's journal or lease could not be read or written.
+    #[error("{0}")]
+    Journal(#[from] crate::coordinator::journal::JournalError),
     /// A network error on a connection.
     #[error("{addr}: {source}")]
     Net {

@@ -24,7 +24,12 @@ pub enum Hello {
         threads: u32,
         /// Whether it waits idle until needed for recovery.
         spare: bool,
+        /// Its Ed25519 public key (`coordinator` rule 10).
+        public_key: [u8; 32],
     },
+    /// A worker admitted by an earlier coordinator comes back to its successor
+    /// (`coordinator` rule 10).
+    Rejoin(Box<Rejoin>),
     /// A client submits a job.
     Submit {
         /// Program (app) of the job.
@@ -32,11 +37,46 @@ pub enum Hello {
         /// The job.
         job: JobSpec,
     },
+    /// A client follows job `job` again after its coordinator was replaced.
+    Attach {
+        /// The job's id.
+        job: u64,
+    },
+}
+
+/// A worker's claim when it comes back to a new coordinator (`coordinator` rule 10).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rejoin {
+    /// Its id.
+    pub id: WorkerId,
+    /// Program (app) it runs.
+    pub program: String,
+    /// Where its peers reach it.
+    pub peer_addr: String,
+    /// Its threads.
+    pub threads: u32,
+    /// Whether it joined as a spare.
+    pub spare: bool,
+    /// Ed25519 signature of [`rejoin_message`] with the key it joined with.
+    pub signature: Vec<u8>,
+    /// The job it runs, and the vnodes it hosts there at their epochs.
+    pub job: Option<(u64, Vec<(u32, u64)>)>,
+    /// Its part of the last job, if that ended here (kept until the next job starts).
+    pub report: Option<(u64, Result<WorkerReport, String>)>,
+}
+
+/// What a rejoining worker signs: the connection's channel binding, so a signature cannot be
+/// replayed on another connection.
+pub fn rejoin_message(binding: &[u8; 32], id: WorkerId) -> Vec<u8> {
+    let mut m = b"veriflow rejoin v1".to_vec();
+    m.extend_from_slice(binding);
+    m.extend_from_slice(&id.to_le_bytes());
+    m
 }
 
 /// A job: the submit command's own arguments (each worker parses them with the same command
 /// line), and the run options the coordinator needs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// `submit` and its arguments, as typed.
     pub argv: Vec<String>,
@@ -57,7 +97,11 @@ pub enum ToWorker {
         id: WorkerId,
         store: String,
         fd: FdParams,
+        /// Every coordinator address known, the active one first (`coordinator` rule 10).
+        coordinators: Vec<String>,
     },
+    /// This coordinator is a standby: try the others (`active` if it knows it).
+    Standby { active: Option<String> },
     /// A heartbeat of the coordinator's failure detector.
     Heartbeat(Heartbeat),
     /// The hello was refused (rule 7 of `coordinator`): the connection closes next.
@@ -125,6 +169,7 @@ pub struct WorkerReport {
 pub enum ToSubmit {
     /// The job runs on these workers.
     Accepted {
+        job: u64,
         workers: u32,
         spares: u32,
         vnodes: u32,
@@ -132,6 +177,10 @@ pub enum ToSubmit {
     },
     /// Tasks completed so far.
     Progress { completed: u64 },
+    /// The coordinator at `coordinator` took over the job (its predecessor was lost).
+    Takeover { coordinator: String },
+    /// This coordinator is a standby: try the others (`active` if it knows it).
+    Standby { active: Option<String> },
     /// A worker was lost; its vnodes moved.
     WorkerLost {
         worker: WorkerId,

@@ -1,20 +1,35 @@
-//! The submitting client: sends a job to a coordinator and follows it to its end.
+//! The submitting client: sends a job to a coordinator and follows it to its end, across a
+//! takeover (`coordinator` rule 10).
+
+use std::time::{Duration, Instant};
 
 use veriflow_checkpoint::Key;
 
 use crate::error::ClusterError;
 use crate::protocol::{Hello, JobSpec, ToSubmit};
-use crate::worker::connect_coordinator;
+use crate::worker::driver::connect_once;
 
-/// Submits `job` to the coordinator at `addr` and follows it to the end; `on_event` sees every
-/// message on the way (progress, lost workers). Returns the last one (`Finished` or `Failed`).
+/// How long the client looks for a coordinator, first and after losing one: a standby takes
+/// over within its lease's expiry plus the members' return.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Submits `job` to whichever of the coordinators at `addrs` holds the role, and follows it
+/// to the end; `on_event` sees every message on the way (progress, lost workers, a takeover).
+/// If the coordinator is lost, the client finds its successor and follows the job there.
+/// Returns the last message (`Finished` or `Failed`).
 pub fn submit(
-    addr: &str,
+    addrs: &[String],
     key: &Key,
     program: &str,
     job: JobSpec,
     on_event: &mut dyn FnMut(&ToSubmit),
 ) -> Result<ToSubmit, ClusterError> {
+    if addrs.is_empty() {
+        return Err(ClusterError::Refused {
+            addr: String::new(),
+            reason: "no coordinator address given".to_string(),
+        });
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -23,23 +38,98 @@ pub fn submit(
             source: e,
         })?;
     rt.block_on(async {
-        let conn = connect_coordinator(addr, key).await?;
-        let (mut reader, mut writer) = conn.into_split();
-        writer
-            .send(&Hello::Submit {
-                program: program.to_string(),
-                job,
-            })
-            .await
-            .map_err(|e| ClusterError::wire(addr, e))?;
+        // The job's id once a coordinator accepted it: after that, the client attaches.
+        let mut accepted: Option<u64> = None;
+        let mut lost: Option<String> = None;
         loop {
-            let msg: ToSubmit = reader.recv().await.map_err(|e| {
-                ClusterError::CoordinatorLost(format!("{addr} during the job: {e}"))
-            })?;
-            on_event(&msg);
-            if matches!(msg, ToSubmit::Finished { .. } | ToSubmit::Failed { .. }) {
-                return Ok(msg);
+            let hello = match accepted {
+                Some(job) => Hello::Attach { job },
+                None => Hello::Submit {
+                    program: program.to_string(),
+                    job: job.clone(),
+                },
+            };
+            let (addr, mut reader, _writer, first) =
+                find(addrs, key, &hello, lost.as_deref()).await?;
+            let mut next = Some(first);
+            loop {
+                let msg: ToSubmit = match next.take() {
+                    Some(m) => m,
+                    None => match reader.recv().await {
+                        Ok(m) => m,
+                        Err(e) => {
+                            lost = Some(format!("{addr} during the job: {e}"));
+                            break;
+                        }
+                    },
+                };
+                if let ToSubmit::Standby { .. } = msg {
+                    lost = Some(format!("{addr} became a standby"));
+                    break;
+                }
+                if let ToSubmit::Accepted { job, .. } = msg {
+                    accepted = Some(job);
+                }
+                on_event(&msg);
+                if matches!(msg, ToSubmit::Finished { .. } | ToSubmit::Failed { .. }) {
+                    return Ok(msg);
+                }
             }
         }
     })
+}
+
+type Reader = veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>;
+type Writer = veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>;
+
+/// Says `hello` to each coordinator in turn until one that holds the role takes it.
+async fn find(
+    addrs: &[String],
+    key: &Key,
+    hello: &Hello,
+    lost: Option<&str>,
+) -> Result<(String, Reader, Writer, ToSubmit), ClusterError> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(50);
+    let mut last = String::new();
+    let mut tries = 0u32;
+    loop {
+        for addr in addrs {
+            tries += 1;
+            let conn = match connect_once(addr, key).await {
+                Ok(c) => c,
+                Err(e @ ClusterError::Refused { .. }) => return Err(e),
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let (mut reader, mut writer) = conn.into_split();
+            if let Err(e) = writer.send(hello).await {
+                last = format!("{addr}: {e}");
+                continue;
+            }
+            match reader.recv::<ToSubmit>().await {
+                Ok(ToSubmit::Standby { .. }) => last = format!("{addr} is a standby"),
+                // The writer stays open with the reader: the coordinator reads a closed
+                // connection as the client leaving.
+                Ok(first) => return Ok((addr.clone(), reader, writer, first)),
+                Err(e) => last = format!("{addr}: {e}"),
+            }
+        }
+        if start.elapsed() >= PATIENCE {
+            return Err(match lost {
+                Some(l) => ClusterError::CoordinatorLost(format!(
+                    "{l}, and no coordinator took the job over within {PATIENCE:?} ({last})"
+                )),
+                None => ClusterError::Unreachable {
+                    addr: addrs.join(","),
+                    tries,
+                    last,
+                },
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+    }
 }

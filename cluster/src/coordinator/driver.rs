@@ -1,9 +1,16 @@
 //! The coordinator's tokio driver: connections in, frames out, store calls on a blocking
-//! thread, and timers, around the [`Coordinator`] state machine (rule 1 of `coordinator`).
+//! thread, timers, and the lease ([`journal`](super::journal) rule 4), around the
+//! [`Coordinator`] state machine (rule 1 of `coordinator`).
+//!
+//! A coordinator starts as a candidate: it answers every hello with `Standby` until it holds
+//! the lease. A `--standby` one waits for an active one's lease to appear and then to expire;
+//! any other takes over at once on a store without a lease, waits one expiry on a store whose
+//! lease holder died, and refuses to start while another holds a live lease.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -14,7 +21,8 @@ use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{terminal_outputs, LogReader, Manifest, RunStatus};
 use veriflow_runtime::{Clock, SystemClock};
 
-use super::{Action, ClientId, Config, Coordinator, Event, Joining};
+use super::journal::{self, JournalError, LeaseParams};
+use super::{Action, ClientId, Config, ConnId, Coordinator, Event, Joining};
 use crate::error::ClusterError;
 use crate::protocol::{Hello, ToCoord, ToSubmit, ToWorker, WorkerId};
 
@@ -31,6 +39,12 @@ pub struct CoordinatorConfig {
     pub store: Arc<dyn Store>,
     /// The failure detector's parameters (paper 004 §4), sent to every worker too.
     pub fd: FdParams,
+    /// Wait for the active coordinator's lease to expire instead of refusing to start.
+    pub standby: bool,
+    /// The other coordinators' addresses (told to workers and clients).
+    pub coordinators: Vec<String>,
+    /// The lease's renewal and expiry.
+    pub lease: LeaseParams,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -38,6 +52,7 @@ impl std::fmt::Debug for CoordinatorConfig {
         f.debug_struct("CoordinatorConfig")
             .field("program", &self.program)
             .field("store", &self.store_spec)
+            .field("standby", &self.standby)
             .finish_non_exhaustive()
     }
 }
@@ -52,26 +67,206 @@ const MAX_FRAME: usize = DEFAULT_MAX_FRAME;
 
 enum Input {
     Event(Event),
+    /// A worker connection said hello: frames to it go through `tx`.
     WorkerConn {
-        id: WorkerId,
+        conn: ConnId,
         tx: UnboundedSender<ToWorker>,
         reader: AbortHandle,
+    },
+    FromConn {
+        conn: ConnId,
+        msg: ToCoord,
+    },
+    ConnClosed {
+        conn: ConnId,
+        reason: String,
     },
     ClientConn {
         id: ClientId,
         tx: UnboundedSender<ToSubmit>,
     },
+    /// The lease could not be renewed: this coordinator must stop.
+    Deposed(String),
 }
 
-/// Serves forever on `listener`.
-pub async fn serve(listener: TcpListener, cfg: CoordinatorConfig) -> Result<(), ClusterError> {
+/// Who holds the role, as the connection handlers answer it.
+#[derive(Default)]
+struct Role {
+    active: AtomicBool,
+    holder: Mutex<Option<String>>,
+}
+
+impl Role {
+    fn holder(&self) -> Option<String> {
+        self.holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Serves on `listener` until deposed: as a candidate until it holds the lease, then as the
+/// active coordinator (module docs).
+/// `on_active` runs once, when it takes the role.
+pub async fn serve(
+    listener: TcpListener,
+    cfg: CoordinatorConfig,
+    on_active: impl FnOnce(),
+) -> Result<(), ClusterError> {
+    let advertise = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Listen {
+            addr: "the coordinator's address".to_string(),
+            source: e,
+        })?
+        .to_string();
+    let (tx, rx) = unbounded_channel();
+    let role = Arc::new(Role::default());
+    tokio::spawn(accept(listener, cfg.key.clone(), tx.clone(), role.clone()));
+    let clock = SystemClock::default();
+    let (term, found) = acquire(&cfg, &advertise, &role).await?;
     let mut secret = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
-    let core = Coordinator::new(Config::new(&cfg.program, &cfg.store_spec, cfg.fd, secret));
-    let (tx, rx) = unbounded_channel();
-    tokio::spawn(actor(core, rx, tx.clone(), cfg.store.clone()));
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut next_id: u32 = 1;
+    let mut config = Config::new(&cfg.program, &cfg.store_spec, cfg.fd, secret);
+    config.advertise = advertise.clone();
+    config.coordinators = cfg.coordinators.clone();
+    config.term = term;
+    let (core, first) = match found {
+        Some(j) => {
+            let mut c = Coordinator::recover(config, j, clock.now());
+            let first = c.on_event(clock.now(), Event::Tick);
+            (c, first)
+        }
+        None => (Coordinator::new(config), Vec::new()),
+    };
+    *role.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(advertise.clone());
+    role.active.store(true, Ordering::SeqCst);
+    eprintln!("coordinator: active at {advertise} (term {term:#x})");
+    on_active();
+    tokio::spawn(renew(
+        cfg.store.clone(),
+        cfg.lease,
+        term,
+        advertise,
+        tx.clone(),
+    ));
+    actor(core, first, rx, tx, cfg.store.clone(), clock).await
+}
+
+/// Becomes the active coordinator (module docs): the term taken and the predecessor's journal.
+async fn acquire(
+    cfg: &CoordinatorConfig,
+    me: &str,
+    role: &Role,
+) -> Result<(u64, Option<journal::Journal>), ClusterError> {
+    let store = cfg.store.clone();
+    let mut seen: Option<(journal::Lease, Instant)> = None;
+    loop {
+        let s = store.clone();
+        let lease = blocking(move || journal::read_lease(&*s)).await?;
+        let now = Instant::now();
+        let expired = match (&lease, &seen) {
+            // A standby waits for an active coordinator to appear, then for its lease to end.
+            (None, _) => !cfg.standby,
+            (Some(l), Some((old, since))) if l == old => {
+                now.duration_since(*since) >= cfg.lease.expiry
+            }
+            (Some(l), _) => {
+                if seen.is_some() && !cfg.standby {
+                    return Err(ClusterError::Refused {
+                        addr: l.holder.clone(),
+                        reason: format!(
+                            "coordinator {} holds the lease of this store (term {:#x}) and is \
+                             alive: start this one with --standby",
+                            l.holder, l.term
+                        ),
+                    });
+                }
+                *role.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(l.holder.clone());
+                seen = Some((l.clone(), now));
+                false
+            }
+        };
+        if expired {
+            let s = store.clone();
+            let found = blocking(move || journal::read_journal(&*s)).await?;
+            let seen_term = lease
+                .as_ref()
+                .map_or(0, |l| l.term)
+                .max(found.as_ref().map_or(0, |j| j.term));
+            let term = journal::next_term(seen_term, me);
+            let (s, who) = (store.clone(), me.to_string());
+            if blocking(move || journal::take_over(&*s, term, &who)).await? {
+                // Rule 2: the journal read again under the lease (a predecessor's last write
+                // may have landed between the first read and the fence).
+                let s = store.clone();
+                let found = blocking(move || journal::read_journal(&*s)).await?;
+                return Ok((term, found));
+            }
+            seen = None;
+        }
+        tokio::time::sleep(cfg.lease.renew).await;
+    }
+}
+
+/// Runs a journal or lease call on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, JournalError> + Send + 'static,
+) -> Result<T, ClusterError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| {
+            ClusterError::Journal(JournalError::Damaged {
+                what: "journal call",
+                reason: e.to_string(),
+            })
+        })?
+        .map_err(ClusterError::Journal)
+}
+
+/// Rule 4 of `journal`: renews the lease until deposed; a lease that cannot be written for an
+/// expiry deposes this coordinator too (a standby may have taken over meanwhile).
+async fn renew(
+    store: Arc<dyn Store>,
+    params: LeaseParams,
+    term: u64,
+    holder: String,
+    tx: UnboundedSender<Input>,
+) {
+    let mut beat = 0u64;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(params.renew).await;
+        beat += 1;
+        let lease = journal::Lease {
+            term,
+            holder: holder.clone(),
+            beat,
+        };
+        let s = store.clone();
+        match blocking(move || journal::write_lease(&*s, &lease)).await {
+            Ok(()) => failing_since = None,
+            Err(ClusterError::Journal(JournalError::Deposed(e))) => {
+                let _ = tx.send(Input::Deposed(format!("the store refused its lease: {e}")));
+                return;
+            }
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= params.expiry {
+                    let _ = tx.send(Input::Deposed(format!(
+                        "its lease could not be renewed for {:?}: {e}",
+                        params.expiry
+                    )));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn accept(listener: TcpListener, key: Key, tx: UnboundedSender<Input>, role: Arc<Role>) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let mut next_id: ConnId = 1;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -82,18 +277,18 @@ pub async fn serve(listener: TcpListener, cfg: CoordinatorConfig) -> Result<(), 
                 continue;
             }
         };
-        if open.load(std::sync::atomic::Ordering::SeqCst) >= MAX_CONNECTIONS {
+        if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
             eprintln!("coordinator: refused a connection from {peer}: {MAX_CONNECTIONS} open");
             continue;
         }
         let _ = stream.set_nodelay(true);
         let id = next_id;
-        next_id = next_id.checked_add(1).unwrap_or(1);
-        let (tx, key, open) = (tx.clone(), cfg.key.clone(), open.clone());
-        open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        next_id += 1;
+        let (tx, key, open, role) = (tx.clone(), key.clone(), open.clone(), role.clone());
+        open.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
-            connection(stream, peer.to_string(), id, key, tx).await;
-            open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            connection(stream, peer.to_string(), id, key, tx, &role).await;
+            open.fetch_sub(1, Ordering::SeqCst);
         });
     }
 }
@@ -101,9 +296,10 @@ pub async fn serve(listener: TcpListener, cfg: CoordinatorConfig) -> Result<(), 
 async fn connection(
     stream: TcpStream,
     peer: String,
-    id: WorkerId,
+    id: ConnId,
     key: Key,
     events: UnboundedSender<Input>,
+    role: &Role,
 ) {
     let conn = match Connection::server(stream, &key, MAX_FRAME).await {
         Ok(c) => c,
@@ -113,6 +309,7 @@ async fn connection(
             return;
         }
     };
+    let binding = conn.channel_binding();
     let (mut reader, mut writer) = conn.into_split();
     let hello: Hello = match reader.recv().await {
         Ok(h) => h,
@@ -121,66 +318,133 @@ async fn connection(
             return;
         }
     };
-    match hello {
+    if !role.active.load(Ordering::SeqCst) {
+        let active = role.holder();
+        let _ = match hello {
+            Hello::Worker { .. } | Hello::Rejoin(_) => {
+                writer.send(&ToWorker::Standby { active }).await
+            }
+            Hello::Submit { .. } | Hello::Attach { .. } => {
+                writer.send(&ToSubmit::Standby { active }).await
+            }
+        };
+        return;
+    }
+    let event = match hello {
         Hello::Worker {
             program,
             peer_addr,
             threads,
             spare,
-        } => {
-            let (tx, mut rx) = unbounded_channel::<ToWorker>();
-            let events2 = events.clone();
-            let reading = tokio::spawn(async move {
-                let reason = loop {
-                    match reader.recv::<ToCoord>().await {
-                        Ok(msg) => {
-                            if events2
-                                .send(Input::Event(Event::FromWorker { worker: id, msg }))
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Err(e) => break e.to_string(),
-                    }
-                };
-                let _ = events2.send(Input::Event(Event::Closed { worker: id, reason }));
-            });
-            let _ = events.send(Input::WorkerConn {
-                id,
-                tx,
-                reader: reading.abort_handle(),
-            });
-            let _ = events.send(Input::Event(Event::Joined {
-                worker: id,
-                hello: Joining {
-                    program,
-                    peer_addr,
-                    threads,
-                    spare,
-                },
-            }));
-            // Writes until the coordinator drops this worker (then the channel closes).
-            while let Some(m) = rx.recv().await {
-                if writer.send(&m).await.is_err() {
-                    break;
-                }
-            }
-        }
-        Hello::Submit { program, job } => {
-            let client = ClientId::from(id);
-            let (tx, mut rx) = unbounded_channel::<ToSubmit>();
-            let _ = events.send(Input::ClientConn { id: client, tx });
-            let _ = events.send(Input::Event(Event::Submit {
-                client,
+            public_key,
+        } => Event::Joined {
+            conn: id,
+            hello: Joining {
                 program,
-                job,
-            }));
-            while let Some(m) = rx.recv().await {
-                let last = matches!(m, ToSubmit::Finished { .. } | ToSubmit::Failed { .. });
-                if writer.send(&m).await.is_err() || last {
-                    break;
+                peer_addr,
+                threads,
+                spare,
+                public_key,
+            },
+        },
+        Hello::Rejoin(claim) => Event::Rejoined {
+            conn: id,
+            claim,
+            binding,
+        },
+        Hello::Submit { program, job } => {
+            serve_client(
+                id,
+                Event::Submit {
+                    client: id,
+                    program,
+                    job,
+                },
+                writer,
+                &events,
+            )
+            .await;
+            return;
+        }
+        Hello::Attach { job } => {
+            serve_client(id, Event::Attach { client: id, job }, writer, &events).await;
+            return;
+        }
+    };
+    let (tx, mut rx) = unbounded_channel::<ToWorker>();
+    let events2 = events.clone();
+    // The reader waits for the hello's event to be queued first (frames follow the hello).
+    let (go, ready) = tokio::sync::oneshot::channel::<()>();
+    let reading = tokio::spawn(async move {
+        let _ = ready.await;
+        let reason = loop {
+            match reader.recv::<ToCoord>().await {
+                Ok(msg) => {
+                    if events2.send(Input::FromConn { conn: id, msg }).is_err() {
+                        return;
+                    }
                 }
+                Err(e) => break e.to_string(),
+            }
+        };
+        let _ = events2.send(Input::ConnClosed { conn: id, reason });
+    });
+    let _ = events.send(Input::WorkerConn {
+        conn: id,
+        tx,
+        reader: reading.abort_handle(),
+    });
+    let _ = events.send(Input::Event(event));
+    let _ = go.send(());
+    // Writes until the coordinator drops this connection (then the channel closes).
+    while let Some(m) = rx.recv().await {
+        if writer.send(&m).await.is_err() {
+            break;
+        }
+    }
+}
+
+async fn serve_client(
+    id: ClientId,
+    event: Event,
+    mut writer: veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>,
+    events: &UnboundedSender<Input>,
+) {
+    let (tx, mut rx) = unbounded_channel::<ToSubmit>();
+    let _ = events.send(Input::ClientConn { id, tx });
+    let _ = events.send(Input::Event(event));
+    while let Some(m) = rx.recv().await {
+        let last = matches!(m, ToSubmit::Finished { .. } | ToSubmit::Failed { .. });
+        if writer.send(&m).await.is_err() || last {
+            break;
+        }
+    }
+}
+
+/// How long a journal write may keep failing before this coordinator gives up its role.
+const JOURNAL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Rule 9: writes the journal before anything else happens; retries a failing store for
+/// [`JOURNAL_PATIENCE`].
+async fn write_journal(store: &Arc<dyn Store>, j: journal::Journal) -> Result<(), ClusterError> {
+    let j = Arc::new(j);
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let (s, jj) = (store.clone(), j.clone());
+        match blocking(move || journal::write_journal(&*s, &jj)).await {
+            Ok(()) => return Ok(()),
+            Err(ClusterError::Journal(e @ JournalError::Deposed(_))) => {
+                return Err(ClusterError::Deposed(e.to_string()))
+            }
+            Err(e) if start.elapsed() >= JOURNAL_PATIENCE => {
+                return Err(ClusterError::Deposed(format!(
+                    "its journal could not be written for {JOURNAL_PATIENCE:?}: {e}"
+                )))
+            }
+            Err(_) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
             }
         }
     }
@@ -189,39 +453,43 @@ async fn connection(
 /// Owns the state machine: feeds it events and timer ticks, carries out its actions.
 async fn actor(
     mut core: Coordinator,
+    first: Vec<Action>,
     mut rx: UnboundedReceiver<Input>,
     me: UnboundedSender<Input>,
     store: Arc<dyn Store>,
-) {
-    let clock = SystemClock::default();
-    let mut workers: HashMap<WorkerId, (UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
+    clock: SystemClock,
+) -> Result<(), ClusterError> {
+    let mut conns: HashMap<ConnId, (UnboundedSender<ToWorker>, AbortHandle)> = HashMap::new();
+    let mut admitted: HashMap<ConnId, WorkerId> = HashMap::new();
+    let mut workers: HashMap<WorkerId, (ConnId, UnboundedSender<ToWorker>, AbortHandle)> =
+        HashMap::new();
     let mut clients: HashMap<ClientId, UnboundedSender<ToSubmit>> = HashMap::new();
+    let mut pending = first;
     loop {
-        let wait = core.next_deadline().saturating_sub(clock.now());
-        let event = match tokio::time::timeout(wait.max(Duration::from_millis(1)), rx.recv()).await
-        {
-            Ok(None) => return,
-            Ok(Some(Input::WorkerConn { id, tx, reader })) => {
-                workers.insert(id, (tx, reader));
-                continue;
-            }
-            Ok(Some(Input::ClientConn { id, tx })) => {
-                clients.insert(id, tx);
-                continue;
-            }
-            Ok(Some(Input::Event(ev))) => ev,
-            Err(_) => Event::Tick,
-        };
-        for action in core.on_event(clock.now(), event) {
+        for action in std::mem::take(&mut pending) {
             match action {
+                Action::Journal(j) => write_journal(&store, *j).await?,
+                Action::Admit { conn, worker } => {
+                    if let Some((tx, reader)) = conns.remove(&conn) {
+                        admitted.insert(conn, worker);
+                        workers.insert(worker, (conn, tx, reader));
+                    }
+                }
+                Action::Refuse { conn, msg } => {
+                    // The writer flushes the refusal, then the channel ends.
+                    if let Some((tx, reader)) = conns.remove(&conn) {
+                        let _ = tx.send(msg);
+                        reader.abort();
+                    }
+                }
                 Action::ToWorker { worker, msg } => {
-                    if let Some((tx, _)) = workers.get(&worker) {
+                    if let Some((_, tx, _)) = workers.get(&worker) {
                         let _ = tx.send(msg);
                     }
                 }
                 Action::Disconnect { worker } => {
-                    // The writer flushes what was queued (a refusal), then the channel ends.
-                    if let Some((_, reader)) = workers.remove(&worker) {
+                    if let Some((conn, _, reader)) = workers.remove(&worker) {
+                        admitted.remove(&conn);
                         reader.abort();
                     }
                 }
@@ -260,6 +528,34 @@ async fn actor(
                 Action::Note(line) => eprintln!("coordinator: {line}"),
             }
         }
+        let wait = core.next_deadline().saturating_sub(clock.now());
+        let event = match tokio::time::timeout(wait.max(Duration::from_millis(1)), rx.recv()).await
+        {
+            Ok(None) => return Ok(()),
+            Ok(Some(Input::WorkerConn { conn, tx, reader })) => {
+                conns.insert(conn, (tx, reader));
+                continue;
+            }
+            Ok(Some(Input::ClientConn { id, tx })) => {
+                clients.insert(id, tx);
+                continue;
+            }
+            Ok(Some(Input::FromConn { conn, msg })) => match admitted.get(&conn) {
+                Some(&worker) => Event::FromWorker { worker, msg },
+                None => continue,
+            },
+            Ok(Some(Input::ConnClosed { conn, reason })) => {
+                conns.remove(&conn);
+                match admitted.remove(&conn) {
+                    Some(worker) => Event::Closed { worker, reason },
+                    None => continue,
+                }
+            }
+            Ok(Some(Input::Deposed(why))) => return Err(ClusterError::Deposed(why)),
+            Ok(Some(Input::Event(ev))) => ev,
+            Err(_) => Event::Tick,
+        };
+        pending = core.on_event(clock.now(), event);
     }
 }
 

@@ -44,8 +44,24 @@
 //! 8. Members authenticate each other with pairwise link keys the coordinator derives from its
 //!    own secret ([`link_key`]) and hands to the two ends only, in `Start` and `Map`: a key
 //!    holder can no longer claim to be another worker on a peer link (`worker` rule 5).
+//! 9. Write-ahead ([`journal`] rule 3): the coordinator's state (its members with their public
+//!    keys, the job's map, epochs and members, whether it stops, the last job's end) is
+//!    journaled in the store ([`Action::Journal`]) before any order that follows from it. The
+//!    driver carries the write out before the next action; a refused write means a coordinator
+//!    of a newer term exists, and the driver stops this one without acting further. So a
+//!    deposed coordinator (paused, cut off) can neither move a vnode nor stop a job.
+//! 10. Takeover ([`Coordinator::recover`]): a successor starts from the journal. Its members
+//!    come back with [`Event::Rejoined`], each proving its identity with an Ed25519 signature
+//!    of the connection's channel binding under the key it joined with, and saying which
+//!    vnodes it hosts at which epochs and how its part of the last job ended. Probes wait until
+//!    every member of the job is back or `rejoin_patience` has passed; then members still
+//!    absent are lost (rule 5), every member gets the whole map with fresh link keys (the
+//!    predecessor's secret died with it), hosts missing a vnode they should host are told to
+//!    host it, and a job that was stopping is stopped again. A client follows its job again
+//!    with [`Event::Attach`] (or reads its end from the journal).
 
 mod driver;
+pub mod journal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -56,11 +72,18 @@ use veriflow_runtime::iterative::NodeStats;
 
 pub(crate) use driver::{read_outputs, record_finished};
 pub use driver::{serve, CoordinatorConfig};
+pub use journal::{Journal, LeaseParams};
 
-use crate::protocol::{JobSpec, PeerInfo, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
+use crate::protocol::{
+    rejoin_message, JobSpec, PeerInfo, Rejoin, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport,
+};
+use journal::{JobRecord, MemberRecord};
 
 /// A submitting client's connection, numbered by the driver.
 pub type ClientId = u64;
+
+/// A worker's connection before it is admitted, numbered by the driver.
+pub type ConnId = u64;
 
 /// Bounds on what a key holder may ask of the coordinator (rule 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +140,14 @@ pub struct Config {
     pub progress_every: Duration,
     /// Bounds on what clients and workers send (rule 7).
     pub limits: Limits,
+    /// Where workers and clients reach this coordinator (rule 10).
+    pub advertise: String,
+    /// Other coordinators' addresses, told to workers and clients (rule 10).
+    pub coordinators: Vec<String>,
+    /// This coordinator's term ([`journal`] rule 1): every journal write carries it.
+    pub term: u64,
+    /// How long a successor waits for the job's members to come back (rule 10).
+    pub rejoin_patience: Duration,
 }
 
 impl Config {
@@ -132,6 +163,12 @@ impl Config {
             join_patience: Duration::from_secs(30),
             progress_every: Duration::from_millis(200),
             limits: Limits::default(),
+            advertise: String::new(),
+            coordinators: Vec::new(),
+            term: 0,
+            // Longer than a worker's detection of a silent coordinator plus its first retries.
+            rejoin_patience: Duration::from_secs(10)
+                .max((fd.interval + fd.timeout + fd.insurance + fd.broken) * 3),
         }
     }
 }
@@ -147,17 +184,28 @@ pub struct Joining {
     pub threads: u32,
     /// Whether it waits idle until needed for recovery.
     pub spare: bool,
+    /// Its Ed25519 public key (rule 10).
+    pub public_key: [u8; 32],
 }
 
 /// What happens to a coordinator.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A worker said hello on a new connection, which the driver numbered `worker`.
+    /// A worker said hello on a new connection, which the driver numbered `conn`.
     Joined {
-        /// The connection's (and, once admitted, the worker's) id.
-        worker: WorkerId,
+        /// The connection.
+        conn: ConnId,
         /// Its hello.
         hello: Joining,
+    },
+    /// A worker of a predecessor came back on connection `conn` (rule 10).
+    Rejoined {
+        /// The connection.
+        conn: ConnId,
+        /// Its claim.
+        claim: Box<Rejoin>,
+        /// The connection's channel binding, which the claim's signature covers.
+        binding: [u8; 32],
     },
     /// A worker sent a message.
     FromWorker {
@@ -181,6 +229,13 @@ pub enum Event {
         program: String,
         /// The job.
         job: JobSpec,
+    },
+    /// A client follows job `job` again on a new connection (rule 10).
+    Attach {
+        /// The client.
+        client: ClientId,
+        /// The job.
+        job: u64,
     },
     /// The store was checked for a run already there ([`Action::CheckStore`]).
     StoreChecked {
@@ -210,6 +265,23 @@ pub enum Event {
 /// What the coordinator asks of its driver.
 #[derive(Debug, Clone)]
 pub enum Action {
+    /// Connection `conn` is worker `worker` from now on: its frames are the worker's.
+    Admit {
+        /// The connection.
+        conn: ConnId,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// Send `msg` on connection `conn` (not admitted), then close it.
+    Refuse {
+        /// The connection.
+        conn: ConnId,
+        /// The refusal.
+        msg: ToWorker,
+    },
+    /// Write the journal, and carry out no further action until it is durable; a refused
+    /// write deposes this coordinator (rule 9).
+    Journal(Box<Journal>),
     /// Send `msg` to `worker`.
     ToWorker {
         /// The worker.
@@ -264,6 +336,18 @@ struct Worker {
     peer_addr: String,
     threads: u32,
     spare: bool,
+    public_key: [u8; 32],
+}
+
+impl Worker {
+    fn record(&self) -> MemberRecord {
+        MemberRecord {
+            peer_addr: self.peer_addr.clone(),
+            threads: self.threads,
+            spare: self.spare,
+            public_key: self.public_key,
+        }
+    }
 }
 
 /// A submission waiting for its workers, or for the store check.
@@ -275,7 +359,8 @@ struct Waiting {
 
 struct Job {
     id: u64,
-    client: ClientId,
+    /// The following client; none after a takeover until it attaches (rule 10).
+    client: Option<ClientId>,
     spec: JobSpec,
     /// Before the store check answers, the job has no map yet.
     running: bool,
@@ -302,6 +387,28 @@ struct Job {
     last_progress: Duration,
 }
 
+impl Job {
+    fn record(&self, now: Duration) -> JobRecord {
+        JobRecord {
+            id: self.id,
+            spec: self.spec.clone(),
+            host: self.host.clone(),
+            epoch: self.epoch.clone(),
+            members: self.members.clone(),
+            stopping: self.stopping,
+            lost: self.lost,
+            elapsed_s: now.saturating_sub(self.started).as_secs_f64(),
+        }
+    }
+}
+
+/// A successor waiting for the job's members (rule 10).
+struct Recovery {
+    deadline: Duration,
+    /// What each member that came back hosts, at which epochs.
+    hosted: BTreeMap<WorkerId, Vec<(u32, u64)>>,
+}
+
 /// The coordinator's state machine (rules 1-8).
 pub struct Coordinator {
     cfg: Config,
@@ -314,6 +421,13 @@ pub struct Coordinator {
     detector: Detector,
     /// Who suspects whom (rule 4).
     suspicions: BTreeMap<WorkerId, BTreeSet<WorkerId>>,
+    /// Connections of workers and the ids they were admitted as.
+    next_worker: WorkerId,
+    /// Members of a predecessor that have not come back yet (rule 10).
+    absent: BTreeMap<WorkerId, MemberRecord>,
+    recovery: Option<Recovery>,
+    /// The last job's end (rule 10: a client may attach after it).
+    last: Option<(u64, ToSubmit)>,
     out: Vec<Action>,
 }
 
@@ -339,8 +453,106 @@ impl Coordinator {
             waiting: Vec::new(),
             detector,
             suspicions: BTreeMap::new(),
+            next_worker: 1,
+            absent: BTreeMap::new(),
+            recovery: None,
+            last: None,
             out: Vec::new(),
         }
+    }
+
+    /// A successor of the coordinator that wrote `journal` (rule 10): it waits for the
+    /// journal's members to come back, then continues the job.
+    pub fn recover(cfg: Config, journal: Journal, now: Duration) -> Coordinator {
+        let mut c = Coordinator::new(cfg);
+        c.next_worker = journal.next_worker.max(1);
+        c.next_job = journal.next_job.max(1);
+        c.gone = journal.gone;
+        c.absent = journal.members;
+        c.last = journal.last;
+        for a in journal.coordinators {
+            if a != c.cfg.advertise && !c.cfg.coordinators.contains(&a) {
+                c.cfg.coordinators.push(a);
+            }
+        }
+        if let Some(r) = journal.job {
+            let started = now.saturating_sub(Duration::from_secs_f64(r.elapsed_s.max(0.0)));
+            c.job = Some(Job {
+                id: r.id,
+                client: None,
+                spec: r.spec,
+                running: true,
+                host: r.host,
+                epoch: r.epoch,
+                members: r.members,
+                round: 0,
+                outstanding: false,
+                last_round: now,
+                statuses: BTreeMap::new(),
+                completed: BTreeMap::new(),
+                last_words: None,
+                stopping: r.stopping,
+                recording: false,
+                outputs: None,
+                done: BTreeMap::new(),
+                error: None,
+                started,
+                lost: r.lost,
+                last_progress: now,
+            });
+        }
+        c.recovery = Some(Recovery {
+            deadline: now + c.cfg.rejoin_patience,
+            hosted: BTreeMap::new(),
+        });
+        c.note(format!(
+            "took over at term {:#x}: {} member(s) to come back{}",
+            c.cfg.term,
+            c.absent.len(),
+            c.job
+                .as_ref()
+                .map(|j| format!(", job {} to continue", j.id))
+                .unwrap_or_default()
+        ));
+        c.journal(now);
+        c
+    }
+
+    /// Whether the coordinator still waits for a predecessor's members (rule 10).
+    pub fn recovering(&self) -> bool {
+        self.recovery.is_some()
+    }
+
+    /// Every coordinator address known, this one first.
+    fn coordinators(&self) -> Vec<String> {
+        let mut all = vec![self.cfg.advertise.clone()];
+        all.extend(self.cfg.coordinators.iter().cloned());
+        all.retain(|a| !a.is_empty());
+        all.dedup();
+        all
+    }
+
+    /// Rule 9: the journal of the state as it is now, written before what follows.
+    fn journal(&mut self, now: Duration) {
+        let mut members: BTreeMap<WorkerId, MemberRecord> = self.absent.clone();
+        for (&id, w) in &self.workers {
+            members.insert(id, w.record());
+        }
+        let j = Journal {
+            term: self.cfg.term,
+            next_worker: self.next_worker,
+            next_job: self.next_job,
+            members,
+            gone: self.gone.clone(),
+            job: self
+                .job
+                .as_ref()
+                .filter(|j| j.running)
+                .map(|j| j.record(now)),
+            last: self.last.clone(),
+            coordinators: self.coordinators(),
+        };
+        self.out.push(Action::Journal(Box::new(j)));
     }
 
     /// Its configuration.
@@ -358,6 +570,9 @@ impl Coordinator {
         }
         for w in &self.waiting {
             due = due.min(w.deadline);
+        }
+        if let Some(r) = &self.recovery {
+            due = due.min(r.deadline);
         }
         due
     }
@@ -383,7 +598,13 @@ impl Coordinator {
     #[must_use = "the actions must be carried out"]
     pub fn on_event(&mut self, now: Duration, event: Event) -> Vec<Action> {
         match event {
-            Event::Joined { worker, hello } => self.on_joined(now, worker, hello),
+            Event::Joined { conn, hello } => self.on_joined(now, conn, hello),
+            Event::Rejoined {
+                conn,
+                claim,
+                binding,
+            } => self.on_rejoined(now, conn, *claim, &binding),
+            Event::Attach { client, job } => self.on_attach(client, job),
             Event::FromWorker { worker, msg } => self.on_worker(now, worker, msg),
             Event::Closed { worker, reason } => {
                 self.detector.on_closed(worker, now);
@@ -411,8 +632,10 @@ impl Coordinator {
         self.out.push(Action::ToWorker { worker, msg });
     }
 
-    fn tell_client(&mut self, client: ClientId, msg: ToSubmit) {
-        self.out.push(Action::ToClient { client, msg });
+    fn tell_client(&mut self, client: Option<ClientId>, msg: ToSubmit) {
+        if let Some(client) = client {
+            self.out.push(Action::ToClient { client, msg });
+        }
     }
 
     /// Rule 7: what a joining worker says is bounded.
@@ -441,41 +664,221 @@ impl Coordinator {
         None
     }
 
-    fn on_joined(&mut self, now: Duration, id: WorkerId, hello: Joining) {
+    fn refuse(&mut self, conn: ConnId, who: &str, why: String) {
+        self.note(format!("refused {who}: {why}"));
+        self.out.push(Action::Refuse {
+            conn,
+            msg: ToWorker::Refused { reason: why },
+        });
+    }
+
+    fn on_joined(&mut self, now: Duration, conn: ConnId, hello: Joining) {
         if let Some(why) = self.refuse_hello(&hello) {
-            self.note(format!("refused worker {id}: {why}"));
-            self.send(id, ToWorker::Refused { reason: why });
-            self.out.push(Action::Disconnect { worker: id });
+            self.refuse(conn, &format!("a worker on connection {conn}"), why);
             return;
         }
-        if self.workers.contains_key(&id) || self.gone.contains(&id) {
-            self.note(format!("refused a second hello from worker {id}"));
-            self.out.push(Action::Disconnect { worker: id });
-            return;
-        }
+        let id = self.next_worker;
+        self.next_worker = self.next_worker.saturating_add(1);
         self.note(format!(
             "worker {id} joined ({}, {} threads{})",
             hello.peer_addr,
             hello.threads,
             if hello.spare { ", spare" } else { "" }
         ));
+        self.admit(
+            now,
+            conn,
+            id,
+            Worker {
+                peer_addr: hello.peer_addr,
+                threads: hello.threads,
+                spare: hello.spare,
+                public_key: hello.public_key,
+            },
+        );
+    }
+
+    /// Admits connection `conn` as worker `id`, journaled before it is welcomed (rule 9).
+    fn admit(&mut self, now: Duration, conn: ConnId, id: WorkerId, w: Worker) {
+        self.out.push(Action::Admit { conn, worker: id });
+        self.detector.add_peer(id, now);
+        self.workers.insert(id, w);
+        self.journal(now);
         self.send(
             id,
             ToWorker::Welcome {
                 id,
                 store: self.cfg.store_spec.clone(),
                 fd: self.cfg.fd,
+                coordinators: self.coordinators(),
             },
         );
-        self.detector.add_peer(id, now);
-        self.workers.insert(
+    }
+
+    /// Rule 10: a predecessor's member comes back.
+    fn on_rejoined(&mut self, now: Duration, conn: ConnId, claim: Rejoin, binding: &[u8; 32]) {
+        let id = claim.id;
+        let who = format!("worker {id}'s rejoin");
+        let hello = Joining {
+            program: claim.program.clone(),
+            peer_addr: claim.peer_addr.clone(),
+            threads: claim.threads,
+            spare: claim.spare,
+            public_key: [0; 32],
+        };
+        if let Some(why) = self.refuse_hello(&hello) {
+            self.refuse(conn, &who, why);
+            return;
+        }
+        let Some(record) = self.absent.get(&id) else {
+            let why = if self.gone.contains(&id) {
+                "it was lost earlier and its vnodes moved".to_string()
+            } else if self.workers.contains_key(&id) {
+                "that worker is connected already".to_string()
+            } else {
+                "no such worker in this coordinator's journal".to_string()
+            };
+            self.refuse(conn, &who, why);
+            return;
+        };
+        if !verify_rejoin(&record.public_key, binding, id, &claim.signature) {
+            self.refuse(
+                conn,
+                &who,
+                "its signature does not match the key it joined with".to_string(),
+            );
+            return;
+        }
+        let Some(record) = self.absent.remove(&id) else {
+            return;
+        };
+        self.note(format!("worker {id} came back ({})", claim.peer_addr));
+        self.admit(
+            now,
+            conn,
             id,
             Worker {
-                peer_addr: hello.peer_addr,
-                threads: hello.threads,
-                spare: hello.spare,
+                peer_addr: claim.peer_addr,
+                threads: claim.threads,
+                spare: record.spare,
+                public_key: record.public_key,
             },
         );
+        let job_id = self.job.as_ref().map(|j| j.id);
+        if let Some(r) = self.recovery.as_mut() {
+            let hosted = claim
+                .job
+                .filter(|(j, _)| Some(*j) == job_id)
+                .map(|(_, h)| h)
+                .unwrap_or_default();
+            r.hosted.insert(id, hosted);
+        }
+        if let Some((job, report)) = claim.report {
+            if Some(job) == job_id {
+                let msg = match report {
+                    Ok(report) => ToCoord::Done { job, report },
+                    Err(error) => ToCoord::Failed { job, error },
+                };
+                self.on_worker(now, id, msg);
+            }
+        }
+        self.maybe_recovered(now);
+    }
+
+    /// Rule 10: recovery ends when every member of the job is back, or at its deadline.
+    fn maybe_recovered(&mut self, now: Duration) {
+        let Some(r) = self.recovery.as_ref() else {
+            return;
+        };
+        let waiting_for = self.job.as_ref().map_or(0, |j| {
+            j.members
+                .iter()
+                .filter(|m| self.absent.contains_key(m))
+                .count()
+        });
+        if waiting_for > 0 && now < r.deadline {
+            return;
+        }
+        let Some(r) = self.recovery.take() else {
+            return;
+        };
+        let absent: Vec<WorkerId> = std::mem::take(&mut self.absent).into_keys().collect();
+        for id in absent {
+            let reason = format!(
+                "it did not come back to the new coordinator within {:?}",
+                self.cfg.rejoin_patience
+            );
+            self.note(format!("worker {id} lost: {reason}"));
+            self.drop_member(now, id, reason);
+        }
+        self.journal(now);
+        let Some(j) = self.job.as_ref() else {
+            self.note("recovered: no job was running".to_string());
+            return;
+        };
+        let (job, members, stopping) = (j.id, j.members.clone(), j.stopping);
+        let map: Vec<(u32, WorkerId, u64)> = j
+            .host
+            .iter()
+            .zip(&j.epoch)
+            .enumerate()
+            .map(|(v, (&h, &e))| (u32::try_from(v).unwrap_or(u32::MAX), h, e))
+            .collect();
+        for &m in &members {
+            let peers = self.peers_for(m);
+            self.send(
+                m,
+                ToWorker::Map {
+                    job,
+                    map: map.clone(),
+                    peers,
+                },
+            );
+        }
+        for &(vnode, host, epoch) in &map {
+            let hosts_it = r
+                .hosted
+                .get(&host)
+                .is_some_and(|h| h.contains(&(vnode, epoch)));
+            if !hosts_it && !stopping {
+                self.send(host, ToWorker::Host { job, vnode, epoch });
+            }
+        }
+        if stopping {
+            if let Some(j) = self.job.as_mut() {
+                j.stopping = false;
+            }
+            self.stop_all(now);
+        }
+        self.note(format!(
+            "recovered job {job}: {} member(s), {} vnodes",
+            members.len(),
+            map.len()
+        ));
+        self.maybe_finish(now);
+    }
+
+    /// Rule 10: a client follows its job again.
+    fn on_attach(&mut self, client: ClientId, job: u64) {
+        let me = self.cfg.advertise.clone();
+        if let Some(j) = self.job.as_mut().filter(|j| j.id == job) {
+            j.client = Some(client);
+            self.tell_client(Some(client), ToSubmit::Takeover { coordinator: me });
+            return;
+        }
+        let last = self.last.clone();
+        match last {
+            Some((id, msg)) if id == job => {
+                self.tell_client(Some(client), ToSubmit::Takeover { coordinator: me });
+                self.tell_client(Some(client), msg);
+            }
+            _ => self.tell_client(
+                Some(client),
+                ToSubmit::Failed {
+                    error: format!("coordinator {me} knows no job {job}"),
+                },
+            ),
+        }
     }
 
     fn on_worker(&mut self, now: Duration, id: WorkerId, msg: ToCoord) {
@@ -512,7 +915,7 @@ impl Coordinator {
                 };
                 j.error.get_or_insert(format!("worker {id}: {error}"));
                 j.done.insert(id, WorkerReport::default());
-                self.stop_all();
+                self.stop_all(now);
                 self.maybe_finish(now);
             }
         }
@@ -597,12 +1000,12 @@ impl Coordinator {
                 self.cfg.program,
                 clip(&program, self.cfg.limits.max_name)
             );
-            self.tell_client(client, ToSubmit::Failed { error });
+            self.tell_client(Some(client), ToSubmit::Failed { error });
             return;
         }
         if let Err(error) = check_spec(&spec, &self.cfg.limits) {
             self.note(format!("refused a job: {error}"));
-            self.tell_client(client, ToSubmit::Failed { error });
+            self.tell_client(Some(client), ToSubmit::Failed { error });
             return;
         }
         self.waiting.push(Waiting {
@@ -646,6 +1049,7 @@ impl Coordinator {
                 }
             }
         }
+        self.maybe_recovered(now);
         self.start_waiting(now);
         self.probe(now);
     }
@@ -662,7 +1066,7 @@ impl Coordinator {
             }
             if self.job.is_some() {
                 self.tell_client(
-                    w.client,
+                    Some(w.client),
                     ToSubmit::Failed {
                         error: "the cluster is running another job".to_string(),
                     },
@@ -675,14 +1079,14 @@ impl Coordinator {
                     self.workers.len(),
                     self.cfg.join_patience
                 );
-                self.tell_client(w.client, ToSubmit::Failed { error });
+                self.tell_client(Some(w.client), ToSubmit::Failed { error });
                 continue;
             }
             let id = self.next_job;
             self.next_job += 1;
             self.job = Some(Job {
                 id,
-                client: w.client,
+                client: Some(w.client),
                 spec: w.spec,
                 running: false,
                 host: Vec::new(),
@@ -774,6 +1178,8 @@ impl Coordinator {
             (0..vnodes).map(|v| (v, j.host[v as usize], 0)).collect();
         let members = j.members.clone();
         let host = j.host.clone();
+        // Rule 9: the map is durable before any member starts.
+        self.journal(now);
         for &m in &members {
             let hosted: Vec<(u32, u64)> = (0..vnodes)
                 .filter(|&v| host[v as usize] == m)
@@ -798,6 +1204,7 @@ impl Coordinator {
         self.tell_client(
             client,
             ToSubmit::Accepted {
+                job: id,
                 workers,
                 spares,
                 vnodes,
@@ -825,6 +1232,9 @@ impl Coordinator {
     /// Rule 3: starts a probe round when the previous one is complete.
     fn probe(&mut self, now: Duration) {
         let every = self.cfg.probe_every;
+        if self.recovery.is_some() {
+            return; // rule 10: not before the members are back
+        }
         let Some(j) = self.job.as_mut().filter(|j| j.running) else {
             return;
         };
@@ -841,13 +1251,15 @@ impl Coordinator {
         }
     }
 
-    fn stop_all(&mut self) {
+    fn stop_all(&mut self, now: Duration) {
         let Some(j) = self.job.as_mut() else { return };
         if j.stopping {
             return;
         }
         j.stopping = true;
         let (id, members) = (j.id, j.members.clone());
+        // Rule 9: a deposed coordinator stops nothing.
+        self.journal(now);
         for m in members {
             self.send(m, ToWorker::Stop { job: id });
         }
@@ -881,7 +1293,7 @@ impl Coordinator {
         };
         let idle = words.iter().all(|w| w & 0xffff_ffff == 0);
         if idle && j.last_words.as_ref() == Some(&words) {
-            self.stop_all();
+            self.stop_all(now);
         } else {
             j.last_words = Some(words);
         }
@@ -889,6 +1301,9 @@ impl Coordinator {
 
     /// Rule 6: when every live member has reported, records the run, then answers the client.
     fn maybe_finish(&mut self, now: Duration) {
+        if self.recovery.is_some() {
+            return; // the members that are not back yet have not reported (rule 10)
+        }
         let Some(j) = self.job.as_mut() else { return };
         if j.recording || !j.members.iter().all(|m| j.done.contains_key(m)) {
             return;
@@ -990,6 +1405,9 @@ impl Coordinator {
         let Some(j) = self.job.take() else { return };
         let elapsed = now.saturating_sub(j.started).as_secs_f64();
         self.note(format!("job {} over in {elapsed:.3} s", j.id));
+        // Rule 10: a client that reattaches later reads the end from the journal.
+        self.last = Some((j.id, msg.clone()));
+        self.journal(now);
         self.tell_client(j.client, msg);
     }
 
@@ -998,15 +1416,23 @@ impl Coordinator {
         if self.workers.remove(&id).is_none() {
             return;
         }
+        self.detector.remove_peer(id);
+        self.out.push(Action::Disconnect { worker: id });
+        self.note(format!("worker {id} lost: {reason}"));
+        self.drop_member(now, id, reason);
+    }
+
+    /// Rule 5: worker `id` is gone; its vnodes move, journaled first (rule 9).
+    fn drop_member(&mut self, now: Duration, id: WorkerId, reason: String) {
         self.gone.insert(id);
         self.suspicions.remove(&id);
         for by in self.suspicions.values_mut() {
             by.remove(&id);
         }
-        self.detector.remove_peer(id);
-        self.out.push(Action::Disconnect { worker: id });
-        self.note(format!("worker {id} lost: {reason}"));
-        let Some(j) = self.job.as_mut() else { return };
+        let Some(j) = self.job.as_mut() else {
+            self.journal(now);
+            return;
+        };
         if !j.running || !j.members.contains(&id) {
             return;
         }
@@ -1020,7 +1446,9 @@ impl Coordinator {
         if j.stopping {
             // A member lost while the job ends: if it was the recording's only wait, the
             // others' reports decide (rule 6).
-            if !j.recording {
+            let recording = j.recording;
+            self.journal(now);
+            if !recording {
                 self.maybe_finish(now);
             }
             return;
@@ -1052,6 +1480,8 @@ impl Coordinator {
         j.last_words = None;
         j.completed.remove(&id);
         let (job, client, members) = (j.id, j.client, j.members.clone());
+        // Rule 9: the new map is durable before anyone hears of it.
+        self.journal(now);
         for m in members {
             let peers = self.peers_for(m);
             self.send(
@@ -1075,6 +1505,24 @@ impl Coordinator {
             },
         );
     }
+}
+
+/// Rule 10: whether `signature` is worker `id`'s Ed25519 signature of this connection's
+/// channel binding under `public_key`.
+pub fn verify_rejoin(
+    public_key: &[u8; 32],
+    binding: &[u8; 32],
+    id: WorkerId,
+    signature: &[u8],
+) -> bool {
+    let Ok(key) = ed25519_dalek::VerifyingKey::from_bytes(public_key) else {
+        return false;
+    };
+    let Ok(sig) = ed25519_dalek::Signature::from_slice(signature) else {
+        return false;
+    };
+    key.verify_strict(&rejoin_message(binding, id), &sig)
+        .is_ok()
 }
 
 /// Rule 7: a job's spec within the limits.

@@ -25,6 +25,7 @@ fn hello(threads: u32, spare: bool) -> Joining {
         peer_addr: "127.0.0.1:9".into(),
         threads,
         spare,
+        public_key: [0; 32],
     }
 }
 
@@ -65,7 +66,7 @@ fn running(n: u32, spares: u32, vnodes: u32) -> Coordinator {
         let _ = c.on_event(
             ms(1),
             Event::Joined {
-                worker: w,
+                conn: u64::from(w),
                 hello: hello(1, w > n - spares),
             },
         );
@@ -111,11 +112,11 @@ fn beat_all(c: &mut Coordinator, now: Duration) {
 #[test]
 fn a_job_maps_vnodes_round_robin_and_gives_each_member_only_its_own_link_keys() {
     let mut c = coord();
-    for w in 1..=3 {
+    for w in 1..=3u64 {
         let _ = c.on_event(
             ms(1),
             Event::Joined {
-                worker: w,
+                conn: w,
                 hello: hello(2, w == 3),
             },
         );
@@ -175,7 +176,7 @@ fn a_store_that_holds_a_run_is_refused() {
     let _ = c.on_event(
         ms(1),
         Event::Joined {
-            worker: 1,
+            conn: 1,
             hello: hello(1, false),
         },
     );
@@ -345,7 +346,7 @@ fn a_job_asking_for_4294967295_vnodes_is_refused_without_allocating() {
     let _ = c.on_event(
         ms(1),
         Event::Joined {
-            worker: 1,
+            conn: 1,
             hello: hello(1, false),
         },
     );
@@ -400,17 +401,18 @@ fn a_worker_claiming_no_threads_or_a_million_or_another_program_is_refused() {
         let a = c.on_event(
             ms(1),
             Event::Joined {
-                worker: w,
+                conn: u64::from(w),
                 hello: h,
             },
         );
         assert!(
-            matches!(to_worker(&a, w).as_slice(), [ToWorker::Refused { .. }]),
+            a.iter().any(
+                |a| matches!(a, Action::Refuse { conn, msg: ToWorker::Refused { .. } }
+                if *conn == u64::from(w))
+            ),
             "{a:?}"
         );
-        assert!(a
-            .iter()
-            .any(|a| matches!(a, Action::Disconnect { worker } if *worker == w)));
+        assert!(a.iter().all(|a| !matches!(a, Action::Admit { .. })));
     }
     assert!(c.workers().is_empty());
 }
@@ -549,16 +551,17 @@ fn a_lost_workers_vnodes_move_to_an_idle_spare_at_a_new_epoch_and_it_is_never_re
         },
     );
     assert!(a.iter().all(|a| !matches!(a, Action::ToWorker { .. })));
+    // A new hello is a new worker: its id is never a lost one's (rule 5).
     let a = c.on_event(
         ms(22),
         Event::Joined {
-            worker: 2,
+            conn: 2,
             hello: hello(1, false),
         },
     );
     assert!(a
         .iter()
-        .any(|a| matches!(a, Action::Disconnect { worker: 2 })));
+        .any(|a| matches!(a, Action::Admit { conn: 2, worker: 4 })));
     assert!(!c.workers().contains(&2));
 }
 
@@ -638,5 +641,370 @@ fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
             assert_eq!(*workers_lost, 1);
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// Takeover (rule 10): the journal written before the last order, a successor built from it.
+mod takeover {
+    use super::*;
+    use crate::protocol::Rejoin;
+    use ed25519_dalek::{Signer as _, SigningKey};
+
+    fn key(w: WorkerId) -> SigningKey {
+        SigningKey::from_bytes(&[u8::try_from(w).unwrap(); 32])
+    }
+
+    fn last_journal(a: &[Action]) -> Option<Journal> {
+        a.iter().rev().find_map(|a| match a {
+            Action::Journal(j) => Some((**j).clone()),
+            _ => None,
+        })
+    }
+
+    /// A job of 4 vnodes on 3 workers with real keys; returns the coordinator and the journal
+    /// it wrote last.
+    fn running_with_keys() -> (Coordinator, Journal) {
+        let mut c = coord();
+        let mut journal = None;
+        for w in 1..=3u32 {
+            let a = c.on_event(
+                ms(1),
+                Event::Joined {
+                    conn: u64::from(w) + 100,
+                    hello: Joining {
+                        public_key: key(w).verifying_key().to_bytes(),
+                        ..hello(1, false)
+                    },
+                },
+            );
+            // Rule 9: admitted and journaled before the welcome.
+            let admit = a.iter().position(|a| matches!(a, Action::Admit { .. }));
+            let jpos = a.iter().position(|a| matches!(a, Action::Journal(_)));
+            let welcome = a.iter().position(|a| {
+                matches!(
+                    a,
+                    Action::ToWorker {
+                        msg: ToWorker::Welcome { .. },
+                        ..
+                    }
+                )
+            });
+            assert!(admit < jpos && jpos < welcome, "{a:?}");
+        }
+        let _ = c.on_event(
+            ms(2),
+            Event::Submit {
+                client: 100,
+                program: "knary".into(),
+                job: spec(4, 3),
+            },
+        );
+        let a = c.on_event(
+            ms(3),
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        let jpos = a
+            .iter()
+            .position(|a| matches!(a, Action::Journal(_)))
+            .unwrap();
+        let start = a
+            .iter()
+            .position(|a| {
+                matches!(
+                    a,
+                    Action::ToWorker {
+                        msg: ToWorker::Start { .. },
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        assert!(jpos < start, "the map is journaled before any start: {a:?}");
+        journal.get_or_insert(last_journal(&a).unwrap());
+        (c, journal.unwrap())
+    }
+
+    fn successor(j: Journal) -> Coordinator {
+        let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+        cfg.advertise = "127.0.0.1:2".into();
+        cfg.term = journal::next_term(j.term, &cfg.advertise);
+        cfg.rejoin_patience = ms(1000);
+        let mut c = Coordinator::recover(cfg, j, ms(5000));
+        let a = c.on_event(ms(5000), Event::Tick);
+        assert!(
+            matches!(a.as_slice(), [Action::Note(_), Action::Journal(_)]),
+            "{a:?}"
+        );
+        c
+    }
+
+    fn claim(w: WorkerId, binding: &[u8; 32], hosted: Vec<(u32, u64)>) -> Box<Rejoin> {
+        Box::new(Rejoin {
+            id: w,
+            program: "knary".into(),
+            peer_addr: format!("127.0.0.1:{w}"),
+            threads: 1,
+            spare: false,
+            signature: key(w)
+                .sign(&crate::protocol::rejoin_message(binding, w))
+                .to_bytes()
+                .to_vec(),
+            job: Some((1, hosted)),
+            report: None,
+        })
+    }
+
+    #[test]
+    fn a_successor_takes_members_back_moves_the_absent_ones_vnodes_and_continues() {
+        let (_, j) = running_with_keys();
+        let job = j.job.clone().expect("the job is journaled");
+        assert_eq!(job.host, vec![1, 2, 3, 1]);
+        let mut c = successor(j);
+        assert!(c.recovering());
+        let b = [3u8; 32];
+        // A forged rejoin (worker 2's id, worker 1's key) and an unknown id are refused.
+        let mut forged = claim(1, &b, vec![]);
+        forged.id = 2;
+        let a = c.on_event(
+            ms(5001),
+            Event::Rejoined {
+                conn: 7,
+                claim: forged,
+                binding: b,
+            },
+        );
+        assert!(
+            matches!(a.as_slice(), [Action::Note(n), Action::Refuse { conn: 7, .. }]
+            if n.contains("signature")),
+            "{a:?}"
+        );
+        let a = c.on_event(
+            ms(5001),
+            Event::Rejoined {
+                conn: 8,
+                claim: claim(9, &b, vec![]),
+                binding: b,
+            },
+        );
+        assert!(a
+            .iter()
+            .any(|a| matches!(a, Action::Refuse { conn: 8, .. })));
+        // A signature over another connection's binding is refused too (no replay).
+        let a = c.on_event(
+            ms(5001),
+            Event::Rejoined {
+                conn: 9,
+                claim: claim(1, &[4; 32], vec![]),
+                binding: b,
+            },
+        );
+        assert!(a
+            .iter()
+            .any(|a| matches!(a, Action::Refuse { conn: 9, .. })));
+        // Workers 1 and 2 come back; no probe before the recovery ends.
+        for (w, hosted) in [(1u32, vec![(0, 0), (3, 0)]), (2, vec![(1, 0)])] {
+            let a = c.on_event(
+                ms(5002),
+                Event::Rejoined {
+                    conn: u64::from(w) + 10,
+                    claim: claim(w, &b, hosted),
+                    binding: b,
+                },
+            );
+            assert!(
+                a.iter()
+                    .any(|a| matches!(a, Action::Admit { worker, .. } if *worker == w)),
+                "{a:?}"
+            );
+            assert!(to_worker(&a, w)
+                .iter()
+                .any(|m| matches!(m, ToWorker::Welcome { .. })));
+        }
+        let a = c.on_event(ms(5500), Event::Tick);
+        assert!(a.iter().all(|a| !matches!(
+            a,
+            Action::ToWorker {
+                msg: ToWorker::Probe { .. },
+                ..
+            }
+        )));
+        // Worker 3 never comes back: at the deadline its vnode moves at a new epoch.
+        let a = c.on_event(ms(6001), Event::Tick);
+        assert!(!c.recovering());
+        let map = c.map().unwrap();
+        assert_ne!(map[2].0, 3);
+        assert_eq!(map[2].1, 1, "the moved vnode's epoch grew: {map:?}");
+        let jpos = a
+            .iter()
+            .position(|a| matches!(a, Action::Journal(_)))
+            .unwrap();
+        let first_order = a
+            .iter()
+            .position(|a| {
+                matches!(
+                    a,
+                    Action::ToWorker {
+                        msg: ToWorker::Map { .. } | ToWorker::Host { .. },
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        assert!(jpos < first_order, "journaled before the orders: {a:?}");
+        let host = map[2].0;
+        assert!(to_worker(&a, host).iter().any(|m| matches!(
+            m,
+            ToWorker::Host {
+                vnode: 2,
+                epoch: 1,
+                ..
+            }
+        )));
+        // Nobody is told to host what it reported hosting already.
+        for w in [1, 2] {
+            let hosts: Vec<u32> = to_worker(&a, w)
+                .iter()
+                .filter_map(|m| match m {
+                    ToWorker::Host { vnode, .. } => Some(*vnode),
+                    _ => None,
+                })
+                .collect();
+            assert!(hosts.iter().all(|&v| v == 2), "worker {w}: {hosts:?}");
+            assert!(to_worker(&a, w)
+                .iter()
+                .any(|m| matches!(m, ToWorker::Map { map, .. } if map.len() == 4)));
+        }
+        // Probes start again, after the orders.
+        let probe = a.iter().position(|a| {
+            matches!(
+                a,
+                Action::ToWorker {
+                    msg: ToWorker::Probe { .. },
+                    ..
+                }
+            )
+        });
+        assert!(probe.is_some_and(|p| p > first_order), "{a:?}");
+        // A client attaching follows the job.
+        let a = c.on_event(ms(6100), Event::Attach { client: 4, job: 1 });
+        assert!(matches!(
+            to_client(&a).as_slice(),
+            [ToSubmit::Takeover { .. }]
+        ));
+        let a = c.on_event(ms(6100), Event::Attach { client: 5, job: 7 });
+        assert!(matches!(
+            to_client(&a).as_slice(),
+            [ToSubmit::Failed { .. }]
+        ));
+    }
+
+    #[test]
+    fn a_job_that_was_stopping_is_stopped_again_and_reports_in_claims_count() {
+        let (mut c, _) = running_with_keys();
+        // Stop the job: every probe round idle and unchanged.
+        let mut now = ms(10);
+        let mut journal = None;
+        for _ in 0..6 {
+            let a = c.on_event(now, Event::Tick);
+            for m in [1u32, 2, 3] {
+                if let Some(ToWorker::Probe { job, round }) = to_worker(&a, m)
+                    .into_iter()
+                    .find(|x| matches!(x, ToWorker::Probe { .. }))
+                {
+                    let vs: Vec<(u32, u64)> = match m {
+                        1 => vec![(0, 1 << 32), (3, 1 << 32)],
+                        2 => vec![(1, 1 << 32)],
+                        _ => vec![(2, 1 << 32)],
+                    };
+                    let a = c.on_event(
+                        now,
+                        Event::FromWorker {
+                            worker: m,
+                            msg: ToCoord::Status {
+                                job,
+                                round,
+                                work: vs,
+                                completed: 1,
+                                started: true,
+                            },
+                        },
+                    );
+                    if let Some(j) = last_journal(&a) {
+                        journal = Some(j);
+                    }
+                }
+            }
+            now += ms(10);
+        }
+        let j = journal.expect("stopping is journaled");
+        assert!(j.job.as_ref().unwrap().stopping);
+        let mut c = successor(j);
+        let b = [1u8; 32];
+        for w in 1..=3u32 {
+            let mut cl = claim(w, &b, vec![]);
+            if w == 2 {
+                // Worker 2 had ended and reported to the dead coordinator.
+                cl.job = None;
+                cl.report = Some((
+                    1,
+                    Ok(WorkerReport {
+                        outputs: Some(vec![vec![1]]),
+                        ..WorkerReport::default()
+                    }),
+                ));
+            }
+            let a = c.on_event(
+                ms(5001),
+                Event::Rejoined {
+                    conn: u64::from(w),
+                    claim: cl,
+                    binding: b,
+                },
+            );
+            if w == 3 {
+                // All back: the others are told to stop again.
+                for m in [1, 3] {
+                    assert!(
+                        to_worker(&a, m)
+                            .iter()
+                            .any(|x| matches!(x, ToWorker::Stop { .. })),
+                        "{a:?}"
+                    );
+                }
+            }
+        }
+        for w in [1u32, 3] {
+            let _ = c.on_event(
+                ms(5002),
+                Event::FromWorker {
+                    worker: w,
+                    msg: ToCoord::Done {
+                        job: 1,
+                        report: WorkerReport::default(),
+                    },
+                },
+            );
+        }
+        let a = c.on_event(ms(5003), Event::Tick);
+        let _ = a;
+        // Every report is in: the run is recorded, then finished with worker 2's outputs.
+        let a = c.on_event(
+            ms(5004),
+            Event::Recorded {
+                job: 1,
+                result: Ok("root".into()),
+            },
+        );
+        let _ = a;
+        let a = c.on_event(ms(5005), Event::Attach { client: 3, job: 1 });
+        match to_client(&a).as_slice() {
+            [ToSubmit::Takeover { .. }, ToSubmit::Finished { outputs, .. }] => {
+                assert_eq!(outputs, &vec![vec![1u8]]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -557,12 +557,13 @@ impl World {
             },
         );
         self.coord_event(coordinator::Event::Joined {
-            worker: id,
+            conn: u64::from(id),
             hello: Joining {
                 program: "sim".into(),
                 peer_addr: format!("sim:{id}"),
                 threads: 1,
                 spare,
+                public_key: [0; 32],
             },
         });
     }
@@ -593,6 +594,34 @@ impl World {
         let actions = self.coord.on_event(self.now, ev);
         for a in actions {
             match a {
+                coordinator::Action::Admit { conn, worker } => {
+                    // The simulator numbers its processes as the coordinator numbers workers.
+                    if conn != u64::from(worker) {
+                        self.note(&format!(
+                            "coordinator admitted connection {conn} as w{worker}"
+                        ));
+                    }
+                }
+                coordinator::Action::Refuse { conn, msg } => {
+                    let worker = WorkerId::try_from(conn).unwrap_or(WorkerId::MAX);
+                    self.send(
+                        Node::Coord,
+                        Node::Worker(worker),
+                        Frame::ToWorker(worker, msg),
+                        true,
+                    );
+                    self.send(
+                        Node::Coord,
+                        Node::Worker(worker),
+                        Frame::CoordClosed(worker),
+                        true,
+                    );
+                }
+                coordinator::Action::Journal(j) => {
+                    if let Err(e) = coordinator::journal::write_journal(&*self.store, &j) {
+                        self.note(&format!("coordinator: journal write failed: {e}"));
+                    }
+                }
                 coordinator::Action::ToWorker { worker, msg } => self.send(
                     Node::Coord,
                     Node::Worker(worker),
@@ -754,6 +783,12 @@ impl World {
             worker::Action::Exit(reason) => {
                 self.note(&format!("worker {id} exits: {reason}"));
                 self.kill(id, false);
+            }
+            worker::Action::Reconnect(reason) => {
+                // The worker drops its coordinator; with no other coordinator here, the one
+                // it knows refuses its rejoin (it was lost), so it ends as it would.
+                self.note(&format!("worker {id} leaves the coordinator: {reason}"));
+                self.kill(id, true);
             }
             worker::Action::Note(line) => self.note(&format!("worker {id}: {line}")),
         }
@@ -1108,6 +1143,8 @@ fn client_line(m: &ToSubmit) -> String {
         ToSubmit::WorkerLost { worker, moved, .. } => format!("lost w{worker}, moved {moved:?}"),
         ToSubmit::Finished { tasks, .. } => format!("finished ({tasks} tasks)"),
         ToSubmit::Failed { error } => format!("failed: {error}"),
+        ToSubmit::Takeover { coordinator } => format!("takeover by {coordinator}"),
+        ToSubmit::Standby { .. } => "standby".into(),
     }
 }
 
@@ -1131,5 +1168,6 @@ fn worker_line(m: &ToWorker) -> String {
         ToWorker::Host { vnode, epoch, .. } => format!("host v{vnode}@{epoch}"),
         ToWorker::Probe { round, .. } => format!("probe r{round}"),
         ToWorker::Stop { .. } => "stop".into(),
+        ToWorker::Standby { .. } => "standby".into(),
     }
 }

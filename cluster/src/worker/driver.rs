@@ -42,8 +42,10 @@ pub struct JobContext {
 pub struct WorkerConfig {
     /// The program (app) it runs.
     pub program: String,
-    /// The coordinator's address.
-    pub join: String,
+    /// The coordinators' addresses (any order: the one holding the role answers).
+    pub join: Vec<String>,
+    /// How long it looks for a coordinator after losing one before it gives up (rule 1).
+    pub rejoin_patience: Duration,
     /// Where it listens for peers.
     pub listen: String,
     /// The cluster's key.
@@ -73,6 +75,8 @@ struct Driver {
     clock: SystemClock,
     state: Mutex<State>,
     to_coord: UnboundedSender<ToCoord>,
+    /// The coordinator fell silent (rule 1): the connection loop drops it.
+    lost_tx: UnboundedSender<String>,
     rt: tokio::runtime::Handle,
     store: Arc<dyn Store>,
     run_job: RunJob,
@@ -148,6 +152,9 @@ impl Driver {
                     st.exit = Some(reason.clone());
                     let _ = self.exit_tx.send(reason);
                 }
+            }
+            Action::Reconnect(reason) => {
+                let _ = self.lost_tx.send(reason);
             }
             Action::Note(line) => eprintln!("worker {me}: {line}"),
         }
@@ -317,7 +324,7 @@ async fn serve_peer(stream: TcpStream, peer: SocketAddr, driver: &Arc<Driver>) {
     }
 }
 
-/// Connects to the coordinator with retries and backoff (rule 1).
+/// Connects to the coordinator at `addr` with retries and backoff (rule 1).
 pub async fn connect_coordinator(
     addr: &str,
     key: &Key,
@@ -326,20 +333,9 @@ pub async fn connect_coordinator(
     let tries = 8;
     let mut last = String::new();
     for i in 0..tries {
-        match TcpStream::connect(addr).await {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                match Connection::client(s, key, DEFAULT_MAX_FRAME).await {
-                    Ok(c) => return Ok(c),
-                    Err(e) if e.is_transient() => last = e.to_string(),
-                    Err(e) => {
-                        return Err(ClusterError::Refused {
-                            addr: addr.to_string(),
-                            reason: e.to_string(),
-                        })
-                    }
-                }
-            }
+        match connect_once(addr, key).await {
+            Ok(c) => return Ok(c),
+            Err(e @ ClusterError::Refused { .. }) => return Err(e),
             Err(e) => last = e.to_string(),
         }
         if i + 1 < tries {
@@ -354,11 +350,123 @@ pub async fn connect_coordinator(
     })
 }
 
+/// One connection attempt: a wrong key is [`ClusterError::Refused`], the rest transient.
+pub(crate) async fn connect_once(
+    addr: &str,
+    key: &Key,
+) -> Result<Connection<TcpStream>, ClusterError> {
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| ClusterError::net(addr, e))?;
+    let _ = s.set_nodelay(true);
+    match Connection::client(s, key, DEFAULT_MAX_FRAME).await {
+        Ok(c) => Ok(c),
+        Err(e) if e.is_transient() => Err(ClusterError::wire(addr, e)),
+        Err(e) => Err(ClusterError::Refused {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// How often the ticking thread wakes at most: heartbeats of the default detector go every
 /// 200 ms, so 5 ms keeps them on time without a busy thread.
 const TICK_MAX: Duration = Duration::from_millis(5);
 
-/// Runs a worker until its coordinator goes away (rules 1-5).
+type CoordReader = veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>;
+type CoordWriter = veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>;
+
+/// What a coordinator answered a hello.
+enum Answer {
+    Welcome {
+        reader: CoordReader,
+        writer: CoordWriter,
+        id: WorkerId,
+        store: String,
+        fd: veriflow_runtime::detect::FdParams,
+        coordinators: Vec<String>,
+    },
+    Standby,
+}
+
+/// Says `hello` (built from the connection's channel binding) to the coordinator at `addr`.
+async fn greet(
+    addr: &str,
+    key: &Key,
+    hello: impl FnOnce(&[u8; 32]) -> Hello,
+) -> Result<Answer, ClusterError> {
+    let conn = connect_once(addr, key).await?;
+    let hello = hello(&conn.channel_binding());
+    let (mut reader, mut writer) = conn.into_split();
+    writer
+        .send(&hello)
+        .await
+        .map_err(|e| ClusterError::wire(addr, e))?;
+    match reader.recv::<ToWorker>().await {
+        Ok(ToWorker::Welcome {
+            id,
+            store,
+            fd,
+            coordinators,
+        }) => Ok(Answer::Welcome {
+            reader,
+            writer,
+            id,
+            store,
+            fd,
+            coordinators,
+        }),
+        Ok(ToWorker::Standby { .. }) => Ok(Answer::Standby),
+        Ok(ToWorker::Refused { reason }) => Err(ClusterError::Refused {
+            addr: addr.to_string(),
+            reason,
+        }),
+        Ok(_) => Err(ClusterError::Refused {
+            addr: addr.to_string(),
+            reason: "it did not welcome this worker".to_string(),
+        }),
+        Err(e) => Err(ClusterError::wire(addr, e)),
+    }
+}
+
+/// Tries every address in turn, with backoff, until one coordinator welcomes `hello` or
+/// `patience` runs out (rule 1). A refusal ends the search.
+async fn find_coordinator(
+    addrs: &[String],
+    key: &Key,
+    patience: Duration,
+    hello: impl Fn(&[u8; 32]) -> Hello,
+) -> Result<(String, Answer), ClusterError> {
+    let start = std::time::Instant::now();
+    let mut delay = Duration::from_millis(50);
+    let mut last = String::new();
+    let mut tries = 0u32;
+    loop {
+        for addr in addrs {
+            tries += 1;
+            match greet(addr, key, &hello).await {
+                Ok(a @ Answer::Welcome { .. }) => return Ok((addr.clone(), a)),
+                Ok(Answer::Standby) => last = format!("{addr} is a standby"),
+                Err(e @ ClusterError::Refused { .. }) => return Err(e),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if start.elapsed() >= patience {
+            return Err(ClusterError::Unreachable {
+                addr: addrs.join(","),
+                tries,
+                last,
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// The first join's patience: long enough for a coordinator that starts at the same time.
+const JOIN_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Runs a worker until no coordinator wants it any more (rules 1-5).
 pub fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), ClusterError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -369,133 +477,220 @@ pub fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), ClusterError
             what: "the network threads",
             source: e,
         })?;
-    rt.block_on(async move {
-        let listener = TcpListener::bind(&cfg.listen)
-            .await
-            .map_err(|e| ClusterError::Listen {
-                addr: cfg.listen.clone(),
-                source: e,
-            })?;
-        let peer_addr: SocketAddr = listener.local_addr().map_err(|e| ClusterError::Listen {
+    let mut keep: Option<Arc<Driver>> = None;
+    let result = rt.block_on(serve_worker(cfg, run_job, &mut keep));
+    // The last handle on the store may own a runtime of its own: dropped here, outside this
+    // runtime's context (dropping it inside panics).
+    drop(keep);
+    result
+}
+
+async fn serve_worker(
+    cfg: WorkerConfig,
+    run_job: RunJob,
+    keep: &mut Option<Arc<Driver>>,
+) -> Result<(), ClusterError> {
+    if cfg.join.is_empty() {
+        return Err(ClusterError::Refused {
+            addr: String::new(),
+            reason: "no coordinator address given".to_string(),
+        });
+    }
+    let listener = TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| ClusterError::Listen {
             addr: cfg.listen.clone(),
             source: e,
         })?;
-        let conn = connect_coordinator(&cfg.join, &cfg.key).await?;
-        let (mut reader, mut writer) = conn.into_split();
-        writer
-            .send(&Hello::Worker {
+    let peer_addr: SocketAddr = listener.local_addr().map_err(|e| ClusterError::Listen {
+        addr: cfg.listen.clone(),
+        source: e,
+    })?;
+    let signing = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    let public_key = signing.verifying_key().to_bytes();
+    let (program, threads, spare) = (cfg.program.clone(), cfg.threads, cfg.spare);
+    let peer = peer_addr.to_string();
+    let (mut at, answer) =
+        find_coordinator(&cfg.join, &cfg.key, JOIN_PATIENCE, |_| Hello::Worker {
+            program: program.clone(),
+            peer_addr: peer.clone(),
+            threads,
+            spare,
+            public_key,
+        })
+        .await?;
+    let Answer::Welcome {
+        mut reader,
+        writer,
+        id: me,
+        store: store_spec,
+        fd: fd_params,
+        coordinators,
+    } = answer
+    else {
+        unreachable!("find_coordinator returns welcomes only");
+    };
+    let mut addrs = merge(&cfg.join, &coordinators);
+    let spec: StoreSpec = store_spec.parse().map_err(|e| ClusterError::Store {
+        spec: store_spec.clone(),
+        reason: format!("{e}"),
+    })?;
+    let key = cfg.key.clone();
+    let store = tokio::task::spawn_blocking(move || open_store(&spec, Some(&key)))
+        .await
+        .map_err(|e| ClusterError::Store {
+            spec: store_spec.clone(),
+            reason: e.to_string(),
+        })?
+        .map_err(|e| ClusterError::Store {
+            spec: store_spec.clone(),
+            reason: e.to_string(),
+        })?;
+    eprintln!("worker {me}: joined {at} (peers reach us at {peer_addr})");
+    // Frames to the coordinator go to whichever connection is current (rule 1).
+    let current: Arc<tokio::sync::Mutex<Option<CoordWriter>>> =
+        Arc::new(tokio::sync::Mutex::new(Some(writer)));
+    let (to_coord, mut out_rx) = unbounded_channel::<ToCoord>();
+    let writing = {
+        let current = current.clone();
+        tokio::spawn(async move {
+            while let Some(m) = out_rx.recv().await {
+                let mut w = current.lock().await;
+                if let Some(writer) = w.as_mut() {
+                    if writer.send(&m).await.is_err() {
+                        *w = None;
+                    }
+                }
+            }
+        })
+    };
+    let (exit_tx, mut exit_rx) = unbounded_channel::<String>();
+    let (lost_tx, mut lost_rx) = unbounded_channel::<String>();
+    let clock = SystemClock::default();
+    let driver = Arc::new(Driver {
+        key: cfg.key.clone(),
+        clock,
+        state: Mutex::new(State {
+            core: WorkerCore::new(me, fd_params, clock.now()),
+            links: HashMap::new(),
+            job: None,
+            exit: None,
+        }),
+        to_coord,
+        lost_tx,
+        rt: tokio::runtime::Handle::current(),
+        store,
+        run_job,
+        exit_tx,
+    });
+    *keep = Some(driver.clone());
+    tokio::spawn(peer_listener(listener, driver.clone()));
+    // Rule 3: the detector's timers on their own thread, so that compute load and a busy
+    // network runtime do not delay heartbeats.
+    let ticking = {
+        let driver = Arc::downgrade(&driver);
+        std::thread::Builder::new()
+            .name("veriflow-tick".to_string())
+            .spawn(move || loop {
+                let Some(d) = driver.upgrade() else { return };
+                if d.state().exit.is_some() {
+                    return;
+                }
+                d.dispatch(Event::Tick);
+                let wait = {
+                    let st = d.state();
+                    st.core.next_deadline().saturating_sub(d.clock.now())
+                };
+                drop(d);
+                std::thread::sleep(wait.clamp(Duration::from_millis(1), TICK_MAX));
+            })
+            .map_err(|e| ClusterError::Start {
+                what: "the ticking thread",
+                source: e,
+            })?
+    };
+    let end: ClusterError = loop {
+        let lost = tokio::select! {
+            msg = reader.recv::<ToWorker>() => match msg {
+                Ok(m) => {
+                    driver.dispatch(Event::FromCoord(m));
+                    continue;
+                }
+                Err(e) => format!("lost the coordinator {at}: {e}"),
+            },
+            Some(reason) = lost_rx.recv() => format!("left the coordinator {at}: {reason}"),
+            Some(reason) = exit_rx.recv() => break ClusterError::Refused { addr: at.clone(), reason },
+        };
+        // Rule 1: the vnodes go on; look for the coordinator that holds the role now.
+        eprintln!(
+            "worker {me}: {lost}; looking for a coordinator among {}",
+            addrs.join(",")
+        );
+        *current.lock().await = None;
+        driver.dispatch(Event::CoordLost);
+        let (job, report) = driver.state().core.rejoin_claim();
+        let claim = |binding: &[u8; 32]| {
+            use ed25519_dalek::Signer as _;
+            Hello::Rejoin(Box::new(crate::protocol::Rejoin {
+                id: me,
                 program: cfg.program.clone(),
                 peer_addr: peer_addr.to_string(),
                 threads: cfg.threads,
                 spare: cfg.spare,
-            })
-            .await
-            .map_err(|e| ClusterError::wire(&cfg.join, e))?;
-        let (me, store_spec, fd_params) = match reader.recv::<ToWorker>().await {
-            Ok(ToWorker::Welcome { id, store, fd }) => (id, store, fd),
-            Ok(ToWorker::Refused { reason }) => {
-                return Err(ClusterError::Refused {
-                    addr: cfg.join.clone(),
-                    reason,
-                })
-            }
-            Ok(_) => {
-                return Err(ClusterError::Refused {
-                    addr: cfg.join.clone(),
-                    reason: "it did not welcome this worker".to_string(),
-                })
-            }
-            Err(e) => return Err(ClusterError::wire(&cfg.join, e)),
+                signature: signing
+                    .sign(&crate::protocol::rejoin_message(binding, me))
+                    .to_bytes()
+                    .to_vec(),
+                job: job.clone(),
+                report: report.clone(),
+            }))
         };
-        let spec: StoreSpec = store_spec.parse().map_err(|e| ClusterError::Store {
-            spec: store_spec.clone(),
-            reason: format!("{e}"),
-        })?;
-        let key = cfg.key.clone();
-        let store = tokio::task::spawn_blocking(move || open_store(&spec, Some(&key)))
-            .await
-            .map_err(|e| ClusterError::Store {
-                spec: store_spec.clone(),
-                reason: e.to_string(),
-            })?
-            .map_err(|e| ClusterError::Store {
-                spec: store_spec.clone(),
-                reason: e.to_string(),
-            })?;
-        eprintln!(
-            "worker {me}: joined {} (peers reach us at {peer_addr})",
-            cfg.join
-        );
-        let (to_coord, mut out_rx) = unbounded_channel::<ToCoord>();
-        let writing = tokio::spawn(async move {
-            while let Some(m) = out_rx.recv().await {
-                if writer.send(&m).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let (exit_tx, mut exit_rx) = unbounded_channel::<String>();
-        let clock = SystemClock::default();
-        let driver = Arc::new(Driver {
-            key: cfg.key.clone(),
-            clock,
-            state: Mutex::new(State {
-                core: WorkerCore::new(me, fd_params, clock.now()),
-                links: HashMap::new(),
-                job: None,
-                exit: None,
-            }),
-            to_coord,
-            rt: tokio::runtime::Handle::current(),
-            store,
-            run_job,
-            exit_tx,
-        });
-        tokio::spawn(peer_listener(listener, driver.clone()));
-        // Rule 3: the detector's timers on their own thread, so that compute load and a busy
-        // network runtime do not delay heartbeats.
-        let ticking = {
-            let driver = Arc::downgrade(&driver);
-            std::thread::Builder::new()
-                .name("veriflow-tick".to_string())
-                .spawn(move || loop {
-                    let Some(d) = driver.upgrade() else { return };
-                    if d.state().exit.is_some() {
-                        return;
-                    }
-                    d.dispatch(Event::Tick);
-                    let wait = {
-                        let st = d.state();
-                        st.core.next_deadline().saturating_sub(d.clock.now())
-                    };
-                    drop(d);
-                    std::thread::sleep(wait.clamp(Duration::from_millis(1), TICK_MAX));
-                })
-                .map_err(|e| ClusterError::Start {
-                    what: "the ticking thread",
-                    source: e,
-                })?
-        };
-        let lost = loop {
-            tokio::select! {
-                msg = reader.recv::<ToWorker>() => match msg {
-                    Ok(m) => driver.dispatch(Event::FromCoord(m)),
-                    Err(e) => break format!("lost the coordinator {}: {e}", cfg.join),
+        match find_coordinator(&addrs, &cfg.key, cfg.rejoin_patience, claim).await {
+            Ok((
+                addr,
+                Answer::Welcome {
+                    reader: r,
+                    writer: w,
+                    coordinators,
+                    ..
                 },
-                Some(reason) = exit_rx.recv() => break reason,
+            )) => {
+                eprintln!("worker {me}: taken back by coordinator {addr}");
+                at = addr;
+                addrs = merge(&addrs, &coordinators);
+                reader = r;
+                *current.lock().await = Some(w);
+                driver.dispatch(Event::CoordBack);
             }
-        };
-        // Rule 1: without the coordinator, stop the job and leave.
-        {
-            let mut st = driver.state();
-            st.exit.get_or_insert(lost.clone());
-            if let Some(j) = st.job.take() {
-                let _ = j.control.send(Control::Stop);
+            Ok((_, Answer::Standby)) => unreachable!("find_coordinator returns welcomes only"),
+            Err(e) => {
+                break ClusterError::CoordinatorLost(format!(
+                    "{at} and no coordinator took this worker back: {e}"
+                ))
             }
         }
-        writing.abort();
-        drop(driver);
-        let _ = ticking.join();
-        Err(ClusterError::CoordinatorLost(lost))
-    })
+    };
+    // Rule 1: stop the job and leave.
+    {
+        let mut st = driver.state();
+        st.exit.get_or_insert(end.to_string());
+        if let Some(j) = st.job.take() {
+            let _ = j.control.send(Control::Stop);
+        }
+    }
+    writing.abort();
+    drop(driver);
+    let _ = ticking.join();
+    Err(end)
+}
+
+/// `known` followed by the addresses of `more` it lacks.
+fn merge(known: &[String], more: &[String]) -> Vec<String> {
+    let mut all = known.to_vec();
+    for a in more {
+        if !all.contains(a) {
+            all.push(a.clone());
+        }
+    }
+    all
 }

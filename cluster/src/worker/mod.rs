@@ -8,9 +8,14 @@
 //!
 //! Rules:
 //!
-//! 1. A worker that cannot reach its coordinator retries with backoff, then stops with an
-//!    error naming it; a worker that loses its coordinator stops its job and exits (a job
-//!    without its fault-tolerance module cannot end well).
+//! 1. A worker that cannot reach a coordinator retries every address it knows with backoff,
+//!    then stops with an error naming them. A worker that loses its coordinator (the
+//!    connection ends, or its detector declares the coordinator broken) keeps its vnodes
+//!    running, stops talking to it ([`Event::CoordLost`]: no heartbeats, reports or
+//!    suspicions), and comes back to whichever coordinator holds the role
+//!    ([`Event::CoordBack`]), with a claim ([`WorkerCore::rejoin_claim`]) of the vnodes it hosts
+//!    at which epochs and how its part of the last job ended (`coordinator` rule 10). A worker
+//!    no coordinator takes back within its patience stops its job and exits with an error.
 //! 2. Vnode messages travel worker to worker on authenticated links, opened on first use and
 //!    dropped on the first error (the vnode protocol resends what matters). A message for a
 //!    vnode with no known host is held and sent when the coordinator maps it (paper 004); one
@@ -28,9 +33,9 @@
 //!    not prove its claim is refused and noted; nothing it carries counts, and its closing
 //!    accuses nobody.
 
-mod driver;
+pub(crate) mod driver;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams};
@@ -39,7 +44,7 @@ use veriflow_runtime::{Control, Epoch, VnodeId};
 
 pub use driver::{connect_coordinator, run_worker, JobContext, RunJob, WorkerConfig};
 
-use crate::protocol::{JobSpec, Peer, PeerInfo, ToCoord, ToWorker, WorkerId};
+use crate::protocol::{JobSpec, Peer, PeerInfo, ToCoord, ToWorker, WorkerId, WorkerReport};
 
 /// The proof of a peer hello (rule 5).
 pub fn hello_proof(
@@ -88,6 +93,10 @@ pub enum Event {
         /// Its report, or why it failed.
         result: Result<crate::protocol::WorkerReport, String>,
     },
+    /// The coordinator is gone: the driver looks for its successor (rule 1).
+    CoordLost,
+    /// A coordinator took this worker back (rule 1).
+    CoordBack,
     /// Time passed: run the detector's timers.
     Tick,
 }
@@ -143,8 +152,10 @@ pub enum Action {
         /// The round.
         round: u64,
     },
-    /// The coordinator refused us or is gone: stop the job and exit with this error (rule 1).
+    /// The coordinator refused us: stop the job and exit with this error (rule 1).
     Exit(String),
+    /// The coordinator fell silent: drop its connection and find its successor (rule 1).
+    Reconnect(String),
     /// A line for the worker's log.
     Note(String),
 }
@@ -155,8 +166,13 @@ pub struct WorkerCore {
     map: BTreeMap<u32, WorkerId>,
     peers: BTreeMap<WorkerId, PeerInfo>,
     held: BTreeMap<u32, Vec<Envelope>>,
-    hosted: BTreeSet<u32>,
+    /// Vnodes hosted here, at their epochs.
+    hosted: BTreeMap<u32, u64>,
     job: Option<u64>,
+    /// How this worker's part of the last job ended, kept until the next job (rule 1).
+    last_report: Option<(u64, Result<WorkerReport, String>)>,
+    /// Whether a coordinator holds this worker now (rule 1).
+    coord_up: bool,
     detector: Detector,
     out: Vec<Action>,
 }
@@ -185,11 +201,33 @@ impl WorkerCore {
             map: BTreeMap::new(),
             peers: BTreeMap::new(),
             held: BTreeMap::new(),
-            hosted: BTreeSet::new(),
+            hosted: BTreeMap::new(),
             job: None,
+            last_report: None,
+            coord_up: true,
             detector,
             out: Vec::new(),
         }
+    }
+
+    /// What this worker tells a new coordinator (rule 1, `coordinator` rule 10): its job with
+    /// the vnodes it hosts at their epochs, and how its part of the last job ended.
+    #[allow(clippy::type_complexity)]
+    pub fn rejoin_claim(
+        &self,
+    ) -> (
+        Option<(u64, Vec<(u32, u64)>)>,
+        Option<(u64, Result<WorkerReport, String>)>,
+    ) {
+        let job = self
+            .job
+            .map(|j| (j, self.hosted.iter().map(|(&v, &e)| (v, e)).collect()));
+        (job, self.last_report.clone())
+    }
+
+    /// Whether a coordinator holds this worker now.
+    pub fn coordinated(&self) -> bool {
+        self.coord_up
     }
 
     /// This worker's id.
@@ -257,11 +295,28 @@ impl WorkerCore {
                     self.job = None;
                     self.hosted.clear();
                 }
+                self.last_report = Some((job, result.clone()));
                 let msg = match result {
                     Ok(report) => ToCoord::Done { job, report },
                     Err(error) => ToCoord::Failed { job, error },
                 };
                 self.out.push(Action::ToCoord(msg));
+            }
+            Event::CoordLost => {
+                if self.coord_up {
+                    self.coord_up = false;
+                    self.detector.remove_peer(0);
+                    self.out.push(Action::Note(
+                        "lost the coordinator: the vnodes go on while a successor is sought"
+                            .to_string(),
+                    ));
+                }
+            }
+            Event::CoordBack => {
+                if !self.coord_up {
+                    self.coord_up = true;
+                    self.detector.add_peer(0, now);
+                }
             }
             Event::Tick => {}
         }
@@ -275,7 +330,14 @@ impl WorkerCore {
                     FdAction::SendHeartbeat { to, heartbeat } => {
                         self.send_peer(to, Peer::Heartbeat(heartbeat));
                     }
-                    FdAction::Broken { peer } if peer != 0 => {
+                    FdAction::Broken { peer: 0 } => {
+                        self.out.push(Action::Reconnect(
+                            "the failure detector declared the coordinator broken (silent: hung \
+                             or cut off)"
+                                .to_string(),
+                        ));
+                    }
+                    FdAction::Broken { peer } => {
                         self.out
                             .push(Action::ToCoord(ToCoord::Broken { worker: peer }));
                     }
@@ -283,13 +345,18 @@ impl WorkerCore {
                 }
             }
         }
+        if !self.coord_up {
+            // Rule 1: nothing goes to a coordinator that is gone; a report is kept in
+            // `last_report` and goes with the rejoin claim.
+            self.out.retain(|a| !matches!(a, Action::ToCoord(_)));
+        }
         std::mem::take(&mut self.out)
     }
 
     fn on_coord(&mut self, now: Duration, msg: ToWorker) {
         self.detector.on_message(0, now);
         match msg {
-            ToWorker::Welcome { .. } => {}
+            ToWorker::Welcome { .. } | ToWorker::Standby { .. } => {}
             ToWorker::Refused { reason } => {
                 self.out.push(Action::Exit(format!(
                     "the coordinator refused this worker: {reason}"
@@ -308,7 +375,8 @@ impl WorkerCore {
                 self.map.clear();
                 self.held.clear();
                 self.job = Some(job);
-                self.hosted = hosted.iter().map(|&(v, _)| v).collect();
+                self.last_report = None;
+                self.hosted = hosted.iter().copied().collect();
                 self.remap(now, &map, peers);
                 self.out.push(Action::StartJob {
                     job,
@@ -324,7 +392,12 @@ impl WorkerCore {
             ToWorker::Map { job, map, peers } => {
                 self.remap(now, &map, peers);
                 if self.job == Some(job) {
-                    for &(v, _, e) in &map {
+                    for &(v, host, e) in &map {
+                        if host == self.me {
+                            if let Some(he) = self.hosted.get_mut(&v) {
+                                *he = (*he).max(e);
+                            }
+                        }
                         self.out.push(Action::Control {
                             job,
                             order: Control::Epoch(VnodeId(v), Epoch(e)),
@@ -335,7 +408,7 @@ impl WorkerCore {
             ToWorker::Host { job, vnode, epoch } => {
                 if self.job == Some(job) {
                     self.map.insert(vnode, self.me);
-                    self.hosted.insert(vnode);
+                    self.hosted.insert(vnode, epoch);
                     self.out.push(Action::Control {
                         job,
                         order: Control::Host(VnodeId(vnode), Epoch(epoch)),
@@ -361,7 +434,7 @@ impl WorkerCore {
         match self.map.get(&to) {
             None => self.hold(to, env),
             Some(&host) if host == self.me => {
-                if self.hosted.contains(&to) {
+                if self.hosted.contains_key(&to) {
                     self.out.push(Action::Deliver { to, env });
                 }
             }
@@ -400,7 +473,7 @@ impl WorkerCore {
         if self.job.is_none() {
             return; // no job: nothing to deliver to
         }
-        if self.hosted.contains(&to) && self.map.get(&to).map_or(true, |&h| h == self.me) {
+        if self.hosted.contains_key(&to) && self.map.get(&to).map_or(true, |&h| h == self.me) {
             self.out.push(Action::Deliver { to, env });
             return;
         }
