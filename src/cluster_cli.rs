@@ -234,13 +234,15 @@ pub(crate) fn coordinator_cmd(
         let addr = listener
             .local_addr()
             .map_err(|e| CliError::Invalid(e.to_string()))?;
-        println!("coordinator listening on {addr}");
+        // Printed for whoever started this process (`cluster` reads them); a reader that went
+        // away is not an error of the coordinator's.
         use std::io::Write as _;
-        let _ = std::io::stdout().flush();
-        coordinator::serve(listener, cfg, || {
-            println!("coordinator active at {addr}");
-            let _ = std::io::stdout().flush();
-        })
+        let say = |line: String| {
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+        };
+        say(format!("coordinator listening on {addr}"));
+        coordinator::serve(listener, cfg, || say(format!("coordinator active at {addr}")))
         .await
         .map_err(CliError::from)
     })
