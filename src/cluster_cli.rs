@@ -216,7 +216,7 @@ pub(crate) fn coordinator_cmd(
         program: program.to_string(),
         key,
         store_spec: args.store.to_string(),
-        store,
+        store: store.clone(),
         fd: args.fd.params()?,
         standby: args.standby,
         coordinators: args.join_coordinators.clone(),
@@ -227,7 +227,7 @@ pub(crate) fn coordinator_cmd(
         .enable_all()
         .build()
         .map_err(|e| CliError::Invalid(format!("cannot start the network: {e}")))?;
-    rt.block_on(async {
+    let served = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .map_err(|e| CliError::Invalid(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -242,10 +242,17 @@ pub(crate) fn coordinator_cmd(
             let _ = writeln!(out, "{line}").and_then(|()| out.flush());
         };
         say(format!("coordinator listening on {addr}"));
-        coordinator::serve(listener, cfg, || say(format!("coordinator active at {addr}")))
+        coordinator::serve(listener, cfg, || {
+            say(format!("coordinator active at {addr}"))
+        })
         .await
         .map_err(CliError::from)
-    })
+    });
+    // The store's client owns a runtime: its last handle is dropped on this thread, after the
+    // network runtime's tasks (dropping a runtime inside another's context panics).
+    drop(rt);
+    drop(store);
+    served
 }
 
 /// `APP worker`: serves the coordinator's jobs until it goes away.
@@ -379,7 +386,8 @@ fn follow(
             }
         }
         ToSubmit::Progress { completed } => on_progress(*completed),
-        ToSubmit::Takeover { coordinator } if !json => {
+        // On stderr even with --json: a takeover is worth knowing, and stdout stays the JSON.
+        ToSubmit::Takeover { coordinator } => {
             eprintln!("cluster: coordinator {coordinator} took the job over");
         }
         ToSubmit::WorkerLost {

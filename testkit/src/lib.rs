@@ -171,20 +171,41 @@ pub fn checkpoint_server_binary() -> PathBuf {
     veriflow_checkpoint::launch::server_binary().expect("built")
 }
 
-/// A coordinator over one checkpoint server, and workers, all processes of `bin`; everything
+/// How [`Cluster::start_with`] starts a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOpts {
+    /// Workers of one thread each.
+    pub workers: usize,
+    /// Spares, after the workers.
+    pub spares: usize,
+    /// Coordinators: the first takes the role, the others stand by (0 means 1).
+    pub coordinators: usize,
+    /// Options of every coordinator (failure detector, lease).
+    pub coordinator_args: Vec<String>,
+    /// Options of every worker.
+    pub worker_args: Vec<String>,
+}
+
+/// Coordinators over one checkpoint server, and workers, all processes of `bin`; everything
 /// killed when dropped (rule 3).
 pub struct Cluster {
     /// The app binary.
     pub bin: PathBuf,
-    /// Holds the key, the server's store and the workers' logs (`w<i>.log`).
+    /// Holds the key, the server's store and the logs (`w<i>.log`, `coord<i>.log`).
     pub dir: tempfile::TempDir,
     /// The cluster's key file.
     pub key: PathBuf,
-    /// The coordinator's address.
+    /// The coordinators' addresses, comma-separated (what `--join` and `--coordinator` take).
     pub addr: String,
+    /// Each coordinator's address.
+    pub coordinator_addrs: Vec<String>,
+    /// The coordinators, the active one first.
+    pub coordinators: Vec<Proc>,
     /// The workers, in start order (spares last).
     pub workers: Vec<Proc>,
-    _coordinator: Proc,
+    /// The store every member logs into.
+    pub store: String,
+    worker_args: Vec<String>,
     _server: veriflow_checkpoint::launch::ServerProcess,
 }
 
@@ -192,6 +213,20 @@ impl Cluster {
     /// Starts a checkpoint server, a coordinator (`fd`: its failure-detector options) and
     /// `workers` workers plus `spares` spares of one thread each.
     pub fn start(bin: &Path, workers: usize, spares: usize, fd: &[&str]) -> Cluster {
+        Cluster::start_with(
+            bin,
+            ClusterOpts {
+                workers,
+                spares,
+                coordinators: 1,
+                coordinator_args: fd.iter().map(|a| a.to_string()).collect(),
+                worker_args: Vec::new(),
+            },
+        )
+    }
+
+    /// Starts a checkpoint server, the coordinators and the workers of `opts`.
+    pub fn start_with(bin: &Path, opts: ClusterOpts) -> Cluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let key = dir.path().join("cluster.key");
         run_bin(bin, dir.path(), &["keygen", s(&key)]).expect_code(0);
@@ -203,35 +238,79 @@ impl Cluster {
         )
         .expect("the checkpoint server starts");
         let store = format!("central:{}", server.addr);
-        let mut c = Command::new(bin);
-        c.args(["coordinator", "--key", s(&key), "--store", &store])
-            .args(fd)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+        let mut cl = Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            key,
+            addr: String::new(),
+            coordinator_addrs: Vec::new(),
+            coordinators: Vec::new(),
+            workers: Vec::new(),
+            store,
+            worker_args: opts.worker_args.clone(),
+            _server: server,
+        };
+        for i in 0..opts.coordinators.max(1) {
+            let mut args = opts.coordinator_args.clone();
+            if i > 0 {
+                args.push("--standby".into());
+            }
+            let (proc, addr) = cl.start_coordinator("127.0.0.1:0", &args, i == 0);
+            cl.coordinators.push(proc);
+            cl.coordinator_addrs.push(addr);
+        }
+        cl.addr = cl.coordinator_addrs.join(",");
+        for i in 0..opts.workers + opts.spares {
+            cl.add_worker(i >= opts.workers);
+        }
+        cl
+    }
+
+    /// Starts a coordinator of this cluster listening on `listen` with `args`, and waits for
+    /// its address (and, if `active`, for it to take the role). Its stderr goes to `coord<i>.log`.
+    pub fn start_coordinator(&self, listen: &str, args: &[String], active: bool) -> (Proc, String) {
+        let n = std::fs::read_dir(self.dir.path())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("coord"))
+                    .count()
+            })
+            .unwrap_or(0);
+        let log = std::fs::File::create(self.dir.path().join(format!("coord{n}.log")))
+            .expect("a coordinator log");
+        let mut c = Command::new(&self.bin);
+        c.args([
+            "coordinator",
+            "--listen",
+            listen,
+            "--key",
+            s(&self.key),
+            "--store",
+            &self.store,
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(log);
         let mut child = c.spawn().expect("the coordinator starts");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut line)
+        out.read_line(&mut line)
             .expect("the coordinator prints its address");
-        let coordinator = Proc(child);
         let addr = line
             .trim()
             .strip_prefix("coordinator listening on ")
             .unwrap_or_else(|| panic!("coordinator said {line:?}"))
             .to_string();
-        let mut cl = Cluster {
-            bin: bin.to_path_buf(),
-            dir,
-            key,
-            addr,
-            workers: Vec::new(),
-            _coordinator: coordinator,
-            _server: server,
-        };
-        for i in 0..workers + spares {
-            cl.add_worker(i >= workers);
+        if active {
+            line.clear();
+            out.read_line(&mut line)
+                .expect("the coordinator says it is active");
+            assert!(
+                line.starts_with("coordinator active"),
+                "coordinator said {line:?}"
+            );
         }
-        cl
+        (Proc(child), addr)
     }
 
     /// Starts one more worker of one thread (a spare if `spare`).
@@ -245,7 +324,8 @@ impl Cluster {
             s(&self.key),
             "--threads",
             "1",
-        ]);
+        ])
+        .args(&self.worker_args);
         if spare {
             c.arg("--spare");
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use veriflow_testkit::{wait_json, Cluster};
+use veriflow_testkit::{wait_json, Cluster, ClusterOpts};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_knary"))
@@ -226,4 +226,141 @@ fn a_coordinator_refuses_a_store_only_one_process_can_use() {
             .stderr_has("needs checkpoint servers every worker reaches");
     }
     assert!(!dir.path().join("logs").exists(), "nothing was created");
+}
+
+/// Issue 15: the active coordinator SIGKILLed mid-run; its standby takes the job over from
+/// the journal, the workers come back to it, and `submit` follows the job there.
+#[test]
+fn the_active_coordinator_killed_mid_run_is_replaced_by_its_standby() {
+    let c = Cluster::start_with(
+        bin(),
+        ClusterOpts {
+            workers: 3,
+            coordinators: 2,
+            ..ClusterOpts::default()
+        },
+    );
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(600));
+    c.coordinators[0].signal("-KILL");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "coordinator killed");
+    assert!(
+        err.contains(&format!(
+            "coordinator {} took the job over",
+            c.coordinator_addrs[1]
+        )),
+        "{err}"
+    );
+    assert_eq!(v["failures"], 0, "every worker came back: {v}");
+}
+
+/// Issue 15: a coordinator and a worker killed at once; a restarted coordinator on the same
+/// address (no standby) takes the job back from the journal, and the lost worker's vnodes move.
+#[test]
+fn a_restarted_coordinator_takes_its_job_back_and_moves_a_worker_lost_meanwhile() {
+    let mut c = Cluster::start_with(
+        bin(),
+        ClusterOpts {
+            workers: 3,
+            coordinators: 1,
+            coordinator_args: vec!["--lease-ms".into(), "500".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(600));
+    c.coordinators[0].signal("-KILL");
+    c.workers[1].signal("-KILL");
+    std::thread::sleep(Duration::from_millis(200));
+    let addr = c.coordinator_addrs[0].clone();
+    let args = ["--lease-ms".to_string(), "500".to_string()];
+    let (again, _) = c.start_coordinator(&addr, &args, true);
+    c.coordinators.push(again);
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "coordinator restarted");
+    assert_eq!(v["failures"], 1, "{v}");
+    assert!(err.contains("took the job over"), "{err}");
+}
+
+/// Issue 15 point 4: a coordinator SIGSTOPped past its lease is replaced; when it wakes it
+/// finds the newer term and steps down (exit 1) without touching the job.
+#[test]
+fn a_coordinator_paused_past_its_lease_is_deposed_when_it_wakes() {
+    let mut c = Cluster::start_with(
+        bin(),
+        ClusterOpts {
+            workers: 3,
+            coordinators: 2,
+            coordinator_args: vec!["--lease-ms".into(), "600".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    settle();
+    let run = c.submit(&PROGRAM);
+    std::thread::sleep(Duration::from_millis(500));
+    c.coordinators[0].signal("-STOP");
+    std::thread::sleep(Duration::from_millis(3000));
+    c.coordinators[0].signal("-CONT");
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "coordinator paused");
+    // The woken one steps down with a message.
+    let old = &mut c.coordinators[0].0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = old.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deposed coordinator still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1));
+    let log = std::fs::read_to_string(c.dir.path().join("coord0.log")).unwrap();
+    assert!(log.contains("stepped down"), "{log}");
+}
+
+/// Issue 15 point 5: SIGKILL of the only coordinator while workers are idle made every worker
+/// panic ("Cannot drop a runtime in a context where blocking is not allowed"). They look for
+/// a successor for their patience, then exit 1 with a message.
+#[test]
+fn workers_whose_only_coordinator_dies_exit_with_a_message_not_a_panic() {
+    let mut c = Cluster::start_with(
+        bin(),
+        ClusterOpts {
+            workers: 2,
+            coordinators: 1,
+            worker_args: vec!["--rejoin-patience".into(), "2".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    settle();
+    c.coordinators[0].signal("-KILL");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for (i, w) in c.workers.iter_mut().enumerate() {
+        let status = loop {
+            if let Some(s) = w.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "worker {i} still runs"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = std::fs::read_to_string(c.dir.path().join(format!("w{i}.log"))).unwrap();
+        assert_eq!(status.code(), Some(1), "{log}");
+        assert!(!log.contains("panicked"), "{log}");
+        assert!(
+            log.contains("no coordinator took this worker back"),
+            "{log}"
+        );
+    }
 }

@@ -244,7 +244,7 @@ async fn renew(
             beat,
         };
         let s = store.clone();
-        match blocking(move || journal::write_lease(&*s, &lease)).await {
+        match blocking(move || journal::renew_lease(&*s, &lease)).await {
             Ok(()) => failing_since = None,
             Err(ClusterError::Journal(JournalError::Deposed(e))) => {
                 let _ = tx.send(Input::Deposed(format!("the store refused its lease: {e}")));

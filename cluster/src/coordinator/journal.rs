@@ -21,6 +21,8 @@
 //! 4. **Lease.** The active coordinator rewrites the lease every [`LeaseParams::renew`] with
 //!    a beat counter. A standby reads it as often and takes over when the beat has not moved
 //!    for [`LeaseParams::expiry`] of its own clock: no clocks are compared across machines.
+//!    A writer that finds a lease of a newer term before it writes steps down too: stores that
+//!    keep no fences (`local:`, which a coordinator refuses anyway) still stop a woken one.
 //! 5. **Damage.** Both records are framed with a digest (`veriflow_runtime::codec`); a
 //!    damaged or unreadable record is an error naming it, never an empty state.
 
@@ -200,6 +202,21 @@ pub fn read_lease(store: &dyn Store) -> Result<Option<Lease>, JournalError> {
         .map_err(|e| damaged(e.to_string()))
 }
 
+/// Renews the lease at its term (rule 4): a lease of a newer term found first deposes the
+/// writer (the same guard as [`write_journal`]'s).
+pub fn renew_lease(store: &dyn Store, lease: &Lease) -> Result<(), JournalError> {
+    if let Some(l) = read_lease(store)? {
+        if l.term > lease.term {
+            return Err(JournalError::Deposed(StoreError::Fenced {
+                scope: String::from_utf8_lossy(FENCE_SCOPE).into_owned(),
+                epoch: lease.term,
+                newest: l.term,
+            }));
+        }
+    }
+    write_lease(store, lease)
+}
+
 /// Writes the lease at its term (rules 2 and 4).
 pub fn write_lease(store: &dyn Store, lease: &Lease) -> Result<(), JournalError> {
     let bytes = codec::encode(lease).map_err(|e| JournalError::Damaged {
@@ -230,8 +247,19 @@ pub fn read_journal(store: &dyn Store) -> Result<Option<Journal>, JournalError> 
         .map_err(|e| damaged(e.to_string()))
 }
 
-/// Writes the journal at its term (rule 3).
+/// Writes the journal at its term (rule 3). A lease of a newer term deposes the writer even
+/// on a store that keeps no fences (checked first; the fence is the guarantee, this the guard
+/// of a coordinator that wakes from a pause on such a store).
 pub fn write_journal(store: &dyn Store, journal: &Journal) -> Result<(), JournalError> {
+    if let Some(l) = read_lease(store)? {
+        if l.term > journal.term {
+            return Err(JournalError::Deposed(StoreError::Fenced {
+                scope: String::from_utf8_lossy(FENCE_SCOPE).into_owned(),
+                epoch: journal.term,
+                newest: l.term,
+            }));
+        }
+    }
     let bytes = codec::encode(journal).map_err(|e| JournalError::Damaged {
         what: "journal",
         reason: e.to_string(),

@@ -477,18 +477,20 @@ pub fn run_worker(cfg: WorkerConfig, run_job: RunJob) -> Result<(), ClusterError
             what: "the network threads",
             source: e,
         })?;
-    let mut keep: Option<Arc<Driver>> = None;
-    let result = rt.block_on(serve_worker(cfg, run_job, &mut keep));
-    // The last handle on the store may own a runtime of its own: dropped here, outside this
-    // runtime's context (dropping it inside panics).
-    drop(keep);
+    let mut store: Option<Arc<dyn Store>> = None;
+    let result = rt.block_on(serve_worker(cfg, run_job, &mut store));
+    // The store may own a runtime of its own, and dropping a runtime inside another's context
+    // panics: the network runtime goes first (its tasks hold the driver, which holds the
+    // store), then the last handle on the store, here on this plain thread.
+    drop(rt);
+    drop(store);
     result
 }
 
 async fn serve_worker(
     cfg: WorkerConfig,
     run_job: RunJob,
-    keep: &mut Option<Arc<Driver>>,
+    keep: &mut Option<Arc<dyn Store>>,
 ) -> Result<(), ClusterError> {
     if cfg.join.is_empty() {
         return Err(ClusterError::Refused {
@@ -583,7 +585,7 @@ async fn serve_worker(
         run_job,
         exit_tx,
     });
-    *keep = Some(driver.clone());
+    *keep = Some(driver.store.clone());
     tokio::spawn(peer_listener(listener, driver.clone()));
     // Rule 3: the detector's timers on their own thread, so that compute load and a busy
     // network runtime do not delay heartbeats.
