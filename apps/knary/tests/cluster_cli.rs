@@ -325,6 +325,7 @@ fn a_coordinator_paused_past_its_lease_is_deposed_when_it_wakes() {
     assert_eq!(status.code(), Some(1));
     let log = std::fs::read_to_string(c.dir.path().join("coord0.log")).unwrap();
     assert!(log.contains("stepped down"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 /// Issue 15 point 5: SIGKILL of the only coordinator while workers are idle made every worker
