@@ -2,21 +2,14 @@
 //! disk filled must return an error, never wait forever, and what was flushed before must read
 //! back.
 //!
-//! Ignored by default: it mounts a 3 MiB tmpfs, which needs root. Run it with
-//! `cargo test -p veriflow-checkpoint --test store_full_disk -- --ignored`.
+//! It mounts a 3 MiB tmpfs, which needs root (CI runs as root); elsewhere it says so and
+//! checks nothing.
 //!
-//! It fails today (the flush after a failed write never returns; measured: a dataflow
-//! `transport3d run ... --log-dir` on a full 3 MiB tmpfs hung with 0 CPU until killed). sled
-//! 0.34 writes a value larger than a quarter of its 512 KiB segment (or a tree leaf holding
-//! such values) to a blob file; when that write fails (ENOSPC), `insert` returns the error but
-//! the log slot it reserved is never completed nor marked failed, so every later `flush` waits
-//! for it, and so does the flush in sled's `Drop`. The fix belongs in `SledStore`
-//! (`checkpoint-server/src/store/sled_store.rs`): after the first error from sled, remember it
-//! (a poisoned flag), return it from every later `put`, `put_batch`, `delete` and `flush`
-//! without calling sled again, and on drop of a poisoned store `std::mem::forget` the `Db`
-//! instead of letting sled flush; optionally check free space (statvfs) before a write larger
-//! than the blob threshold. Nothing acknowledged is lost: an acknowledged write is one whose
-//! flush returned Ok, and sled recovers its durable prefix on the next open.
+//! It hung before `SledStore` rule 5 (measured: a dataflow `transport3d run ... --log-dir` on a
+//! full 3 MiB tmpfs hung with 0 CPU until killed): sled 0.34 writes a value larger than a
+//! quarter of its 512 KiB segment to a blob file; when that write fails (ENOSPC), `insert`
+//! returns the error but the log slot it reserved is never completed nor marked failed, so
+//! every later `flush` waits for it, and so does the flush in sled's `Drop`.
 
 use std::path::Path;
 use std::process::Command;
@@ -39,17 +32,20 @@ impl Drop for Mount<'_> {
 }
 
 #[test]
-#[ignore = "needs root (mounts a tmpfs); fails until SledStore stops calling sled after an I/O error"]
 fn a_full_disk_is_an_error_and_never_a_hang() {
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("full");
     std::fs::create_dir(&mnt).unwrap();
-    let ok = Command::new("mount")
+    let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
         .arg(&mnt)
+        .stderr(std::process::Stdio::null())
         .status()
-        .unwrap();
-    assert!(ok.success(), "mount a tmpfs (run as root)");
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: mounting a 3 MiB tmpfs needs root");
+        return;
+    }
     let _guard = Mount(&mnt);
     let dir = mnt.join("store");
     let (tx, rx) = mpsc::channel();
@@ -81,7 +77,9 @@ fn a_full_disk_is_an_error_and_never_a_hang() {
         .recv_timeout(HANG)
         .expect("dropping the store after a full disk never returned (hang)");
     assert_eq!(dropped, Ok(()));
-    let store = SledStore::open(&mnt.join("store")).unwrap();
+    // The durable prefix reads back (a copy: this process still holds the leaked database's
+    // lock, which the process's exit would release).
+    let store = SledStore::open_read_only(&mnt.join("store")).unwrap();
     assert_eq!(
         store.get(b"first").unwrap().as_deref(),
         Some(&b"acknowledged"[..])

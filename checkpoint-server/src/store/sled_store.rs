@@ -29,6 +29,13 @@
 //!    read); dropping the database is guarded the same way.
 //! 4. A writer that resumes a run ([`SledStore::open_existing`]) first checks a copy as in rule
 //!    1, so damage is reported before sled's recovery touches the original.
+//! 5. **A failed write poisons the store** (issue 13 point 7: a full disk). sled 0.34 leaves the
+//!    log slot of a write that failed (ENOSPC on a blob file) neither completed nor marked
+//!    failed, so every later flush, and the flush in sled's own `Drop`, waits for it forever.
+//!    After the first error of a write or flush, every later write and flush returns that error
+//!    without calling sled, and the database is leaked instead of dropped (its files closed by
+//!    the process's exit). Nothing acknowledged is lost: an acknowledged write is one whose
+//!    flush returned `Ok`, and sled recovers that durable prefix at the next open.
 
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
@@ -68,10 +75,17 @@ struct Inner {
     flushes: Option<Mutex<(u64, std::fs::File)>>,
     /// The copy a read-only store reads (rule 1), removed after the database is closed.
     copy: Option<tempfile::TempDir>,
+    /// The first write or flush error (rule 5).
+    poisoned: Mutex<Option<String>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if self.poisoned.get_mut().map_or(true, |p| p.is_some()) {
+            // Rule 5: sled's drop would wait forever for the failed write's slot.
+            std::mem::forget(self.engine.take());
+            return;
+        }
         // Rule 3: sled flushes on drop and may panic on a damaged store.
         if let Some(engine) = self.engine.take() {
             let _ = guarded("close", move || {
@@ -154,6 +168,7 @@ impl SledStore {
                 path: path.to_path_buf(),
                 flushes: Some(Mutex::new((durable, file))),
                 copy: None,
+                poisoned: Mutex::new(None),
             }),
         })
     }
@@ -184,6 +199,7 @@ impl SledStore {
                 path: path.to_path_buf(),
                 flushes: None,
                 copy: Some(copy),
+                poisoned: Mutex::new(None),
             }),
         })
     }
@@ -205,10 +221,35 @@ impl SledStore {
     }
 
     fn writable(&self) -> Result<(), StoreError> {
-        match &self.inner.copy {
-            None => Ok(()),
-            Some(_) => Err(StoreError::ReadOnly(self.inner.path.clone())),
+        if self.inner.copy.is_some() {
+            return Err(StoreError::ReadOnly(self.inner.path.clone()));
         }
+        match &*self
+            .inner
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+        {
+            None => Ok(()),
+            Some(first) => Err(StoreError::Io(format!(
+                "{}: the store takes no more writes after an earlier failure ({first})",
+                self.inner.path.display()
+            ))),
+        }
+    }
+
+    /// Rule 5: runs a write or flush, and poisons the store on its first error.
+    fn write<T>(&self, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.writable()?;
+        let r = f();
+        if let Err(e) = &r {
+            self.inner
+                .poisoned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }
+        r
     }
 }
 
@@ -364,22 +405,24 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 
 impl Store for SledStore {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.writable()?;
-        guarded("insert", || {
-            self.db().insert(key, value)?;
-            Ok(())
+        self.write(|| {
+            guarded("insert", || {
+                self.db().insert(key, value)?;
+                Ok(())
+            })
         })
     }
 
     fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
-        self.writable()?;
         let mut batch = sled::Batch::default();
         for (k, v) in pairs {
             batch.insert(k.as_slice(), v.as_slice());
         }
-        guarded("apply_batch", || {
-            self.db().apply_batch(batch)?;
-            Ok(())
+        self.write(|| {
+            guarded("apply_batch", || {
+                self.db().apply_batch(batch)?;
+                Ok(())
+            })
         })
     }
 
@@ -421,10 +464,11 @@ impl Store for SledStore {
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        self.writable()?;
-        guarded("remove", || {
-            self.db().remove(key)?;
-            Ok(())
+        self.write(|| {
+            guarded("remove", || {
+                self.db().remove(key)?;
+                Ok(())
+            })
         })
     }
 
@@ -432,21 +476,23 @@ impl Store for SledStore {
         let Some(flushes) = &self.inner.flushes else {
             return Ok(()); // a read-only copy has nothing of its own to make durable
         };
-        // Rule 2: counter into the database, sled's flush, then the file.
-        let mut state = flushes.lock().unwrap_or_else(|p| p.into_inner());
-        let next = state.0 + 1;
-        guarded("flush", || {
-            self.engine().1.insert(FLUSHES_KEY, &next.to_le_bytes())?;
-            self.db().flush()?;
+        self.write(|| {
+            // Rule 2: counter into the database, sled's flush, then the file.
+            let mut state = flushes.lock().unwrap_or_else(|p| p.into_inner());
+            let next = state.0 + 1;
+            guarded("flush", || {
+                self.engine().1.insert(FLUSHES_KEY, &next.to_le_bytes())?;
+                self.db().flush()?;
+                Ok(())
+            })?;
+            state
+                .1
+                .write_all_at(&encode_flushes(next), 0)
+                .and_then(|()| state.1.flush())
+                .map_err(|e| StoreError::Io(format!("cannot write {FLUSH_FILE}: {e}")))?;
+            state.0 = next;
             Ok(())
-        })?;
-        state
-            .1
-            .write_all_at(&encode_flushes(next), 0)
-            .and_then(|()| state.1.flush())
-            .map_err(|e| StoreError::Io(format!("cannot write {FLUSH_FILE}: {e}")))?;
-        state.0 = next;
-        Ok(())
+        })
     }
 
     fn describe(&self) -> String {
