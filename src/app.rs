@@ -163,6 +163,9 @@ enum Command<P: Program> {
     /// Start a whole cluster on loopback (checkpoint servers, coordinator, workers), run the
     /// program on it, tear it down, and print the summary.
     Cluster(crate::cluster_cli::ClusterArgs<P>),
+    /// Run jobs back to back on loopback clusters of real processes while a seeded schedule
+    /// kills and pauses workers, checkpoint servers and coordinators; check and certify each.
+    Chaos(crate::chaos::ChaosArgs),
 }
 
 /// Parses a job's command line (`submit ...` or `cluster ...`, as typed) for its job
@@ -563,6 +566,7 @@ impl<P: Program> App<P> {
                 Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Invalid(e.0)),
             },
+            Command::Chaos(args) => crate::chaos::chaos_cmd(&args, P::NAME),
             Command::Keygen(args) => Key::create(&args.file).map_err(CliError::from).map(|_| {
                 println!(
                     "wrote a new key to {} (owner-only); give it to every process with --key",

@@ -9,6 +9,7 @@
 //! A complete example, that `cargo test` compiles, is in README.md ("Write your own app").
 
 mod app;
+mod chaos;
 mod cluster_cli;
 mod inspect;
 mod iterative_cli;

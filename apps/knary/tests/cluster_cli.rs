@@ -365,3 +365,30 @@ fn workers_whose_only_coordinator_dies_exit_with_a_message_not_a_panic() {
         );
     }
 }
+
+/// Issue 15 point 3 with a short budget: jobs on real processes while workers, checkpoint
+/// servers and coordinators are killed and paused; every job right and certified.
+#[test]
+fn chaos_with_a_short_budget_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("chaos.json");
+    let out = knary(&[
+        "chaos",
+        "--seconds",
+        "25",
+        "--seed",
+        "3",
+        "--workers",
+        "4",
+        "--fault-every",
+        "1,2",
+        "--report",
+        s(&report),
+    ]);
+    out.expect_code(0);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["all_right"], true, "{r}");
+    assert!(r["jobs"].as_u64().unwrap() >= 1, "{r}");
+    assert!(r["faults"]["kills"].as_u64().unwrap() >= 5, "{r}");
+    assert_eq!(r["jobs"], r["jobs_right"], "{r}");
+}
