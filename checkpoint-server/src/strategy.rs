@@ -47,9 +47,13 @@
 //! 7. **Wrong key.** A server that fails the handshake is a [`StoreError::Refused`] naming it,
 //!    at open and on every call; it is never counted as merely unreachable.
 //! 8. **Limits.** One server batch is one frame: the fragments a batch puts on one server must
-//!    fit in [`crate::wire::DEFAULT_MAX_FRAME`]. An overwrite interrupted on more than K
-//!    servers can leave the key unreadable until it is written again (the log only overwrites
-//!    its manifest, which it can rebuild from the segments).
+//!    fit in [`crate::wire::DEFAULT_MAX_FRAME`].
+//! 9. **Interrupted overwrites.** A writer that dies mid-overwrite can leave the new version on
+//!    fewer than M servers. When more than K answering servers do not hold the newest version,
+//!    it reached at most M - 1 of them and was never acknowledged: the key reads as the newest
+//!    version that can be rebuilt (and read repair rewrites it everywhere). Found by `chaos`: a
+//!    worker SIGKILLed while it rewrote a watermark record left `wm/...` with one fragment of
+//!    the new version and five of the old, and the next host of its vnode could not start.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -554,14 +558,37 @@ impl RemoteStore {
         if !any && (absent > self.k() || unreachable.is_empty()) {
             return Ok(Resolved::default());
         }
-        let slots: Vec<Option<Vec<u8>>> = seen
+        let mut slots: Vec<Option<Vec<u8>>> = seen
             .into_iter()
             .map(|s| match s {
                 Seen::Present(b) => Some(b),
                 _ => None,
             })
             .collect();
-        match self.codec.decode(&slots) {
+        let mut decoded = self.codec.decode(&slots);
+        // Rule 9: an overwrite interrupted before its acknowledgement reads as the version
+        // before it. More than K answering servers without the newest version prove that it
+        // reached at most M - 1 servers, so it was never acknowledged.
+        while let Err(ErasureError::TooFewFragments {
+            corrupt, missing, ..
+        }) = &decoded
+        {
+            let without = missing.iter().filter(|&&i| answered[i]).count();
+            let newest: Vec<usize> = (0..slots.len())
+                .filter(|i| slots[*i].is_some() && !missing.contains(i) && !corrupt.contains(i))
+                .collect();
+            if without <= self.k() || newest.is_empty() {
+                break;
+            }
+            for i in newest {
+                slots[i] = None;
+            }
+            if slots.iter().all(Option::is_none) {
+                break;
+            }
+            decoded = self.codec.decode(&slots);
+        }
+        match decoded {
             Ok(d) => {
                 let mut out = Resolved {
                     ok: self.n() - d.repair.len(),

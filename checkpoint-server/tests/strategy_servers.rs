@@ -279,3 +279,49 @@ fn servers_killed_mid_batch_leave_no_half_visible_commit() {
     }
     assert!(visible >= acked.len());
 }
+
+/// Strategy rule 9, found by `chaos`: a writer killed mid-overwrite left a watermark record
+/// with one fragment of its new version and five of the old, and every later read failed
+/// ("only 1 valid fragments, 4 needed"). The new version reached fewer than M servers, so it
+/// was never acknowledged: the key reads as the old version, and read repair completes it.
+#[test]
+fn an_overwrite_that_reached_fewer_than_m_servers_reads_as_the_version_before_it() {
+    let s = Setup::new();
+    let mut servers = s.servers(6, false);
+    let all = addrs(&servers);
+    let store = open(&format!("ida:4,2:{all}"), &s.key);
+    store.put(b"wm/0", b"old watermark").unwrap();
+    // Only server 0 is up when the overwrite comes: it gets its fragment, the write fails.
+    let quorum = open(&format!("ida:4,2,quorum:{all}"), &s.key);
+    for srv in &mut servers[1..] {
+        srv.kill();
+    }
+    assert!(quorum.put(b"wm/0", b"new watermark").is_err());
+    for srv in &mut servers[1..] {
+        srv.restart(&s.key_path);
+    }
+    let reader = open(&format!("ida:4,2:{all}"), &s.key);
+    assert_eq!(
+        reader.get(b"wm/0").unwrap().as_deref(),
+        Some(&b"old watermark"[..])
+    );
+    assert_eq!(
+        reader.scan_prefix(b"wm/").unwrap(),
+        vec![(b"wm/0".to_vec(), b"old watermark".to_vec())]
+    );
+    // Read repair rewrote server 0's fragment: the old version now survives two more losses.
+    servers[4].kill();
+    servers[5].kill();
+    assert_eq!(
+        open(&format!("ida:4,2,quorum:{all}"), &s.key)
+            .get(b"wm/0")
+            .unwrap()
+            .as_deref(),
+        Some(&b"old watermark"[..])
+    );
+    // A version that reached M servers is the newest and wins, as before.
+    servers[4].restart(&s.key_path);
+    servers[5].restart(&s.key_path);
+    store.put(b"wm/0", b"newer").unwrap();
+    assert_eq!(reader.get(b"wm/0").unwrap().as_deref(), Some(&b"newer"[..]));
+}
