@@ -40,6 +40,7 @@
 //!    run twice gives the same hash.
 
 mod check;
+pub mod iterative;
 pub mod program;
 
 use std::collections::{BTreeMap, BinaryHeap};
