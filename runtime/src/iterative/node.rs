@@ -415,6 +415,31 @@ impl Node {
         !self.restoring && self.start.is_none() && self.rebackup_wait.is_empty()
     }
 
+    /// What it waits for, for a run that makes no progress (issue 14 point 5).
+    pub(crate) fn waits(&self) -> String {
+        let pending: Vec<String> = self
+            .pending
+            .keys()
+            .map(|(to, tag, kind)| format!("{kind:?}->{to}@{}.{}", tag.step, tag.round))
+            .collect();
+        format!(
+            "step {} tag {}.{} iter {} residual {:e} count {} restoring {} rebackup {:?} \
+             verify_need {:?} forced {:?} deferred {} unacked [{}]",
+            self.block_step,
+            self.conv.tag().step,
+            self.conv.tag().round,
+            self.iter,
+            self.last_residual,
+            self.counter,
+            self.restoring,
+            self.rebackup_wait,
+            self.verify_need,
+            self.forced.as_ref().map(|f| &f.3),
+            self.deferred.len(),
+            pending.join(" ")
+        )
+    }
+
     /// Its vnode.
     pub(crate) fn vnode(&self) -> VnodeId {
         self.me

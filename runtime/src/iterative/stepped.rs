@@ -172,6 +172,12 @@ impl SteppedNode {
         self.finished.as_ref()
     }
 
+    /// What it waits for (step, detection tag, unacknowledged messages, backups awaited):
+    /// the diagnosis of a run that makes no progress.
+    pub fn waits(&self) -> String {
+        self.node.waits()
+    }
+
     /// Its counters so far.
     pub fn stats(&self) -> &NodeStats {
         self.node.stats()
