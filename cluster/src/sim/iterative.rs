@@ -264,7 +264,11 @@ fn check(
             let mut u = Vec::with_capacity(cfg.n);
             for (v, b) in blocks.iter().enumerate() {
                 let a = b.accepted.get(s).ok_or_else(|| {
-                    format!("v{v} ended {} steps, the run has {}", b.accepted.len(), cfg.steps)
+                    format!(
+                        "v{v} ended {} steps, the run has {}",
+                        b.accepted.len(),
+                        cfg.steps
+                    )
                 })?;
                 u.extend_from_slice(a);
             }
@@ -332,7 +336,11 @@ enum Node {
 #[derive(Debug)]
 enum Frame {
     /// Between vnodes of two processes.
-    Peer { to_proc: u32, to: VnodeId, env: Envelope },
+    Peer {
+        to_proc: u32,
+        to: VnodeId,
+        env: Envelope,
+    },
     /// To the supervisor: alive.
     Heartbeat(u32),
     /// To the supervisor: a vnode's final state.
@@ -581,6 +589,8 @@ struct World {
     fenced_gone: u64,
     fence_checks: u64,
     stale_accepted: Option<String>,
+    /// `VERIFLOW_SIM_TRACE=2`: print every frame between processes.
+    verbose: bool,
 }
 
 impl World {
@@ -614,6 +624,7 @@ impl World {
             fenced_gone: 0,
             fence_checks: 0,
             stale_accepted: None,
+            verbose: std::env::var("VERIFLOW_SIM_TRACE").is_ok_and(|v| v == "2" || v == "3"),
         };
         let mut layout: BTreeMap<u32, Vec<(VnodeId, Epoch)>> = BTreeMap::new();
         for v in 0..cfg.vnodes {
@@ -825,7 +836,8 @@ impl World {
                 if let Some(p) = self.procs.get_mut(&v) {
                     p.paused_until = Some(self.now + len);
                     // Back from the pause, its nodes run before it reads the supervisor.
-                    p.deaf_until = self.now + len + Duration::from_micros(self.rng.gen_range(0..10_000));
+                    p.deaf_until =
+                        self.now + len + Duration::from_micros(self.rng.gen_range(0..10_000));
                 }
             }
         }
@@ -860,8 +872,10 @@ impl World {
             if let Some(len) = len {
                 let heal = self.now + len;
                 let dir = self.rng.gen_range(0..3);
-                for (x, y, on) in [(Node::Proc(a), other, dir != 1), (other, Node::Proc(a), dir != 0)]
-                {
+                for (x, y, on) in [
+                    (Node::Proc(a), other, dir != 1),
+                    (other, Node::Proc(a), dir != 0),
+                ] {
                     if on {
                         let e = self.cuts.entry((x, y)).or_insert(heal);
                         *e = (*e).max(heal);
@@ -869,10 +883,14 @@ impl World {
                 }
                 if other == Node::Sup && len <= SHORT {
                     self.faults.clogs += 1;
-                    self.note(&format!("fault: clog p{a} / supervisor ({dir}) for {len:?}"));
+                    self.note(&format!(
+                        "fault: clog p{a} / supervisor ({dir}) for {len:?}"
+                    ));
                 } else {
                     self.faults.partitions += 1;
-                    self.note(&format!("fault: partition p{a} / {other:?} ({dir}) for {len:?}"));
+                    self.note(&format!(
+                        "fault: partition p{a} / {other:?} ({dir}) for {len:?}"
+                    ));
                 }
             }
         }
@@ -911,11 +929,8 @@ impl World {
             return;
         }
         p.declared = true;
-        let vnodes: Vec<(VnodeId, Epoch)> = p
-            .vnodes
-            .iter()
-            .map(|&(v, e)| (v, Epoch(e.0 + 1)))
-            .collect();
+        let vnodes: Vec<(VnodeId, Epoch)> =
+            p.vnodes.iter().map(|&(v, e)| (v, Epoch(e.0 + 1))).collect();
         self.send(Node::Sup, Node::Proc(id), Frame::Exit(id), true);
         let start_at = self.now + Duration::from_millis(self.rng.gen_range(5..50));
         let new = self.spawn(vnodes.clone(), start_at);
@@ -924,7 +939,9 @@ impl World {
             self.done.remove(&v);
         }
         self.replacements += vnodes.len() as u64;
-        self.note(&format!("supervisor: p{id} declared dead ({why}); {vnodes:?} to p{new}"));
+        self.note(&format!(
+            "supervisor: p{id} declared dead ({why}); {vnodes:?} to p{new}"
+        ));
     }
 
     fn sup_receive(&mut self, f: Frame) {
@@ -947,7 +964,10 @@ impl World {
                 }
                 let current = self.map.get(vnode.0 as usize).map(|&(_, e)| e);
                 if current == Some(epoch) {
-                    self.note(&format!("supervisor: {vnode}@{} done, {steps} steps", epoch.0));
+                    self.note(&format!(
+                        "supervisor: {vnode}@{} done, {steps} steps",
+                        epoch.0
+                    ));
                     self.done.insert(vnode, (epoch, steps, state));
                 } else {
                     // A dead incarnation's report is not taken (rule 6).
@@ -1044,7 +1064,9 @@ impl World {
                 lock(&h.inbox).push_back(env);
             }
         }
-        if p.last_heartbeat.map_or(true, |t| now.saturating_sub(t) >= HEARTBEAT) {
+        if p.last_heartbeat
+            .map_or(true, |t| now.saturating_sub(t) >= HEARTBEAT)
+        {
             p.last_heartbeat = Some(now);
             self.send(Node::Proc(id), Node::Sup, Frame::Heartbeat(id), true);
         }
@@ -1145,7 +1167,11 @@ impl World {
                 .map(|p| p.id)
                 .collect();
             for id in due {
-                if self.procs.get(&id).is_some_and(|p| p.vnodes.iter().any(|(_, e)| e.0 > 0)) {
+                if self
+                    .procs
+                    .get(&id)
+                    .is_some_and(|p| p.vnodes.iter().any(|(_, e)| e.0 > 0))
+                {
                     self.faults.restarts += 1;
                 }
                 self.start(id)?;
@@ -1164,6 +1190,9 @@ impl World {
                             u8::try_from(env.epoch.0).unwrap_or(u8::MAX),
                             msg_kind(&env.msg),
                         ]);
+                        if self.verbose {
+                            self.print_frame(to_proc, to, &env);
+                        }
                         if let Some(p) = self.procs.get_mut(&to_proc).filter(|p| !p.dead) {
                             p.peer_in.push_back((to, env));
                         }
@@ -1200,6 +1229,46 @@ impl World {
             }
             self.now += QUANTUM;
         }
+    }
+
+    /// `VERIFLOW_SIM_TRACE=2`: a frame between processes, as it arrives (not hashed).
+    fn print_frame(&self, to_proc: u32, to: VnodeId, env: &Envelope) {
+        let Message::Iter(m) = &env.msg else { return };
+        let what = match m {
+            IterMsg::Halo { step, iter, .. } => format!("halo s{step} i{iter}"),
+            IterMsg::Conv { tag, kind } => format!("conv {kind:?} {}.{}", tag.step, tag.round),
+            IterMsg::ConvAck { tag, kind } => {
+                format!("ack {kind:?} {}.{}", tag.step, tag.round)
+            }
+            IterMsg::Status { version, .. } => format!("status v{version}"),
+            IterMsg::StatusAck { version } => format!("status ack v{version}"),
+            IterMsg::Data {
+                step, iter, ack, ..
+            } => format!("data s{step} i{iter} ack {ack}"),
+            IterMsg::DataAck { step, iter } => format!("data ack s{step} i{iter}"),
+            IterMsg::Backups { status, data, lost } => format!(
+                "backups status {:?} data {:?} lost {lost}",
+                status.as_ref().map(|s| s.0),
+                data.as_ref().map(|d| (d.0, d.1))
+            ),
+            IterMsg::Ward { status, data } => format!(
+                "ward status v{} data {:?}",
+                status.0,
+                data.as_ref().map(|d| (d.0, d.1))
+            ),
+            other => format!("{other:?}"),
+        };
+        if matches!(m, IterMsg::Halo { .. })
+            && std::env::var("VERIFLOW_SIM_TRACE").as_deref() != Ok("3")
+        {
+            return;
+        }
+        eprintln!(
+            "[{:>9.3} ms]   {}@{} -> {to}@p{to_proc}: {what}",
+            self.now.as_secs_f64() * 1e3,
+            env.from,
+            env.epoch.0
+        );
     }
 
     /// What a run that does not end waits for.

@@ -60,7 +60,11 @@
 //!    [`IterConfig::resend`] until acknowledged, duplicates are ignored, stale tags discarded.
 //!    A receiver acknowledges only after its new status is saved on all its backup neighbours
 //!    (they acknowledge the status backup), so an acknowledged message survives the receiver's
-//!    crash.
+//!    crash. Likewise a sender sends a message only once the status that records it as
+//!    unacknowledged is saved on all of them (write-ahead), so a replacement never lacks a
+//!    message its predecessor sent: otherwise a neighbour could be in a verification the
+//!    restored status knows nothing of, and acknowledge-and-drop the replacement's own
+//!    (found by the iterative simulator, seed 651: a hang).
 //! 5. **Backups** (paper 000 §3.2). The status backup (convergence state and its unacknowledged
 //!    messages: small) goes to every backup neighbour on every status change. The data backup
 //!    (block state, step and iteration) goes every [`IterConfig::backup_every`] iterations to one
@@ -76,7 +80,10 @@
 //!    them, and is *ready* once it has them all: redundancy is then whole again (the embedded
 //!    supervisor kills only when every vnode is ready).
 //!    Its local-convergence count starts at zero, so it answers no to any verification until it
-//!    has converged again: a crash delays detection and never causes a false one. A vnode whose
+//!    has converged again: a crash delays detection and never causes a false one. Its iteration
+//!    count goes on from the restored data's, so its backups outrank its predecessors' (found
+//!    by the iterative simulator, seed 599: counting from zero, a replacement's forced backup
+//!    lost to an older one that the next replacement restored, a false convergence). A vnode whose
 //!    backups are all lost (it and all its backup neighbours died before any new backup) fails
 //!    the run with [`IterError::Unrecoverable`].
 //! 7. **End.** A vnode whose last step ended reports its final state and keeps answering (acks,

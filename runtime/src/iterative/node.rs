@@ -179,6 +179,10 @@ pub(crate) enum Poll {
     Exit(Exit),
 }
 
+/// The status version a new convergence message waits for before the status that records it
+/// is saved (rule 4).
+const UNSAVED: u64 = u64::MAX;
+
 /// Is a periodic action last done at `last` due at `now`? Never done: due.
 fn due(now: Duration, last: Option<Duration>, period: Duration) -> bool {
     last.map_or(true, |t| now.saturating_sub(t) >= period)
@@ -221,8 +225,10 @@ pub(crate) struct Node {
     counter: u32,
     finished: bool,
     negative_verdicts: u64,
-    /// Unacknowledged convergence messages, with their last send.
-    pending: BTreeMap<(VnodeId, Tag, ConvKind), Option<Duration>>,
+    /// Unacknowledged convergence messages: their last send, and the status version that must
+    /// be on every backup neighbour before they go out (rule 4; [`UNSAVED`] until the next
+    /// status is saved).
+    pending: BTreeMap<(VnodeId, Tag, ConvKind), (Option<Duration>, u64)>,
     /// Acks to send once the backups are settled: (to, tag, kind, status version).
     deferred: Vec<(VnodeId, Tag, ConvKind, u64)>,
     status_version: u64,
@@ -661,8 +667,8 @@ impl Node {
         for o in outs {
             match o {
                 Out::Send(to, kind) => {
-                    self.pending.insert((to, tag, kind), Some(self.now));
-                    self.send(to, IterMsg::Conv { tag, kind });
+                    // Rule 4: it goes out once the status that records it is backed up.
+                    self.pending.insert((to, tag, kind), (None, UNSAVED));
                 }
                 Out::NeedAnswer => {
                     self.verify_need = Some(self.nbrs.iter().copied().collect());
@@ -671,6 +677,7 @@ impl Node {
                 Out::Verdict(ok) => self.on_verdict(tag, ok)?,
             }
         }
+        self.save_status();
         Ok(())
     }
 
@@ -771,10 +778,12 @@ impl Node {
     fn save_status(&mut self) {
         let bytes = postcard::to_stdvec(&self.status()).expect("status encodes");
         if bytes == self.status_bytes {
+            self.seal_pending();
             return;
         }
         self.status_bytes = bytes;
         self.status_version += 1;
+        self.seal_pending();
         let version = self.status_version;
         for b in self.backups.clone() {
             let status = self.status_bytes.clone();
@@ -786,6 +795,38 @@ impl Node {
             e.1 = now;
         }
         self.release_deferred();
+        self.send_pending();
+    }
+
+    /// The convergence messages added since the last save wait for this status (rule 4).
+    fn seal_pending(&mut self) {
+        let version = self.status_version;
+        for p in self.pending.values_mut() {
+            if p.1 == UNSAVED {
+                p.1 = version;
+            }
+        }
+    }
+
+    /// Sends (again) every convergence message whose status is backed up and whose resend is
+    /// due (rule 4).
+    fn send_pending(&mut self) {
+        let now = self.now;
+        let period = self.cfg.resend;
+        let ready: Vec<(VnodeId, Tag, ConvKind)> = self
+            .pending
+            .iter()
+            .filter(|(_, &(t, after))| {
+                after != UNSAVED && due(now, t, period) && self.status_settled(after)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for (to, tag, kind) in ready {
+            if let Some(p) = self.pending.get_mut(&(to, tag, kind)) {
+                p.0 = Some(now);
+            }
+            self.send(to, IterMsg::Conv { tag, kind });
+        }
     }
 
     fn status_settled(&self, version: u64) -> bool {
@@ -817,16 +858,7 @@ impl Node {
                 self.send(w, IterMsg::Rebackup);
             }
         }
-        let resend: Vec<(VnodeId, Tag, ConvKind)> = self
-            .pending
-            .iter()
-            .filter(|(_, &t)| due(now, t, period))
-            .map(|(k, _)| *k)
-            .collect();
-        for (to, tag, kind) in resend {
-            self.pending.insert((to, tag, kind), Some(now));
-            self.send(to, IterMsg::Conv { tag, kind });
-        }
+        self.send_pending();
         let version = self.status_version;
         let late: Vec<VnodeId> = self
             .backups
@@ -898,6 +930,7 @@ impl Node {
                     e.0 = e.0.max(version);
                 }
                 self.release_deferred();
+                self.send_pending();
             }
             IterMsg::Data {
                 step,
@@ -1102,7 +1135,7 @@ impl Node {
         };
         let step = status.as_ref().map_or(0, |s| s.conv.tag().step);
         match data {
-            Some((dstep, _iter, state)) => {
+            Some((dstep, diter, state)) => {
                 self.block
                     .restore(&state)
                     .map_err(|source| IterError::Block {
@@ -1110,6 +1143,12 @@ impl Node {
                         source,
                     })?;
                 self.block_step = dstep;
+                // Rule 6: the iteration count goes on from the backup's, so that this
+                // incarnation's backups outrank its predecessors' (holders keep the newest by
+                // step and iteration). Counting from zero again, a replacement's fresh forced
+                // backup lost to an older one of a dead incarnation, which the next
+                // replacement restored: a false convergence (iterative simulator, seed 599).
+                self.iter = diter;
             }
             None if lost || step > 0 || status.as_ref().is_some_and(|s| s.finished) => {
                 return Err(IterError::Unrecoverable(self.me));
@@ -1121,13 +1160,14 @@ impl Node {
             self.finished = s.finished;
             self.negative_verdicts = s.negative_verdicts;
             for (to, tag, kind) in s.pending {
-                self.pending.insert((to, tag, kind), None);
+                self.pending.insert((to, tag, kind), (None, UNSAVED));
             }
         }
         // The data may predate the end of a step the status records (rule 6).
         while self.block_step < self.conv.tag().step {
             self.block.advance();
             self.block_step += 1;
+            self.iter = 0;
         }
         if self.block_step > self.conv.tag().step {
             // The step ended after the status was saved: the verdict will come again and find
