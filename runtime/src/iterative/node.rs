@@ -446,6 +446,11 @@ impl Node {
         )
     }
 
+    /// Steps its block has ended.
+    pub(crate) fn steps_ended(&self) -> u64 {
+        self.block_step
+    }
+
     /// Its vnode.
     pub(crate) fn vnode(&self) -> VnodeId {
         self.me

@@ -157,6 +157,11 @@ impl SteppedNode {
         }
     }
 
+    /// Steps its block has ended (its progress).
+    pub fn steps_ended(&self) -> u64 {
+        self.node.steps_ended()
+    }
+
     /// Its vnode.
     pub fn vnode(&self) -> VnodeId {
         self.node.vnode()
