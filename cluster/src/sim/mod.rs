@@ -38,8 +38,13 @@
 //!    1): the corrected outputs must be the reference bits.
 //! 7. Everything observable (deliveries, notes, faults) is folded into a trace hash: one seed
 //!    run twice gives the same hash.
+//!
+//! Iterative mode (paper 000) has its own world in [`iterative`], over the same fault rates
+//! ([`Faults`]), counts ([`FaultCounts`]) and quantum, with its rules there; it runs and
+//! replays with `VERIFLOW_SIM_SEED=N cargo test -p veriflow-cluster --test sim_iterative`.
 
 mod check;
+pub mod iterative;
 pub mod program;
 
 use std::collections::{BTreeMap, BinaryHeap};

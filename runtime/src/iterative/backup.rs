@@ -18,6 +18,11 @@
 //! 3. **Read.** The head is read, then its pieces; a missing piece, a wrong length or a digest
 //!    mismatch is a [`IterError::Store`] naming the vnode. Pieces of other generations (left by
 //!    a crash between rules 1 and 2) are deleted by the replacement that reads the backup.
+//! 4. **Fences.** Every batch is written fenced by the writer's epoch under the scope
+//!    `iter/{v}/`, and a replacement raises the fence to its epoch before it reads. So once a
+//!    replacement has read the backup, an incarnation declared dead that still runs (a zombie,
+//!    back from a pause) can no longer replace it, nor delete the pieces it names: its write
+//!    is refused ([`IterError::Superseded`]) and it stops.
 //!
 //! Why pieces: sled 0.34 (the `local:` store and the checkpoint servers' fragments) writes a
 //! page larger than a quarter of its 512 KiB log segment to a blob file of its own and never
@@ -43,10 +48,12 @@ const MAGIC: [u8; 4] = *b"IB1\0";
 /// magic, generation, step, iteration, length, pieces, digest.
 const HEAD_LEN: usize = 4 + 8 * 4 + 4 + 32;
 
-/// The newest backup a vnode stored: (generation, pieces).
+/// The newest backup a vnode stored: (generation, pieces), and the epoch of the incarnation
+/// that writes (rule 4).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct StoreBackup {
     head: Option<(u64, u32)>,
+    epoch: u64,
 }
 
 fn head_key(v: VnodeId) -> Vec<u8> {
@@ -61,14 +68,35 @@ fn piece_key(v: VnodeId, generation: u64, piece: u32) -> Vec<u8> {
     format!("iter/{}/data/{generation:016x}/{piece:08x}", v.0).into_bytes()
 }
 
+/// The fence scope of vnode `v`'s backups (rule 4).
+fn fence_scope(v: VnodeId) -> Vec<u8> {
+    format!("iter/{}/", v.0).into_bytes()
+}
+
 fn store_err(v: VnodeId) -> impl Fn(StoreError) -> IterError {
-    move |e| IterError::Store {
-        vnode: v,
-        message: e.to_string(),
+    move |e| match e {
+        // Rule 4: a newer incarnation of the vnode has read the backups.
+        StoreError::Fenced { epoch, newest, .. } => IterError::Superseded {
+            vnode: v,
+            epoch,
+            newest,
+        },
+        e => IterError::Store {
+            vnode: v,
+            message: e.to_string(),
+        },
     }
 }
 
 impl StoreBackup {
+    /// The backups of the incarnation at `epoch`.
+    pub(crate) fn new(epoch: crate::ids::Epoch) -> Self {
+        StoreBackup {
+            head: None,
+            epoch: epoch.0,
+        }
+    }
+
     /// Rules 1-2: stores `state` of step `step`, iteration `iter` as vnode `v`'s backup,
     /// flushed if `durable`.
     pub(crate) fn put(
@@ -99,7 +127,9 @@ impl StoreBackup {
         head.extend_from_slice(&pieces.to_le_bytes());
         head.extend_from_slice(blake3::hash(state).as_bytes());
         pairs.push((head_key(v), head));
-        store.put_batch(&pairs).map_err(&err)?;
+        store
+            .put_batch_fenced(&[(fence_scope(v), self.epoch)], &pairs)
+            .map_err(&err)?;
         if durable {
             store.flush().map_err(&err)?;
         }
@@ -118,6 +148,10 @@ impl StoreBackup {
         store: &dyn Store,
         v: VnodeId,
     ) -> Result<Option<(u64, u64, Vec<u8>)>, IterError> {
+        // Rule 4: from now on, the incarnations before this one write nothing more.
+        store
+            .raise_fence(&fence_scope(v), self.epoch)
+            .map_err(store_err(v))?;
         let Some((generation, pieces, found)) = read(store, v)? else {
             return Ok(None);
         };
@@ -196,14 +230,16 @@ mod tests {
         for (step, size) in [(0u64, 10usize), (1, 3 * PIECE + 7), (2, PIECE), (3, 0)] {
             let state: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
             b.put(&store, v, (step, 5), &state, step % 2 == 0).unwrap();
-            let mut fresh = StoreBackup::default();
+            let mut fresh = StoreBackup::new(crate::ids::Epoch(0));
             assert_eq!(fresh.get(&store, v).unwrap(), Some((step, 5, state)));
             // One generation's pieces, nothing else.
             let keys = store.scan_prefix(&pieces_prefix(v)).unwrap();
             assert_eq!(keys.len(), size.div_ceil(PIECE), "step {step}");
         }
         assert_eq!(
-            StoreBackup::default().get(&store, VnodeId(4)).unwrap(),
+            StoreBackup::new(crate::ids::Epoch(0))
+                .get(&store, VnodeId(4))
+                .unwrap(),
             None
         );
     }
@@ -213,19 +249,50 @@ mod tests {
         let store = MemoryStore::default();
         let v = VnodeId(0);
         let state = vec![7u8; 2 * PIECE + 1];
-        StoreBackup::default()
+        StoreBackup::new(crate::ids::Epoch(0))
             .put(&store, v, (1, 2), &state, true)
             .unwrap();
         // A piece changed, a piece missing, a head cut.
         store.put(&piece_key(v, 0, 1), b"x").unwrap();
-        let e = StoreBackup::default().get(&store, v).unwrap_err();
+        let e = StoreBackup::new(crate::ids::Epoch(0))
+            .get(&store, v)
+            .unwrap_err();
         assert!(e.to_string().contains("digest"), "{e}");
         store.delete(&piece_key(v, 0, 1)).unwrap();
-        let e = StoreBackup::default().get(&store, v).unwrap_err();
+        let e = StoreBackup::new(crate::ids::Epoch(0))
+            .get(&store, v)
+            .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
         store.put(&head_key(v), b"IB1\0short").unwrap();
-        let e = StoreBackup::default().get(&store, v).unwrap_err();
+        let e = StoreBackup::new(crate::ids::Epoch(0))
+            .get(&store, v)
+            .unwrap_err();
         assert!(e.to_string().contains("v0"), "{e}");
+    }
+
+    #[test]
+    fn a_zombie_cannot_replace_the_backup_its_replacement_read() {
+        let store = MemoryStore::default();
+        let v = VnodeId(2);
+        let mut zombie = StoreBackup::new(crate::ids::Epoch(0));
+        zombie.put(&store, v, (0, 10), &[1u8; 50], true).unwrap();
+        let mut replacement = StoreBackup::new(crate::ids::Epoch(1));
+        assert_eq!(
+            replacement.get(&store, v).unwrap().unwrap().2,
+            vec![1u8; 50]
+        );
+        let e = zombie
+            .put(&store, v, (0, 20), &[9u8; 50], true)
+            .unwrap_err();
+        assert!(matches!(e, IterError::Superseded { .. }), "{e}");
+        // The replacement's backup is whole, and it goes on writing.
+        replacement
+            .put(&store, v, (0, 11), &[2u8; 50], true)
+            .unwrap();
+        let got = StoreBackup::new(crate::ids::Epoch(1))
+            .get(&store, v)
+            .unwrap();
+        assert_eq!(got, Some((0, 11, vec![2u8; 50])));
     }
 
     #[test]
@@ -237,7 +304,7 @@ mod tests {
         // A crash after writing generation 1's pieces' batch but before deleting generation 0:
         // simulated by an orphan piece of another generation.
         store.put(&piece_key(v, 9, 0), b"orphan").unwrap();
-        let mut r = StoreBackup::default();
+        let mut r = StoreBackup::new(crate::ids::Epoch(0));
         assert_eq!(r.get(&store, v).unwrap().unwrap().2, vec![1u8; 100]);
         assert_eq!(store.scan_prefix(&pieces_prefix(v)).unwrap().len(), 1);
         // And goes on from the generation it read.

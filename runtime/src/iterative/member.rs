@@ -12,8 +12,11 @@
 //!    [`Control::Stop`] stops the nodes (a finished vnode keeps serving its neighbours until
 //!    then: module rule 7).
 //! 3. [`Control::Host`] starts a replacement for a vnode whose process died, at the new epoch.
-//!    [`Control::Epoch`] needs nothing here: halos are keyed by epoch (module rule 1) and a dead
-//!    process sends nothing more.
+//!    [`Control::Epoch`] needs nothing here: every node drops the messages of an epoch older
+//!    than one it has seen from the same vnode (module rule 8), and the store refuses the
+//!    backups of an incarnation whose replacement has read them (`backup.rs` rule 4); such a
+//!    node stops without failing the member (a process declared dead that comes back, a
+//!    zombie, is told to stop by the coordinator anyway).
 //! 4. The report holds the final state of every vnode that finished here, with its counters.
 //!    A vnode's node failing fails the member with that error.
 
@@ -105,9 +108,15 @@ pub fn run_member(
         while let Ok((v, exit, s, _ep)) = exit_rx.try_recv() {
             running -= 1;
             stats.entry(v).or_default().add(&s);
-            if let Exit::Failed(e) = exit {
-                failure = failure.or(Some(e));
-                stopping = true;
+            match exit {
+                // A zombie's node the store fenced (`backup.rs` rule 4): the vnode lives on
+                // elsewhere, this incarnation stops (module rule 8).
+                Exit::Failed(IterError::Superseded { .. }) => {}
+                Exit::Failed(e) => {
+                    failure = failure.or(Some(e));
+                    stopping = true;
+                }
+                Exit::Stopped | Exit::Killed => {}
             }
         }
         if stopping {

@@ -60,7 +60,11 @@
 //!    [`IterConfig::resend`] until acknowledged, duplicates are ignored, stale tags discarded.
 //!    A receiver acknowledges only after its new status is saved on all its backup neighbours
 //!    (they acknowledge the status backup), so an acknowledged message survives the receiver's
-//!    crash.
+//!    crash. Likewise a sender sends a message only once the status that records it as
+//!    unacknowledged is saved on all of them (write-ahead), so a replacement never lacks a
+//!    message its predecessor sent: otherwise a neighbour could be in a verification the
+//!    restored status knows nothing of, and acknowledge-and-drop the replacement's own
+//!    (found by the iterative simulator, seed 651: a hang).
 //! 5. **Backups** (paper 000 §3.2). The status backup (convergence state and its unacknowledged
 //!    messages: small) goes to every backup neighbour on every status change. The data backup
 //!    (block state, step and iteration) goes every [`IterConfig::backup_every`] iterations to one
@@ -76,11 +80,25 @@
 //!    them, and is *ready* once it has them all: redundancy is then whole again (the embedded
 //!    supervisor kills only when every vnode is ready).
 //!    Its local-convergence count starts at zero, so it answers no to any verification until it
-//!    has converged again: a crash delays detection and never causes a false one. A vnode whose
+//!    has converged again: a crash delays detection and never causes a false one. Its iteration
+//!    count goes on from the restored data's, so its backups outrank its predecessors' (found
+//!    by the iterative simulator, seed 599: counting from zero, a replacement's forced backup
+//!    lost to an older one that the next replacement restored, a false convergence). A vnode whose
 //!    backups are all lost (it and all its backup neighbours died before any new backup) fails
 //!    the run with [`IterError::Unrecoverable`].
 //! 7. **End.** A vnode whose last step ended reports its final state and keeps answering (acks,
 //!    halo requests, backups) until every vnode has finished; then all stop.
+//! 8. **Dead incarnations** (`node.rs`). A node drops every message whose sender's epoch is
+//!    older than one it has already seen from that vnode ([`NodeStats::fenced`]): once a
+//!    replacement has asked its backup neighbours for its backups, an incarnation declared dead
+//!    that still runs (a zombie back from a pause) can no longer have them acknowledge a backup
+//!    (so it cannot answer yes: rule 5) nor replace what they hold for the vnode. Data backups
+//!    on a store are fenced the same way (`backup.rs` rule 4).
+//!
+//! The node code is one state machine stepped on an explicit time (`node.rs`, [`SteppedNode`]):
+//! the threads of [`run_embedded`] and [`run_member`] loop around its step and block on their
+//! endpoint while it is idle; the deterministic simulator (`veriflow_cluster::sim::iterative`)
+//! steps the same nodes on one thread on simulated time.
 
 mod backup;
 mod conv;
@@ -88,6 +106,7 @@ mod embedded;
 pub mod heat;
 mod member;
 mod node;
+mod stepped;
 #[cfg(test)]
 mod tests;
 
@@ -100,6 +119,7 @@ pub use conv::{ConvKind, Tag};
 pub use embedded::{run_embedded, Embedded, IterKills};
 pub use member::{run_member, MemberOutcome};
 pub use node::NodeStats;
+pub use stepped::{Stepped, SteppedNode, SteppedRun};
 
 use crate::ids::VnodeId;
 use veriflow_checkpoint::Store;
@@ -401,6 +421,18 @@ pub enum IterError {
     /// A vnode thread panicked (a bug).
     #[error("{0} panicked")]
     Panicked(VnodeId),
+    /// This incarnation was declared dead and a newer one has taken the vnode over (the store
+    /// refused its write: `backup.rs` rule 4). Not a failure of the run: the incarnation
+    /// stops.
+    #[error("{vnode}: this incarnation (epoch {epoch}) was replaced by epoch {newest}")]
+    Superseded {
+        /// Where.
+        vnode: VnodeId,
+        /// This incarnation's epoch.
+        epoch: u64,
+        /// The newest epoch of the vnode.
+        newest: u64,
+    },
 }
 
 /// What an iterative run did.

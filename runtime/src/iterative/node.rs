@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::backup::StoreBackup;
 use super::conv::{Conv, ConvKind, Out, Tag};
 use super::{Block, IterConfig, IterError, IterMsg, Mode};
+use crate::clock::{Clock, SystemClock};
 use crate::ids::{Epoch, VnodeId};
 use crate::transport::{Endpoint, Envelope, Message};
 
@@ -30,6 +31,9 @@ pub struct NodeStats {
     pub data_backups: u64,
     /// Incarnations of this vnode after the first.
     pub restores: u64,
+    /// Messages dropped because their sender's epoch was older than one already seen from
+    /// that vnode: messages of an incarnation declared dead (rule 8).
+    pub fenced: u64,
 }
 
 impl NodeStats {
@@ -41,6 +45,7 @@ impl NodeStats {
         self.negative_verdicts = self.negative_verdicts.max(o.negative_verdicts);
         self.data_backups += o.data_backups;
         self.restores += o.restores;
+        self.fenced += o.fenced;
     }
 }
 
@@ -68,8 +73,8 @@ pub(crate) struct Incarnation {
     pub(crate) restore: bool,
 }
 
-/// Starts a node on its own thread; its [`ExitMsg`] goes to `exits` (a panic is reported as
-/// [`IterError::Panicked`]).
+/// Starts a node on its own thread, on the real clock; its [`ExitMsg`] goes to `exits` (a
+/// panic is reported as [`IterError::Panicked`]).
 pub(crate) fn spawn_node(
     who: Incarnation,
     ep: Box<dyn Endpoint>,
@@ -81,6 +86,7 @@ pub(crate) fn spawn_node(
 ) -> Result<(), IterError> {
     let v = who.vnode;
     let block = factory(v).map_err(|source| IterError::Block { vnode: v, source })?;
+    let clock = SystemClock::default();
     let node = Node::new(
         v,
         who.epoch,
@@ -89,22 +95,23 @@ pub(crate) fn spawn_node(
         cfg.clone(),
         ctl,
         tree[v.0 as usize].clone(),
+        who.restore,
+        clock.now(),
     );
     let exits = exits.clone();
     std::thread::Builder::new()
         .name(format!("iter-{v}"))
         .spawn(move || {
-            let msg = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                node.run(who.restore)
-            })) {
-                Ok((exit, stats, ep)) => (v, exit, stats, Some(ep)),
-                Err(_) => (
-                    v,
-                    Exit::Failed(IterError::Panicked(v)),
-                    NodeStats::default(),
-                    None,
-                ),
-            };
+            let msg =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.run(&clock))) {
+                    Ok((exit, stats, ep)) => (v, exit, stats, Some(ep)),
+                    Err(_) => (
+                        v,
+                        Exit::Failed(IterError::Panicked(v)),
+                        NodeStats::default(),
+                        None,
+                    ),
+                };
             let _ = exits.send(msg);
         })
         .map_err(|e| IterError::Config(format!("cannot start a thread: {e}")))?;
@@ -112,6 +119,7 @@ pub(crate) fn spawn_node(
 }
 
 /// Why a node's loop returned.
+#[derive(Debug)]
 pub(crate) enum Exit {
     /// Stopped after the run ended.
     Stopped,
@@ -134,7 +142,7 @@ struct Status {
 type HaloKey = (u64, u64, u64);
 
 /// A forced data backup awaiting acknowledgements: (step, iter, state, waiting for, last send).
-type Forced = (u64, u64, Vec<u8>, BTreeSet<VnodeId>, Instant);
+type Forced = (u64, u64, Vec<u8>, BTreeSet<VnodeId>, Duration);
 
 struct Halo {
     key: HaloKey,
@@ -151,8 +159,48 @@ struct Held {
 
 type Backups = (Option<(u64, Vec<u8>)>, Option<(u64, u64, Vec<u8>)>);
 
+/// A replacement gathering the backups its backup neighbours hold for it (rule 6).
+struct Restoring {
+    replies: HashMap<VnodeId, Backups>,
+    /// A replier lost what it held (or nothing can hold anything).
+    lost: bool,
+    /// Last time the missing backups were asked for.
+    asked: Option<Duration>,
+}
+
+/// What one [`Node::step`] did: the driver's cue.
+#[derive(Debug)]
+pub(crate) enum Poll {
+    /// It iterated: step again at once.
+    Busy,
+    /// Nothing to do before a message arrives or this much time passes.
+    Idle(Duration),
+    /// The node is over.
+    Exit(Exit),
+}
+
+/// The status version a new convergence message waits for before the status that records it
+/// is saved (rule 4).
+const UNSAVED: u64 = u64::MAX;
+
+/// Is a periodic action last done at `last` due at `now`? Never done: due.
+fn due(now: Duration, last: Option<Duration>, period: Duration) -> bool {
+    last.map_or(true, |t| now.saturating_sub(t) >= period)
+}
+
 pub(crate) struct Node {
     me: VnodeId,
+    /// Time of the current step (the driver's clock: real or simulated).
+    now: Duration,
+    /// Not started yet: the first step starts it, restoring first if set (rule 6).
+    start: Option<bool>,
+    /// Restoring its backups (rule 6), until every backup neighbour answered.
+    restoring_state: Option<Restoring>,
+    /// A message the driver received while waiting, handled at the next step.
+    arrived: Option<Envelope>,
+    /// The newest epoch seen of each sender: a message of an older one is of an incarnation
+    /// declared dead (a zombie) and is dropped (rule 8).
+    peer_epochs: HashMap<VnodeId, Epoch>,
     ep: Box<dyn Endpoint>,
     block: Box<dyn Block>,
     cfg: Arc<IterConfig>,
@@ -163,7 +211,7 @@ pub(crate) struct Node {
     wards: Vec<VnodeId>,
     /// Wards whose fresh backups a replacement still waits for (rule 6).
     rebackup_wait: BTreeSet<VnodeId>,
-    rebackup_asked: Instant,
+    rebackup_asked: Duration,
     /// Restoring its backups (rule 6): not ready yet.
     restoring: bool,
     conv: Conv,
@@ -177,13 +225,15 @@ pub(crate) struct Node {
     counter: u32,
     finished: bool,
     negative_verdicts: u64,
-    /// Unacknowledged convergence messages, with their last send.
-    pending: BTreeMap<(VnodeId, Tag, ConvKind), Instant>,
+    /// Unacknowledged convergence messages: their last send, and the status version that must
+    /// be on every backup neighbour before they go out (rule 4; [`UNSAVED`] until the next
+    /// status is saved).
+    pending: BTreeMap<(VnodeId, Tag, ConvKind), (Option<Duration>, u64)>,
     /// Acks to send once the backups are settled: (to, tag, kind, status version).
     deferred: Vec<(VnodeId, Tag, ConvKind, u64)>,
     status_version: u64,
     status_bytes: Vec<u8>,
-    status_acked: HashMap<VnodeId, (u64, Instant)>,
+    status_acked: HashMap<VnodeId, (u64, Duration)>,
     /// Forced data backup awaiting acknowledgements: (step, iter, state, waiting for, last send).
     forced: Option<Forced>,
     /// A yes to send once the forced data backup is acknowledged.
@@ -193,7 +243,7 @@ pub(crate) struct Node {
     halos: HashMap<VnodeId, Halo>,
     future: HashMap<VnodeId, (HaloKey, Vec<u8>)>,
     last_sent: HashMap<VnodeId, (u64, u64, Vec<u8>)>,
-    halo_asked: Instant,
+    halo_asked: Duration,
     held: HashMap<VnodeId, Held>,
     /// The newest data backup on the store (`backup.rs`).
     store_backup: StoreBackup,
@@ -204,7 +254,7 @@ pub(crate) struct Node {
     news: bool,
     /// A verification started: iterate once (sending fresh halos) even without news.
     kick: bool,
-    last_iteration: Instant,
+    last_iteration: Duration,
     pub(crate) stats: NodeStats,
 }
 
@@ -218,6 +268,8 @@ impl Node {
         cfg: Arc<IterConfig>,
         ctl: Arc<Control>,
         tree: Vec<VnodeId>,
+        restore: bool,
+        now: Duration,
     ) -> Self {
         ep.set_epoch(epoch);
         let nbrs = cfg.neighbours[me.0 as usize].clone();
@@ -234,9 +286,13 @@ impl Node {
                 .filter(|&w| w != me && cfg.backups_of(w).contains(&me))
                 .collect()
         };
-        let now = Instant::now();
         Node {
             me,
+            now,
+            start: Some(restore),
+            restoring_state: None,
+            arrived: None,
+            peer_epochs: HashMap::new(),
             wards,
             rebackup_wait: BTreeSet::new(),
             rebackup_asked: now,
@@ -265,7 +321,7 @@ impl Node {
             last_sent: HashMap::new(),
             halo_asked: now,
             held: HashMap::new(),
-            store_backup: StoreBackup::default(),
+            store_backup: StoreBackup::new(epoch),
             lost_held: epoch.0 > 0,
             rr: 0,
             last_residual: f64::INFINITY,
@@ -278,76 +334,135 @@ impl Node {
         }
     }
 
-    /// Runs until stopped, killed or failed. A replacement (`restore`) first restores its
-    /// backups (rule 6). Returns the endpoint so that a replacement can take it over.
-    pub(crate) fn run(mut self, restore: bool) -> (Exit, NodeStats, Box<dyn Endpoint>) {
-        let exit = match self.run_inner(restore) {
-            Ok(e) => e,
-            Err(e) => Exit::Failed(e),
+    /// The real driver: steps on `clock` and blocks on the endpoint while idle, until
+    /// stopped, killed or failed. Returns the endpoint so that a replacement can take it over.
+    pub(crate) fn run(mut self, clock: &dyn Clock) -> (Exit, NodeStats, Box<dyn Endpoint>) {
+        let exit = loop {
+            match self.step(clock.now()) {
+                Ok(Poll::Busy) => {}
+                Ok(Poll::Idle(wait)) => self.wait(wait),
+                Ok(Poll::Exit(exit)) => break exit,
+                Err(e) => break Exit::Failed(e),
+            }
         };
-        (exit, self.stats, self.ep)
+        (exit, std::mem::take(&mut self.stats), self.ep)
     }
 
-    fn run_inner(&mut self, restore: bool) -> Result<Exit, IterError> {
-        if restore {
-            self.stats.restores += 1;
-            self.restoring = true;
-            if let Some(exit) = self.restore()? {
-                return Ok(exit);
-            }
-            self.restoring = false;
-        } else {
-            self.save_status();
+    /// Blocks up to `timeout` for a message, kept for the next [`Node::step`] (the real
+    /// driver's wait; the simulator never blocks).
+    pub(crate) fn wait(&mut self, timeout: Duration) {
+        if self.arrived.is_none() {
+            self.arrived = self.ep.recv_timeout(timeout);
         }
-        self.update_ready();
-        self.send_halos();
-        loop {
-            if self.ctl.kill.load(Ordering::Relaxed) {
-                return Ok(Exit::Killed);
+    }
+
+    /// One step at time `now`, never blocking: handles the messages waiting, resends what is
+    /// due, and iterates at most once (rules 1-7). The first step starts the node (a
+    /// replacement asks for its backups: rule 6).
+    pub(crate) fn step(&mut self, now: Duration) -> Result<Poll, IterError> {
+        self.now = self.now.max(now);
+        if self.ctl.kill.load(Ordering::Relaxed) {
+            return Ok(Poll::Exit(Exit::Killed));
+        }
+        if self.ctl.stop.load(Ordering::Relaxed) {
+            return Ok(Poll::Exit(Exit::Stopped));
+        }
+        if let Some(restore) = self.start.take() {
+            if restore {
+                self.stats.restores += 1;
+                self.restoring = true;
+                self.begin_restore();
+            } else {
+                self.save_status();
+                self.update_ready();
+                self.send_halos();
             }
-            if self.ctl.stop.load(Ordering::Relaxed) {
-                return Ok(Exit::Stopped);
-            }
-            self.drain()?;
-            self.resend_due();
-            if self.finished {
-                self.wait_message(self.cfg.resend)?;
-                continue;
-            }
-            if self.cfg.mode == Mode::Sync && !self.all_fresh() {
-                if self.halo_asked.elapsed() >= self.cfg.resend {
-                    self.halo_asked = Instant::now();
-                    let late: Vec<VnodeId> = self
-                        .nbrs
-                        .iter()
-                        .copied()
-                        .filter(|v| !self.halos.get(v).is_some_and(|h| h.fresh))
-                        .collect();
-                    for v in late {
-                        self.send(v, IterMsg::HaloRequest);
-                    }
+        }
+        if self.restoring_state.is_some() {
+            return self.step_restore();
+        }
+        self.drain()?;
+        self.resend_due();
+        if self.finished {
+            return Ok(Poll::Idle(self.cfg.resend));
+        }
+        if self.cfg.mode == Mode::Sync && !self.all_fresh() {
+            if due(self.now, Some(self.halo_asked), self.cfg.resend) {
+                self.halo_asked = self.now;
+                let late: Vec<VnodeId> = self
+                    .nbrs
+                    .iter()
+                    .copied()
+                    .filter(|v| !self.halos.get(v).is_some_and(|h| h.fresh))
+                    .collect();
+                for v in late {
+                    self.send(v, IterMsg::HaloRequest);
                 }
-                self.wait_message(Duration::from_millis(1))?;
-                continue;
             }
-            if self.cfg.mode == Mode::Async
-                && !self.news
-                && !self.kick
-                && self.last_residual < self.cfg.tol
-                && self.last_iteration.elapsed() < self.cfg.resend
-            {
-                // Converged on what it has: wait for news rather than spin (2 cores, many
-                // vnodes), but not longer than the resend period, so that lost halos are
-                // replaced and a verification gets its fresh round.
-                self.wait_message(Duration::from_millis(1))?;
-                continue;
-            }
-            self.iterate_once()?;
+            return Ok(Poll::Idle(Duration::from_millis(1)));
         }
+        if self.cfg.mode == Mode::Async
+            && !self.news
+            && !self.kick
+            && self.last_residual < self.cfg.tol
+            && !due(self.now, Some(self.last_iteration), self.cfg.resend)
+        {
+            // Converged on what it has: wait for news rather than spin (2 cores, many
+            // vnodes), but not longer than the resend period, so that lost halos are
+            // replaced and a verification gets its fresh round.
+            return Ok(Poll::Idle(Duration::from_millis(1)));
+        }
+        self.iterate_once()?;
+        Ok(Poll::Busy)
+    }
+
+    /// Restored, and holding fresh backups of every vnode it backs up (rule 6).
+    pub(crate) fn is_ready(&self) -> bool {
+        !self.restoring && self.start.is_none() && self.rebackup_wait.is_empty()
+    }
+
+    /// What it waits for, for a run that makes no progress (issue 14 point 5).
+    pub(crate) fn waits(&self) -> String {
+        let pending: Vec<String> = self
+            .pending
+            .keys()
+            .map(|(to, tag, kind)| format!("{kind:?}->{to}@{}.{}", tag.step, tag.round))
+            .collect();
+        format!(
+            "step {} tag {}.{} iter {} residual {:e} count {} restoring {} rebackup {:?} \
+             verify_need {:?} forced {:?} deferred {} unacked [{}]",
+            self.block_step,
+            self.conv.tag().step,
+            self.conv.tag().round,
+            self.iter,
+            self.last_residual,
+            self.counter,
+            self.restoring,
+            self.rebackup_wait,
+            self.verify_need,
+            self.forced.as_ref().map(|f| &f.3),
+            self.deferred.len(),
+            pending.join(" ")
+        )
+    }
+
+    /// Steps its block has ended.
+    pub(crate) fn steps_ended(&self) -> u64 {
+        self.block_step
+    }
+
+    /// Its vnode.
+    pub(crate) fn vnode(&self) -> VnodeId {
+        self.me
+    }
+
+    /// Counters so far.
+    pub(crate) fn stats(&self) -> &NodeStats {
+        &self.stats
     }
 
     fn update_ready(&self) {
-        if !self.restoring && self.rebackup_wait.is_empty() {
+        if self.is_ready() {
             self.ctl.ready.store(true, Ordering::Relaxed);
         }
     }
@@ -358,15 +473,25 @@ impl Node {
             .all(|v| self.halos.get(v).is_some_and(|h| h.fresh))
     }
 
-    fn wait_message(&mut self, timeout: Duration) -> Result<(), IterError> {
-        if let Some(env) = self.ep.recv_timeout(timeout) {
-            self.handle(env)?;
+    /// The next message that passes the epoch fence (rule 8), if one is waiting.
+    fn next_message(&mut self) -> Option<Envelope> {
+        loop {
+            let env = match self.arrived.take() {
+                Some(env) => env,
+                None => self.ep.try_recv()?,
+            };
+            let newest = self.peer_epochs.entry(env.from).or_insert(env.epoch);
+            if env.epoch < *newest {
+                self.stats.fenced += 1;
+                continue;
+            }
+            *newest = env.epoch;
+            return Some(env);
         }
-        Ok(())
     }
 
     fn drain(&mut self) -> Result<(), IterError> {
-        while let Some(env) = self.ep.try_recv() {
+        while let Some(env) = self.next_message() {
             self.handle(env)?;
         }
         Ok(())
@@ -405,7 +530,7 @@ impl Node {
         let residual = self.block.iterate();
         self.news = false;
         self.kick = false;
-        self.last_iteration = Instant::now();
+        self.last_iteration = self.now;
         self.last_residual = residual;
         self.iter += 1;
         self.stats.iterations += 1;
@@ -523,7 +648,7 @@ impl Node {
                 },
             );
         }
-        self.forced = Some((self.block_step, self.iter, state, waiting, Instant::now()));
+        self.forced = Some((self.block_step, self.iter, state, waiting, self.now));
         self.backup_settled()
     }
 
@@ -547,8 +672,8 @@ impl Node {
         for o in outs {
             match o {
                 Out::Send(to, kind) => {
-                    self.pending.insert((to, tag, kind), Instant::now());
-                    self.send(to, IterMsg::Conv { tag, kind });
+                    // Rule 4: it goes out once the status that records it is backed up.
+                    self.pending.insert((to, tag, kind), (None, UNSAVED));
                 }
                 Out::NeedAnswer => {
                     self.verify_need = Some(self.nbrs.iter().copied().collect());
@@ -557,6 +682,7 @@ impl Node {
                 Out::Verdict(ok) => self.on_verdict(tag, ok)?,
             }
         }
+        self.save_status();
         Ok(())
     }
 
@@ -657,21 +783,55 @@ impl Node {
     fn save_status(&mut self) {
         let bytes = postcard::to_stdvec(&self.status()).expect("status encodes");
         if bytes == self.status_bytes {
+            self.seal_pending();
             return;
         }
         self.status_bytes = bytes;
         self.status_version += 1;
+        self.seal_pending();
         let version = self.status_version;
         for b in self.backups.clone() {
             let status = self.status_bytes.clone();
             self.send(b, IterMsg::Status { version, status });
         }
-        let now = Instant::now();
+        let now = self.now;
         for b in &self.backups {
             let e = self.status_acked.entry(*b).or_insert((0, now));
             e.1 = now;
         }
         self.release_deferred();
+        self.send_pending();
+    }
+
+    /// The convergence messages added since the last save wait for this status (rule 4).
+    fn seal_pending(&mut self) {
+        let version = self.status_version;
+        for p in self.pending.values_mut() {
+            if p.1 == UNSAVED {
+                p.1 = version;
+            }
+        }
+    }
+
+    /// Sends (again) every convergence message whose status is backed up and whose resend is
+    /// due (rule 4).
+    fn send_pending(&mut self) {
+        let now = self.now;
+        let period = self.cfg.resend;
+        let ready: Vec<(VnodeId, Tag, ConvKind)> = self
+            .pending
+            .iter()
+            .filter(|(_, &(t, after))| {
+                after != UNSAVED && due(now, t, period) && self.status_settled(after)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for (to, tag, kind) in ready {
+            if let Some(p) = self.pending.get_mut(&(to, tag, kind)) {
+                p.0 = Some(now);
+            }
+            self.send(to, IterMsg::Conv { tag, kind });
+        }
     }
 
     fn status_settled(&self, version: u64) -> bool {
@@ -695,24 +855,15 @@ impl Node {
     }
 
     fn resend_due(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         let period = self.cfg.resend;
-        if !self.rebackup_wait.is_empty() && now.duration_since(self.rebackup_asked) >= period {
+        if !self.rebackup_wait.is_empty() && due(now, Some(self.rebackup_asked), period) {
             self.rebackup_asked = now;
             for w in self.rebackup_wait.clone() {
                 self.send(w, IterMsg::Rebackup);
             }
         }
-        let due: Vec<(VnodeId, Tag, ConvKind)> = self
-            .pending
-            .iter()
-            .filter(|(_, &t)| now.duration_since(t) >= period)
-            .map(|(k, _)| *k)
-            .collect();
-        for (to, tag, kind) in due {
-            self.pending.insert((to, tag, kind), now);
-            self.send(to, IterMsg::Conv { tag, kind });
-        }
+        self.send_pending();
         let version = self.status_version;
         let late: Vec<VnodeId> = self
             .backups
@@ -721,7 +872,7 @@ impl Node {
             .filter(|b| {
                 self.status_acked
                     .get(b)
-                    .is_some_and(|&(v, t)| v < version && now.duration_since(t) >= period)
+                    .is_some_and(|&(v, t)| v < version && due(now, Some(t), period))
             })
             .collect();
         for b in late {
@@ -732,7 +883,7 @@ impl Node {
             }
         }
         if let Some((step, iter, state, waiting, t)) = &self.forced {
-            if now.duration_since(*t) >= period {
+            if due(now, Some(*t), period) {
                 let (step, iter, state, waiting) = (*step, *iter, state.clone(), waiting.clone());
                 for b in waiting {
                     self.send(
@@ -784,6 +935,7 @@ impl Node {
                     e.0 = e.0.max(version);
                 }
                 self.release_deferred();
+                self.send_pending();
             }
             IterMsg::Data {
                 step,
@@ -869,45 +1021,50 @@ impl Node {
         Ok(())
     }
 
-    /// Rule 6. Returns an exit if the vnode was killed or stopped while restoring.
-    fn restore(&mut self) -> Result<Option<Exit>, IterError> {
-        let mut replies: HashMap<VnodeId, Backups> = HashMap::new();
+    /// Rule 6, first part: asks the wards for fresh backups and starts gathering its own.
+    fn begin_restore(&mut self) {
         // With no backup neighbour and no store, nothing can say whether a step has ended.
-        let mut lost = self.backups.is_empty() && self.cfg.store.is_none();
-        let mut asked = Instant::now() - self.cfg.resend;
+        let lost = self.backups.is_empty() && self.cfg.store.is_none();
         // Rule 6: what this vnode held for its wards died with its predecessor.
         self.rebackup_wait = self.wards.iter().copied().collect();
-        self.rebackup_asked = Instant::now();
+        self.rebackup_asked = self.now;
         for w in self.wards.clone() {
             self.send(w, IterMsg::Rebackup);
         }
-        while replies.len() < self.backups.len() {
-            if self.ctl.kill.load(Ordering::Relaxed) {
-                return Ok(Some(Exit::Killed));
+        self.restoring_state = Some(Restoring {
+            replies: HashMap::new(),
+            lost,
+            asked: None,
+        });
+    }
+
+    /// Rule 6, one step of gathering: asks again for what is missing when due, takes the
+    /// replies, and restores once every backup neighbour has answered.
+    fn step_restore(&mut self) -> Result<Poll, IterError> {
+        let Some(r) = self.restoring_state.as_mut() else {
+            return Ok(Poll::Busy);
+        };
+        if due(self.now, r.asked, self.cfg.resend) {
+            r.asked = Some(self.now);
+            let missing: Vec<VnodeId> = self
+                .backups
+                .iter()
+                .copied()
+                .filter(|b| !r.replies.contains_key(b))
+                .collect();
+            for b in missing {
+                self.send(b, IterMsg::Fetch);
             }
-            if self.ctl.stop.load(Ordering::Relaxed) {
-                return Ok(Some(Exit::Stopped));
-            }
-            if asked.elapsed() >= self.cfg.resend {
-                asked = Instant::now();
-                for b in self.backups.clone() {
-                    if !replies.contains_key(&b) {
-                        self.send(b, IterMsg::Fetch);
-                    }
-                }
-            }
-            let Some(env) = self.ep.recv_timeout(Duration::from_millis(2)) else {
-                continue;
-            };
+        }
+        while let Some(env) = self.next_message() {
             match env.msg {
-                Message::Iter(IterMsg::Backups {
-                    status,
-                    data,
-                    lost: l,
-                }) => {
-                    if self.backups.contains(&env.from) {
-                        lost |= l;
-                        replies.insert(env.from, (status, data));
+                Message::Iter(IterMsg::Backups { status, data, lost }) => {
+                    if let (true, Some(r)) = (
+                        self.backups.contains(&env.from),
+                        self.restoring_state.as_mut(),
+                    ) {
+                        r.lost |= lost;
+                        r.replies.insert(env.from, (status, data));
                     }
                 }
                 Message::Iter(
@@ -918,6 +1075,32 @@ impl Node {
                 _ => self.handle(env)?,
             }
         }
+        let complete = self
+            .restoring_state
+            .as_ref()
+            .is_some_and(|r| r.replies.len() >= self.backups.len());
+        if !complete {
+            return Ok(Poll::Idle(Duration::from_millis(2)));
+        }
+        let Some(r) = self.restoring_state.take() else {
+            return Ok(Poll::Busy);
+        };
+        self.finish_restore(r.replies, r.lost)?;
+        self.restoring = false;
+        self.update_ready();
+        self.send_halos();
+        Ok(Poll::Busy)
+    }
+
+    /// Rule 6, last part: restores the newest status and data the replies (and the store)
+    /// hold.
+    fn finish_restore(
+        &mut self,
+        replies: HashMap<VnodeId, Backups>,
+        lost: bool,
+    ) -> Result<(), IterError> {
+        // In vnode order, so that equal versions resolve the same way in every run.
+        let replies: BTreeMap<VnodeId, Backups> = replies.into_iter().collect();
         let mut status: Option<(u64, Vec<u8>)> = None;
         let mut data: Option<(u64, u64, Vec<u8>)> = None;
         for (s, d) in replies.into_values() {
@@ -957,7 +1140,7 @@ impl Node {
         };
         let step = status.as_ref().map_or(0, |s| s.conv.tag().step);
         match data {
-            Some((dstep, _iter, state)) => {
+            Some((dstep, diter, state)) => {
                 self.block
                     .restore(&state)
                     .map_err(|source| IterError::Block {
@@ -965,6 +1148,12 @@ impl Node {
                         source,
                     })?;
                 self.block_step = dstep;
+                // Rule 6: the iteration count goes on from the backup's, so that this
+                // incarnation's backups outrank its predecessors' (holders keep the newest by
+                // step and iteration). Counting from zero again, a replacement's fresh forced
+                // backup lost to an older one of a dead incarnation, which the next
+                // replacement restored: a false convergence (iterative simulator, seed 599).
+                self.iter = diter;
             }
             None if lost || step > 0 || status.as_ref().is_some_and(|s| s.finished) => {
                 return Err(IterError::Unrecoverable(self.me));
@@ -976,14 +1165,14 @@ impl Node {
             self.finished = s.finished;
             self.negative_verdicts = s.negative_verdicts;
             for (to, tag, kind) in s.pending {
-                self.pending
-                    .insert((to, tag, kind), Instant::now() - self.cfg.resend);
+                self.pending.insert((to, tag, kind), (None, UNSAVED));
             }
         }
         // The data may predate the end of a step the status records (rule 6).
         while self.block_step < self.conv.tag().step {
             self.block.advance();
             self.block_step += 1;
+            self.iter = 0;
         }
         if self.block_step > self.conv.tag().step {
             // The step ended after the status was saved: the verdict will come again and find
@@ -1010,6 +1199,6 @@ impl Node {
                 .done
                 .send((self.me, self.block_step, self.block.save()));
         }
-        Ok(None)
+        Ok(())
     }
 }
