@@ -348,7 +348,7 @@ impl Job {
         let now = Instant::now();
         let coordinator_ok = self
             .last_takeover
-            .is_none_or(|t| now.duration_since(t) >= TAKEOVER_SETTLE);
+            .map_or(true, |t| now.duration_since(t) >= TAKEOVER_SETTLE);
         let roll: f64 = rng.gen();
         if roll < 0.15 && coordinator_ok {
             // The active coordinator dies; it comes back as its successor's standby.

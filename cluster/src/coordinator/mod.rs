@@ -51,14 +51,14 @@
 //!    of a newer term exists, and the driver stops this one without acting further. So a
 //!    deposed coordinator (paused, cut off) can neither move a vnode nor stop a job.
 //! 10. Takeover ([`Coordinator::recover`]): a successor starts from the journal. Its members
-//!    come back with [`Event::Rejoined`], each proving its identity with an Ed25519 signature
-//!    of the connection's channel binding under the key it joined with, and saying which
-//!    vnodes it hosts at which epochs and how its part of the last job ended. Probes wait until
-//!    every member of the job is back or `rejoin_patience` has passed; then members still
-//!    absent are lost (rule 5), every member gets the whole map with fresh link keys (the
-//!    predecessor's secret died with it), hosts missing a vnode they should host are told to
-//!    host it, and a job that was stopping is stopped again. A client follows its job again
-//!    with [`Event::Attach`] (or reads its end from the journal).
+//!     come back with [`Event::Rejoined`], each proving its identity with an Ed25519 signature
+//!     of the connection's channel binding under the key it joined with, and saying which
+//!     vnodes it hosts at which epochs and how its part of the last job ended. Probes wait until
+//!     every member of the job is back or `rejoin_patience` has passed; then members still
+//!     absent are lost (rule 5), every member gets the whole map with fresh link keys (the
+//!     predecessor's secret died with it), hosts missing a vnode they should host are told to
+//!     host it, and a job that was stopping is stopped again. A client follows its job again
+//!     with [`Event::Attach`] (or reads its end from the journal).
 
 mod driver;
 pub mod journal;
