@@ -15,6 +15,10 @@
 //!    so a dead server costs one round of retries, not one per key.
 //! 4. **No retry on a wrong key** or a protocol violation: those are configuration errors or
 //!    bugs, reported at once with the server's address.
+//! 5. **Versions** (protocol rule 6): [`Client::hello_all`] asks each server its protocol
+//!    version. A server that completes the handshake and then closes the connection on the
+//!    hello is one of protocol 1, which cannot decode it: that is [`ClientError::Protocol`]
+//!    saying so (upgrade the server), not a transient failure to retry.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::key::Key;
-use crate::protocol::{Request, Response};
+use crate::protocol::{Request, Response, PROTOCOL_VERSION};
 use crate::wire::{Connection, WireError, DEFAULT_MAX_FRAME};
 
 /// Timeouts and retries of a [`Client`] (rules 1-3).
@@ -142,6 +146,33 @@ impl Client {
             .collect()
     }
 
+    /// Asks every server its protocol version (rule 5); one result per server, in slot
+    /// order: Ok when it speaks [`PROTOCOL_VERSION`] or newer.
+    pub fn hello_all(&self) -> Vec<Result<(), ClientError>> {
+        let reqs = (0..self.servers.len())
+            .map(|i| {
+                (
+                    i,
+                    Request::Hello {
+                        version: PROTOCOL_VERSION,
+                    },
+                )
+            })
+            .collect();
+        self.call_all(reqs)
+            .into_iter()
+            .map(|(i, r)| match r? {
+                Response::Hello { version } if version >= PROTOCOL_VERSION => Ok(()),
+                other => Err(ClientError::Protocol {
+                    addr: self.servers[i].addr.clone(),
+                    reason: format!(
+                        "it answered the protocol hello with {other:?}; this client needs                          protocol {PROTOCOL_VERSION} (epoch fences): upgrade the checkpoint server"
+                    ),
+                }),
+            })
+            .collect()
+    }
+
     /// Runs `reqs` (server index, request) in parallel; answers in the same order.
     pub(crate) fn call_all(
         &self,
@@ -247,7 +278,8 @@ async fn try_call(
     cfg: &ClientConfig,
     req: &Request,
 ) -> Result<Response, WireError> {
-    if slot.is_none() {
+    let fresh = slot.is_none();
+    if fresh {
         let connect = async {
             let s = TcpStream::connect(&remote.addr).await?;
             let _ = s.set_nodelay(true);
@@ -265,7 +297,16 @@ async fn try_call(
         conn.send(req).await?;
         conn.recv::<Response>().await
     };
-    tokio::time::timeout(cfg.request_timeout, exchange)
+    match tokio::time::timeout(cfg.request_timeout, exchange)
         .await
         .map_err(|_| WireError::Timeout(cfg.request_timeout))?
+    {
+        // Rule 5: a protocol-1 server closes a fresh connection on a hello it cannot decode.
+        Err(WireError::Closed) if fresh && matches!(req, Request::Hello { .. }) => {
+            Err(WireError::Malformed(format!(
+                "the server closed the connection on the protocol hello: it speaks protocol 1,                  older than this client's {PROTOCOL_VERSION} (epoch fences); upgrade the                  checkpoint server"
+            )))
+        }
+        other => other,
+    }
 }

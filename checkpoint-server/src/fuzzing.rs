@@ -101,6 +101,12 @@ fn request_bytes(r: &Request) -> usize {
         Request::Batch(pairs) => pairs.iter().map(|(k, v)| k.len() + v.len()).sum(),
         Request::Get { key } | Request::Delete { key } => key.len(),
         Request::Scan { prefix, after, .. } => prefix.len() + after.as_ref().map_or(0, |a| a.len()),
+        Request::Hello { .. } => 0,
+        Request::RaiseFence { scope, .. } => scope.len(),
+        Request::FencedBatch { fences, pairs } => {
+            fences.iter().map(|(s, _)| s.len()).sum::<usize>()
+                + pairs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        }
     }
 }
 

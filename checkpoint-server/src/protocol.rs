@@ -14,9 +14,21 @@
 //!    there is one); `more` says whether another page may follow (it may be empty). A client
 //!    reads a prefix by asking again after the last key until `more` is false or a page is
 //!    empty; the server reads only the page from its store.
+//! 6. **Versions.** A client opens with `Hello` and needs [`PROTOCOL_VERSION`] or newer: a
+//!    server of protocol 1 (before epoch fences) cannot decode it and closes the connection,
+//!    which the client reports as an older server (`client.rs` rule 5), never as a crash.
+//!    New variants are only ever appended, so an older client's requests still decode.
+//! 7. **Fences** (`store/fence.rs` rules 1-2, kept by the server's own store in a key space no
+//!    client key reaches, and flushed like any write): `RaiseFence` raises a scope's newest
+//!    epoch; `FencedBatch` is a `Batch` applied only if each (scope, epoch) is at or above its
+//!    scope's fence, checked and written under one lock so that no fence moves in between,
+//!    else refused whole with `Fenced`.
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
+
+/// The checkpoint protocol's version (rule 6): 2 added `Hello`, `RaiseFence` and `FencedBatch`.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A request from a client.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,6 +49,16 @@ pub(crate) enum Request {
     },
     /// Remove one key.
     Delete { key: ByteBuf },
+    // --- protocol 2 (rule 6): appended, so protocol-1 requests keep their encoding ---
+    /// The client's protocol version; answered `Hello` with the server's.
+    Hello { version: u32 },
+    /// Raise the fence of `scope` to `epoch` (rule 7); answered `Done` once durable.
+    RaiseFence { scope: ByteBuf, epoch: u64 },
+    /// A `Batch` applied only if every (scope, epoch) passes its fence (rule 7).
+    FencedBatch {
+        fences: Vec<(ByteBuf, u64)>,
+        pairs: Vec<(ByteBuf, ByteBuf)>,
+    },
 }
 
 /// A stored fragment as a server reports it (rule 4).
@@ -65,4 +87,22 @@ pub(crate) enum Response {
     /// The server's store failed (I/O); the request may or may not have been applied, but
     /// nothing flushed before is lost.
     Failed(String),
+    // --- protocol 2 ---
+    /// The server's protocol version.
+    Hello { version: u32 },
+    /// A `FencedBatch` carried an epoch older than its scope's fence; nothing was written.
+    Fenced {
+        scope: ByteBuf,
+        epoch: u64,
+        newest: u64,
+    },
 }
+
+/// One request to a checkpoint server, as a [`crate::strategy::ServerLink`] carries it
+/// (opaque outside this crate).
+#[derive(Debug, Clone)]
+pub struct ServerCall(pub(crate) Request);
+
+/// A checkpoint server's answer to a [`ServerCall`] (opaque outside this crate).
+#[derive(Debug, Clone)]
+pub struct ServerAnswer(pub(crate) Response);

@@ -34,8 +34,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::erasure::verify_fragment;
 use crate::key::Key;
-use crate::protocol::{Request, Response, Slot};
-use crate::store::{PageLimit, Store};
+use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot, PROTOCOL_VERSION};
+use crate::store::{PageLimit, Store, StoreError};
 use crate::wire::{Connection, FrameBudget, WireError, DEFAULT_MAX_FRAME};
 
 /// First pause after a failed `accept` (rule 5).
@@ -493,7 +493,71 @@ pub(crate) fn handle(store: &dyn Store, req: Request, limit: PageLimit) -> Respo
             Ok(()) => Response::Done,
             Err(e) => failed(e),
         },
+        Request::Hello { .. } => Response::Hello {
+            version: PROTOCOL_VERSION,
+        },
+        Request::RaiseFence { scope, epoch } => {
+            if !store.keeps_fences() {
+                return no_fences(store);
+            }
+            match store.raise_fence(&scope, epoch).and_then(|_| store.flush()) {
+                Ok(()) => Response::Done,
+                Err(e) => failed(e),
+            }
+        }
+        Request::FencedBatch { fences, pairs } => {
+            if !store.keeps_fences() {
+                return no_fences(store);
+            }
+            for (k, v) in &pairs {
+                if let Err(r) = check(k, v) {
+                    return r;
+                }
+            }
+            let fences: Vec<(Vec<u8>, u64)> =
+                fences.into_iter().map(|(s, e)| (s.into_vec(), e)).collect();
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> = pairs
+                .into_iter()
+                .map(|(k, v)| (k.into_vec(), v.into_vec()))
+                .collect();
+            // Protocol rule 7: the store checks and writes under one lock.
+            match store
+                .put_batch_fenced(&fences, &pairs)
+                .and_then(|_| store.flush())
+            {
+                Ok(()) => Response::Done,
+                Err(StoreError::Fenced {
+                    scope,
+                    epoch,
+                    newest,
+                }) => Response::Fenced {
+                    scope: ByteBuf::from(scope.into_bytes()),
+                    epoch,
+                    newest,
+                },
+                Err(e) => failed(e),
+            }
+        }
     }
+}
+
+fn no_fences(store: &dyn Store) -> Response {
+    Response::Refused(format!(
+        "this server's store ({}) keeps no epoch fences",
+        store.describe()
+    ))
+}
+
+/// Answers one request against `store` in this process, with the default page limits: what a
+/// server does with a request off the wire, for a [`crate::strategy::ServerLink`] that reaches
+/// a server without a network (the cluster simulator's checkpoint servers).
+pub fn serve(store: &dyn Store, call: ServerCall) -> ServerAnswer {
+    let d = ServerConfig::default();
+    let limit = PageLimit {
+        max_keys: d.page_keys,
+        max_bytes: d.page_bytes,
+    };
+    ServerAnswer(handle(store, call.0, limit))
 }
 
 #[cfg(test)]

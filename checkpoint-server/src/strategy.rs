@@ -54,6 +54,35 @@
 //!    version that can be rebuilt (and read repair rewrites it everywhere). Found by `chaos`: a
 //!    worker SIGKILLed while it rewrote a watermark record left `wm/...` with one fragment of
 //!    the new version and five of the old, and the next host of its vnode could not start.
+//! 10. **Fence raise** (`store/fence.rs`; each server keeps its fences durably, protocol rule
+//!     7). [`Store::raise_fence`] sends the raise to every server, then *seals* the scope: it
+//!     lists the scope's keys on every server and deletes, on the servers that took the raise,
+//!     every key no reader can decode (fragments of a write that reached fewer than M servers:
+//!     a crash's or a zombie's leftover, which rule 6 already reads as absent). It succeeds
+//!     when at least **K + 1** servers took the raise, answered the listing and took those
+//!     deletes (the *sealed* servers); else it is [`StoreError::Unavailable`] and the caller
+//!     retries when servers are back. For replication (M = 1) K + 1 is every server.
+//! 11. **Fenced write.** [`Store::put_batch_fenced`] sends each server its fragments with the
+//!     fences; a server checks them and writes under one lock. If **any** server refuses with
+//!     `Fenced`, the write is [`StoreError::Fenced`] whatever the others did (the writer is a
+//!     zombie and must stop); otherwise it is acknowledged as in rule 3.
+//!
+//! Why a zombie can never leave a segment readable in the middle of its successor's log
+//! (rules 10-11). The successor raises the fence, then reads the log. Take any value X a
+//! zombie writes under the scope. A sealed server refuses X from its raise on, and held no
+//! undecodable X after the seal; so once the raise returns, fragments of X can come into
+//! being only on servers that are not sealed, which are at most N - (K + 1) = M - 1. Hence:
+//! if X was decodable when the seal listed the scope, it was so before the successor read
+//! the log, and the successor read it like any segment its predecessor wrote; if it was not,
+//! the seal deleted it on the sealed servers, and the at most M - 1 fragments that can exist
+//! later can never be decoded (erasure rule 5), while the K + 1 sealed servers answer that
+//! they do not hold X, so readers take it as absent (rule 6) or report too few servers,
+//! never its bytes. A key the zombie overwrites outside the scope (the log's watermark record,
+//! written in the same batch) can at worst get a newer version on those M - 1 servers, which
+//! more than K answering servers lack: it reads as the version before it (rule 9).
+//! Why not fewer than K + 1: with replication, one copy on a server that missed the raise
+//! would be readable. Why not more: a takeover must go on while up to K servers are down
+//! (with `quorum`); with `ack=all` every write needs every server anyway.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -67,7 +96,7 @@ use serde_bytes::ByteBuf;
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::erasure::{Codec, ErasureError};
 use crate::key::Key;
-use crate::protocol::{Request, Response, Slot};
+use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot};
 use crate::store::{MemoryStore, Pairs, SledStore, Store, StoreError};
 
 /// How many fragments a remote strategy makes, and which code.
@@ -365,6 +394,9 @@ enum Seen {
     Unreachable(String),
 }
 
+/// Every key found under a prefix, with what each server holds.
+type Keys = BTreeMap<Vec<u8>, Vec<Seen>>;
+
 /// What one server listed in a scan, or why it did not answer.
 type Listing = Result<Vec<(Vec<u8>, Slot)>, String>;
 
@@ -405,12 +437,50 @@ impl ScrubReport {
     }
 }
 
-/// A store whose values are coded across checkpoint servers (rules 1-8).
+/// How a [`RemoteStore`] reaches one checkpoint server without the network: the cluster
+/// simulator's in-process servers ([`crate::server::serve`] over a store of their own). Coding,
+/// placement, quorums, fences and read repair are the same code as over [`Client`].
+pub trait ServerLink: Send + Sync + fmt::Debug {
+    /// Sends one request and waits for the answer; an unreachable server is
+    /// [`ClientError::Unreachable`].
+    fn call(&self, call: ServerCall) -> Result<ServerAnswer, ClientError>;
+}
+
+/// How a [`RemoteStore`] reaches its servers.
+#[derive(Debug)]
+enum Reach {
+    /// Over TCP, in parallel.
+    Net(Client),
+    /// In process, one after the other in slot order (deterministic).
+    Links(Vec<Arc<dyn ServerLink>>),
+}
+
+impl Reach {
+    fn call_all(&self, reqs: Vec<(usize, Request)>) -> Vec<(usize, Result<Response, ClientError>)> {
+        match self {
+            Reach::Net(c) => c.call_all(reqs),
+            Reach::Links(links) => reqs
+                .into_iter()
+                .map(|(i, req)| (i, links[i].call(ServerCall(req)).map(|a| a.0)))
+                .collect(),
+        }
+    }
+
+    /// Protocol versions of every server (client rule 5).
+    fn hello_all(&self) -> Vec<Result<(), ClientError>> {
+        match self {
+            Reach::Net(c) => c.hello_all(),
+            Reach::Links(_) => Vec::new(), // same build: same protocol
+        }
+    }
+}
+
+/// A store whose values are coded across checkpoint servers (rules 1-11).
 #[derive(Debug)]
 pub struct RemoteStore {
     spec: RemoteSpec,
     codec: Codec,
-    client: Client,
+    client: Reach,
     last_stamp: AtomicU64,
 }
 
@@ -436,11 +506,11 @@ impl RemoteStore {
         let store = RemoteStore {
             spec,
             codec,
-            client,
+            client: Reach::Net(client),
             last_stamp: AtomicU64::new(0),
         };
         let mut unreachable = Vec::new();
-        for r in store.client.ping_all() {
+        for r in store.client.hello_all() {
             match r {
                 Ok(()) => {}
                 Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
@@ -451,6 +521,31 @@ impl RemoteStore {
         }
         store.check_reachable("open the store", &unreachable, store.m())?;
         Ok(store)
+    }
+
+    /// A store over servers reached through `links` (one per server, in slot order; their
+    /// names stand in for addresses in messages): the simulator's seam.
+    pub fn with_links(
+        layout: Layout,
+        ack: Ack,
+        links: Vec<(String, Arc<dyn ServerLink>)>,
+    ) -> Result<Self, StoreError> {
+        let codec = layout.codec().map_err(|e| bad(e.to_string()))?;
+        if links.len() != codec.total_fragments() {
+            return Err(bad(format!(
+                "{} needs {} servers, {} given",
+                codec,
+                codec.total_fragments(),
+                links.len()
+            )));
+        }
+        let (addrs, links): (Vec<String>, Vec<Arc<dyn ServerLink>>) = links.into_iter().unzip();
+        Ok(RemoteStore {
+            spec: RemoteSpec { layout, addrs, ack },
+            codec,
+            client: Reach::Links(links),
+            last_stamp: AtomicU64::new(0),
+        })
     }
 
     fn m(&self) -> usize {
@@ -504,8 +599,24 @@ impl RemoteStore {
         reqs: Vec<(usize, Request)>,
         need: usize,
     ) -> Result<(), StoreError> {
+        let answers = self.client.call_all(reqs);
+        // Rule 11: one server's refusal refuses the write, whatever the others did.
+        for (_, r) in &answers {
+            if let Ok(Response::Fenced {
+                scope,
+                epoch,
+                newest,
+            }) = r
+            {
+                return Err(StoreError::Fenced {
+                    scope: lossy(scope),
+                    epoch: *epoch,
+                    newest: *newest,
+                });
+            }
+        }
         let mut failed = Vec::new();
-        for (i, r) in self.client.call_all(reqs) {
+        for (i, r) in answers {
             match r {
                 Ok(Response::Done) => {}
                 Ok(Response::Refused(why)) => {
@@ -658,6 +769,11 @@ impl RemoteStore {
 
     /// Every key under `prefix` with what each server holds (paged scans, rule 5).
     fn gather(&self, prefix: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<Seen>>, StoreError> {
+        Ok(self.gather_answered(prefix)?.0)
+    }
+
+    /// [`RemoteStore::gather`], and which servers answered every page.
+    fn gather_answered(&self, prefix: &[u8]) -> Result<(Keys, Vec<bool>), StoreError> {
         let n = self.n();
         let mut per_server: Vec<Listing> = (0..n).map(|_| Ok(Vec::new())).collect();
         let mut cursor: Vec<Option<Option<ByteBuf>>> = vec![Some(None); n];
@@ -721,6 +837,7 @@ impl RemoteStore {
             .filter_map(|r| r.as_ref().err().cloned())
             .collect();
         self.check_reachable("list keys", &unreachable, self.m())?;
+        let answered: Vec<bool> = per_server.iter().map(Result::is_ok).collect();
         let mut keys: BTreeMap<Vec<u8>, Vec<Seen>> = BTreeMap::new();
         for (k, _) in per_server.iter().flatten().flatten() {
             keys.entry(k.clone()).or_insert_with(|| {
@@ -745,7 +862,143 @@ impl RemoteStore {
                 }
             }
         }
-        Ok(keys)
+        Ok((keys, answered))
+    }
+
+    /// Rule 10: the fence raise and the seal.
+    fn raise_and_seal(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        let n = self.n();
+        let need = self.k() + 1;
+        let op = format!("raise the epoch fence of {} to {epoch}", lossy(scope));
+        let reqs = (0..n)
+            .map(|i| {
+                (
+                    i,
+                    Request::RaiseFence {
+                        scope: ByteBuf::from(scope.to_vec()),
+                        epoch,
+                    },
+                )
+            })
+            .collect();
+        let mut sealed = vec![false; n];
+        let mut unreachable = Vec::new();
+        for (i, r) in self.client.call_all(reqs) {
+            match r {
+                Ok(Response::Done) => sealed[i] = true,
+                Ok(Response::Failed(why)) => unreachable.push(format!("{}: {why}", self.spec.addrs[i])),
+                Ok(other) => {
+                    return Err(StoreError::Refused(format!(
+                        "checkpoint server {} answered a fence raise with {other:?}",
+                        self.spec.addrs[i]
+                    )))
+                }
+                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                    return Err(StoreError::Refused(e.to_string()))
+                }
+                Err(e) => unreachable.push(e.to_string()),
+            }
+        }
+        self.check_reachable(&op, &unreachable, need)?;
+        // The seal: keys under the scope that no reader can decode, deleted on the servers
+        // that took the raise.
+        let (keys, answered) = self.gather_answered(scope)?;
+        for (i, a) in answered.iter().enumerate() {
+            if !a && sealed[i] {
+                sealed[i] = false;
+                unreachable.push(format!("{}: did not list {}", self.spec.addrs[i], lossy(scope)));
+            }
+        }
+        let mut deletes = Vec::new();
+        for (key, seen) in keys {
+            let holders: Vec<usize> = seen
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s, Seen::Present(_) | Seen::Corrupt))
+                .map(|(i, _)| i)
+                .collect();
+            if self.resolve(&key, seen)?.value.is_none() {
+                deletes.extend(
+                    holders
+                        .into_iter()
+                        .filter(|&i| sealed[i])
+                        .map(|i| (i, key.clone())),
+                );
+            }
+        }
+        if !deletes.is_empty() {
+            tracing::info!(
+                "sealing {}: deleting {} fragments of writes no reader can decode",
+                lossy(scope),
+                deletes.len()
+            );
+            let reqs = deletes
+                .into_iter()
+                .map(|(i, key)| {
+                    (
+                        i,
+                        Request::Delete {
+                            key: ByteBuf::from(key),
+                        },
+                    )
+                })
+                .collect();
+            for (i, r) in self.client.call_all(reqs) {
+                if !matches!(r, Ok(Response::Done)) && sealed[i] {
+                    sealed[i] = false;
+                    unreachable.push(format!("{}: seal delete failed: {r:?}", self.spec.addrs[i]));
+                }
+            }
+        }
+        let unsealed: Vec<String> = unreachable;
+        if sealed.iter().filter(|&&s| s).count() < need {
+            return Err(StoreError::Unavailable {
+                op,
+                unreachable: unsealed,
+                need,
+                total: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// Codes `pairs` and sends each server its fragments, as `Batch` or, with `fences`, as
+    /// `FencedBatch` (rules 2-3, 11).
+    fn put_coded(
+        &self,
+        fences: Option<&[(Vec<u8>, u64)]>,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let stamp = self.next_stamp();
+        let mut per: Vec<Vec<(ByteBuf, ByteBuf)>> = (0..self.n()).map(|_| Vec::new()).collect();
+        for (k, v) in pairs {
+            for (i, f) in self.codec.encode(v, stamp).into_iter().enumerate() {
+                per[i].push((ByteBuf::from(k.clone()), ByteBuf::from(f)));
+            }
+        }
+        let fences: Option<Vec<(ByteBuf, u64)>> = fences.map(|f| {
+            f.iter()
+                .map(|(s, e)| (ByteBuf::from(s.clone()), *e))
+                .collect()
+        });
+        let reqs = per
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let req = match &fences {
+                    None => Request::Batch(b),
+                    Some(f) => Request::FencedBatch {
+                        fences: f.clone(),
+                        pairs: b,
+                    },
+                };
+                (i, req)
+            })
+            .collect();
+        self.write_all("write", reqs, self.write_need())
     }
 
     fn client_max_frame(&self) -> usize {
@@ -792,22 +1045,7 @@ impl Store for RemoteStore {
     }
 
     fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let stamp = self.next_stamp();
-        let mut per: Vec<Vec<(ByteBuf, ByteBuf)>> = (0..self.n()).map(|_| Vec::new()).collect();
-        for (k, v) in pairs {
-            for (i, f) in self.codec.encode(v, stamp).into_iter().enumerate() {
-                per[i].push((ByteBuf::from(k.clone()), ByteBuf::from(f)));
-            }
-        }
-        let reqs = per
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i, Request::Batch(b)))
-            .collect();
-        self.write_all("write", reqs, self.write_need())
+        self.put_coded(None, pairs)
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -889,6 +1127,22 @@ impl Store for RemoteStore {
 
     fn describe(&self) -> String {
         StoreSpec::Remote(self.spec.clone()).to_string()
+    }
+
+    fn keeps_fences(&self) -> bool {
+        true
+    }
+
+    fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        self.raise_and_seal(scope, epoch)
+    }
+
+    fn put_batch_fenced(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        self.put_coded(Some(fences), pairs)
     }
 }
 

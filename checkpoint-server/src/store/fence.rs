@@ -10,6 +10,10 @@
 //!    its later writes are refused.
 //! 2. [`Fences::admit`] checks every (scope, epoch) of a batch before any of it is written:
 //!    the whole batch is refused if one of them is older than its scope's fence.
+//! 3. Where fences live: [`Fences`] in RAM for [`super::MemoryStore`] (they last as long as
+//!    its data); a sled tree of their own for [`super::SledStore`] (invisible to every scan,
+//!    so no client key can collide with them, durable with the next flush like any write); on
+//!    every checkpoint server for [`crate::RemoteStore`] (strategy rules 9-10).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,17 +47,21 @@ impl Fences {
     ) -> Result<T, StoreError> {
         let m = self.map();
         for (scope, epoch) in fences {
-            if let Some(&newest) = m.get(scope) {
-                if *epoch < newest {
-                    return Err(StoreError::Fenced {
-                        scope: String::from_utf8_lossy(scope).into_owned(),
-                        epoch: *epoch,
-                        newest,
-                    });
-                }
-            }
+            admit_one(scope, *epoch, m.get(scope).copied())?;
         }
         then()
+    }
+}
+
+/// Rule 2 for one (scope, epoch) against the scope's fence `newest` (none: never raised).
+pub(crate) fn admit_one(scope: &[u8], epoch: u64, newest: Option<u64>) -> Result<(), StoreError> {
+    match newest {
+        Some(newest) if epoch < newest => Err(StoreError::Fenced {
+            scope: String::from_utf8_lossy(scope).into_owned(),
+            epoch,
+            newest,
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -76,6 +76,10 @@ impl Store for MemoryStore {
         "memory".to_string()
     }
 
+    fn keeps_fences(&self) -> bool {
+        true
+    }
+
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
         self.fences.raise(scope, epoch);
         Ok(())

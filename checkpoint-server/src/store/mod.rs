@@ -186,6 +186,11 @@ pub trait Store: Send + Sync + 'static {
         let _ = (scope, epoch);
         Ok(())
     }
+    /// Whether this store keeps fences (`store/fence.rs`); a checkpoint server refuses fence
+    /// requests over a store that does not, rather than accept every write.
+    fn keeps_fences(&self) -> bool {
+        false
+    }
     /// Stores all pairs atomically if every (scope, epoch) in `fences` is at or above its
     /// scope's fence, else refuses them all with [`StoreError::Fenced`] (rule 2).
     fn put_batch_fenced(

@@ -36,6 +36,10 @@
 //!    without calling sled, and the database is leaked instead of dropped (its files closed by
 //!    the process's exit). Nothing acknowledged is lost: an acknowledged write is one whose
 //!    flush returned `Ok`, and sled recovers that durable prefix at the next open.
+//! 6. **Fences persist** (`store/fence.rs`): each scope's newest epoch is a record of the sled
+//!    tree `veriflow.fences` (never seen by a scan, so no key collides with it), durable with
+//!    the next flush. A fenced batch reads the fences and applies the batch under one lock
+//!    that every raise takes too, so no fence moves between the check and the write.
 
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
@@ -43,6 +47,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::fence::admit_one;
 use super::{fill_page, page_start, Page, PageLimit, Pairs, Store, StoreError};
 
 /// Retries of [`SledStore::open`] while the lock is still held: 20 × 50 ms = 1 s, far above
@@ -55,6 +60,8 @@ const FLUSH_FILE: &str = "veriflow.flushes";
 /// sled tree of the flush counter (rule 2): a tree of its own, so no scan of the store sees it.
 const META_TREE: &[u8] = b"veriflow.meta";
 const FLUSHES_KEY: &[u8] = b"flushes";
+/// sled tree of the epoch fences (rule 6): scope -> newest epoch (u64 LE).
+const FENCE_TREE: &[u8] = b"veriflow.fences";
 /// Flush file layout: magic, counter (u64 LE), first 8 bytes of blake3(magic ‖ counter).
 const FLUSH_MAGIC: [u8; 4] = *b"VFFL";
 const FLUSH_FILE_LEN: usize = 4 + 8 + 8;
@@ -67,8 +74,10 @@ pub struct SledStore {
 
 #[derive(Debug)]
 struct Inner {
-    /// The database and its flush-counter tree; `None` only while dropping.
-    engine: Option<(sled::Db, sled::Tree)>,
+    /// The database, its flush-counter tree and its fence tree; `None` only while dropping.
+    engine: Option<(sled::Db, sled::Tree, sled::Tree)>,
+    /// Held by a fence raise and by a fenced batch from its check to its write (rule 6).
+    fence_lock: Mutex<()>,
     /// The directory asked for (not the copy).
     path: PathBuf,
     /// The flush counter and the open flush file (rule 2); `None` for a read-only copy.
@@ -154,6 +163,7 @@ impl SledStore {
         }
         let db = open_db(path)?;
         let meta = guarded("open", || Ok(db.open_tree(META_TREE)?))?;
+        let fences = guarded("open", || Ok(db.open_tree(FENCE_TREE)?))?;
         let durable = check_flushes(path, &meta)?;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -164,7 +174,8 @@ impl SledStore {
             .map_err(|e| open_err(format!("cannot open {FLUSH_FILE}: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                engine: Some((db, meta)),
+                engine: Some((db, meta, fences)),
+                fence_lock: Mutex::new(()),
                 path: path.to_path_buf(),
                 flushes: Some(Mutex::new((durable, file))),
                 copy: None,
@@ -189,13 +200,15 @@ impl SledStore {
         let copy = copy_store(path)?;
         let db = open_db(copy.path())?;
         let meta = guarded("open", || Ok(db.open_tree(META_TREE)?))?;
+        let fences = guarded("open", || Ok(db.open_tree(FENCE_TREE)?))?;
         check_flushes(copy.path(), &meta).map_err(|e| match e {
             StoreError::Corruption(m) => StoreError::Corruption(format!("{}: {m}", path.display())),
             other => other,
         })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                engine: Some((db, meta)),
+                engine: Some((db, meta, fences)),
+                fence_lock: Mutex::new(()),
                 path: path.to_path_buf(),
                 flushes: None,
                 copy: Some(copy),
@@ -213,7 +226,7 @@ impl SledStore {
         &self.engine().0
     }
 
-    fn engine(&self) -> &(sled::Db, sled::Tree) {
+    fn engine(&self) -> &(sled::Db, sled::Tree, sled::Tree) {
         self.inner
             .engine
             .as_ref()
@@ -497,5 +510,64 @@ impl Store for SledStore {
 
     fn describe(&self) -> String {
         format!("local:{}", self.inner.path.display())
+    }
+
+    fn keeps_fences(&self) -> bool {
+        true
+    }
+
+    fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        let _held = self.fence_lock();
+        self.write(|| {
+            guarded("raise_fence", || {
+                let tree = &self.engine().2;
+                if read_fence(tree, scope)?.map_or(true, |newest| epoch > newest) {
+                    tree.insert(scope, &epoch.to_le_bytes())?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn put_batch_fenced(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        self.writable()?;
+        let _held = self.fence_lock(); // rule 6: from the check to the write
+        guarded("check fences", || {
+            let tree = &self.engine().2;
+            for (scope, epoch) in fences {
+                admit_one(scope, *epoch, read_fence(tree, scope)?)?;
+            }
+            Ok(())
+        })?;
+        self.put_batch(pairs)
+    }
+}
+
+impl SledStore {
+    fn fence_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .fence_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The fence of `scope` in the fence tree (rule 6).
+fn read_fence(tree: &sled::Tree, scope: &[u8]) -> Result<Option<u64>, StoreError> {
+    match tree.get(scope)? {
+        None => Ok(None),
+        Some(v) => Ok(Some(u64::from_le_bytes(v.as_ref().try_into().map_err(
+            |_| {
+                StoreError::Corruption(format!(
+                    "the fence of {} is {} bytes, not 8",
+                    String::from_utf8_lossy(scope),
+                    v.len()
+                ))
+            },
+        )?))),
     }
 }
