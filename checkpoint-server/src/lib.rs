@@ -47,8 +47,8 @@ pub mod strategy;
 pub mod wire;
 
 pub use key::{Key, KeyError};
-pub use store::{Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
 pub use protocol::{ServerAnswer, ServerCall, PROTOCOL_VERSION};
+pub use store::{Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
 pub use strategy::{
     open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, ServerLink, StoreSpec,
 };

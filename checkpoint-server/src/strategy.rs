@@ -886,7 +886,9 @@ impl RemoteStore {
         for (i, r) in self.client.call_all(reqs) {
             match r {
                 Ok(Response::Done) => sealed[i] = true,
-                Ok(Response::Failed(why)) => unreachable.push(format!("{}: {why}", self.spec.addrs[i])),
+                Ok(Response::Failed(why)) => {
+                    unreachable.push(format!("{}: {why}", self.spec.addrs[i]))
+                }
                 Ok(other) => {
                     return Err(StoreError::Refused(format!(
                         "checkpoint server {} answered a fence raise with {other:?}",
@@ -906,7 +908,11 @@ impl RemoteStore {
         for (i, a) in answered.iter().enumerate() {
             if !a && sealed[i] {
                 sealed[i] = false;
-                unreachable.push(format!("{}: did not list {}", self.spec.addrs[i], lossy(scope)));
+                unreachable.push(format!(
+                    "{}: did not list {}",
+                    self.spec.addrs[i],
+                    lossy(scope)
+                ));
             }
         }
         let mut deletes = Vec::new();
@@ -1228,6 +1234,118 @@ mod tests {
                 "{s:?} gave {e:?}, expected it to mention {says:?}"
             );
         }
+    }
+
+    /// An in-process server for [`RemoteStore::with_links`]: a memory store behind
+    /// [`crate::server::serve`], which can be down or lose fence raises on the way.
+    #[derive(Debug, Default)]
+    struct TestLink {
+        store: MemoryStore,
+        down: std::sync::atomic::AtomicBool,
+        drop_raises: std::sync::atomic::AtomicBool,
+    }
+
+    impl ServerLink for TestLink {
+        fn call(&self, call: ServerCall) -> Result<ServerAnswer, ClientError> {
+            let lost = self.down.load(Ordering::SeqCst)
+                || (matches!(call.0, Request::RaiseFence { .. })
+                    && self.drop_raises.load(Ordering::SeqCst));
+            if lost {
+                return Err(ClientError::Unreachable {
+                    addr: "test".into(),
+                    reason: "down".into(),
+                });
+            }
+            Ok(crate::server::serve(&self.store, call))
+        }
+    }
+
+    fn linked(layout: Layout, ack: Ack) -> (RemoteStore, Vec<Arc<TestLink>>) {
+        let links: Vec<Arc<TestLink>> = (0..layout.servers())
+            .map(|_| Arc::new(TestLink::default()))
+            .collect();
+        let named = links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("test:{i}"), l.clone() as Arc<dyn ServerLink>))
+            .collect();
+        (RemoteStore::with_links(layout, ack, named).unwrap(), links)
+    }
+
+    /// Rule 9's seal, and why it is there. A zombie's write straddles its successor's raise:
+    /// fragment 0 lands before it, fragment 3 after it on the one server that missed the raise
+    /// (ida:2,2: M = 2, so two fragments would decode). With the seal, fragment 0 is deleted
+    /// and the late one alone is never readable. With the fence raised on the same servers but
+    /// no seal, the two fragments decode: the zombie's value appears in the successor's log.
+    #[test]
+    fn the_seal_keeps_a_zombies_straddling_write_unreadable() {
+        let layout = Layout::Ida { m: 2, k: 2 };
+        let scope = b"seg/\x00\x00\x00\x01".to_vec();
+        let x = [&scope[..], b"/zombie"].concat();
+        for seal in [true, false] {
+            let (store, links) = linked(layout, Ack::Quorum);
+            let frags = layout.codec().unwrap().encode(b"a stale segment", 77);
+            links[0].store.put(&x, &frags[0]).unwrap(); // before the raise
+            links[3].drop_raises.store(true, Ordering::SeqCst);
+            if seal {
+                store.raise_fence(&scope, 2).unwrap();
+            } else {
+                for l in &links[..3] {
+                    l.store.raise_fence(&scope, 2).unwrap();
+                }
+            }
+            // The zombie's late fragment, on the server that missed the raise: accepted.
+            let late = Request::FencedBatch {
+                fences: vec![(ByteBuf::from(scope.clone()), 1)],
+                pairs: vec![(ByteBuf::from(x.clone()), ByteBuf::from(frags[3].clone()))],
+            };
+            assert!(matches!(
+                links[3].call(ServerCall(late)).unwrap().0,
+                Response::Done
+            ));
+            let got = store.get(&x).unwrap();
+            if seal {
+                assert_eq!(got, None, "sealed: the zombie's write is never readable");
+                assert_eq!(store.scan_prefix(&scope).unwrap(), Vec::new());
+            } else {
+                assert_eq!(got.as_deref(), Some(&b"a stale segment"[..]), "unsealed");
+            }
+        }
+    }
+
+    /// Rules 9-10 through links: a raise needs K + 1 servers; a write refused by one server
+    /// is `Fenced` even when a write quorum took it.
+    #[test]
+    fn a_raise_needs_k_plus_1_servers_and_one_refusal_fences_a_write() {
+        let layout = Layout::Ida { m: 2, k: 2 };
+        let scope = b"seg/9".to_vec();
+        let (store, links) = linked(layout, Ack::Quorum);
+        links[0].down.store(true, Ordering::SeqCst);
+        links[1].down.store(true, Ordering::SeqCst);
+        let err = store.raise_fence(&scope, 1).expect_err("2 of 4 < K + 1");
+        assert!(
+            matches!(err, StoreError::Unavailable { need: 3, .. }),
+            "{err}"
+        );
+        links[1].down.store(false, Ordering::SeqCst);
+        store.raise_fence(&scope, 1).unwrap();
+        links[0].down.store(false, Ordering::SeqCst);
+        // Server 0 missed the raise: a write at epoch 0 is taken there only, and refused.
+        let err = store
+            .put_batch_fenced(
+                &[(scope.clone(), 0)],
+                &[(b"seg/9/a".to_vec(), b"v".to_vec())],
+            )
+            .expect_err("refused by three servers");
+        assert!(matches!(err, StoreError::Fenced { newest: 1, .. }), "{err}");
+        store
+            .put_batch_fenced(
+                &[(scope.clone(), 1)],
+                &[(b"seg/9/b".to_vec(), b"w".to_vec())],
+            )
+            .unwrap();
+        assert_eq!(store.get(b"seg/9/b").unwrap().as_deref(), Some(&b"w"[..]));
+        assert_eq!(store.get(b"seg/9/a").unwrap(), None);
     }
 
     #[test]

@@ -535,7 +535,11 @@ fn a_server_refuses_a_fenced_batch_older_than_its_scope_and_writes_none_of_it() 
         } => assert_eq!(&scope[..], b"seg/1"),
         other => panic!("a stale batch answered {other:?}"),
     }
-    assert_eq!(store.get(b"seg/2/a").unwrap(), None, "nothing of it written");
+    assert_eq!(
+        store.get(b"seg/2/a").unwrap(),
+        None,
+        "nothing of it written"
+    );
     assert!(matches!(
         handle(&store, fenced(b"seg/1", 3, b"seg/1/c", b"w")),
         Response::Done
@@ -620,11 +624,22 @@ fn a_protocol_1_server_is_refused_at_open_as_too_old() {
     #[derive(serde::Deserialize)]
     enum V1Request {
         Ping,
-        Put { key: ByteBuf, value: ByteBuf },
+        Put {
+            key: ByteBuf,
+            value: ByteBuf,
+        },
         Batch(Vec<(ByteBuf, ByteBuf)>),
-        Get { key: ByteBuf },
-        Scan { prefix: ByteBuf, after: Option<ByteBuf>, max_bytes: u64 },
-        Delete { key: ByteBuf },
+        Get {
+            key: ByteBuf,
+        },
+        Scan {
+            prefix: ByteBuf,
+            after: Option<ByteBuf>,
+            max_bytes: u64,
+        },
+        Delete {
+            key: ByteBuf,
+        },
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -637,7 +652,9 @@ fn a_protocol_1_server_is_refused_at_open_as_too_old() {
     let k = key.clone();
     rt.spawn(async move {
         loop {
-            let Ok((s, _)) = listener.accept().await else { return };
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
             let k = k.clone();
             tokio::spawn(async move {
                 let Ok(mut c) = Connection::server(s, &k, DEFAULT_MAX_FRAME).await else {
@@ -664,4 +681,67 @@ fn a_protocol_1_server_is_refused_at_open_as_too_old() {
         "{msg}"
     );
     assert!(t0.elapsed() < HANG_GUARD);
+}
+
+/// Strategy rules 9-10 over real loopback servers, on every layout: once the successor raised
+/// its fence, the zombie's fenced writes are refused (as `Fenced`) and nothing it sent is
+/// readable; the successor writes; a raise at an older epoch lowers nothing.
+#[test]
+fn remote_stores_refuse_a_zombie_after_its_successor_raised_the_fence() {
+    let servers: Vec<Running> = (0..4)
+        .map(|_| start(ServerConfig::default(), Arc::new(MemoryStore::default())))
+        .collect();
+    let key = servers[0].key.clone();
+    let a: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
+    for (round, spec) in [
+        format!("central:{}", a[0]),
+        format!("replicate:3:{},{},{}", a[0], a[1], a[2]),
+        format!("parity:2:{},{},{}", a[1], a[2], a[3]),
+        format!("ida:2,2:{},{},{},{}", a[0], a[1], a[2], a[3]),
+        format!("ida:2,2,quorum:{},{},{},{}", a[3], a[2], a[1], a[0]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let spec: crate::StoreSpec = spec.parse().unwrap();
+        let zombie = crate::open_store(&spec, Some(&key)).unwrap();
+        let successor = crate::open_store(&spec, Some(&key)).unwrap();
+        let scope = format!("seg/{round}/").into_bytes();
+        let k = |s: &str| [&scope[..], s.as_bytes()].concat();
+        let f = |e: u64| vec![(scope.clone(), e)];
+        zombie.raise_fence(&scope, 1).unwrap();
+        zombie
+            .put_batch_fenced(&f(1), &[(k("a"), b"first".to_vec())])
+            .unwrap();
+        successor.raise_fence(&scope, 2).unwrap();
+        let err = zombie
+            .put_batch_fenced(&f(1), &[(k("b"), b"late".to_vec())])
+            .expect_err("a zombie's write after the raise");
+        assert!(
+            matches!(
+                err,
+                StoreError::Fenced {
+                    epoch: 1,
+                    newest: 2,
+                    ..
+                }
+            ),
+            "{spec}: {err}"
+        );
+        zombie.raise_fence(&scope, 1).unwrap(); // lowers nothing
+        assert!(zombie
+            .put_batch_fenced(&f(1), &[(k("c"), b"later".to_vec())])
+            .is_err());
+        successor
+            .put_batch_fenced(&f(2), &[(k("d"), b"mine".to_vec())])
+            .unwrap();
+        let got: Vec<Vec<u8>> = successor
+            .scan_prefix(&scope)
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(got, vec![k("a"), k("d")], "{spec}");
+        assert!(successor.keeps_fences());
+    }
 }

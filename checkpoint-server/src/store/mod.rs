@@ -441,6 +441,60 @@ mod tests {
         out
     }
 
+    /// Rule 5 of `sled_store.rs`: a local store's fences survive a reopen, are never seen by
+    /// a scan, and a read-only copy refuses to raise one.
+    #[test]
+    fn sled_store_fences_survive_reopen_and_stay_out_of_scans() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = |s: &SledStore| {
+            s.put_batch_fenced(
+                &[(b"seg/1".to_vec(), 1)],
+                &[(b"seg/1/z".to_vec(), b"z".to_vec())],
+            )
+        };
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            assert!(s.keeps_fences());
+            s.raise_fence(b"seg/1", 1).unwrap();
+            stale(&s).unwrap();
+            s.raise_fence(b"seg/1", 4).unwrap();
+            s.raise_fence(b"seg/1", 3).unwrap(); // never lowers
+            s.flush().unwrap();
+        }
+        let s = SledStore::open(dir.path()).unwrap();
+        let err = stale(&s).expect_err("fenced after reopen");
+        assert!(
+            matches!(
+                err,
+                StoreError::Fenced {
+                    epoch: 1,
+                    newest: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        s.put_batch_fenced(
+            &[(b"seg/1".to_vec(), 4), (b"seg/2".to_vec(), 0)],
+            &[(b"seg/1/y".to_vec(), b"y".to_vec())],
+        )
+        .unwrap();
+        let keys: Vec<Vec<u8>> = s
+            .scan_prefix(b"")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, vec![b"seg/1/y".to_vec(), b"seg/1/z".to_vec()]);
+        s.flush().unwrap();
+        drop(s);
+        let ro = SledStore::open_read_only(dir.path()).unwrap();
+        assert!(matches!(
+            ro.raise_fence(b"seg/1", 9),
+            Err(StoreError::ReadOnly(_))
+        ));
+    }
+
     #[test]
     fn opening_a_file_as_a_store_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
