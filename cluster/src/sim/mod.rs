@@ -38,6 +38,12 @@
 //!    1): the corrected outputs must be the reference bits.
 //! 7. Everything observable (deliveries, notes, faults) is folded into a trace hash: one seed
 //!    run twice gives the same hash.
+//! 8. The store is S checkpoint servers (`servers.rs`) behind the real `RemoteStore` strategy,
+//!    its layout drawn per seed (replication, parity or IDA on 3-6 servers, every
+//!    acknowledgement policy). In the safety phase a server crashes at the seed's rate, now or
+//!    in the flush of the next write it serves (losing that write), and restarts 2-30 ms
+//!    later, then is scrubbed; never more than one at a time, and only where the layout
+//!    survives it (`servers.rs` rule 3). Zombies meet the servers' epoch fences.
 //!
 //! Iterative mode (paper 000) has its own world in [`iterative`], over the same fault rates
 //! ([`Faults`]), counts ([`FaultCounts`]) and quantum, with its rules there; it runs and
@@ -46,6 +52,9 @@
 mod check;
 pub mod iterative;
 pub mod program;
+mod servers;
+
+pub use servers::{tolerates_one_down, StoreLayout};
 
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
@@ -53,7 +62,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use veriflow_checkpoint::{MemoryStore, Store};
+use veriflow_checkpoint::Store;
 use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{CommitPolicy, Manifest};
 use veriflow_runtime::transport::{Envelope, Router};
@@ -146,6 +155,8 @@ pub struct SimConfig {
     pub fences: bool,
     /// A vnode that lies, and the share of its tasks it forges (rule 3: machines that lie).
     pub forge: Option<(u32, f64)>,
+    /// The checkpoint servers: layout, acknowledgement and crash rate (rule 8).
+    pub store: StoreLayout,
     /// Time the job has to finish after it (rule 5).
     pub liveness: Duration,
 }
@@ -177,6 +188,7 @@ impl SimConfig {
                 .gen_bool(0.2)
                 .then(|| (rng.gen_range(0..vnodes), rng.gen_range(0.02..0.2))),
             liveness: Duration::from_secs(20),
+            store: StoreLayout::draw(&mut rng),
         }
     }
 }
@@ -204,6 +216,10 @@ pub struct FaultCounts {
     pub duplicated: u64,
     /// Sealed log writes lost in a crash.
     pub writes_lost: u64,
+    /// Checkpoint servers crashed (rule 8).
+    pub server_crashes: u64,
+    /// Of which in the flush of a write they were serving, which was lost.
+    pub server_writes_lost: u64,
 }
 
 impl FaultCounts {
@@ -216,6 +232,7 @@ impl FaultCounts {
             + self.lost
             + self.duplicated
             + self.writes_lost
+            + self.server_crashes
     }
 
     /// Adds `o` to these counts.
@@ -230,6 +247,8 @@ impl FaultCounts {
         self.lost += o.lost;
         self.duplicated += o.duplicated;
         self.writes_lost += o.writes_lost;
+        self.server_crashes += o.server_crashes;
+        self.server_writes_lost += o.server_writes_lost;
     }
 }
 
@@ -323,7 +342,7 @@ struct Proc {
 
 /// A store that remembers every segment key it acknowledged (a flush after the put).
 struct Recording {
-    inner: MemoryStore,
+    inner: Arc<dyn Store>,
     fences: bool,
     pending: Mutex<Vec<Vec<u8>>>,
     acked: Mutex<Vec<Vec<u8>>>,
@@ -369,7 +388,10 @@ impl Store for Recording {
         Ok(())
     }
     fn describe(&self) -> String {
-        "the simulator's store".to_string()
+        format!("the simulator's store ({})", self.inner.describe())
+    }
+    fn keeps_fences(&self) -> bool {
+        self.fences && self.inner.keeps_fences()
     }
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), veriflow_checkpoint::StoreError> {
         if !self.fences {
@@ -408,6 +430,9 @@ struct World {
     /// Cut links (from, to) and when they heal.
     cuts: BTreeMap<(Node, Node), Duration>,
     store: Arc<Recording>,
+    servers: servers::Servers,
+    /// Servers to restart, and when (rule 8).
+    server_restarts: Vec<(Duration, usize)>,
     rt: Arc<Runtime>,
     fd: FdParams,
     result: Option<ToSubmit>,
@@ -440,6 +465,8 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
     let reference = check::reference(cfg).map_err(fail)?;
     let mut w = World::new(cfg).map_err(fail)?;
     let outcome = w.run().map_err(fail)?;
+    w.restart_servers(None).map_err(fail)?;
+    w.faults.server_writes_lost = w.servers.writes_lost();
     let checks = check::check(
         cfg,
         &*w.store,
@@ -467,9 +494,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
 impl World {
     fn new(cfg: &SimConfig) -> Result<World, String> {
         let clock = Arc::new(ManualClock::default());
-        let inner = MemoryStore::default();
+        let servers = servers::Servers::new(&cfg.store)?;
         let store = Arc::new(Recording {
-            inner,
+            inner: servers.store(),
             fences: cfg.fences,
             pending: Mutex::default(),
             acked: Mutex::default(),
@@ -512,6 +539,8 @@ impl World {
             link_last: BTreeMap::new(),
             cuts: BTreeMap::new(),
             store,
+            servers,
+            server_restarts: Vec::new(),
             rt: Arc::new(rt),
             fd,
             result: None,
@@ -884,6 +913,20 @@ impl World {
     fn inject_faults(&mut self) {
         let q = QUANTUM.as_secs_f64();
         let f = self.cfg.faults.clone();
+        // Rule 8: a checkpoint server crashes, one at a time, where the layout survives it.
+        let rate = self.cfg.store.crash;
+        if rate > 0.0 && !self.servers.any_unwell() && self.rng.gen_bool((rate * q).min(1.0)) {
+            let i = self.rng.gen_range(0..self.servers.len());
+            let in_flush = self.rng.gen_bool(0.5);
+            let back = self.now + Duration::from_millis(self.rng.gen_range(2..30));
+            self.faults.server_crashes += 1;
+            self.note(&format!(
+                "fault: crash server {i}{}",
+                if in_flush { " in its next flush" } else { "" }
+            ));
+            self.servers.crash(i, in_flush);
+            self.server_restarts.push((back, i));
+        }
         let live: Vec<WorkerId> = self
             .procs
             .values()
@@ -1015,6 +1058,7 @@ impl World {
                 self.faults.restarts += 1;
                 self.join(true);
             }
+            self.restart_servers(Some(now))?;
             // Deliveries due: to the coordinator at once; to a worker into its socket buffer,
             // which it reads while running, so a paused worker reads its frames later and in
             // their order (rule 2).
@@ -1091,6 +1135,25 @@ impl World {
             self.now += QUANTUM;
             self.clock.advance(QUANTUM);
         }
+    }
+
+    /// Restarts the servers due by `by` (every one if `None`) and scrubs (rule 8).
+    fn restart_servers(&mut self, by: Option<Duration>) -> Result<(), String> {
+        let due: Vec<usize> = self
+            .server_restarts
+            .iter()
+            .filter(|(t, _)| by.map_or(true, |by| *t <= by))
+            .map(|&(_, i)| i)
+            .collect();
+        self.server_restarts
+            .retain(|(t, _)| by.is_some_and(|by| *t > by));
+        for i in due {
+            let repaired = self.servers.restart(i)?;
+            self.note(&format!(
+                "server {i} restarts; the scrub rewrote {repaired} fragments"
+            ));
+        }
+        Ok(())
     }
 
     fn step_member(&mut self, id: WorkerId) -> Result<(), String> {
