@@ -184,6 +184,10 @@ pub struct ClusterOpts {
     pub coordinator_args: Vec<String>,
     /// Options of every worker.
     pub worker_args: Vec<String>,
+    /// The storage strategy (`central`, `replicate:R`, `parity:M`, `ida:M,K`, with `,quorum`
+    /// or `,quorum=W`), each of its checkpoint servers a process on its own data directory
+    /// (`None`: `central`).
+    pub strategy: Option<String>,
 }
 
 /// Coordinators over one checkpoint server, and workers, all processes of `bin`; everything
@@ -206,7 +210,7 @@ pub struct Cluster {
     /// The store every member logs into.
     pub store: String,
     worker_args: Vec<String>,
-    _server: veriflow_checkpoint::launch::ServerProcess,
+    _servers: Vec<veriflow_checkpoint::launch::ServerProcess>,
 }
 
 impl Cluster {
@@ -221,6 +225,7 @@ impl Cluster {
                 coordinators: 1,
                 coordinator_args: fd.iter().map(|a| a.to_string()).collect(),
                 worker_args: Vec::new(),
+                strategy: None,
             },
         )
     }
@@ -230,14 +235,31 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let key = dir.path().join("cluster.key");
         run_bin(bin, dir.path(), &["keygen", s(&key)]).expect_code(0);
-        let server = veriflow_checkpoint::launch::ServerProcess::start(
-            &checkpoint_server_binary(),
-            "127.0.0.1:0",
-            Some(&dir.path().join("cs")),
-            &key,
-        )
-        .expect("the checkpoint server starts");
-        let store = format!("central:{}", server.addr);
+        let strategy = opts.strategy.as_deref().unwrap_or("central");
+        let n = veriflow_checkpoint::StoreSpec::servers_for(strategy)
+            .unwrap_or_else(|e| panic!("strategy {strategy}: {e}"));
+        let servers: Vec<veriflow_checkpoint::launch::ServerProcess> = (0..n)
+            .map(|i| {
+                let data = if i == 0 {
+                    dir.path().join("cs")
+                } else {
+                    dir.path().join(format!("cs{i}"))
+                };
+                veriflow_checkpoint::launch::ServerProcess::start(
+                    &checkpoint_server_binary(),
+                    "127.0.0.1:0",
+                    Some(&data),
+                    &key,
+                )
+                .expect("a checkpoint server starts")
+            })
+            .collect();
+        let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
+        let store = if strategy == "central" {
+            format!("central:{}", addrs[0])
+        } else {
+            format!("{strategy}:{}", addrs.join(","))
+        };
         let mut cl = Cluster {
             bin: bin.to_path_buf(),
             dir,
@@ -248,7 +270,7 @@ impl Cluster {
             workers: Vec::new(),
             store,
             worker_args: opts.worker_args.clone(),
-            _server: server,
+            _servers: servers,
         };
         for i in 0..opts.coordinators.max(1) {
             let mut args = opts.coordinator_args.clone();
@@ -368,4 +390,51 @@ pub fn wait_json(child: Child) -> (i32, Value, String) {
     assert!(!stderr.contains("panicked"), "{stderr}");
     let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+/// [`wait_json`] with a bound: a child still running after `limit` is SIGKILLed and the test
+/// fails, naming `what` and showing what the child wrote so far (a hang fails with a message).
+pub fn wait_json_within(mut child: Child, limit: Duration, what: &str) -> (i32, Value, String) {
+    use std::io::Read as _;
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        match child.try_wait().expect("try_wait") {
+            Some(status) => break Some(status),
+            None if t0.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    let Some(status) = status else {
+        panic!("{what}: no end within {limit:?}; stdout:\n{stdout}\nstderr:\n{stderr}");
+    };
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+    (status.code().unwrap_or(-1), v, stderr)
 }

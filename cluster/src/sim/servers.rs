@@ -25,8 +25,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use veriflow_checkpoint::client::ClientError;
 use veriflow_checkpoint::{
-    Ack, Layout, Page, PageLimit, Pairs, RemoteStore, ServerAnswer, ServerCall, ServerLink,
-    Store, StoreError,
+    Ack, Layout, Page, PageLimit, Pairs, RemoteStore, ServerAnswer, ServerCall, ServerLink, Store,
+    StoreError,
 };
 
 /// The store layout of one seed and its servers' crash rate (rule 3).
@@ -45,21 +45,25 @@ impl StoreLayout {
     /// acknowledgement policy.
     pub fn draw(rng: &mut ChaCha8Rng) -> StoreLayout {
         let s = rng.gen_range(3..=6usize);
-        let layout = match rng.gen_range(0..4) {
-            0 => Layout::Replicate { copies: s },
-            1 => Layout::Parity { m: s - 1 },
+        // Replication 20 %, parity 30 %, IDA 50 %; `ack=all` 20 %, `quorum` 40 %,
+        // `quorum=M` 40 %: about half the seeds have a layout that survives a server crash.
+        let layout = match rng.gen_range(0..10) {
+            0..=1 => Layout::Replicate { copies: s },
+            2..=4 => Layout::Parity { m: s - 1 },
             _ => {
                 let k = rng.gen_range(1..=s - 2);
                 Layout::Ida { m: s - k, k }
             }
         };
-        let ack = match rng.gen_range(0..3) {
+        let ack = match rng.gen_range(0..5) {
             0 => Ack::All,
-            1 => Ack::Quorum,
+            1..=2 => Ack::Quorum,
             _ => Ack::AtLeast(layout.needed()),
         };
+        // A safety phase lasts 0.1-0.7 simulated seconds: 20-80 crashes a second give a few
+        // per seed, one at a time.
         let crash = if tolerates_one_down(layout, ack) {
-            rng.gen_range(5.0..30.0)
+            rng.gen_range(20.0..80.0)
         } else {
             0.0
         };
@@ -337,9 +341,9 @@ impl Servers {
 
     /// Whether a server is down or about to die (rule 3 allows one at a time).
     pub(super) fn any_unwell(&self) -> bool {
-        self.servers.iter().any(|s| {
-            s.down.load(Ordering::SeqCst) || s.disk.dying.load(Ordering::SeqCst)
-        })
+        self.servers
+            .iter()
+            .any(|s| s.down.load(Ordering::SeqCst) || s.disk.dying.load(Ordering::SeqCst))
     }
 
     /// Crashes server `i` now, or (`in_flush`) in the flush of the next write it serves.

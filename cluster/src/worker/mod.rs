@@ -298,7 +298,13 @@ impl WorkerCore {
                 self.last_report = Some((job, result.clone()));
                 let msg = match result {
                     Ok(report) => ToCoord::Done { job, report },
-                    Err(error) => ToCoord::Failed { job, error },
+                    Err(error) => {
+                        // Said here too: a coordinator that no longer counts this worker
+                        // (it was declared dead: a zombie fenced at the store) ignores it.
+                        self.out
+                            .push(Action::Note(format!("job {job} failed here: {error}")));
+                        ToCoord::Failed { job, error }
+                    }
                 };
                 self.out.push(Action::ToCoord(msg));
             }
