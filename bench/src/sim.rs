@@ -215,7 +215,7 @@ pub fn replay_line(f: &SimFailure) -> String {
 
 /// The fault kinds of [`FaultCounts`], with what each counts. Destructured, so that a kind
 /// added to the simulator fails to compile here instead of going unreported.
-fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 10] {
+fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 12] {
     let FaultCounts {
         crashes,
         resets,
@@ -227,6 +227,8 @@ fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 10] {
         lost,
         duplicated,
         writes_lost,
+        server_crashes,
+        server_writes_lost,
     } = *f;
     [
         ("crashes", "workers crashed", crashes),
@@ -246,6 +248,16 @@ fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 10] {
             "writes_lost",
             "sealed log writes lost in a crash",
             writes_lost,
+        ),
+        (
+            "server_crashes",
+            "checkpoint servers crashed",
+            server_crashes,
+        ),
+        (
+            "server_writes_lost",
+            "of which in the flush of a write, lost",
+            server_writes_lost,
         ),
     ]
 }
@@ -382,8 +394,9 @@ fn seeds_report(
         "failed": failures.len(),
         "failures": failures_json,
         "faults_per_kind": faults,
-        "faults_total_counts": "FaultCounts::total (resets, restarts and zombies are \
-                                sub-counts of crashes and pauses, not added)",
+        "faults_total_counts": "FaultCounts::total (resets, restarts, zombies and \
+                                server_writes_lost are sub-counts of crashes, pauses and \
+                                server_crashes, not added)",
         "seeds_with_a_forging_vnode": forging,
         "seeds_below_budget": { "faults": FAULTS_PER_SEED, "seeds": below_budget },
         "invariants_checked": u64_stats(ok.iter().map(|o| o.checks)),
@@ -476,7 +489,7 @@ fn seeds_report(
         let _ = writeln!(
             md,
             "| **total** | `FaultCounts::total` (without the sub-counts resets, restarts, \
-             zombies) | {} | {:.0} | {} | {:.0} | {} |",
+             zombies, server_writes_lost) | {} | {:.0} | {} | {:.0} | {} |",
             totals.iter().sum::<u64>(),
             s.min,
             s.median,
