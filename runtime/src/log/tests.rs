@@ -208,6 +208,43 @@ fn a_reopened_log_continues_after_its_segments() {
     assert_eq!(r.events.len(), 3);
 }
 
+/// Rule 7: a zombie of incarnation 1 is refused once incarnation 2 took the vnode; one
+/// process that then writes the whole store (`run --resume` on the store of a cluster run that
+/// is over) continues at the newest epoch, and the fences the cluster raised accept it.
+#[test]
+fn a_zombie_is_fenced_and_a_resume_continues_at_the_newest_epoch() {
+    let store = Arc::new(MemoryStore::default());
+    let policy = CommitPolicy::default();
+    let zombie_writer = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut zombie = zombie_writer.vnode_log_at(VnodeId(0), 1).unwrap();
+    zombie.append(&started(1)).unwrap();
+    zombie.sync().unwrap();
+    let successor_writer = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut successor = successor_writer.vnode_log_at(VnodeId(0), 2).unwrap();
+    successor.append(&started(2)).unwrap();
+    successor.sync().unwrap();
+    zombie.append(&started(3)).unwrap();
+    let err = zombie.sync().expect_err("the zombie's write is refused");
+    assert!(err.to_string().contains("declared dead"), "{err}");
+    successor_writer.shutdown().unwrap();
+    assert!(zombie_writer.shutdown().is_err());
+    let resumed = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut log = resumed.vnode_log(VnodeId(0)).unwrap();
+    log.append(&started(4)).unwrap();
+    log.sync().unwrap();
+    resumed.shutdown().unwrap();
+    let tasks: Vec<TaskId> = read(&store)
+        .unwrap()
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Started { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tasks, vec![TaskId(1), TaskId(2), TaskId(4)]);
+}
+
 #[test]
 fn a_log_outliving_its_writer_errors_instead_of_hanging() {
     let store = Arc::new(MemoryStore::default());

@@ -184,15 +184,26 @@ impl LogWriter {
         self.shared.pump();
     }
 
-    /// The log of `vnode`, continuing after any segments it already has in the store.
+    /// The log of `vnode`, continuing after any segments it already has in the store. One
+    /// process writes every vnode here (embedded mode, or `run --resume` on the store of a
+    /// cluster run that is over): it writes at the epoch of the newest incarnation whose
+    /// segments it finds (0 for an embedded run's own), so that the fences a cluster's
+    /// incarnations raised accept it (rule 7).
     pub fn vnode_log(&self, vnode: VnodeId) -> Result<VnodeLog, LogError> {
-        self.vnode_log_at(vnode, 0)
+        self.open_log(vnode, None)
     }
 
     /// The log of incarnation `epoch` of `vnode` (a cluster member hosting it after its host
     /// died): its segment numbers start at `epoch << 40`, so a zombie of an older incarnation
     /// that writes late never overwrites this one's segments.
     pub fn vnode_log_at(&self, vnode: VnodeId, epoch: u64) -> Result<VnodeLog, LogError> {
+        self.open_log(vnode, Some(epoch))
+    }
+
+    /// [`LogWriter::vnode_log_at`] at `epoch`, or ([`LogWriter::vnode_log`]) at the newest
+    /// epoch among the vnode's segments.
+    fn open_log(&self, vnode: VnodeId, at: Option<u64>) -> Result<VnodeLog, LogError> {
+        let mut epoch = at.unwrap_or(0);
         let slot = self.shared.durable.get(vnode.0 as usize).ok_or_else(|| {
             LogError::Stopped(format!(
                 "{vnode} is outside the {} vnodes",
@@ -237,6 +248,13 @@ impl LogWriter {
                     }
                     Err(_) => next_segno = next_segno.max(segno + 1),
                 }
+            }
+        }
+        if at.is_none() && next_segno > 0 {
+            // Continuing the newest incarnation (see `vnode_log`): its epoch, and its fence.
+            epoch = (next_segno - 1) >> segment::EPOCH_SHIFT;
+            if epoch > 0 {
+                self.store.raise_fence(&prefix, epoch)?;
             }
         }
         next_segno = next_segno.max(epoch << segment::EPOCH_SHIFT);
