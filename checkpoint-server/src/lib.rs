@@ -33,6 +33,12 @@
 //! 5. A remote store reads from any M of its M + K servers, names the unreachable servers and
 //!    how many it needs when it cannot, and rewrites the fragments it found missing or corrupt
 //!    (strategy rules 5-6); `checkpoint-server scrub` does the same for every key.
+//! 6. Stores that several processes write keep **epoch fences** (`store/fence.rs`): a write
+//!    carrying an epoch older than its scope's newest is refused whole
+//!    ([`StoreError::Fenced`]). Sled stores and checkpoint servers keep them durably, out of
+//!    every scan; a [`RemoteStore`] raises them on its servers and seals the scope so that a
+//!    zombie's write can never become readable in its successor's log (strategy rules 9-10,
+//!    with the argument).
 
 pub mod client;
 pub mod erasure;

@@ -1348,6 +1348,68 @@ mod tests {
         assert_eq!(store.get(b"seg/9/a").unwrap(), None);
     }
 
+    fn layouts() -> impl proptest::strategy::Strategy<Value = Layout> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1usize..=4).prop_map(|copies| Layout::Replicate { copies }),
+            (1usize..=4).prop_map(|m| Layout::Parity { m }),
+            (1usize..=4, 1usize..=3).prop_map(|(m, k)| Layout::Ida { m, k }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Rules 9-10 against the counting argument in the module docs, over every layout: a
+        /// zombie's value whose fragments reached servers `pre` before the raise (some of
+        /// which, `missed`, never got the raise) and servers `post` after it is readable
+        /// afterwards exactly when it was decodable before the raise; a fragment sent after
+        /// the raise to a server that took it is refused.
+        #[test]
+        fn a_zombies_value_is_readable_after_a_raise_only_if_it_was_before(
+            layout in layouts(),
+            pre in proptest::collection::vec(proptest::bool::ANY, 7),
+            missed in proptest::collection::vec(proptest::bool::ANY, 7),
+            post in proptest::collection::vec(proptest::bool::ANY, 7),
+        ) {
+            let n = layout.servers();
+            let scope = b"seg/p".to_vec();
+            let x = b"seg/p/x".to_vec();
+            let (store, links) = linked(layout, Ack::Quorum);
+            let frags = layout.codec().unwrap().encode(b"zombie bytes", 5);
+            for i in (0..n).filter(|&i| pre[i]) {
+                links[i].store.put(&x, &frags[i]).unwrap();
+            }
+            for i in (0..n).filter(|&i| missed[i]) {
+                links[i].drop_raises.store(true, Ordering::SeqCst);
+            }
+            let took = (0..n).filter(|&i| !missed[i]).count();
+            match store.raise_fence(&scope, 2) {
+                Ok(()) => proptest::prop_assert!(took > layout.servers() - layout.needed()),
+                Err(StoreError::Unavailable { .. }) => {
+                    proptest::prop_assert!(took <= layout.servers() - layout.needed());
+                    return Ok(());
+                }
+                Err(e) => return Err(proptest::test_runner::TestCaseError::fail(e.to_string())),
+            }
+            for i in (0..n).filter(|&i| post[i]) {
+                let late = Request::FencedBatch {
+                    fences: vec![(ByteBuf::from(scope.clone()), 1)],
+                    pairs: vec![(ByteBuf::from(x.clone()), ByteBuf::from(frags[i].clone()))],
+                };
+                let answer = links[i].call(ServerCall(late)).unwrap().0;
+                proptest::prop_assert_eq!(
+                    matches!(answer, Response::Done),
+                    missed[i],
+                    "server {} answered {:?}", i, answer
+                );
+            }
+            let before = (0..n).filter(|&i| pre[i]).count() >= layout.needed();
+            let got = store.get(&x).unwrap();
+            proptest::prop_assert_eq!(got.is_some(), before);
+        }
+    }
+
     #[test]
     fn remote_needs_a_key() {
         let e = open_store(&p("central:127.0.0.1:1").unwrap(), None)
