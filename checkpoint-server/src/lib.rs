@@ -37,7 +37,7 @@
 //!    carrying an epoch older than its scope's newest is refused whole
 //!    ([`StoreError::Fenced`]). Sled stores and checkpoint servers keep them durably, out of
 //!    every scan; a [`RemoteStore`] raises them on its servers and seals the scope so that a
-//!    zombie's write can never become readable in its successor's log (strategy rules 9-10,
+//!    zombie's write can never become readable in its successor's log (strategy rules 10-11,
 //!    with the argument).
 
 pub mod client;

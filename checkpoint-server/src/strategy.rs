@@ -1272,7 +1272,7 @@ mod tests {
         (RemoteStore::with_links(layout, ack, named).unwrap(), links)
     }
 
-    /// Rule 9's seal, and why it is there. A zombie's write straddles its successor's raise:
+    /// Rule 10's seal, and why it is there. A zombie's write straddles its successor's raise:
     /// fragment 0 lands before it, fragment 3 after it on the one server that missed the raise
     /// (ida:2,2: M = 2, so two fragments would decode). With the seal, fragment 0 is deleted
     /// and the late one alone is never readable. With the fence raised on the same servers but
@@ -1313,7 +1313,7 @@ mod tests {
         }
     }
 
-    /// Rules 9-10 through links: a raise needs K + 1 servers; a write refused by one server
+    /// Rules 10-11 through links: a raise needs K + 1 servers; a write refused by one server
     /// is `Fenced` even when a write quorum took it.
     #[test]
     fn a_raise_needs_k_plus_1_servers_and_one_refusal_fences_a_write() {
@@ -1360,7 +1360,7 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
 
-        /// Rules 9-10 against the counting argument in the module docs, over every layout: a
+        /// Rules 10-11 against the counting argument in the module docs, over every layout: a
         /// zombie's value whose fragments reached servers `pre` before the raise (some of
         /// which, `missed`, never got the raise) and servers `post` after it is readable
         /// afterwards exactly when it was decodable before the raise; a fragment sent after

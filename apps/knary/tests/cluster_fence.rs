@@ -1,7 +1,7 @@
 //! Store-level epoch fences with real processes (issue 15 points 2 and 4): a worker SIGSTOPped
 //! past the failure detector's bound while it runs a knary job loses its vnodes to the others;
 //! SIGCONTed, it is a zombie whose log writes the checkpoint servers refuse
-//! (`checkpoint-server/src/strategy.rs` rules 9-10). The job's result is right, the final log
+//! (`checkpoint-server/src/strategy.rs` rules 10-11). The job's result is right, the final log
 //! holds each task declared and completed once, `inspect` and `certify` agree, and the servers
 //! still refuse a write at the zombie's epoch afterwards.
 

@@ -683,7 +683,7 @@ fn a_protocol_1_server_is_refused_at_open_as_too_old() {
     assert!(t0.elapsed() < HANG_GUARD);
 }
 
-/// Strategy rules 9-10 over real loopback servers, on every layout: once the successor raised
+/// Strategy rules 10-11 over real loopback servers, on every layout: once the successor raised
 /// its fence, the zombie's fenced writes are refused (as `Fenced`) and nothing it sent is
 /// readable; the successor writes; a raise at an older epoch lowers nothing.
 #[test]

@@ -13,7 +13,7 @@
 //! 3. Where fences live: [`Fences`] in RAM for [`super::MemoryStore`] (they last as long as
 //!    its data); a sled tree of their own for [`super::SledStore`] (invisible to every scan,
 //!    so no client key can collide with them, durable with the next flush like any write); on
-//!    every checkpoint server for [`crate::RemoteStore`] (strategy rules 9-10).
+//!    every checkpoint server for [`crate::RemoteStore`] (strategy rules 10-11).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

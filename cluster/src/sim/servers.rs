@@ -13,7 +13,7 @@
 //!    operator runs it), so that the values written while it was down have all their
 //!    fragments again before another server may crash.
 //! 3. At most one server is down or dying at a time, and only in a layout that survives it:
-//!    writes need W ≤ S - 1, a fence raise K + 1 ≤ S - 1 (strategy rule 9), reads M ≤ S - 1.
+//!    writes need W ≤ S - 1, a fence raise K + 1 ≤ S - 1 (strategy rule 10), reads M ≤ S - 1.
 //!    A seed whose layout does not tolerate one crash still runs on its servers, without
 //!    server crashes.
 
