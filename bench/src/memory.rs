@@ -19,10 +19,13 @@
 //!   after it;
 //! - **whole log** (`RuntimeBuilder::checkpoint_every(0)`): no checkpoint, recovery folds the
 //!   whole log of the vnode (the behaviour before issue 13 point 8), up to `--whole-log-max`
-//!   tasks.
+//!   tasks;
+//! - **no log** (`checkpoint(false)`, no failure): the runtime alone, without the store.
 //!
-//! The log costs about 200 bytes per knary task, so a size whose log would pass
-//! `--max-log-gib` is skipped and said so (the machine's disk is shared). Results:
+//! The log costs about 300 bytes per knary task on disk, so a size whose log would pass
+//! `--max-log-gib` is skipped and said so (the machine's disk is shared). `--child sled
+//! --tasks N` (a diagnostic) writes N 64 KiB values into a sled store and prints its RSS: sled
+//! 0.34's memory grows with what it wrote, whatever its cache capacity. Results:
 //! `memory.json`, `memory.md`, `memory.svg`/`memory.png`.
 
 use std::io::Write as _;
@@ -45,9 +48,9 @@ use crate::cluster::{plots, plots_json, plots_markdown, COLORS};
 use crate::machine::{loadavg, utc_now, Machine};
 use crate::{knary_registry, Shape};
 
-/// Log bytes per knary task assumed before a size is run (measured: ~190 at fanout 4; the
-/// estimate errs high), to skip sizes that would not fit `--max-log-gib`.
-const LOG_BYTES_PER_TASK: f64 = 230.0;
+/// Bytes of sled directory per knary task assumed before a size is run (measured: ~300 at
+/// fanout 3, sled's own overhead included), to skip sizes that would not fit `--max-log-gib`.
+const LOG_BYTES_PER_TASK: f64 = 300.0;
 /// The failing vnode fails once this share of the tasks has completed: late, so that its log
 /// is nearly the whole run's share.
 const FAIL_AT: f64 = 0.9;
@@ -58,7 +61,7 @@ const FAILING_VNODE: u32 = 1;
 #[derive(Args, Debug)]
 pub struct MemoryArgs {
     /// Tasks per run (comma-separated): each becomes the knary tree closest to it.
-    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000u64, 3_000_000, 10_000_000, 20_000_000])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000u64, 3_000_000, 10_000_000, 30_000_000, 100_000_000])]
     pub tasks: Vec<u64>,
     /// Largest size also run without checkpoints (recovery from the whole log: its memory
     /// grows with the log, so it is kept within the machine's).
@@ -70,8 +73,8 @@ pub struct MemoryArgs {
     /// Vnodes.
     #[arg(long, default_value_t = 2)]
     pub vnodes: u32,
-    /// Skip sizes whose log would exceed this (GiB, estimated at 230 bytes per task).
-    #[arg(long, default_value_t = 5.0)]
+    /// Skip sizes whose log would exceed this (GiB, estimated at 300 bytes per task).
+    #[arg(long, default_value_t = 3.5)]
     pub max_log_gib: f64,
     /// Where the runs' log directories go (each removed after its run) [default: the system's
     /// temporary directory].
@@ -178,17 +181,41 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// The child: one run, printed as JSON on stdout.
 fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
     let tasks = *args.tasks.first().context("the child needs --tasks")?;
-    let dir = args.child_dir.as_deref().context("the child needs --child-dir")?;
+    let dir = args
+        .child_dir
+        .as_deref()
+        .context("the child needs --child-dir")?;
+    if setting == "sled" {
+        let store = SledStore::open(dir)?;
+        let value = vec![7u8; 64 << 10];
+        for i in 0..tasks {
+            let key = format!("seg/{i:012}");
+            store.put_batch(&[(key.into_bytes(), value.clone())])?;
+            if i % 16 == 15 {
+                store.flush()?;
+            }
+            if i % 1000 == 0 {
+                eprintln!(
+                    "{} MiB written: RSS {:?}",
+                    (i * 64) >> 10,
+                    status_mib("VmRSS:")
+                );
+            }
+        }
+        return Ok(());
+    }
     let shape = shape_for(tasks)?;
     let expected = shape.tasks()?;
     let checkpoints = match setting {
         "on" => veriflow::DEFAULT_CHECKPOINT_BYTES,
-        "off" => 0,
+        "off" | "nolog" => 0,
         other => bail!("unknown child setting {other}"),
     };
     let store: Arc<dyn Store> = Arc::new(
-        SledStore::open(dir).with_context(|| format!("opening a sled store in {}", dir.display()))?,
+        SledStore::open(dir)
+            .with_context(|| format!("opening a sled store in {}", dir.display()))?,
     );
+    let logs = setting != "nolog";
     let samples: Arc<Mutex<Vec<(u64, f64)>>> = Arc::default();
     let s = samples.clone();
     // About 200 points over the run, whatever its size.
@@ -198,12 +225,17 @@ fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
         .threads(args.threads)
         .vnodes(args.vnodes)
         .store(store)
+        .checkpoint(logs)
         .checkpoint_every(checkpoints)
-        .kills(vec![Kill {
-            vnode: VnodeId(FAILING_VNODE),
-            after: (expected as f64 * FAIL_AT) as u64,
-            retarget: false,
-        }])
+        .kills(if logs {
+            vec![Kill {
+                vnode: VnodeId(FAILING_VNODE),
+                after: (expected as f64 * FAIL_AT) as u64,
+                retarget: false,
+            }]
+        } else {
+            Vec::new()
+        })
         .on_progress(Arc::new(move |done| {
             let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
             if s.last().map_or(true, |&(d, _)| done >= d + step) {
@@ -224,12 +256,20 @@ fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
         bail!("knary {shape:?}: counted {} nodes", r.outputs.0);
     }
     let failed = &r.vnodes[FAILING_VNODE as usize];
-    if failed.failures != 1 {
-        bail!("vnode {FAILING_VNODE} failed {} times, not once", failed.failures);
+    if failed.failures != u64::from(logs) {
+        bail!(
+            "vnode {FAILING_VNODE} failed {} times, not once",
+            failed.failures
+        );
     }
     drop(runtime);
     let m = Measure {
-        setting: if checkpoints > 0 { "checkpoints" } else { "whole log" }.to_string(),
+        setting: match setting {
+            "on" => "checkpoints",
+            "off" => "whole log",
+            _ => "no log",
+        }
+        .to_string(),
         depth: shape.depth,
         fanout: shape.fanout,
         tasks: r.tasks,
@@ -271,7 +311,10 @@ fn measure(args: &MemoryArgs, scratch: &Path, tasks: u64, setting: &str) -> Resu
     dir.close()
         .with_context(|| format!("removing {}", path.display()))?;
     if !out.status.success() {
-        bail!("the child for {tasks} tasks ({setting}) failed: {}", out.status);
+        bail!(
+            "the child for {tasks} tasks ({setting}) failed: {}",
+            out.status
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().context("the child printed nothing")?;
@@ -308,11 +351,14 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
             skipped.push(why);
             continue;
         }
-        for setting in ["on", "off"] {
+        for setting in ["on", "off", "nolog"] {
             if setting == "off" && tasks > args.whole_log_max {
                 continue;
             }
-            eprintln!("memory: {actual} tasks (knary d{} k{}), checkpoints {setting}", shape.depth, shape.fanout);
+            eprintln!(
+                "memory: {actual} tasks (knary d{} k{}), checkpoints {setting}",
+                shape.depth, shape.fanout
+            );
             let m = measure(args, &scratch, tasks, setting)?;
             eprintln!(
                 "  {:.1} s, peak RSS {:.0} MiB, recovery {:.0} ms ({} events decoded{}), log {:.2} GiB, peak graph {}",
@@ -350,8 +396,11 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
         "skipped": skipped,
         "plots": plots_json(&plots),
     });
-    std::fs::write(out.join("memory.json"), serde_json::to_string_pretty(&report)?)
-        .context("writing memory.json")?;
+    std::fs::write(
+        out.join("memory.json"),
+        serde_json::to_string_pretty(&report)?,
+    )
+    .context("writing memory.json")?;
     std::fs::write(
         out.join("memory.md"),
         markdown(args, &measures, &skipped, &machine, &date, &plots),
@@ -371,7 +420,10 @@ fn markdown(
 ) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(s, "# Memory and recovery time against tasks run (issue 13 point 8)\n");
+    let _ = writeln!(
+        s,
+        "# Memory and recovery time against tasks run (issue 13 point 8)\n"
+    );
     let _ = writeln!(
         s,
         "{date}, {} cores ({}), git {}. knary, grain 0, {} threads, {} vnodes, sled store; \
@@ -428,24 +480,60 @@ fn markdown(
 }
 
 /// Left: peak RSS against tasks run; right: recovery time against tasks run (log scales).
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, measures: &[Measure]) -> Result<(), String> {
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    measures: &[Measure],
+) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let (left, right) = root.split_horizontally(PLOT_HALF);
     let tasks = |m: &Measure| m.tasks as f64;
-    let (lo, hi) = measures.iter().map(tasks).fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
-    let (lo, hi) = if lo < hi { (lo / 1.5, hi * 1.5) } else { (1e5, 1e8) };
+    let (lo, hi) = measures
+        .iter()
+        .map(tasks)
+        .fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
+    let (lo, hi) = if lo < hi {
+        (lo / 1.5, hi * 1.5)
+    } else {
+        (1e5, 1e8)
+    };
     let series = |setting: &str| -> Vec<&Measure> {
         measures.iter().filter(|m| m.setting == setting).collect()
     };
     for (area, title, value, unit) in [
-        (left, "peak RSS", (|m: &Measure| m.peak_rss_mib) as fn(&Measure) -> f64, "MiB"),
-        (right, "recovery of one vnode", |m: &Measure| m.recovery_ms.max(0.1), "ms"),
+        (
+            left,
+            "peak RSS",
+            (|m: &Measure| m.peak_rss_mib) as fn(&Measure) -> f64,
+            "MiB",
+        ),
+        (
+            right,
+            "recovery of one vnode",
+            |m: &Measure| m.recovery_ms.max(0.1),
+            "ms",
+        ),
     ] {
-        let top = measures.iter().map(value).fold(1.0f64, f64::max) * 2.0;
-        let bottom = measures.iter().map(value).fold(f64::MAX, f64::min).min(top / 4.0) / 2.0;
+        // No run without a log fails: it has no recovery to draw.
+        let drawn = |m: &&Measure| !(title.starts_with("recovery") && m.setting == "no log");
+        let top = measures
+            .iter()
+            .filter(drawn)
+            .map(value)
+            .fold(1.0f64, f64::max)
+            * 2.0;
+        let bottom = measures
+            .iter()
+            .filter(drawn)
+            .map(value)
+            .fold(f64::MAX, f64::min)
+            .min(top / 4.0)
+            / 2.0;
         let mut chart = ChartBuilder::on(&area)
-            .caption(format!("{title} vs tasks run (knary, grain 0)"), ("sans-serif", 18))
+            .caption(
+                format!("{title} vs tasks run (knary, grain 0)"),
+                ("sans-serif", 18),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
@@ -457,8 +545,12 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, measures: &[Measure]) 
             .y_desc(unit)
             .draw()
             .map_err(e)?;
-        for (i, setting) in ["checkpoints", "whole log"].iter().enumerate() {
-            let points: Vec<(f64, f64)> = series(setting).iter().map(|m| (tasks(m), value(m))).collect();
+        for (i, setting) in ["checkpoints", "whole log", "no log"].iter().enumerate() {
+            let points: Vec<(f64, f64)> = series(setting)
+                .into_iter()
+                .filter(drawn)
+                .map(|m| (tasks(m), value(m)))
+                .collect();
             if points.is_empty() {
                 continue;
             }

@@ -168,11 +168,13 @@ impl Vnode {
         };
         self.stats.checkpoint_recoveries += u64::from(read.checkpoint.is_some());
         self.stats.recovery_log_events += read.tail_events;
+        let read_time = read.read_time;
         let out = self.rebuild(registry, read.state, root)?;
         self.stats.tasks = out.reused;
         self.core.shared.set_completed(v, out.reused);
         self.core.completed = out.reused;
-        self.stats.recovery_micros += u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let took = read_time + started.elapsed();
+        self.stats.recovery_micros += u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         Ok(out)
     }
 

@@ -535,7 +535,9 @@ fn copy_store(from: &MemoryStore, drop_checkpoints: bool) -> Arc<MemoryStore> {
         .scan_prefix(b"")
         .unwrap()
         .into_iter()
-        .filter(|(k, _)| !(drop_checkpoints && k.starts_with(crate::log::checkpoint::CHECKPOINT_PREFIX)))
+        .filter(|(k, _)| {
+            !(drop_checkpoints && k.starts_with(crate::log::checkpoint::CHECKPOINT_PREFIX))
+        })
         .collect();
     to.put_batch(&pairs).unwrap();
     to
@@ -602,7 +604,10 @@ fn resuming_from_checkpoints_equals_resuming_from_whole_logs() {
         let used = sum(|s| s.checkpoint_recoveries);
         let decoded = sum(|s| s.recovery_log_events);
         eprintln!("{name}: reused, restarted {counts:?}; checkpoints {used}; events {decoded}");
-        assert!(counts.0 > 0, "{name}: the interrupted run had completed tasks");
+        assert!(
+            counts.0 > 0,
+            "{name}: the interrupted run had completed tasks"
+        );
         seen.push((name, counts, used, decoded));
     }
     let (_, counts, used, decoded) = seen[0];
@@ -610,7 +615,10 @@ fn resuming_from_checkpoints_equals_resuming_from_whole_logs() {
     for &(name, c, u, d) in &seen[1..] {
         assert_eq!(c, counts, "{name}: same reused and restarted counts");
         assert_eq!(u, 0, "{name}: no checkpoint used");
-        assert!(d > decoded, "{name}: the whole log has more events ({d} vs {decoded})");
+        assert!(
+            d > decoded,
+            "{name}: the whole log has more events ({d} vs {decoded})"
+        );
     }
 }
 
@@ -629,27 +637,27 @@ fn the_graph_holds_the_live_frontier_not_the_tasks_run() {
             .seed(3);
         if logged {
             let half = fib_tasks(n) / 2;
-            b = b
-                .store(store)
-                .checkpoint_every(64 << 10)
-                .kills(vec![
-                    Kill {
-                        vnode: crate::VnodeId(0),
-                        after: half,
-                        retarget: false,
-                    },
-                    Kill {
-                        vnode: crate::VnodeId(1),
-                        after: half + half / 2,
-                        retarget: false,
-                    },
-                ]);
+            b = b.store(store).checkpoint_every(64 << 10).kills(vec![
+                Kill {
+                    vnode: crate::VnodeId(0),
+                    after: half,
+                    retarget: false,
+                },
+                Kill {
+                    vnode: crate::VnodeId(1),
+                    after: half + half / 2,
+                    retarget: false,
+                },
+            ]);
         }
         let r = b.build().unwrap().run(Fib(n), ()).unwrap();
         assert_eq!(r.outputs.0, fib(n));
         assert_eq!(r.tasks, fib_tasks(n));
         let peak = r.vnodes.iter().map(|s| s.peak_graph).max().unwrap_or(0);
-        eprintln!("Fib({n}) logged {logged}: {} tasks, peak graph {peak}", r.tasks);
+        eprintln!(
+            "Fib({n}) logged {logged}: {} tasks, peak graph {peak}",
+            r.tasks
+        );
         // Depth-first order keeps O(depth) tasks per vnode, plus what thieves hold and the
         // values in flight: a few hundred, against 44 k to 1.2 M tasks.
         assert!(peak < 2000, "Fib({n}) logged {logged}: peak graph {peak}");

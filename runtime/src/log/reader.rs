@@ -226,6 +226,7 @@ impl LogReader {
     /// checkpoint. The segments read are checked as [`LogReader::read_vnode`] checks them
     /// (rules 4 and 8), from the checkpoint on. The state is compacted.
     pub fn recover_vnode(&self, vnode: VnodeId) -> Result<RecoveredLog, LogError> {
+        let started = std::time::Instant::now();
         let pinned = match Manifest::load(&*self.store) {
             Ok(Some(m)) if vnode.0 == 0 => m.terminal,
             _ => Vec::new(),
@@ -236,9 +237,10 @@ impl LogReader {
         let checkpoint = match self.store.get(&self.key(&checkpoint_key(vnode)))? {
             None => None,
             Some(bytes) => match Checkpoint::decode(vnode, &bytes) {
-                Ok(ck) if covered.is_some_and(|c| {
-                    c.segno >= ck.upto.segno && c.end_seq >= ck.upto.end_seq
-                }) =>
+                Ok(ck)
+                    if covered.is_some_and(|c| {
+                        c.segno >= ck.upto.segno && c.end_seq >= ck.upto.end_seq
+                    }) =>
                 {
                     Some(ck)
                 }
@@ -266,7 +268,8 @@ impl LogReader {
         };
         let mut walk = Walk::new(vnode, covered, start);
         let mut events = 0u64;
-        let mut after: Option<Vec<u8>> = start.map(|s| self.key(&segment::segment_key(vnode, s.segno)));
+        let mut after: Option<Vec<u8>> =
+            start.map(|s| self.key(&segment::segment_key(vnode, s.segno)));
         // One segment is held back until the next is seen: only the last may be torn (rule 4).
         let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
         'pages: loop {
@@ -306,6 +309,7 @@ impl LogReader {
             next_segno: walk.last_read.map_or(0, |s| s + 1),
             next_seq: walk.next_seq,
             torn: walk.torn,
+            read_time: started.elapsed(),
         })
     }
 
@@ -362,6 +366,8 @@ pub struct RecoveredLog {
     pub next_seq: u64,
     /// A torn last segment, skipped (rule 4).
     pub torn: Option<TornTail>,
+    /// Time taken to read, check and fold it.
+    pub read_time: std::time::Duration,
 }
 
 /// Checks segments in key order (rules 1, 4 and 8), from the start of the log or from a

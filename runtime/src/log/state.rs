@@ -204,8 +204,7 @@ impl LogState {
             }
             kept
         });
-        self.values
-            .retain(|d, v| v.input || needed.contains(d));
+        self.values.retain(|d, v| v.input || needed.contains(d));
         let owed: IdSet<DataId> = self
             .tasks
             .values()
@@ -228,9 +227,7 @@ impl LogState {
             return true;
         }
         match &t.adopted {
-            Some((victim, _)) => outputs
-                .iter()
-                .any(|o| !self.acked.contains(&(*o, *victim))),
+            Some((victim, _)) => outputs.iter().any(|o| !self.acked.contains(&(*o, *victim))),
             None => false,
         }
     }

@@ -461,7 +461,9 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     writer.shutdown().unwrap();
     let reader = LogReader::new(store.clone());
     let from_ck = reader.recover_vnode(VnodeId(0)).unwrap();
-    let ck = from_ck.checkpoint.expect("a checkpoint was written and used");
+    let ck = from_ck
+        .checkpoint
+        .expect("a checkpoint was written and used");
     assert!(from_ck.tail_events < 1200, "read only after the checkpoint");
     let mut whole = LogState::default();
     for e in read(&store).unwrap().events {
@@ -500,13 +502,18 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     let segs = segments(&store);
     let last = segs.len() as u64 - 1;
     assert!(ck.segno < last, "segments follow the checkpoint");
-    store.delete(&segment_key(VnodeId(0), ck.segno + 1)).unwrap();
+    store
+        .delete(&segment_key(VnodeId(0), ck.segno + 1))
+        .unwrap();
     assert!(matches!(
         reader.recover_vnode(VnodeId(0)),
         Err(LogError::Missing { segment: Some(s), .. }) if s == ck.segno + 1
     ));
     store
-        .put(&segment_key(VnodeId(0), ck.segno + 1), &segs[ck.segno as usize + 1].1)
+        .put(
+            &segment_key(VnodeId(0), ck.segno + 1),
+            &segs[ck.segno as usize + 1].1,
+        )
         .unwrap();
     store.delete(&segment_key(VnodeId(0), 1)).unwrap();
     assert_eq!(reader.recover_vnode(VnodeId(0)).unwrap().state, whole);

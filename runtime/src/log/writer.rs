@@ -76,7 +76,15 @@ struct Shared {
     compactors: Mutex<IdMap<VnodeId, Compactor>>,
     /// Bytes of segments between two checkpoints of a vnode; 0: no checkpoints.
     checkpoint_every: AtomicU64,
+    /// Bytes of segments sealed and not yet stored: vnodes wait while it is above
+    /// [`MAX_IN_FLIGHT_BYTES`] (rule 2), so a writer slower than its vnodes holds a bounded
+    /// backlog in memory instead of one that grows with the run.
+    in_flight: AtomicU64,
 }
+
+/// Most bytes of sealed segments waiting for the writer before vnodes that seal wait too: one
+/// full writer batch ([`MAX_SEGMENTS_PER_FLUSH`] segments of the default 64 KiB).
+const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
 
 /// Rule 9: a vnode's log folded as the writer stores it, compacted now and then, and written
 /// as a checkpoint every [`LogWriter::set_checkpoint_every`] bytes of segments.
@@ -215,6 +223,7 @@ impl Shared {
             manual: manual.map(Mutex::new),
             compactors: Mutex::new(IdMap::default()),
             checkpoint_every: AtomicU64::new(DEFAULT_CHECKPOINT_BYTES),
+            in_flight: AtomicU64::new(0),
         }
     }
 
@@ -534,6 +543,7 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
 /// Stores one batch of sealed segments and flushes, then raises the durable marks (rule 2).
 /// Returns false, with the error kept in `shared`, if the store failed (rule 5).
 fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
+    let batch_bytes: u64 = batch.iter().map(|s| s.bytes.len() as u64).sum();
     let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
     let mut fences: Vec<(VnodeId, u64)> = Vec::new();
     for s in &batch {
@@ -616,6 +626,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         *shared.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         return false;
     }
+    shared.in_flight.fetch_sub(batch_bytes, Ordering::AcqRel);
     for (v, seq) in marks {
         shared.durable[v.0 as usize]
             .0
@@ -724,6 +735,10 @@ impl VnodeLog {
             SegmentBuilder::new(self.policy.max_bytes),
         );
         let bytes = full.seal(self.vnode, self.next_segno, self.first_seq);
+        self.wait_for_room();
+        self.shared
+            .in_flight
+            .fetch_add(bytes.len() as u64, Ordering::AcqRel);
         self.tx
             .send(ToWriter::Segment(Sealed {
                 vnode: self.vnode,
@@ -738,6 +753,30 @@ impl VnodeLog {
         self.keys.clear();
         self.opened_at = None;
         Ok(())
+    }
+
+    /// Waits while the writer is [`MAX_IN_FLIGHT_BYTES`] behind (a manual writer stores only
+    /// when pumped: its caller decides when, so it never waits).
+    fn wait_for_room(&self) {
+        if self.shared.manual.is_some() {
+            return;
+        }
+        let mut flushed = self
+            .shared
+            .flushed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while self.shared.in_flight.load(Ordering::Acquire) > MAX_IN_FLIGHT_BYTES
+            && !self.shared.closed.load(Ordering::SeqCst)
+            && self.shared.error().is_none()
+        {
+            flushed = self
+                .shared
+                .flushed_cv
+                .wait_timeout(flushed, Duration::from_millis(10))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// Rule 5: the store's error if the writer kept one (it records it before it exits, so
