@@ -21,6 +21,7 @@ pub use veriflow_checkpoint::{MemoryStore, SledStore, Store, StoreError};
 pub use veriflow_runtime::graph::FlowGraph;
 pub use veriflow_runtime::log::{
     CommitPolicy, Event, EventKind, LogError, LogReader, Manifest, RunStatus,
+    DEFAULT_CHECKPOINT_BYTES,
 };
 pub use veriflow_runtime::{
     Ctx, Data, DataId, Digest, InputSet, OutputReads, OutputSet, Read, Reads, Registry,

@@ -28,6 +28,7 @@ pub mod cg;
 pub mod cg_spmd;
 
 pub mod damage;
+pub mod memory;
 
 pub mod transport;
 

@@ -83,6 +83,9 @@ enum Command {
     /// Issue 13's damage campaign: seeded random damages of a finished and an interrupted
     /// knary run's stores, judged by inspect, certify and run --resume.
     Damage(veriflow_bench::damage::DamageArgs),
+    /// Issue 13 point 8: peak RSS and the recovery time of one vnode against tasks run, with
+    /// recovery checkpoints and from the whole log.
+    Memory(veriflow_bench::memory::MemoryArgs),
 }
 
 #[derive(Args, Debug)]
@@ -140,6 +143,7 @@ fn main() -> Result<()> {
         Command::Transport(args) => veriflow_bench::transport::run(&args),
         Command::Sim(args) => veriflow_bench::sim::run(&args),
         Command::Damage(args) => veriflow_bench::damage::run(&args),
+        Command::Memory(args) => veriflow_bench::memory::run(&args),
     }
 }
 

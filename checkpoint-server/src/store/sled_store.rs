@@ -281,6 +281,12 @@ fn require_store(path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// sled's page cache. Its default (1 GiB) keeps what was written: a run's memory grew with its
+/// log until the cache was full (issue 13 point 8, `paper memory`). Logs are written once and
+/// read back only by recovery and certification, which read each record once, so a small
+/// cache costs them nothing.
+const SLED_CACHE_BYTES: u64 = 64 << 20;
+
 fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     let open_err = |reason: String| StoreError::Open {
         path: path.to_path_buf(),
@@ -289,6 +295,7 @@ fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     let config = sled::Config::new()
         .path(path)
         .flush_every_ms(None)
+        .cache_capacity(SLED_CACHE_BYTES)
         .mode(sled::Mode::HighThroughput);
     // sled's file lock can outlive the last handle by a moment (its background thread lets
     // go of the database last), so reopening right after a drop may briefly find it held.

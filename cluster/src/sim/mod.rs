@@ -511,7 +511,10 @@ impl World {
             .commit_policy(CommitPolicy {
                 max_bytes: 4 << 10,
                 max_delay: Duration::from_millis(1),
-            });
+            })
+            // A recovery checkpoint every two segments or so (`log/mod.rs` rule 9): most
+            // take-overs in the simulator start from one, and from the log after it.
+            .checkpoint_every(8 << 10);
         let rt = match cfg.forge {
             Some((v, rate)) => rt.forge(Forge {
                 vnodes: vec![VnodeId(v)],

@@ -408,6 +408,19 @@ impl Core {
         }
     }
 
+    /// Drops every entry [`Core::maybe_drop`] would (recovery restores values before it knows
+    /// which readers are left).
+    pub(crate) fn sweep(&mut self) {
+        self.data.retain(|_, e| {
+            !(e.value.is_some() && !e.open && !e.pinned && e.readers == 0 && e.waiters.is_empty())
+        });
+    }
+
+    /// Tasks and data entries held: what the graph costs in memory (the live frontier).
+    pub(crate) fn graph_size(&self) -> u64 {
+        (self.waiting.len() + self.ready.len() + self.data.len()) as u64
+    }
+
     fn maybe_drop(&mut self, id: DataId) {
         if let Some(e) = self.data.get(&id) {
             if e.value.is_some() && !e.open && !e.pinned && e.readers == 0 && e.waiters.is_empty() {

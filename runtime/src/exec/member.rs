@@ -243,6 +243,9 @@ impl Runtime {
             Some(st) => Some(LogWriter::start(st.clone(), self.vnodes, self.policy)?),
             None => None,
         };
+        if let Some(w) = &writer {
+            w.set_checkpoint_every(self.checkpoint_every);
+        }
         let mut vnodes = Vec::new();
         for &(v, epoch) in hosted {
             shared.set_epoch(v, epoch.0);
@@ -295,7 +298,7 @@ impl Runtime {
             ensure_manifest(&**writer.store(), &run.manifest)?;
         }
         let mut vn = self.member_vnode(v, epoch, Some(writer), &run.shared, transport)?;
-        let r = vn.resume_from_log(writer, &run.setup)?;
+        let r = vn.resume_from_log(&run.setup)?;
         vn.stats.failures += 1;
         vn.stats.recovered_tasks += r.restarted;
         vn.stats.reused_tasks += r.reused;

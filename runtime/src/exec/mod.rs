@@ -51,7 +51,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::codec;
 use crate::error::{panic_message, RunError};
 use crate::ids::{DataId, TaskId, VnodeId};
-use crate::log::{CommitPolicy, LogWriter, Manifest, RunStatus};
+use crate::log::{CommitPolicy, LogWriter, Manifest, RunStatus, DEFAULT_CHECKPOINT_BYTES};
 use crate::task::{InputSet, OutputSet, Registry, Task};
 use crate::transport::{InProcTransport, Transport};
 
@@ -85,6 +85,7 @@ pub struct RuntimeBuilder {
     kills: Vec<Kill>,
     forge: Option<Forge>,
     stall: Stall,
+    checkpoint_every: u64,
 }
 
 /// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
@@ -109,7 +110,16 @@ impl RuntimeBuilder {
             kills: Vec::new(),
             forge: None,
             stall: Stall::default(),
+            checkpoint_every: DEFAULT_CHECKPOINT_BYTES,
         }
+    }
+
+    /// Bytes of log between two recovery checkpoints of a vnode (`log/mod.rs` rule 9; default
+    /// [`DEFAULT_CHECKPOINT_BYTES`]). 0 writes none: recovery then reads whole logs (for
+    /// comparison: memory and recovery time then grow with the log).
+    pub fn checkpoint_every(mut self, bytes: u64) -> Self {
+        self.checkpoint_every = bytes;
+        self
     }
 
     /// When a run that stops progressing reports what its vnodes wait for, and whether that
@@ -271,6 +281,7 @@ impl RuntimeBuilder {
             kills: self.kills,
             forge: self.forge,
             stall: self.stall,
+            checkpoint_every: self.checkpoint_every,
             pool,
         })
     }
@@ -313,6 +324,7 @@ pub struct Runtime {
     kills: Vec<Kill>,
     forge: Option<Forge>,
     stall: Stall,
+    checkpoint_every: u64,
     pool: rayon::ThreadPool,
 }
 
@@ -461,7 +473,9 @@ impl Runtime {
                 } else {
                     manifest.store_new(&**store)?;
                 }
-                Some(LogWriter::start(store.clone(), self.vnodes, self.policy)?)
+                let w = LogWriter::start(store.clone(), self.vnodes, self.policy)?;
+                w.set_checkpoint_every(self.checkpoint_every);
+                Some(w)
             }
             None if resume => {
                 return Err(RunError::Config(
@@ -501,9 +515,9 @@ impl Runtime {
 
         // Rule 2: program inputs, then the root, on vnode 0.
         match &writer {
-            Some(w) if resume => {
+            Some(_) if resume => {
                 for v in &mut vnodes {
-                    let r = v.resume_from_log(w, &setup)?;
+                    let r = v.resume_from_log(&setup)?;
                     v.stats.recovered_tasks += r.restarted;
                     v.stats.reused_tasks += r.reused;
                 }

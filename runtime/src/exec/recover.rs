@@ -7,7 +7,8 @@
 //!    sealed reach the store first: the writer's barrier). Its epoch goes up, so messages its
 //!    old incarnation sent and that are still in flight are dropped; messages addressed to the
 //!    vnode wait in its inbox and go to the new incarnation.
-//! 2. The new incarnation reads SC_v and, per task, restarts from the last registered state of
+//! 2. The new incarnation reads SC_v (from its newest checkpoint on: `log/mod.rs` rule 9, the
+//!    same state either way, `log/state.rs`) and, per task, restarts from the last registered state of
 //!    the automaton: a `Completed` task is never run again (no domino effect) and its outputs
 //!    are restored from the log; a `Declared` or `Started` task is declared again (without a
 //!    new `Declared` event) and runs its body when its inputs are there; an `Adopted` task is
@@ -25,15 +26,15 @@
 //! 5. On vnode 0, the terminal outputs are pinned again; if the root's declaration never
 //!    became durable, the program inputs and the root are planted again as at the start.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use super::core::{Core, ReadyTask, TaskSpec};
 use super::vnode::{Unacked, Vnode};
 use crate::codec::Digest;
 use crate::error::RunError;
-use crate::ids::{DataId, Epoch, IdMap, IdSet, TaskId, VnodeId};
-use crate::log::{Declared, Event, LogReader, LogWriter, Output};
+use crate::ids::{DataId, Epoch, TaskId};
+use crate::log::state::TaskState;
+use crate::log::{Event, LogState, LogWriter, Output};
 use crate::task::value::Value;
 use crate::task::Registry;
 use crate::transport::Message;
@@ -109,9 +110,6 @@ pub(crate) struct Recovered {
     pub(crate) reused: u64,
 }
 
-/// Where an adopted task came from and its input values (its `Adopted` record).
-type Adoption = (VnodeId, Vec<Vec<u8>>);
-
 /// What recovery needs besides the vnode.
 pub(crate) struct RecoveryContext<'a> {
     pub(crate) writer: Option<&'a LogWriter>,
@@ -137,107 +135,91 @@ impl Vnode {
         let epoch = shared.reincarnate(v);
         self.reset(Epoch(epoch));
         writer.barrier();
-        let events = LogReader::new(writer.store().clone()).read_vnode(v)?.events;
         self.core = Core::new(
             v,
             registry.clone(),
             Some(writer.vnode_log(v)?),
             shared.clone(),
         );
-        let out = self.rebuild(&registry, events.into_iter().map(|e| e.event), rc.root)?;
-        self.stats.tasks = out.reused;
-        shared.set_completed(v, out.reused);
-        self.core.completed = out.reused;
+        let out = self.recover(&registry, rc.root)?;
         shared.work_done(v); // the unit `reincarnate` kept
         Ok(out)
     }
 
-    /// A fresh process resumes a run: this vnode is rebuilt from its log (rules 2-5).
-    pub(crate) fn resume_from_log(
-        &mut self,
-        writer: &LogWriter,
-        root: &RootSetup,
-    ) -> Result<Recovered, RunError> {
-        let v = self.core.vnode;
+    /// A fresh process resumes a run, or a member takes this vnode over: it is rebuilt from
+    /// its log, which its core holds already (rules 2-5).
+    pub(crate) fn resume_from_log(&mut self, root: &RootSetup) -> Result<Recovered, RunError> {
         let registry = self.core.registry().clone();
-        let events = LogReader::new(writer.store().clone()).read_vnode(v)?.events;
-        let out = self.rebuild(&registry, events.into_iter().map(|e| e.event), root)?;
+        self.recover(&registry, root)
+    }
+
+    /// Rebuilds from what the core's log read when it was opened: the newest checkpoint and
+    /// the log after it, or the whole log (`log/mod.rs` rule 9).
+    fn recover(&mut self, registry: &Registry, root: &RootSetup) -> Result<Recovered, RunError> {
+        let v = self.core.vnode;
+        let started = std::time::Instant::now();
+        let read = match self.core.log.as_mut() {
+            Some(log) => log.take_recovery()?,
+            None => {
+                return Err(RunError::Config(format!(
+                    "{v} has no log to be rebuilt from"
+                )))
+            }
+        };
+        self.stats.checkpoint_recoveries += u64::from(read.checkpoint.is_some());
+        self.stats.recovery_log_events += read.tail_events;
+        let read_time = read.read_time;
+        let out = self.rebuild(registry, read.state, root)?;
         self.stats.tasks = out.reused;
         self.core.shared.set_completed(v, out.reused);
         self.core.completed = out.reused;
+        let took = read_time + started.elapsed();
+        self.stats.recovery_micros += u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         Ok(out)
     }
 
     fn rebuild(
         &mut self,
         registry: &Registry,
-        events: impl Iterator<Item = Event>,
+        state: LogState,
         root: &RootSetup,
     ) -> Result<Recovered, RunError> {
         let v = self.core.vnode;
-        let mut declared: IdMap<TaskId, (Declared, Option<Adoption>)> = IdMap::default();
-        let mut order: Vec<TaskId> = Vec::new();
-        let mut completed: IdSet<TaskId> = IdSet::default();
-        let mut started: IdSet<TaskId> = IdSet::default();
-        let mut stolen: Vec<(TaskId, VnodeId)> = Vec::new();
-        let mut values: IdMap<DataId, (Vec<u8>, Digest)> = IdMap::default();
-        for event in events {
-            match event {
-                Event::Declared(d) => {
-                    order.push(d.task);
-                    declared.insert(d.task, (d, None));
-                }
-                Event::Adopted {
-                    victim,
-                    record,
-                    inputs,
-                } => {
-                    order.push(record.task);
-                    declared.insert(record.task, (record, Some((victim, inputs))));
-                }
-                Event::Started { task, .. } => {
-                    started.insert(task);
-                }
-                Event::Completed { task, outputs, .. } => {
-                    completed.insert(task);
-                    for o in outputs {
-                        values.insert(o.data, (o.value, o.digest));
-                    }
-                }
-                Event::Stolen { task, thief } => stolen.push((task, thief)),
-                Event::Returned { output } | Event::Input { output } => {
-                    values.insert(output.data, (output.value, output.digest));
-                }
-            }
-        }
-        let gone: HashSet<TaskId> = stolen.iter().map(|(t, _)| *t).collect();
-        let live = |t: &TaskId| !completed.contains(t) && !gone.contains(t);
+        let LogState {
+            tasks,
+            values,
+            completed,
+            adopted: adopted_before,
+            ..
+        } = state;
+        let mut order: Vec<&TaskState> = tasks.values().collect();
+        order.sort_by_key(|t| t.order);
+        let live = |t: &TaskId| tasks.get(t).is_some_and(TaskState::live);
+        let value = |d: &DataId| values.get(d).map(|s| (s.value.clone(), s.digest));
 
         // Data as the log left it; outputs of adopted tasks are owed to their victims.
-        for id in &order {
-            let (d, adopted) = &declared[id];
+        for t in &order {
+            let d = &t.record;
             for &o in &d.outputs {
-                self.core.restore_data(o, values.get(&o).cloned());
-                if let Some((victim, _)) = adopted {
+                self.core.restore_data(o, value(&o));
+                if let Some((victim, _)) = &t.adopted {
                     self.core.create_return(o, *victim);
                 }
-                if d.parent
-                    .is_some_and(|p| declared.contains_key(&p) && live(&p))
-                {
+                if d.parent.is_some_and(|p| live(&p)) {
                     self.core.create_data(o); // its scope will run again
                 }
             }
-            if live(id) {
+            if t.live() {
                 for &i in &d.inputs {
-                    self.core.restore_data(i, values.get(&i).cloned());
+                    self.core.restore_data(i, value(&i));
                 }
             }
         }
         // The inputs of live tasks are held open until all of them are wired (after the loop
         // above, so that a scope that runs again stays open).
         let mut held: Vec<DataId> = Vec::new();
-        for id in order.iter().filter(|t| live(t)) {
-            for &i in &declared[id].0.inputs {
+        for t in order.iter().filter(|t| t.live()) {
+            for &i in &t.record.inputs {
                 if self.core.hold(i) {
                     held.push(i);
                 }
@@ -246,26 +228,29 @@ impl Vnode {
         // Rule 5.
         if v.0 == 0 {
             for &o in &root.terminal {
+                self.core.restore_data(o, value(&o));
                 self.core.pin(o);
             }
         }
-        self.core.known = declared.keys().copied().collect();
-        if v.0 == 0 && !declared.contains_key(&root.id) {
+        self.core.known = tasks.keys().copied().collect();
+        if v.0 == 0 && !tasks.contains_key(&root.id) {
             plant_root(&mut self.core, root)?;
             self.core.known.insert(root.id);
         }
 
         // Rule 2: restart the live tasks, in log order.
         let mut out = Recovered {
-            reused: completed.len() as u64,
+            reused: completed,
             ..Recovered::default()
         };
-        for id in &order {
-            let (d, adopted) = &declared[id];
-            if adopted.is_some() {
+        self.adopted.extend(adopted_before);
+        for t in &order {
+            let d = &t.record;
+            let id = &d.task;
+            if t.adopted.is_some() {
                 self.adopted.insert(*id);
             }
-            if !live(id) {
+            if !t.live() {
                 continue;
             }
             let kind = *registry
@@ -287,10 +272,10 @@ impl Vnode {
                 outputs: d.outputs.iter().copied().collect(),
                 args: Some(d.args.clone()),
             };
-            if started.contains(id) {
+            if t.started {
                 self.keep.insert(*id); // rule 3: its children are known here only
             }
-            match adopted {
+            match &t.adopted {
                 Some((_, inputs)) => {
                     let digests = inputs.iter().map(|b| Digest::of(b)).collect();
                     let values = inputs.iter().cloned().map(Value::bytes).collect();
@@ -306,10 +291,12 @@ impl Vnode {
         }
 
         // Rule 4: what was stolen from us and has not all come back.
-        for (task, thief) in stolen {
-            let Some((d, _)) = declared.get(&task) else {
+        for t in &order {
+            let Some(thief) = t.stolen else {
                 continue;
             };
+            let d = &t.record;
+            let task = d.task;
             let mut missing = false;
             for &o in &d.outputs {
                 if !values.contains_key(&o) && self.expected.insert((o, thief)) {
@@ -323,7 +310,7 @@ impl Vnode {
             let inputs = d
                 .inputs
                 .iter()
-                .map(|i| values.get(i).map(|(b, _)| b.clone()))
+                .map(|i| values.get(i).map(|s| s.value.clone()))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| RunError::Internal {
                     vnode: v,
@@ -347,6 +334,9 @@ impl Vnode {
         }
         self.core.owed_returns()?;
         self.core.close(&held);
+        // Values restored for tasks that need them no more (a completed task's outputs whose
+        // readers are done) leave at once, as they would have in the failed incarnation.
+        self.core.sweep();
         Ok(out)
     }
 }

@@ -87,6 +87,19 @@ pub struct VnodeStats {
     pub reused_tasks: u64,
     /// Failures that found nothing to lose: it held no task (none restarted, none reused).
     pub failures_without_effect: u64,
+    /// Recoveries that started from a checkpoint (`log/mod.rs` rule 9) instead of the whole log.
+    #[serde(default)]
+    pub checkpoint_recoveries: u64,
+    /// Log events its recoveries decoded (after the checkpoint, or all of them without one).
+    #[serde(default)]
+    pub recovery_log_events: u64,
+    /// Time its recoveries took to rebuild it from the store, in µs.
+    #[serde(default)]
+    pub recovery_micros: u64,
+    /// Most tasks and data entries its graph held at once (checked between steps): the live
+    /// frontier, not the tasks run (`core.rs` rule 3).
+    #[serde(default)]
+    pub peak_graph: u64,
 }
 
 pub(crate) struct Unacked {
@@ -228,6 +241,7 @@ impl Vnode {
         }
         worked |= self.release_held()?;
         self.resend(now)?;
+        self.stats.peak_graph = self.stats.peak_graph.max(self.core.graph_size());
         Ok(worked)
     }
 
@@ -347,6 +361,9 @@ impl Vnode {
             Message::ReturnAck { data } => {
                 if self.returns.remove(&(data, from)).is_some() {
                     self.core.shared.work_done(self.id());
+                    if let Some(log) = &self.core.log {
+                        log.note_acknowledged(data, from);
+                    }
                 }
                 Ok(())
             }

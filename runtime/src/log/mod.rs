@@ -12,7 +12,9 @@
 //!    someone waits for durability. One background writer thread puts every sealed segment in
 //!    the store and then calls the store's flush explicitly (sled's timer is off), many
 //!    segments per flush. Only after the flush returns does it raise each vnode's *durable
-//!    watermark*: events with a sequence number at or below it are on stable storage.
+//!    watermark*: events with a sequence number at or below it are on stable storage. A vnode
+//!    that seals while 64 MiB of segments wait for the writer waits too, so the backlog, and
+//!    the memory it takes, stays bounded however long the run.
 //! 3. **Segments are framed records** (`codec.rs` rule 1) under key (vnode, segment number),
 //!    with the vnode, number, first sequence number and event count inside (`segment.rs`).
 //! 4. **Reading never panics.** A segment that fails its checks is an error naming the vnode,
@@ -39,6 +41,15 @@
 //!    range, a log that stops short of its watermark, a torn segment the watermark covers (it
 //!    was flushed whole: only a segment written after the last flush may be torn, rule 4), and a
 //!    vnode the manifest lists with no watermark record.
+//! 9. **Recovery checkpoints.** Certification needs the whole log, recovery does not: the
+//!    writer folds each vnode's segments into its recovery state as it stores them
+//!    (`state.rs`: live tasks, the values they need, counts), compacts it to the live frontier,
+//!    and every [`LogWriter::set_checkpoint_every`] bytes of segments (default
+//!    [`DEFAULT_CHECKPOINT_BYTES`]) stores it as the vnode's checkpoint (`checkpoint.rs`) in the
+//!    same store batch as the last segment it covers and that segment's watermark (so rules 7
+//!    and 8 hold for it too). Recovery ([`LogReader::recover_vnode`]) reads the checkpoint and
+//!    only the segments after it, checked by rules 4 and 8; a damaged checkpoint, or one ahead
+//!    of the watermark, is not used: the whole log is read instead, never a wrong state.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -58,12 +69,14 @@
 //! assert_eq!(read.events.len(), 1);
 //! ```
 
+pub mod checkpoint;
 mod event;
 mod generation;
 mod manifest;
 mod outputs;
 mod reader;
 pub mod segment;
+pub mod state;
 pub mod watermark;
 mod writer;
 
@@ -71,8 +84,9 @@ pub use event::{Declared, Event, EventKey, EventKind, Output};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
-pub use reader::{LogReader, LoggedEvent, TornTail, VnodeEvents};
-pub use writer::{CommitPolicy, LogWriter, VnodeLog};
+pub use reader::{LogReader, LoggedEvent, RecoveredLog, TornTail, VnodeEvents};
+pub use state::LogState;
+pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};
 
 use crate::ids::VnodeId;
 use veriflow_checkpoint::StoreError;

@@ -6,8 +6,14 @@ use std::sync::Arc;
 
 use veriflow_checkpoint::Store;
 
+use veriflow_checkpoint::PageLimit;
+
+use super::checkpoint::{checkpoint_key, Checkpoint};
 use super::segment::{self, SegmentError};
-use super::watermark::{parse_watermark_key, watermark_key, Watermark, WATERMARK_PREFIX};
+use super::state::LogState;
+use super::watermark::{
+    parse_watermark_key, watermark_key, LastSegment, Watermark, WATERMARK_PREFIX,
+};
 use super::{Event, EventKey, LogError, Manifest};
 use crate::codec::FrameError;
 use crate::ids::{IdHasher, VnodeId};
@@ -158,187 +164,153 @@ impl LogReader {
         }
     }
 
-    /// Reads, checks and de-duplicates the log of `vnode` (rules 1, 4 and 7).
-    pub fn read_vnode(&self, vnode: VnodeId) -> Result<VnodeEvents, LogError> {
-        let watermark = self.watermark(vnode)?;
-        let stored = self
-            .store
-            .scan_prefix(&self.key(&segment::vnode_prefix(vnode)))?;
-        let mut out = VnodeEvents {
-            vnode,
-            events: Vec::new(),
-            segments: stored.len() as u64,
-            durable_seq: 0,
-            duplicates: 0,
-            torn: None,
-        };
+    /// The durable watermark of `vnode` as rule 8 requires it: the last durable segment, or
+    /// `None` for a vnode that logged nothing. `segments` is whether the store holds any of its
+    /// segments (then a missing watermark is corruption).
+    fn covered(&self, vnode: VnodeId, segments: bool) -> Result<Option<LastSegment>, LogError> {
         let missing = |segment: Option<u64>, what: String| LogError::Missing {
             vnode,
             segment,
             what,
         };
-        let covered = match watermark {
-            Some(wm) => wm.last,
+        match self.watermark(vnode)? {
+            Some(wm) => Ok(wm.last),
             // Rule 8: the writer stores a watermark with every segment, and a new run one for
             // every vnode its manifest lists.
-            None if !stored.is_empty() => {
-                return Err(missing(
-                    None,
-                    format!(
-                        "its durable watermark record is missing ({} segments are there)",
-                        stored.len()
-                    ),
-                ))
-            }
+            None if segments => Err(missing(
+                None,
+                "its durable watermark record is missing (segments are there)".to_string(),
+            )),
             None => match Manifest::load(&*self.store)? {
-                Some(m) if vnode.0 < m.vnodes => {
-                    return Err(missing(
-                        Some(0),
-                        format!(
-                            "its whole log is missing (no segment and no durable watermark; \
-                             the manifest lists {} vnodes)",
-                            m.vnodes
-                        ),
-                    ))
-                }
-                _ => None,
+                Some(m) if vnode.0 < m.vnodes => Err(missing(
+                    Some(0),
+                    format!(
+                        "its whole log is missing (no segment and no durable watermark; the \
+                         manifest lists {} vnodes)",
+                        m.vnodes
+                    ),
+                )),
+                _ => Ok(None),
             },
-        };
-        // Keys are random ids: no need to hash them again (`ids.rs`).
-        let mut seen: HashSet<EventKey, BuildHasherDefault<IdHasher>> = HashSet::default();
+        }
+    }
+
+    /// Reads, checks and de-duplicates the log of `vnode` (rules 1, 4 and 7).
+    pub fn read_vnode(&self, vnode: VnodeId) -> Result<VnodeEvents, LogError> {
+        let stored = self
+            .store
+            .scan_prefix(&self.key(&segment::vnode_prefix(vnode)))?;
+        let covered = self.covered(vnode, !stored.is_empty())?;
+        let mut walk = Walk::new(vnode, covered, None);
+        let mut events = Vec::new();
         let last = stored.len().saturating_sub(1);
-        // Rule 8: the segment number and sequence number the next segment must have.
-        let mut prev_segno: Option<u64> = None;
-        let mut next_seq = 0u64;
         for (i, (key, value)) in stored.iter().enumerate() {
             let key = key.get(self.prefix.len()..).unwrap_or_default();
-            let segno = match segment::parse_segment_key(key) {
-                Some((_, s)) => s,
-                None => {
-                    return Err(LogError::Corrupt {
-                        vnode,
-                        segment: u64::MAX,
-                        offset: 0,
-                        reason: format!("malformed segment key {key:02x?}"),
-                    })
-                }
-            };
-            let corrupt = |offset: u64, reason: String| LogError::Corrupt {
-                vnode,
-                segment: segno,
-                offset,
-                reason,
-            };
-            match prev_segno {
-                Some(p) if segno == p + 1 => {}
-                Some(p) if segno > p && segment::starts_epoch(segno) => {}
-                None if segment::starts_epoch(segno) => {}
-                _ => {
-                    let from =
-                        prev_segno.map_or(segno & !((1u64 << segment::EPOCH_SHIFT) - 1), |p| p + 1);
-                    let there = match prev_segno {
-                        Some(p) => format!("segments {p} and {segno} are there"),
-                        None => format!("its first segment is {segno}"),
-                    };
-                    return Err(missing(Some(from), gap_text(from, segno, &there)));
-                }
+            if !walk.segment(key, value, i == last, &mut |e| events.push(e))? {
+                break;
             }
-            prev_segno = Some(segno);
-            let covered_by_watermark = covered.is_some_and(|c| segno <= c.segno);
-            let seg = match segment::decode_segment(value) {
-                Ok(s) => s,
-                Err(SegmentError::Frame(f))
-                    if f.is_torn() && i == last && !covered_by_watermark =>
+        }
+        walk.finish()?;
+        Ok(VnodeEvents {
+            vnode,
+            events,
+            segments: walk.segments,
+            durable_seq: walk.durable_seq,
+            duplicates: walk.duplicates,
+            torn: walk.torn,
+        })
+    }
+
+    /// What recovery needs from the log of `vnode` (rule 9): the newest sound checkpoint, with
+    /// the segments after it folded in, or the whole log folded when there is no sound
+    /// checkpoint. The segments read are checked as [`LogReader::read_vnode`] checks them
+    /// (rules 4 and 8), from the checkpoint on. The state is compacted.
+    pub fn recover_vnode(&self, vnode: VnodeId) -> Result<RecoveredLog, LogError> {
+        let started = std::time::Instant::now();
+        let pinned = match Manifest::load(&*self.store) {
+            Ok(Some(m)) if vnode.0 == 0 => m.terminal,
+            _ => Vec::new(),
+        };
+        let prefix = self.key(&segment::vnode_prefix(vnode));
+        let first = self.store.scan_page(&prefix, None, ONE_KEY)?;
+        let covered = self.covered(vnode, !first.pairs.is_empty())?;
+        let checkpoint = match self.store.get(&self.key(&checkpoint_key(vnode)))? {
+            None => None,
+            Some(bytes) => match Checkpoint::decode(vnode, &bytes) {
+                Ok(ck)
+                    if covered.is_some_and(|c| {
+                        c.segno >= ck.upto.segno && c.end_seq >= ck.upto.end_seq
+                    }) =>
                 {
-                    tracing::warn!("log of {vnode}: torn last segment {segno} skipped ({f})");
-                    out.torn = Some(TornTail {
-                        segment: segno,
-                        reason: f,
-                    });
-                    break;
+                    Some(ck)
                 }
-                Err(SegmentError::Frame(f)) if f.is_torn() && i == last => {
-                    return Err(corrupt(
-                        0,
-                        format!(
-                            "{f}, though the durable watermark (segment {}) says it was \
-                             flushed whole (rule 8)",
-                            covered.map_or(0, |c| c.segno)
-                        ),
-                    ))
+                Ok(ck) => {
+                    tracing::warn!(
+                        "log of {vnode}: checkpoint at segment {} is ahead of the durable \
+                         watermark ({covered:?}); reading the whole log",
+                        ck.upto.segno
+                    );
+                    None
                 }
-                Err(SegmentError::Frame(f)) => return Err(corrupt(0, f.to_string())),
-                Err(SegmentError::Content { offset, reason }) => {
-                    return Err(corrupt(offset, reason))
+                Err(e) => {
+                    tracing::warn!("{e}; reading the whole log");
+                    None
                 }
-            };
-            if seg.vnode != vnode || seg.segno != segno {
-                return Err(corrupt(
-                    0,
-                    format!("segment says it is {} segment {}", seg.vnode, seg.segno),
-                ));
+            },
+        };
+        let (mut state, start) = match checkpoint {
+            Some(ck) => {
+                let mut state = ck.state;
+                state.pinned = pinned;
+                (state, Some(ck.upto))
             }
-            // Rule 8: a first_seq below the expected one is a zombie's overlap (duplicates); above
-            // it, events are missing.
-            if seg.first_seq > next_seq {
-                return Err(missing(
-                    Some(segno),
-                    format!(
-                        "events {next_seq}..{} are missing before segment {segno} (a segment \
-                         before it was lost)",
-                        seg.first_seq
-                    ),
-                ));
-            }
-            let end = seg.first_seq + seg.events.len() as u64;
-            next_seq = next_seq.max(end);
-            out.durable_seq = out.durable_seq.max(end);
-            out.events.reserve(seg.events.len());
-            seen.reserve(seg.events.len());
-            for (offset, event) in seg.events {
-                if seen.insert(event.key()) {
-                    out.events.push(LoggedEvent {
-                        segment: segno,
-                        offset,
-                        event,
-                    });
-                } else {
-                    out.duplicates += 1;
+            None => (LogState::new(pinned), None),
+        };
+        let mut walk = Walk::new(vnode, covered, start);
+        let mut events = 0u64;
+        let mut after: Option<Vec<u8>> =
+            start.map(|s| self.key(&segment::segment_key(vnode, s.segno)));
+        // One segment is held back until the next is seen: only the last may be torn (rule 4).
+        let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
+        'pages: loop {
+            let page = self.store.scan_page(&prefix, after.as_deref(), TAIL_PAGE)?;
+            after = page.pairs.last().map(|(k, _)| k.clone());
+            let more = page.more;
+            for pair in page.pairs {
+                if let Some((key, value)) = pending.replace(pair) {
+                    let key = key.get(self.prefix.len()..).unwrap_or_default();
+                    if !walk.segment(key, &value, false, &mut |e| {
+                        events += 1;
+                        state.fold(e.event);
+                    })? {
+                        break 'pages;
+                    }
                 }
+            }
+            if !more || after.is_none() {
+                break;
             }
         }
-        // Rule 8: the log reaches its durable watermark, or its tail was lost.
-        if let Some(c) = covered {
-            let read_to = if out.torn.is_some() {
-                stored.len().checked_sub(2)
-            } else {
-                stored.len().checked_sub(1)
-            }
-            .and_then(|i| stored.get(i))
-            .and_then(|(k, _)| segment::parse_segment_key(k.get(self.prefix.len()..)?))
-            .map(|(_, s)| s);
-            let short = read_to.map_or(true, |r| r < c.segno);
-            if short || next_seq < c.end_seq {
-                let there = match read_to {
-                    Some(r) => format!("the log stops at segment {r}, event {next_seq}"),
-                    None => "no segment is there".to_string(),
-                };
-                let what = match read_to.map_or(0, |r| r + 1) {
-                    _ if !short => format!("events {next_seq}..{} are missing", c.end_seq),
-                    from if from >= c.segno => format!("segment {} is missing", c.segno),
-                    from => format!("segment {from} to segment {} are missing", c.segno),
-                };
-                return Err(missing(
-                    Some(c.segno),
-                    format!(
-                        "{what}: the durable watermark says segment {} up to event {} was \
-                         flushed ({there})",
-                        c.segno, c.end_seq
-                    ),
-                ));
-            }
+        if let Some((key, value)) = pending.take() {
+            let key = key.get(self.prefix.len()..).unwrap_or_default();
+            walk.segment(key, &value, true, &mut |e| {
+                events += 1;
+                state.fold(e.event);
+            })?;
         }
-        Ok(out)
+        walk.finish()?;
+        state.compact();
+        Ok(RecoveredLog {
+            vnode,
+            state,
+            checkpoint: start,
+            tail_segments: walk.segments,
+            tail_events: events,
+            next_segno: walk.last_read.map_or(0, |s| s + 1),
+            next_seq: walk.next_seq,
+            torn: walk.torn,
+            read_time: started.elapsed(),
+        })
     }
 
     /// Reads every vnode's log.
@@ -361,5 +333,216 @@ fn gap_text(from: u64, to: u64, there: &str) -> String {
         format!("segment {from} is missing ({there})")
     } else {
         format!("segment {from} to segment {} are missing ({there})", to - 1)
+    }
+}
+
+/// One page of a tail read: a few segments (64 KiB each by default).
+const TAIL_PAGE: PageLimit = PageLimit {
+    max_keys: 64,
+    max_bytes: 16 << 20,
+};
+/// Enough to know whether a vnode has any segment.
+const ONE_KEY: PageLimit = PageLimit {
+    max_keys: 1,
+    max_bytes: u64::MAX,
+};
+
+/// What [`LogReader::recover_vnode`] read.
+#[derive(Clone, Debug)]
+pub struct RecoveredLog {
+    /// The vnode.
+    pub vnode: VnodeId,
+    /// Its log's recovery state, compacted.
+    pub state: LogState,
+    /// The last segment the checkpoint used covered, if one was used.
+    pub checkpoint: Option<LastSegment>,
+    /// Segments read after the checkpoint (all of them without one), a torn one included.
+    pub tail_segments: u64,
+    /// Events folded from those segments.
+    pub tail_events: u64,
+    /// The number the next segment takes.
+    pub next_segno: u64,
+    /// The sequence number the next event takes.
+    pub next_seq: u64,
+    /// A torn last segment, skipped (rule 4).
+    pub torn: Option<TornTail>,
+    /// Time taken to read, check and fold it.
+    pub read_time: std::time::Duration,
+}
+
+/// Checks segments in key order (rules 1, 4 and 8), from the start of the log or from a
+/// checkpoint.
+struct Walk {
+    vnode: VnodeId,
+    covered: Option<LastSegment>,
+    seen: HashSet<EventKey, BuildHasherDefault<IdHasher>>,
+    prev_segno: Option<u64>,
+    next_seq: u64,
+    /// The last segment read whole (the checkpoint's before any).
+    last_read: Option<u64>,
+    segments: u64,
+    durable_seq: u64,
+    duplicates: u64,
+    torn: Option<TornTail>,
+}
+
+impl Walk {
+    fn new(vnode: VnodeId, covered: Option<LastSegment>, start: Option<LastSegment>) -> Walk {
+        Walk {
+            vnode,
+            covered,
+            // Keys are random ids: no need to hash them again (`ids.rs`).
+            seen: HashSet::default(),
+            prev_segno: start.map(|s| s.segno),
+            next_seq: start.map_or(0, |s| s.end_seq),
+            last_read: start.map(|s| s.segno),
+            segments: 0,
+            durable_seq: start.map_or(0, |s| s.end_seq),
+            duplicates: 0,
+            torn: None,
+        }
+    }
+
+    fn missing(&self, segment: Option<u64>, what: String) -> LogError {
+        LogError::Missing {
+            vnode: self.vnode,
+            segment,
+            what,
+        }
+    }
+
+    /// Checks one stored segment (`key` without the generation prefix) and hands its new events
+    /// to `sink`. Returns false after a torn last segment (skipped).
+    fn segment(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        is_last: bool,
+        sink: &mut dyn FnMut(LoggedEvent),
+    ) -> Result<bool, LogError> {
+        let vnode = self.vnode;
+        self.segments += 1;
+        let segno = match segment::parse_segment_key(key) {
+            Some((_, s)) => s,
+            None => {
+                return Err(LogError::Corrupt {
+                    vnode,
+                    segment: u64::MAX,
+                    offset: 0,
+                    reason: format!("malformed segment key {key:02x?}"),
+                })
+            }
+        };
+        let corrupt = |offset: u64, reason: String| LogError::Corrupt {
+            vnode,
+            segment: segno,
+            offset,
+            reason,
+        };
+        match self.prev_segno {
+            Some(p) if segno == p + 1 => {}
+            Some(p) if segno > p && segment::starts_epoch(segno) => {}
+            None if segment::starts_epoch(segno) => {}
+            _ => {
+                let from = self
+                    .prev_segno
+                    .map_or(segno & !((1u64 << segment::EPOCH_SHIFT) - 1), |p| p + 1);
+                let there = match self.prev_segno {
+                    Some(p) => format!("segments {p} and {segno} are there"),
+                    None => format!("its first segment is {segno}"),
+                };
+                return Err(self.missing(Some(from), gap_text(from, segno, &there)));
+            }
+        }
+        self.prev_segno = Some(segno);
+        let covered = self.covered;
+        let covered_by_watermark = covered.is_some_and(|c| segno <= c.segno);
+        let seg = match segment::decode_segment(value) {
+            Ok(s) => s,
+            Err(SegmentError::Frame(f)) if f.is_torn() && is_last && !covered_by_watermark => {
+                tracing::warn!("log of {vnode}: torn last segment {segno} skipped ({f})");
+                self.torn = Some(TornTail {
+                    segment: segno,
+                    reason: f,
+                });
+                return Ok(false);
+            }
+            Err(SegmentError::Frame(f)) if f.is_torn() && is_last => {
+                return Err(corrupt(
+                    0,
+                    format!(
+                        "{f}, though the durable watermark (segment {}) says it was flushed \
+                         whole (rule 8)",
+                        covered.map_or(0, |c| c.segno)
+                    ),
+                ))
+            }
+            Err(SegmentError::Frame(f)) => return Err(corrupt(0, f.to_string())),
+            Err(SegmentError::Content { offset, reason }) => return Err(corrupt(offset, reason)),
+        };
+        if seg.vnode != vnode || seg.segno != segno {
+            return Err(corrupt(
+                0,
+                format!("segment says it is {} segment {}", seg.vnode, seg.segno),
+            ));
+        }
+        // Rule 8: a first_seq below the expected one is a zombie's overlap (duplicates); above
+        // it, events are missing.
+        if seg.first_seq > self.next_seq {
+            return Err(self.missing(
+                Some(segno),
+                format!(
+                    "events {}..{} are missing before segment {segno} (a segment before it was \
+                     lost)",
+                    self.next_seq, seg.first_seq
+                ),
+            ));
+        }
+        let end = seg.first_seq + seg.events.len() as u64;
+        self.next_seq = self.next_seq.max(end);
+        self.durable_seq = self.durable_seq.max(end);
+        self.last_read = Some(segno);
+        self.seen.reserve(seg.events.len());
+        for (offset, event) in seg.events {
+            if self.seen.insert(event.key()) {
+                sink(LoggedEvent {
+                    segment: segno,
+                    offset,
+                    event,
+                });
+            } else {
+                self.duplicates += 1;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Rule 8: the log reaches its durable watermark, or its tail was lost.
+    fn finish(&self) -> Result<(), LogError> {
+        let Some(c) = self.covered else {
+            return Ok(());
+        };
+        let read_to = self.last_read;
+        let short = read_to.map_or(true, |r| r < c.segno);
+        if short || self.next_seq < c.end_seq {
+            let there = match read_to {
+                Some(r) => format!("the log stops at segment {r}, event {}", self.next_seq),
+                None => "no segment is there".to_string(),
+            };
+            let what = match read_to.map_or(0, |r| r + 1) {
+                _ if !short => format!("events {}..{} are missing", self.next_seq, c.end_seq),
+                from if from >= c.segno => format!("segment {} is missing", c.segno),
+                from => format!("segment {from} to segment {} are missing", c.segno),
+            };
+            return Err(self.missing(
+                Some(c.segno),
+                format!(
+                    "{what}: the durable watermark says segment {} up to event {} was flushed \
+                     ({there})",
+                    c.segno, c.end_seq
+                ),
+            ));
+        }
+        Ok(())
     }
 }

@@ -458,3 +458,101 @@ fn a_vnode_the_manifest_lists_without_its_segments_is_corruption() {
     assert!(err.to_string().contains("v1"), "{err}");
     assert!(err.to_string().contains("segment 0"), "{err}");
 }
+
+/// Rule 9: the writer stores checkpoints with the segments they cover; recovery reads the
+/// newest and the segments after it (a gap after it is still an error, rule 8); a damaged
+/// checkpoint, or one ahead of the durable watermark, is not used: the whole log is read and
+/// gives the same state.
+#[test]
+fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
+    use super::checkpoint::checkpoint_key;
+    use super::watermark::watermark_key;
+    let store = Arc::new(MemoryStore::default());
+    // A manual writer stores what was sealed when pumped: one checkpoint after 300 tasks
+    // (~37 KiB of segments), none for the ~12 KiB after it.
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    writer.set_checkpoint_every(20 << 10);
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    for i in 0..400u128 {
+        let d = Declared {
+            task: TaskId(1000 + i),
+            parent: None,
+            index: 0,
+            name: "t".into(),
+            args: vec![0; 8],
+            inputs: vec![],
+            outputs: vec![DataId(5000 + i)],
+        };
+        log.append(&Event::Declared(d)).unwrap();
+        if i % 3 != 0 {
+            log.append(&completed(1000 + i)).unwrap();
+        }
+        if i % 10 == 9 {
+            log.seal().unwrap();
+        }
+        if i == 299 {
+            writer.pump();
+        }
+    }
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+    let reader = LogReader::new(store.clone());
+    let from_ck = reader.recover_vnode(VnodeId(0)).unwrap();
+    let ck = from_ck
+        .checkpoint
+        .expect("a checkpoint was written and used");
+    assert!(from_ck.tail_events < 1200, "read only after the checkpoint");
+    let mut whole = LogState::default();
+    for e in read(&store).unwrap().events {
+        whole.fold(e.event);
+    }
+    whole.compact();
+    assert_eq!(from_ck.state, whole);
+    assert_eq!(from_ck.state.completed, 266);
+
+    // A damaged checkpoint, then one ahead of the watermark: the whole log, the same state.
+    let good = store.get(&checkpoint_key(VnodeId(0))).unwrap().unwrap();
+    let mut bad = good.clone();
+    let at = bad.len() - 3;
+    bad[at] ^= 1;
+    store.put(&checkpoint_key(VnodeId(0)), &bad).unwrap();
+    let r = reader.recover_vnode(VnodeId(0)).unwrap();
+    assert_eq!((r.checkpoint, &r.state), (None, &whole));
+    store.put(&checkpoint_key(VnodeId(0)), &good).unwrap();
+    let wm = store.get(&watermark_key(VnodeId(0))).unwrap().unwrap();
+    let older = watermark::Watermark {
+        vnode: VnodeId(0),
+        last: Some(watermark::LastSegment {
+            segno: ck.segno - 1,
+            end_seq: 1,
+        }),
+    };
+    store
+        .put(&watermark_key(VnodeId(0)), &older.encode().unwrap())
+        .unwrap();
+    let r = reader.recover_vnode(VnodeId(0)).unwrap();
+    assert_eq!((r.checkpoint, &r.state), (None, &whole));
+    store.put(&watermark_key(VnodeId(0)), &wm).unwrap();
+
+    // A segment lost after the checkpoint is reported; one lost before it is not needed by
+    // recovery, but every full reader (certify, inspect) still reports it.
+    let segs = segments(&store);
+    let last = segs.len() as u64 - 1;
+    assert!(ck.segno < last, "segments follow the checkpoint");
+    store
+        .delete(&segment_key(VnodeId(0), ck.segno + 1))
+        .unwrap();
+    assert!(matches!(
+        reader.recover_vnode(VnodeId(0)),
+        Err(LogError::Missing { segment: Some(s), .. }) if s == ck.segno + 1
+    ));
+    store
+        .put(
+            &segment_key(VnodeId(0), ck.segno + 1),
+            &segs[ck.segno as usize + 1].1,
+        )
+        .unwrap();
+    store.delete(&segment_key(VnodeId(0), 1)).unwrap();
+    assert_eq!(reader.recover_vnode(VnodeId(0)).unwrap().state, whole);
+    assert!(matches!(read(&store), Err(LogError::Missing { .. })));
+}

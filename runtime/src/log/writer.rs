@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use veriflow_checkpoint::Store;
 
+use super::checkpoint::{checkpoint_key, Checkpoint};
+use super::reader::{LogReader, RecoveredLog};
 use super::segment::{self, SegmentBuilder};
+use super::state::LogState;
 use super::watermark::{watermark_key, LastSegment, Watermark};
 use super::{Event, EventKey, LogError};
-use crate::ids::{IdHasher, VnodeId};
+use crate::ids::{DataId, IdHasher, IdMap, VnodeId};
 use crate::util::Padded;
 
 /// When an open batch is sealed into a segment (rule 2).
@@ -46,6 +49,12 @@ struct Sealed {
 
 enum ToWriter {
     Segment(Sealed),
+    /// A victim acknowledged a value this vnode returned (`state.rs` rule 5).
+    Acked {
+        vnode: VnodeId,
+        data: DataId,
+        victim: VnodeId,
+    },
     /// Store what came before, then exit (vnode logs may outlive the writer).
     Stop,
     /// Store what came before, then answer.
@@ -63,6 +72,112 @@ struct Shared {
     /// A manual writer ([`LogWriter::manual`]): no thread; sealed segments wait here until
     /// [`LogWriter::pump`] (or a sync) stores them.
     manual: Option<Mutex<Manual>>,
+    /// Rule 9: each vnode's folded log, and how often it becomes a checkpoint.
+    compactors: Mutex<IdMap<VnodeId, Compactor>>,
+    /// Bytes of segments between two checkpoints of a vnode; 0: no checkpoints.
+    checkpoint_every: AtomicU64,
+    /// Bytes of segments sealed and not yet stored: vnodes wait while it is above
+    /// [`MAX_IN_FLIGHT_BYTES`] (rule 2), so a writer slower than its vnodes holds a bounded
+    /// backlog in memory instead of one that grows with the run.
+    in_flight: AtomicU64,
+}
+
+/// Most bytes of sealed segments waiting for the writer before vnodes that seal wait too: one
+/// full writer batch ([`MAX_SEGMENTS_PER_FLUSH`] segments of the default 64 KiB).
+const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
+
+/// Rule 9: a vnode's log folded as the writer stores it, compacted now and then, and written
+/// as a checkpoint every [`LogWriter::set_checkpoint_every`] bytes of segments.
+struct Compactor {
+    state: LogState,
+    /// The last segment folded in.
+    upto: Option<LastSegment>,
+    /// Bytes of segments folded since the last checkpoint.
+    since: u64,
+    /// `state.size()` after the last compaction: the next one comes at twice that.
+    compacted: usize,
+    /// The log could not be read back when the vnode's log was opened: no checkpoint is
+    /// written (recovery reads the whole log, and reports what is wrong with it).
+    broken: bool,
+}
+
+/// Default of [`LogWriter::set_checkpoint_every`]: 32 MiB of segments. Recovery then decodes
+/// at most this much log after the checkpoint (a fraction of a second); the checkpoint itself
+/// is the live frontier, usually far smaller, so writing one costs little against 32 MiB of
+/// segments.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
+/// Compaction runs when the folded state holds this many entries more than twice its size
+/// after the last compaction (amortised constant cost per event).
+const COMPACT_SLACK: usize = 4096;
+
+impl Compactor {
+    fn seeded(state: LogState, upto: Option<LastSegment>) -> Compactor {
+        let compacted = state.size();
+        Compactor {
+            state,
+            upto,
+            since: 0,
+            compacted,
+            broken: false,
+        }
+    }
+
+    /// Folds one stored segment in (rule 9). A segment at or below what was folded is a
+    /// repeat (a new incarnation re-opened the log): skipped.
+    fn fold(&mut self, s: &Sealed) {
+        if self.broken || self.upto.is_some_and(|u| s.segno <= u.segno) {
+            return;
+        }
+        match segment::decode_segment(&s.bytes) {
+            Ok(seg) => {
+                for (_, e) in seg.events {
+                    self.state.fold(e);
+                }
+            }
+            Err(e) => {
+                tracing::error!("log of {}: cannot fold segment {}: {e:?}", s.vnode, s.segno);
+                self.broken = true;
+                return;
+            }
+        }
+        self.upto = Some(LastSegment {
+            segno: s.segno,
+            end_seq: s.last_seq,
+        });
+        self.since += s.bytes.len() as u64;
+        if self.state.size() > 2 * self.compacted + COMPACT_SLACK {
+            self.compact();
+        }
+    }
+
+    fn compact(&mut self) {
+        self.state.compact();
+        self.compacted = self.state.size();
+    }
+
+    /// The checkpoint record, if one is due.
+    fn checkpoint(&mut self, vnode: VnodeId, every: u64) -> Option<(Vec<u8>, Vec<u8>)> {
+        if self.broken || every == 0 || self.since < every {
+            return None;
+        }
+        let upto = self.upto?;
+        self.compact();
+        self.since = 0;
+        let ck = Checkpoint {
+            vnode,
+            upto,
+            state: std::mem::take(&mut self.state),
+        };
+        let bytes = ck.encode();
+        self.state = ck.state;
+        match bytes {
+            Ok(b) => Some((checkpoint_key(vnode), b)),
+            Err(e) => {
+                tracing::error!("log of {vnode}: cannot encode its checkpoint: {e}");
+                None
+            }
+        }
+    }
 }
 
 /// The queue and store of a manual writer.
@@ -84,6 +199,11 @@ impl Shared {
                     let _ = reply.send(());
                 }
                 ToWriter::Stop => {}
+                ToWriter::Acked {
+                    vnode,
+                    data,
+                    victim,
+                } => self.acked(vnode, data, victim),
             }
         }
         if !batch.is_empty() && self.error().is_none() {
@@ -101,6 +221,16 @@ impl Shared {
             flushed_cv: Condvar::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
             manual: manual.map(Mutex::new),
+            compactors: Mutex::new(IdMap::default()),
+            checkpoint_every: AtomicU64::new(DEFAULT_CHECKPOINT_BYTES),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    fn acked(&self, vnode: VnodeId, data: DataId, victim: VnodeId) {
+        let mut c = self.compactors.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = c.get_mut(&vnode) {
+            c.state.acknowledged(data, victim);
         }
     }
 
@@ -214,42 +344,45 @@ impl LogWriter {
         // an older one cannot add a segment this one would not have seen (rule 7).
         let prefix = segment::vnode_prefix(vnode);
         self.store.raise_fence(&prefix, epoch)?;
-        let existing = self.store.scan_prefix(&prefix)?;
-        // Rule 8: a torn segment the watermark covers was flushed whole, so it is damage, not
-        // a crash's leftover: it is kept for readers to report, never dropped here.
-        let covered = match self.store.get(&watermark_key(vnode))? {
-            Some(bytes) => Watermark::decode(vnode, &bytes)
-                .ok()
-                .and_then(|wm| wm.last)
-                .map(|l| l.segno),
-            None => None,
-        };
-        let mut next_segno = 0;
-        let mut next_seq = 0;
-        for (i, (key, value)) in existing.iter().enumerate() {
-            if let Some((_, segno)) = segment::parse_segment_key(key) {
-                match segment::decode_segment(value) {
-                    Ok(seg) => {
-                        next_seq = next_seq.max(seg.first_seq + seg.events.len() as u64);
-                        next_segno = next_segno.max(segno + 1);
-                    }
-                    // Rule 4: a torn last segment holds nothing durable. Appending after it
-                    // would make it a torn *middle* segment, which readers refuse: drop it and
-                    // reuse its number.
-                    Err(segment::SegmentError::Frame(f))
-                        if f.is_torn()
-                            && i + 1 == existing.len()
-                            && covered.map_or(true, |c| segno > c) =>
-                    {
-                        tracing::warn!("log of {vnode}: dropping torn last segment {segno} ({f})");
-                        self.store.delete(key)?;
-                        self.store.flush()?;
-                        next_segno = next_segno.max(segno);
-                    }
-                    Err(_) => next_segno = next_segno.max(segno + 1),
+        // Rule 9: what recovery needs, read once here (from the newest checkpoint on) and
+        // handed to it by `VnodeLog::take_recovery`; the writer folds on from the same state.
+        let recovery = LogReader::new(self.store.clone()).recover_vnode(vnode);
+        let (mut next_segno, next_seq, compactor) = match &recovery {
+            Ok(r) => {
+                let mut next_segno = r.next_segno;
+                if let Some(t) = &r.torn {
+                    // Rule 4: a torn last segment (the watermark does not cover it, else the
+                    // read failed) holds nothing durable. Appending after it would make it a
+                    // torn *middle* segment, which readers refuse: drop it, reuse its number.
+                    tracing::warn!(
+                        "log of {vnode}: dropping torn last segment {} ({})",
+                        t.segment,
+                        t.reason
+                    );
+                    self.store.delete(&segment::segment_key(vnode, t.segment))?;
+                    self.store.flush()?;
+                    next_segno = next_segno.max(t.segment);
                 }
+                let upto = r.next_segno.checked_sub(1).map(|segno| LastSegment {
+                    segno,
+                    end_seq: r.next_seq,
+                });
+                let c = Compactor::seeded(r.state.clone(), upto);
+                (next_segno, r.next_seq, c)
             }
-        }
+            // The log does not read back: recovery reports why. Number after whatever is there.
+            Err(_) => {
+                let (segno, seq) = self.scan_numbers(vnode, &prefix)?;
+                let mut c = Compactor::seeded(LogState::default(), None);
+                c.broken = true;
+                (segno, seq, c)
+            }
+        };
+        self.shared
+            .compactors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(vnode, compactor);
         if at.is_none() && next_segno > 0 {
             // Continuing the newest incarnation (see `vnode_log`): its epoch, and its fence.
             epoch = (next_segno - 1) >> segment::EPOCH_SHIFT;
@@ -275,7 +408,53 @@ impl LogWriter {
             policy: self.policy,
             tx,
             shared: self.shared.clone(),
+            recovery: Some(recovery),
         })
+    }
+
+    /// The next segment and sequence numbers of a log that does not read back: after every
+    /// segment there, a torn last one the watermark does not cover dropped (rule 4).
+    fn scan_numbers(&self, vnode: VnodeId, prefix: &[u8]) -> Result<(u64, u64), LogError> {
+        let existing = self.store.scan_prefix(prefix)?;
+        // Rule 8: a torn segment the watermark covers was flushed whole, so it is damage, not
+        // a crash's leftover: it is kept for readers to report, never dropped here.
+        let covered = match self.store.get(&watermark_key(vnode))? {
+            Some(bytes) => Watermark::decode(vnode, &bytes)
+                .ok()
+                .and_then(|wm| wm.last)
+                .map(|l| l.segno),
+            None => None,
+        };
+        let mut next_segno = 0;
+        let mut next_seq = 0;
+        for (i, (key, value)) in existing.iter().enumerate() {
+            if let Some((_, segno)) = segment::parse_segment_key(key) {
+                match segment::decode_segment(value) {
+                    Ok(seg) => {
+                        next_seq = next_seq.max(seg.first_seq + seg.events.len() as u64);
+                        next_segno = next_segno.max(segno + 1);
+                    }
+                    Err(segment::SegmentError::Frame(f))
+                        if f.is_torn()
+                            && i + 1 == existing.len()
+                            && covered.map_or(true, |c| segno > c) =>
+                    {
+                        tracing::warn!("log of {vnode}: dropping torn last segment {segno} ({f})");
+                        self.store.delete(key)?;
+                        self.store.flush()?;
+                        next_segno = next_segno.max(segno);
+                    }
+                    Err(_) => next_segno = next_segno.max(segno + 1),
+                }
+            }
+        }
+        Ok((next_segno, next_seq))
+    }
+
+    /// Rule 9: bytes of segments between two checkpoints of a vnode (default
+    /// [`DEFAULT_CHECKPOINT_BYTES`]); 0 writes none, and recovery reads whole logs.
+    pub fn set_checkpoint_every(&self, bytes: u64) {
+        self.shared.checkpoint_every.store(bytes, Ordering::Relaxed);
     }
 
     /// Returns once every segment sealed before the call is stored and flushed (or the
@@ -340,6 +519,14 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
                 let _ = reply.send(());
                 continue;
             }
+            Ok(ToWriter::Acked {
+                vnode,
+                data,
+                victim,
+            }) => {
+                shared.acked(vnode, data, victim);
+                continue;
+            }
             Ok(ToWriter::Stop) | Err(_) => break,
         }
         while batch.len() < MAX_SEGMENTS_PER_FLUSH {
@@ -353,6 +540,11 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
                     stopping = true;
                     break;
                 }
+                Ok(ToWriter::Acked {
+                    vnode,
+                    data,
+                    victim,
+                }) => shared.acked(vnode, data, victim),
                 Err(_) => break,
             }
         }
@@ -369,6 +561,7 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
 /// Stores one batch of sealed segments and flushes, then raises the durable marks (rule 2).
 /// Returns false, with the error kept in `shared`, if the store failed (rule 5).
 fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
+    let batch_bytes: u64 = batch.iter().map(|s| s.bytes.len() as u64).sum();
     let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
     let mut fences: Vec<(VnodeId, u64)> = Vec::new();
     for s in &batch {
@@ -386,6 +579,8 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     // Each chunk carries the durable watermark of every vnode it holds segments of (rule
     // 8), so the watermark never names a segment that is not stored with it, and a fenced
     // zombie's watermark is refused with its segments.
+    let every = shared.checkpoint_every.load(Ordering::Relaxed);
+    let mut compactors = shared.compactors.lock().unwrap_or_else(|p| p.into_inner());
     let mut result = Ok(());
     let mut segments = batch.into_iter().peekable();
     while segments.peek().is_some() && result.is_ok() {
@@ -405,7 +600,25 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
                 Some((_, m)) => *m = mark,
                 None => last.push((s.vnode, mark)),
             }
+            // Rule 9: fold the segment in before its bytes go into the chunk.
+            if every > 0 {
+                if let Some(c) = compactors.get_mut(&s.vnode) {
+                    c.fold(&s);
+                }
+            }
             chunk.push((segment::segment_key(s.vnode, s.segno), s.bytes));
+        }
+        // Rule 9: a checkpoint that is due goes in this chunk, beside the last segment it
+        // covers and that segment's watermark.
+        if every > 0 {
+            for (vnode, _) in &last {
+                if let Some(pair) = compactors
+                    .get_mut(vnode)
+                    .and_then(|c| c.checkpoint(*vnode, every))
+                {
+                    chunk.push(pair);
+                }
+            }
         }
         for (vnode, mark) in last {
             let wm = Watermark {
@@ -424,12 +637,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             result = store.put_batch_fenced(&fences, &chunk);
         }
     }
+    drop(compactors);
     let result = result.and_then(|()| store.flush());
     if let Err(e) = result {
         tracing::error!("log writer: {e}");
         *shared.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
         return false;
     }
+    shared.in_flight.fetch_sub(batch_bytes, Ordering::AcqRel);
     for (v, seq) in marks {
         shared.durable[v.0 as usize]
             .0
@@ -457,6 +672,8 @@ pub struct VnodeLog {
     policy: CommitPolicy,
     tx: Sender<ToWriter>,
     shared: Arc<Shared>,
+    /// What recovery needs from the log as it was opened, until taken (rule 9).
+    recovery: Option<Result<RecoveredLog, LogError>>,
 }
 
 impl std::fmt::Debug for VnodeLog {
@@ -470,6 +687,32 @@ impl std::fmt::Debug for VnodeLog {
 }
 
 impl VnodeLog {
+    /// What recovery needs from this log as it was when opened (rule 9): the newest sound
+    /// checkpoint with the segments after it folded in, or the whole log folded. Once only.
+    pub fn take_recovery(&mut self) -> Result<RecoveredLog, LogError> {
+        self.recovery.take().unwrap_or_else(|| {
+            Err(LogError::Stopped(format!(
+                "the recovery state of {}'s log was already taken",
+                self.vnode
+            )))
+        })
+    }
+
+    /// Drops the recovery state (a fresh run has nothing to recover).
+    pub fn forget_recovery(&mut self) {
+        self.recovery = None;
+    }
+
+    /// `victim` acknowledged the value of `data` that this vnode returned: checkpoints need
+    /// not keep it to send it again (`state.rs` rule 5).
+    pub fn note_acknowledged(&self, data: DataId, victim: VnodeId) {
+        let _ = self.tx.send(ToWriter::Acked {
+            vnode: self.vnode,
+            data,
+            victim,
+        });
+    }
+
     /// Appends `event` and returns the sequence number to wait for ([`VnodeLog::durable`])
     /// before it counts as stable. A duplicate of an event in the open batch is dropped
     /// (rule 1).
@@ -510,6 +753,10 @@ impl VnodeLog {
             SegmentBuilder::new(self.policy.max_bytes),
         );
         let bytes = full.seal(self.vnode, self.next_segno, self.first_seq);
+        self.wait_for_room();
+        self.shared
+            .in_flight
+            .fetch_add(bytes.len() as u64, Ordering::AcqRel);
         self.tx
             .send(ToWriter::Segment(Sealed {
                 vnode: self.vnode,
@@ -524,6 +771,30 @@ impl VnodeLog {
         self.keys.clear();
         self.opened_at = None;
         Ok(())
+    }
+
+    /// Waits while the writer is [`MAX_IN_FLIGHT_BYTES`] behind (a manual writer stores only
+    /// when pumped: its caller decides when, so it never waits).
+    fn wait_for_room(&self) {
+        if self.shared.manual.is_some() {
+            return;
+        }
+        let mut flushed = self
+            .shared
+            .flushed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while self.shared.in_flight.load(Ordering::Acquire) > MAX_IN_FLIGHT_BYTES
+            && !self.shared.closed.load(Ordering::SeqCst)
+            && self.shared.error().is_none()
+        {
+            flushed = self
+                .shared
+                .flushed_cv
+                .wait_timeout(flushed, Duration::from_millis(10))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// Rule 5: the store's error if the writer kept one (it records it before it exits, so
