@@ -18,9 +18,8 @@
 //! report (JSON, `--report FILE`) lists the faults injected by kind and each job's outcome.
 //! Every loop is bounded by the budget or by `JOB_LIMIT`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Process, Stdio};
+use std::process::{Child, Command as Process};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -31,6 +30,7 @@ use veriflow_checkpoint::launch::{server_binary, ServerProcess};
 use veriflow_checkpoint::Key;
 
 use crate::app::CliError;
+use crate::cluster_cli::spawn;
 
 #[derive(Args, Debug)]
 pub(crate) struct ChaosArgs {
@@ -44,8 +44,7 @@ pub(crate) struct ChaosArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=16))]
     workers: u32,
     /// Seconds between faults, drawn uniformly in [MIN, MAX].
-    #[arg(long, value_name = "MIN,MAX", value_delimiter = ',', num_args = 2,
-          default_values_t = [3.0, 6.0])]
+    #[arg(long, value_name = "MIN,MAX", value_delimiter = ',', default_values_t = [3.0, 6.0])]
     fault_every: Vec<f64>,
     /// Write the JSON report here too.
     #[arg(long, value_name = "FILE")]
@@ -148,21 +147,6 @@ struct Job {
     server_down: Option<(usize, Instant)>,
 }
 
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, CliError> {
-    let err = std::fs::File::create(log).map_err(|source| CliError::Io {
-        what: "cannot write",
-        path: log.to_path_buf(),
-        source,
-    })?;
-    Process::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(err)
-        .spawn()
-        .map_err(|e| CliError::Invalid(format!("cannot start {}: {e}", bin.display())))
-}
-
 impl Job {
     fn start(bin: &Path, workers: u32) -> Result<Job, CliError> {
         let dir = tempfile::Builder::new()
@@ -247,36 +231,12 @@ impl Job {
             args.push("--standby".into());
         }
         let mut child = spawn(&self.bin, &args, &log)?;
-        let mut out = child.stdout.take().map(BufReader::new);
+        let addr = crate::cluster_cli::coordinator_started(&mut child, &log, !standby);
         let proc = Proc {
             child: Some(child),
             what: format!("coordinator {n}"),
         };
-        let mut line = String::new();
-        let mut next = || {
-            line.clear();
-            if let Some(r) = out.as_mut() {
-                let _ = r.read_line(&mut line);
-            }
-            line.trim().to_string()
-        };
-        let Some(addr) = next()
-            .strip_prefix("coordinator listening on ")
-            .map(str::to_string)
-        else {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(CliError::Invalid(format!(
-                "a coordinator did not start: {}",
-                log.trim()
-            )));
-        };
-        if !standby && !next().starts_with("coordinator active") {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(CliError::Invalid(format!(
-                "the coordinator did not take the role: {}",
-                log.trim()
-            )));
-        }
+        let addr = addr?;
         Ok((proc, addr))
     }
 

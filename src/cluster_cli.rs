@@ -628,18 +628,56 @@ impl Drop for Proc {
 fn spawn_self(args: &[String], log: &std::path::Path) -> Result<Child, CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Invalid(format!("cannot find this program's binary: {e}")))?;
+    spawn(&exe, args, log)
+}
+
+/// Starts `bin args`, its stderr into `log` and its stdout piped (`chaos` and `cluster`).
+pub(crate) fn spawn(
+    bin: &std::path::Path,
+    args: &[String],
+    log: &std::path::Path,
+) -> Result<Child, CliError> {
     let err = std::fs::File::create(log).map_err(|source| CliError::Io {
         what: "cannot write",
         path: log.to_path_buf(),
         source,
     })?;
-    Process::new(&exe)
+    Process::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(err)
         .spawn()
-        .map_err(|e| CliError::Invalid(format!("cannot start {}: {e}", exe.display())))
+        .map_err(|e| CliError::Invalid(format!("cannot start {}: {e}", bin.display())))
+}
+
+/// The address a coordinator process started by [`spawn`] listens on, read from its stdout;
+/// with `active`, after it also said it took the role. Its log says why when it did not.
+pub(crate) fn coordinator_started(
+    child: &mut Child,
+    log: &std::path::Path,
+    active: bool,
+) -> Result<String, CliError> {
+    let mut lines = child.stdout.take().map(BufReader::new);
+    let mut next = || {
+        let mut line = String::new();
+        if let Some(r) = lines.as_mut() {
+            let _ = r.read_line(&mut line);
+        }
+        line.trim().to_string()
+    };
+    let why = |what: &str| {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        CliError::Invalid(format!("{what}: {}", log.trim()))
+    };
+    let addr = next()
+        .strip_prefix("coordinator listening on ")
+        .map(str::to_string)
+        .ok_or_else(|| why("a coordinator did not start"))?;
+    if active && !next().starts_with("coordinator active") {
+        return Err(why("the coordinator did not take the role"));
+    }
+    Ok(addr)
 }
 
 /// `APP cluster`: checkpoint servers, a coordinator and workers on loopback, one job, then
@@ -715,34 +753,9 @@ pub(crate) fn cluster_cmd<P: Program>(
         coord_args.extend(args.fd.to_args());
         let log = dir.path().join(format!("coordinator{i}.log"));
         let mut child = spawn_self(&coord_args, &log)?;
-        let out = child.stdout.take();
+        let addr = coordinator_started(&mut child, &log, i == 0);
         let proc = Proc(Some(child));
-        let mut lines = out.map(BufReader::new);
-        let mut line = String::new();
-        let mut next = || {
-            line.clear();
-            if let Some(r) = lines.as_mut() {
-                let _ = r.read_line(&mut line);
-            }
-            line.trim().to_string()
-        };
-        let Some(addr) = next()
-            .strip_prefix("coordinator listening on ")
-            .map(str::to_string)
-        else {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(CliError::Invalid(format!(
-                "coordinator {i} did not start: {}",
-                log.trim()
-            )));
-        };
-        if i == 0 && !next().starts_with("coordinator active") {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(CliError::Invalid(format!(
-                "the coordinator did not take the role: {}",
-                log.trim()
-            )));
-        }
+        let addr = addr?;
         caddrs.push(addr);
         coordinators.push(proc);
     }
