@@ -324,32 +324,6 @@ async fn serve_peer(stream: TcpStream, peer: SocketAddr, driver: &Arc<Driver>) {
     }
 }
 
-/// Connects to the coordinator at `addr` with retries and backoff (rule 1).
-pub async fn connect_coordinator(
-    addr: &str,
-    key: &Key,
-) -> Result<Connection<TcpStream>, ClusterError> {
-    let mut delay = Duration::from_millis(100);
-    let tries = 8;
-    let mut last = String::new();
-    for i in 0..tries {
-        match connect_once(addr, key).await {
-            Ok(c) => return Ok(c),
-            Err(e @ ClusterError::Refused { .. }) => return Err(e),
-            Err(e) => last = e.to_string(),
-        }
-        if i + 1 < tries {
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
-        }
-    }
-    Err(ClusterError::Unreachable {
-        addr: addr.to_string(),
-        tries,
-        last,
-    })
-}
-
 /// One connection attempt: a wrong key is [`ClusterError::Refused`], the rest transient.
 pub(crate) async fn connect_once(
     addr: &str,

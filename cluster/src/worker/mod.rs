@@ -42,7 +42,7 @@ use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams};
 use veriflow_runtime::transport::Envelope;
 use veriflow_runtime::{Control, Epoch, VnodeId};
 
-pub use driver::{connect_coordinator, run_worker, JobContext, RunJob, WorkerConfig};
+pub use driver::{run_worker, JobContext, RunJob, WorkerConfig};
 
 use crate::protocol::{JobSpec, Peer, PeerInfo, ToCoord, ToWorker, WorkerId, WorkerReport};
 
