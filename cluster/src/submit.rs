@@ -9,9 +9,11 @@ use crate::error::ClusterError;
 use crate::protocol::{Hello, JobSpec, ToSubmit};
 use crate::worker::driver::connect_once;
 
-/// How long the client looks for a coordinator, first and after losing one: a standby takes
-/// over within its lease's expiry plus the members' return.
+/// How long the client looks for a coordinator after losing one: a standby takes over within
+/// its lease's expiry plus the members' return.
 const PATIENCE: Duration = Duration::from_secs(60);
+/// How long it looks for one at first: a typo in an address is reported in seconds.
+const FIRST_PATIENCE: Duration = Duration::from_secs(15);
 
 /// Submits `job` to whichever of the coordinators at `addrs` holds the role, and follows it
 /// to the end; `on_event` sees every message on the way (progress, lost workers, a takeover).
@@ -117,10 +119,15 @@ async fn find(
                 Err(e) => last = format!("{addr}: {e}"),
             }
         }
-        if start.elapsed() >= PATIENCE {
+        let patience = if lost.is_some() {
+            PATIENCE
+        } else {
+            FIRST_PATIENCE
+        };
+        if start.elapsed() >= patience {
             return Err(match lost {
                 Some(l) => ClusterError::CoordinatorLost(format!(
-                    "{l}, and no coordinator took the job over within {PATIENCE:?} ({last})"
+                    "{l}, and no coordinator took the job over within {patience:?} ({last})"
                 )),
                 None => ClusterError::Unreachable {
                     addr: addrs.join(","),
