@@ -363,29 +363,7 @@ enum Frame {
     Exit(u32),
 }
 
-struct InFlight {
-    at: Duration,
-    seq: u64,
-    frame: Frame,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for InFlight {}
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for InFlight {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        // Earliest first in a max-heap.
-        (o.at, o.seq).cmp(&(self.at, self.seq))
-    }
-}
+type InFlight = super::net::InFlight<Frame>;
 
 /// What a node pulled from its endpoint, for the dead-incarnation checker (rule 6): the
 /// newest epoch seen per sender and how many messages were older.

@@ -51,6 +51,7 @@
 
 mod check;
 pub mod iterative;
+mod net;
 pub mod program;
 mod servers;
 
@@ -301,29 +302,7 @@ enum Frame {
     Peer(WorkerId, WorkerId, Peer),
 }
 
-struct InFlight {
-    at: Duration,
-    seq: u64,
-    frame: Frame,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for InFlight {}
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for InFlight {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        // Earliest first in a max-heap.
-        (o.at, o.seq).cmp(&(self.at, self.seq))
-    }
-}
+type InFlight = net::InFlight<Frame>;
 
 type Outbox = Arc<Mutex<Vec<(u32, Envelope)>>>;
 
