@@ -111,3 +111,31 @@ fn without_store_fences_zombies_run_completed_tasks_again() {
         "300 seeds without fences, and no zombie caught: {caught:?}"
     );
 }
+
+/// Issue 15, simulated: in these seeds the active coordinator fails often (a crash that resets
+/// or silences its connections, a crash right after a journal write, a pause past its lease
+/// from which it wakes deposed). Each time a standby takes over from the journal, the workers
+/// rejoin with signed claims, the client attaches again, and the job ends with the reference
+/// bits, every task completed once.
+#[test]
+fn coordinators_fail_and_their_successors_finish_every_job() {
+    let mut total = FaultCounts::default();
+    let mut failures = Vec::new();
+    for seed in 0..100 {
+        let mut cfg = SimConfig::from_seed(seed);
+        cfg.faults.coord = 80.0;
+        match sim::run(&cfg) {
+            Ok(o) => total.add(&o.faults),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    println!(
+        "coordinator faults: {} crashes, {} pauses ({} past the lease), {} takeovers",
+        total.coord_crashes, total.coord_pauses, total.coord_zombies, total.takeovers
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        total.takeovers >= 80 && total.coord_zombies >= 10,
+        "too few coordinator faults landed: {total:?}"
+    );
+}

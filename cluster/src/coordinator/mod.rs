@@ -23,8 +23,9 @@
 //!    declares it broken. A worker's report that another is broken is a suspicion only: it is
 //!    acted on when the coordinator's detector does not see the suspect alive (it is
 //!    Unreachable or Broken here) or when `k` distinct members (paper 004's k, at most the
-//!    other live members) suspect it; a report from a worker about itself or about a stranger
-//!    is refused and noted. Every message counts as a heartbeat; a coordinator that was itself
+//!    other live members) suspect it within one detection period of each other (older
+//!    reports are unrelated misses on lossy links, and expire); a report from a worker about
+//!    itself or about a stranger is refused and noted. Every message counts as a heartbeat; a coordinator that was itself
 //!    stalled accuses nobody when it wakes (the detector's rule 9).
 //! 5. A lost worker's vnodes move, each at a new epoch, to a spare if one is idle, else to the
 //!    live member with the fewest vnodes; the new host rebuilds them from their logs and every
@@ -420,7 +421,7 @@ pub struct Coordinator {
     waiting: Vec<Waiting>,
     detector: Detector,
     /// Who suspects whom (rule 4).
-    suspicions: BTreeMap<WorkerId, BTreeSet<WorkerId>>,
+    suspicions: BTreeMap<WorkerId, BTreeMap<WorkerId, Duration>>,
     /// Connections of workers and the ids they were admitted as.
     next_worker: WorkerId,
     /// Members of a predecessor that have not come back yet (rule 10).
@@ -943,8 +944,10 @@ impl Coordinator {
             }
             return;
         }
+        let window = self.suspicion_window();
         let by = self.suspicions.entry(suspect).or_default();
-        by.insert(reporter);
+        by.insert(reporter, now);
+        by.retain(|_, at| now.saturating_sub(*at) <= window);
         let reporters = by.len();
         let others = self.workers.len().saturating_sub(1).max(1);
         let quorum = self.cfg.fd.k.clamp(1, others);
@@ -963,6 +966,15 @@ impl Coordinator {
                  it is alive here)"
             ));
         }
+    }
+
+    /// Rule 4: how long a worker's report that another is broken counts. Every detector of a
+    /// process that died declares it broken within about this of the others (the longest
+    /// promise, T_insurance, plus the slack and T_broken): reports further apart are unrelated
+    /// misses (a lost heartbeat here, a late one there), not agreement.
+    fn suspicion_window(&self) -> Duration {
+        let fd = &self.cfg.fd;
+        fd.insurance + fd.interval + fd.timeout + fd.broken
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1034,7 +1046,12 @@ impl Coordinator {
                     ),
                     FdAction::Unreachable { peer } => {
                         // Rule 4: a suspicion reported earlier is now confirmed here.
-                        let reporters = self.suspicions.get(&peer).map_or(0, BTreeSet::len);
+                        let window = self.suspicion_window();
+                        let reporters = self.suspicions.get(&peer).map_or(0, |by| {
+                            by.values()
+                                .filter(|at| now.saturating_sub(**at) <= window)
+                                .count()
+                        });
                         if reporters > 0 {
                             self.lose(
                                 now,

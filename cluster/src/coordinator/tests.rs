@@ -468,6 +468,49 @@ fn one_report_against_a_worker_the_coordinator_hears_from_evicts_nobody() {
     assert!(!c.workers().contains(&2), "{a:?}");
 }
 
+/// Found by the simulator (seeds 13 and 15 after coordinator crashes landed): on lossy links
+/// each worker now and then misses a heartbeat and reports a healthy peer; reports of two
+/// workers 240 ms apart added up to k and evicted a healthy member hosting a vnode. Reports
+/// count together only within one detection period.
+#[test]
+fn reports_far_apart_in_time_do_not_add_up_to_an_eviction() {
+    let mut c = running(4, 0, 4);
+    let fd = c.config().fd;
+    let window = fd.insurance + fd.interval + fd.timeout + fd.broken;
+    let mut now = ms(20);
+    beat_all(&mut c, now);
+    let _ = c.on_event(
+        now,
+        Event::FromWorker {
+            worker: 1,
+            msg: ToCoord::Broken { worker: 2 },
+        },
+    );
+    // Everyone keeps beating (worker 2 is alive here) past the window.
+    while now < ms(20) + window + ms(50) {
+        now += ms(10);
+        beat_all(&mut c, now);
+        let _ = c.on_event(now, Event::Tick);
+    }
+    let a = c.on_event(
+        now,
+        Event::FromWorker {
+            worker: 3,
+            msg: ToCoord::Broken { worker: 2 },
+        },
+    );
+    assert!(c.workers().contains(&2), "stale report counted: {a:?}");
+    // A second report within the window of the first is agreement.
+    let a = c.on_event(
+        now + ms(1),
+        Event::FromWorker {
+            worker: 4,
+            msg: ToCoord::Broken { worker: 2 },
+        },
+    );
+    assert!(!c.workers().contains(&2), "{a:?}");
+}
+
 #[test]
 fn a_report_against_a_worker_silent_here_too_is_acted_on_at_once() {
     let mut c = running(3, 0, 3);

@@ -44,6 +44,15 @@
 //!    in the flush of the next write it serves (losing that write), and restarts 2-30 ms
 //!    later, then is scrubbed; never more than one at a time, and only where the layout
 //!    survives it (`servers.rs` rule 3). Zombies meet the servers' epoch fences.
+//! 9. Coordinators fail too (issue 15). In the safety phase the active coordinator, one fault
+//!    at a time, crashes (its connections reset, or fall silent as with a lost host), crashes
+//!    right after its next journal write (between the write-ahead and the orders it covers),
+//!    or pauses, shortly or past its lease. A standby takes the role after the lease expires
+//!    (`journal` rule 2) and continues from the journal (`coordinator` rule 10); the workers
+//!    look for it and rejoin with signed claims, the client attaches to its job again (or
+//!    submits again if it was never accepted), and a paused coordinator that wakes deposed
+//!    steps down at its lease renewal or its first journal write. Every journal write the
+//!    store accepts has a term at least that of every earlier one (checked as it happens).
 //!
 //! Iterative mode (paper 000) has its own world in [`iterative`], over the same fault rates
 //! ([`Faults`]), counts ([`FaultCounts`]) and quantum, with its rules there; it runs and
@@ -71,8 +80,10 @@ use veriflow_runtime::{Control, Forge, ForgeMode, ManualClock, Runtime, SteppedM
 
 pub use check::Violation;
 
-use crate::coordinator::{self, Coordinator, Joining};
-use crate::protocol::{JobSpec, Peer, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
+use crate::coordinator::{self, journal, ClientId, ConnId, Coordinator, Joining};
+use crate::protocol::{
+    JobSpec, Peer, Rejoin, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport,
+};
 use crate::worker::{self, WorkerCore};
 
 /// One step of simulated time (rule 1).
@@ -99,6 +110,8 @@ pub struct Faults {
     pub delay: Duration,
     /// Probability per quantum that a worker's writes reach the store.
     pub pump: f64,
+    /// Coordinator faults (crashes and pauses) per simulated second (rule 9).
+    pub coord: f64,
 }
 
 impl Faults {
@@ -112,6 +125,7 @@ impl Faults {
             dup: rng.gen_range(0.02..0.3),
             delay: Duration::from_micros(rng.gen_range(100..3000)),
             pump: rng.gen_range(0.2..1.0),
+            coord: rng.gen_range(2.0..15.0),
         }
     }
 
@@ -125,6 +139,7 @@ impl Faults {
             dup: 0.0,
             delay: Duration::from_micros(200),
             pump: 1.0,
+            coord: 0.0,
         }
     }
 }
@@ -221,6 +236,14 @@ pub struct FaultCounts {
     pub server_crashes: u64,
     /// Of which in the flush of a write they were serving, which was lost.
     pub server_writes_lost: u64,
+    /// Coordinators crashed (rule 9), right after a journal write or at any other moment.
+    pub coord_crashes: u64,
+    /// Coordinators paused.
+    pub coord_pauses: u64,
+    /// Of which past their lease: a successor took over, and the paused one woke deposed.
+    pub coord_zombies: u64,
+    /// Successors that took a coordinator's role from the journal.
+    pub takeovers: u64,
 }
 
 impl FaultCounts {
@@ -234,6 +257,8 @@ impl FaultCounts {
             + self.duplicated
             + self.writes_lost
             + self.server_crashes
+            + self.coord_crashes
+            + self.coord_pauses
     }
 
     /// Adds `o` to these counts.
@@ -250,6 +275,10 @@ impl FaultCounts {
         self.writes_lost += o.writes_lost;
         self.server_crashes += o.server_crashes;
         self.server_writes_lost += o.server_writes_lost;
+        self.coord_crashes += o.coord_crashes;
+        self.coord_pauses += o.coord_pauses;
+        self.coord_zombies += o.coord_zombies;
+        self.takeovers += o.takeovers;
     }
 }
 
@@ -284,22 +313,58 @@ pub struct SimFailure {
     pub config: String,
 }
 
-/// Who a frame goes between.
+/// A simulated worker process, numbered by the simulator (its [`WorkerId`] is the one a
+/// coordinator gives it when it joins).
+type Pid = u32;
+
+/// A coordinator process: the first is 0, each successor the next (rule 9).
+type Gen = u32;
+
+/// Who a frame goes between: the network position, whichever coordinator process runs there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Node {
     Coord,
-    Worker(WorkerId),
+    Client,
+    Proc(Pid),
+}
+
+/// What reaches a coordinator on one of its connections.
+#[derive(Debug)]
+enum CoordIn {
+    Hello(Joining),
+    Rejoin(Box<Rejoin>, [u8; 32]),
+    Msg(ToCoord),
+    /// The other end closed or reset the connection.
+    Closed(&'static str),
+    Submit(JobSpec),
+    Attach(u64),
 }
 
 #[derive(Debug)]
 enum Frame {
-    ToCoord(WorkerId, ToCoord),
-    ToWorker(WorkerId, ToWorker),
-    /// The coordinator closed its connection to the worker.
-    CoordClosed(WorkerId),
-    /// The worker's connection reset (as seen by the coordinator).
-    WorkerClosed(WorkerId),
-    Peer(WorkerId, WorkerId, Peer),
+    /// To coordinator `gen` on connection `conn` (a worker's, or a client's).
+    ToCoord { gen: Gen, conn: ConnId, what: CoordIn },
+    /// From coordinator `gen` to process `pid` on connection `conn`.
+    ToProc {
+        gen: Gen,
+        conn: ConnId,
+        pid: Pid,
+        msg: ToWorker,
+    },
+    /// Coordinator `gen` closed connection `conn` of process `pid`, or died.
+    CoordClosed { gen: Gen, conn: ConnId, pid: Pid },
+    ToClient {
+        gen: Gen,
+        client: ClientId,
+        msg: ToSubmit,
+    },
+    /// The client's connection with coordinator `gen` ended.
+    ClientClosed { gen: Gen, client: ClientId },
+    Peer {
+        from: WorkerId,
+        to: Pid,
+        frame: Peer,
+    },
 }
 
 type InFlight = net::InFlight<Frame>;
@@ -307,19 +372,55 @@ type InFlight = net::InFlight<Frame>;
 type Outbox = Arc<Mutex<Vec<(u32, Envelope)>>>;
 
 struct Proc {
-    id: WorkerId,
+    pid: Pid,
+    spare: bool,
+    /// The key it joins with and signs its rejoin claims with (`coordinator` rule 10).
+    key: ed25519_dalek::SigningKey,
     /// None until welcomed.
     core: Option<WorkerCore>,
     member: Option<(u64, SteppedMember, Router)>,
     outbox: Outbox,
-    /// Frames arrived and not yet read (the socket buffer).
+    /// Frames arrived and not yet read (the socket buffers).
     inbox: std::collections::VecDeque<Frame>,
     paused_until: Option<Duration>,
     /// Set when the process exited or crashed.
     dead: bool,
+    /// Its connection with a coordinator, answered or not.
+    conn: Option<(Gen, ConnId)>,
+    /// Since when it looks for a coordinator (`worker` rule 1), and when it tries next.
+    seeking: Option<Duration>,
+    next_try: Duration,
 }
 
-/// A store that remembers every segment key it acknowledged (a flush after the put).
+impl Proc {
+    fn worker(&self) -> Option<WorkerId> {
+        self.core.as_ref().map(WorkerCore::id)
+    }
+}
+
+/// A coordinator process (rule 9).
+struct CoordProc {
+    core: Coordinator,
+    dead: bool,
+    paused_until: Option<Duration>,
+    inbox: std::collections::VecDeque<(ConnId, CoordIn)>,
+    /// Its workers' connections, both ways.
+    admitted: BTreeMap<ConnId, WorkerId>,
+    conn_of: BTreeMap<WorkerId, ConnId>,
+    /// Crash right after the next journal write (the write-ahead window).
+    crash_after_journal: bool,
+}
+
+/// The submitting client (rule 9): it submits, follows its job, and after losing its
+/// coordinator attaches to the successor (or submits again if no coordinator accepted it).
+#[derive(Default)]
+struct Client {
+    conn: Option<(Gen, ClientId)>,
+    accepted: Option<u64>,
+    next_try: Duration,
+    next_id: ClientId,
+}
+
 struct Recording {
     inner: Arc<dyn Store>,
     fences: bool,
@@ -394,14 +495,29 @@ impl Store for Recording {
     }
 }
 
+
 struct World {
     cfg: SimConfig,
     now: Duration,
     clock: Arc<ManualClock>,
     rng: ChaCha8Rng,
-    coord: Coordinator,
-    procs: BTreeMap<WorkerId, Proc>,
-    next_id: WorkerId,
+    /// Every coordinator process so far; the last is the newest (rule 9).
+    coords: Vec<CoordProc>,
+    /// What a coordinator process starts with; each takes its own term and address.
+    coord_cfg: coordinator::Config,
+    /// When a standby takes over from a dead or paused coordinator (rule 9).
+    successor_due: Option<Duration>,
+    /// The largest term whose journal write the store accepted.
+    journal_term: u64,
+    procs: BTreeMap<Pid, Proc>,
+    /// Which process a worker id belongs to (learnt from welcomes).
+    pid_of: BTreeMap<WorkerId, Pid>,
+    /// Which process opened a connection.
+    conn_pid: BTreeMap<ConnId, Pid>,
+    next_pid: Pid,
+    next_conn: ConnId,
+    client: Client,
+    job: JobSpec,
     net: BinaryHeap<InFlight>,
     seq: u64,
     /// Last delivery time per ordered link (rule 2: TCP keeps order).
@@ -433,6 +549,17 @@ fn sim_fd() -> FdParams {
         k: 2,
     }
 }
+
+/// A coordinator's lease expires after this (rule 9). Shorter than a worker's detection of a
+/// silent coordinator (`sim_fd`: 50 ms), as the real defaults are (2 s against 3 s), so a
+/// successor is usually there by the time the workers look for one.
+const LEASE: Duration = Duration::from_millis(30);
+
+/// How long a worker looks for a coordinator before it gives up (`worker` rule 1).
+const WORKER_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How often workers and the client try again to reach a coordinator.
+const RETRY: Duration = Duration::from_millis(5);
 
 /// Runs one seed and checks it (rules 1-6).
 pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
@@ -506,16 +633,32 @@ impl World {
         };
         let rt = rt.build().map_err(|e| format!("runtime: {e}"))?;
         let fd = sim_fd();
-        let mut ccfg = coordinator::Config::new("sim", "sim:store", fd, [0x5e; 32]);
-        ccfg.seed = cfg.seed;
+        let mut coord_cfg = coordinator::Config::new("sim", "sim:store", fd, [0x5e; 32]);
+        coord_cfg.seed = cfg.seed;
+        // A successor waits for the members about as long as a real one does, in detector
+        // periods (`coordinator::Config::new`).
+        coord_cfg.rejoin_patience = (fd.interval + fd.timeout + fd.insurance + fd.broken) * 3;
         let mut w = World {
             cfg: cfg.clone(),
             now: Duration::ZERO,
             clock,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
-            coord: Coordinator::new(ccfg),
+            coords: Vec::new(),
+            coord_cfg,
+            successor_due: None,
+            journal_term: 0,
             procs: BTreeMap::new(),
-            next_id: 1,
+            pid_of: BTreeMap::new(),
+            conn_pid: BTreeMap::new(),
+            next_pid: 1,
+            next_conn: 1,
+            client: Client::default(),
+            job: JobSpec {
+                argv: Vec::new(),
+                vnodes: cfg.vnodes,
+                min_workers: cfg.workers + cfg.spares,
+                iterative: false,
+            },
             net: BinaryHeap::new(),
             seq: 0,
             link_last: BTreeMap::new(),
@@ -531,20 +674,12 @@ impl World {
             restarts_due: Vec::new(),
             force_loss: false,
         };
-        for i in 0..cfg.workers + cfg.spares {
-            w.join(i >= cfg.workers);
+        if !w.start_coordinator()? {
+            return Err("the first coordinator could not take its role".into());
         }
-        let job = JobSpec {
-            argv: Vec::new(),
-            vnodes: cfg.vnodes,
-            min_workers: cfg.workers + cfg.spares,
-            iterative: false,
-        };
-        w.coord_event(coordinator::Event::Submit {
-            client: 1,
-            program: "sim".into(),
-            job,
-        });
+        for i in 0..cfg.workers + cfg.spares {
+            w.spawn_proc(i >= cfg.workers);
+        }
         Ok(w)
     }
 
@@ -556,32 +691,234 @@ impl World {
         }
     }
 
-    /// A new worker process connects.
-    fn join(&mut self, spare: bool) {
-        let id = self.next_id;
-        self.next_id += 1;
+    /// Rule 9: a coordinator process takes the role through the store's lease (`journal`
+    /// rule 2) and, unless it is the first, continues from its predecessor's journal.
+    /// `Ok(false)`: the store cannot be read now (a server down); it tries again later.
+    fn start_coordinator(&mut self) -> Result<bool, String> {
+        let gen = Gen::try_from(self.coords.len()).unwrap_or(Gen::MAX);
+        let addr = format!("sim:c{gen}");
+        let taken = (|| {
+            let lease = journal::read_lease(&*self.store)?;
+            let found = journal::read_journal(&*self.store)?;
+            let seen = lease
+                .map_or(0, |l| l.term)
+                .max(found.map_or(0, |j| j.term));
+            let term = journal::next_term(seen, &addr);
+            if !journal::take_over(&*self.store, term, &addr)? {
+                return Ok(None);
+            }
+            Ok::<_, journal::JournalError>(Some((term, journal::read_journal(&*self.store)?)))
+        })();
+        let (term, found) = match taken {
+            Ok(Some(t)) => t,
+            Ok(None) => return Err(format!("coordinator c{gen} lost the lease to nobody")),
+            Err(e) => {
+                self.note(&format!("c{gen} cannot take the role yet: {e}"));
+                return Ok(false);
+            }
+        };
+        let mut cfg = self.coord_cfg.clone();
+        cfg.term = term;
+        cfg.advertise = addr;
+        let core = if gen == 0 {
+            Coordinator::new(cfg)
+        } else {
+            self.faults.takeovers += 1;
+            Coordinator::recover(cfg, found.unwrap_or_default(), self.now)
+        };
+        self.note(&format!("c{gen} active at term {term:#x}"));
+        self.coords.push(CoordProc {
+            core,
+            dead: false,
+            paused_until: None,
+            inbox: std::collections::VecDeque::new(),
+            admitted: BTreeMap::new(),
+            conn_of: BTreeMap::new(),
+            crash_after_journal: false,
+        });
+        self.coord_event(gen, coordinator::Event::Tick)?;
+        Ok(true)
+    }
+
+    /// The coordinator a worker or the client reaches now: the newest, if it is alive and
+    /// not paused (a paused one does not answer a hello in time).
+    fn reachable(&self) -> Option<Gen> {
+        let c = self.coords.last()?;
+        (!c.dead && c.paused_until.is_none()).then(|| Gen::try_from(self.coords.len() - 1).ok())?
+    }
+
+    /// Coordinator `gen` ends (a crash, or it stepped down): its connections close, reset or
+    /// silently (a lost host), and a standby takes over after the lease expires (rule 9).
+    fn coord_dies(&mut self, gen: Gen, reset: bool, why: &str) {
+        let Some(c) = self.coords.get_mut(gen as usize).filter(|c| !c.dead) else {
+            return;
+        };
+        c.dead = true;
+        c.inbox.clear();
+        self.note(&format!("c{gen} ends: {why}"));
+        let conns: Vec<(Pid, ConnId, bool)> = self
+            .procs
+            .values()
+            .filter(|p| !p.dead)
+            .filter_map(|p| match p.conn {
+                Some((g, conn)) if g == gen => Some((
+                    p.pid,
+                    conn,
+                    p.core.as_ref().map_or(true, |c| !c.coordinated()),
+                )),
+                _ => None,
+            })
+            .collect();
+        for (pid, conn, answered_not) in conns {
+            // A hello not answered yet ends too: the worker tries the next address.
+            if reset || answered_not {
+                self.send(
+                    Node::Coord,
+                    Node::Proc(pid),
+                    Frame::CoordClosed { gen, conn, pid },
+                    true,
+                );
+            }
+        }
+        if let Some((g, client)) = self.client.conn {
+            if g == gen {
+                self.send(
+                    Node::Coord,
+                    Node::Client,
+                    Frame::ClientClosed { gen, client },
+                    true,
+                );
+            }
+        }
+        if gen as usize + 1 == self.coords.len() && self.successor_due.is_none() {
+            let jitter = Duration::from_micros(self.rng.gen_range(0..10_000));
+            self.successor_due = Some(self.now + LEASE + jitter);
+        }
+    }
+
+    /// A new worker process starts and looks for a coordinator.
+    fn spawn_proc(&mut self, spare: bool) {
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        let key = ed25519_dalek::SigningKey::from_bytes(&self.rng.gen::<[u8; 32]>());
         self.procs.insert(
-            id,
+            pid,
             Proc {
-                id,
+                pid,
+                spare,
+                key,
                 core: None,
                 member: None,
                 outbox: Outbox::default(),
                 inbox: std::collections::VecDeque::new(),
                 paused_until: None,
                 dead: false,
+                conn: None,
+                seeking: Some(self.now),
+                next_try: self.now,
             },
         );
-        self.coord_event(coordinator::Event::Joined {
-            conn: u64::from(id),
-            hello: Joining {
+    }
+
+    /// `worker` rule 1: a process without a coordinator says hello to the one that holds the
+    /// role (a rejoin claim, signed, if it was admitted before), or gives up.
+    fn seek(&mut self, pid: Pid) {
+        let now = self.now;
+        let Some(p) = self.procs.get(&pid) else {
+            return;
+        };
+        let Some(since) = p.seeking else {
+            return;
+        };
+        if p.conn.is_some() || now < p.next_try {
+            return;
+        }
+        if now.saturating_sub(since) > WORKER_PATIENCE {
+            self.note(&format!(
+                "p{pid} exits: no coordinator took it within {WORKER_PATIENCE:?}"
+            ));
+            self.kill(pid, false);
+            return;
+        }
+        let Some(gen) = self.reachable() else {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.next_try = now + RETRY;
+            }
+            return;
+        };
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        self.conn_pid.insert(conn, pid);
+        let binding: [u8; 32] = self.rng.gen();
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.conn = Some((gen, conn));
+        let what = match &p.core {
+            None => CoordIn::Hello(Joining {
                 program: "sim".into(),
-                peer_addr: format!("sim:{id}"),
+                peer_addr: format!("sim:{pid}"),
                 threads: 1,
-                spare,
-                public_key: [0; 32],
+                spare: p.spare,
+                public_key: p.key.verifying_key().to_bytes(),
+            }),
+            Some(core) => {
+                use ed25519_dalek::Signer as _;
+                let id = core.id();
+                let (job, report) = core.rejoin_claim();
+                CoordIn::Rejoin(
+                    Box::new(Rejoin {
+                        id,
+                        program: "sim".into(),
+                        peer_addr: format!("sim:{pid}"),
+                        threads: 1,
+                        spare: p.spare,
+                        signature: p
+                            .key
+                            .sign(&crate::protocol::rejoin_message(&binding, id))
+                            .to_bytes()
+                            .to_vec(),
+                        job,
+                        report,
+                    }),
+                    binding,
+                )
+            }
+        };
+        self.send(
+            Node::Proc(pid),
+            Node::Coord,
+            Frame::ToCoord { gen, conn, what },
+            true,
+        );
+    }
+
+    /// The client (rule 9): submits, or attaches to its accepted job after a takeover.
+    fn client_tick(&mut self) {
+        if self.client.conn.is_some() || self.now < self.client.next_try {
+            return;
+        }
+        let Some(gen) = self.reachable() else {
+            self.client.next_try = self.now + RETRY;
+            return;
+        };
+        self.client.next_id += 1;
+        let client = self.client.next_id;
+        self.client.conn = Some((gen, client));
+        let what = match self.client.accepted {
+            Some(job) => CoordIn::Attach(job),
+            None => CoordIn::Submit(self.job.clone()),
+        };
+        self.send(
+            Node::Client,
+            Node::Coord,
+            Frame::ToCoord {
+                gen,
+                conn: client,
+                what,
             },
-        });
+            true,
+        );
     }
 
     fn send(&mut self, from: Node, to: Node, frame: Frame, ordered: bool) {
@@ -606,78 +943,173 @@ impl World {
         });
     }
 
-    fn coord_event(&mut self, ev: coordinator::Event) {
-        let actions = self.coord.on_event(self.now, ev);
-        for a in actions {
-            match a {
-                coordinator::Action::Admit { conn, worker } => {
-                    // The simulator numbers its processes as the coordinator numbers workers.
-                    if conn != u64::from(worker) {
-                        self.note(&format!(
-                            "coordinator admitted connection {conn} as w{worker}"
-                        ));
-                    }
+    /// What coordinator `gen` reads on connection `conn`.
+    fn coord_input(&mut self, gen: Gen, conn: ConnId, what: CoordIn) -> Result<(), String> {
+        let Some(c) = self.coords.get_mut(gen as usize) else {
+            return Ok(());
+        };
+        let ev = match what {
+            CoordIn::Hello(hello) => coordinator::Event::Joined { conn, hello },
+            CoordIn::Rejoin(claim, binding) => coordinator::Event::Rejoined {
+                conn,
+                claim,
+                binding,
+            },
+            CoordIn::Msg(msg) => {
+                let Some(&worker) = c.admitted.get(&conn) else {
+                    return Ok(());
+                };
+                if !matches!(msg, ToCoord::Heartbeat(_)) {
+                    self.note(&format!("w{worker} -> c{gen}: {}", coord_line(&msg)));
                 }
-                coordinator::Action::Refuse { conn, msg } => {
-                    let worker = WorkerId::try_from(conn).unwrap_or(WorkerId::MAX);
-                    self.send(
-                        Node::Coord,
-                        Node::Worker(worker),
-                        Frame::ToWorker(worker, msg),
-                        true,
-                    );
-                    self.send(
-                        Node::Coord,
-                        Node::Worker(worker),
-                        Frame::CoordClosed(worker),
-                        true,
-                    );
-                }
-                coordinator::Action::Journal(j) => {
-                    if let Err(e) = coordinator::journal::write_journal(&*self.store, &j) {
-                        self.note(&format!("coordinator: journal write failed: {e}"));
-                    }
-                }
-                coordinator::Action::ToWorker { worker, msg } => self.send(
-                    Node::Coord,
-                    Node::Worker(worker),
-                    Frame::ToWorker(worker, msg),
-                    true,
-                ),
-                coordinator::Action::Disconnect { worker } => self.send(
-                    Node::Coord,
-                    Node::Worker(worker),
-                    Frame::CoordClosed(worker),
-                    true,
-                ),
-                coordinator::Action::ToClient { msg, .. } => {
-                    self.note(&format!("client: {}", client_line(&msg)));
-                    if matches!(msg, ToSubmit::Finished { .. } | ToSubmit::Failed { .. }) {
-                        self.result = Some(msg);
-                    }
-                }
-                coordinator::Action::CheckStore { job } => {
-                    let result = Manifest::load(&*self.store)
-                        .map(|m| m.is_some())
-                        .map_err(|e| e.to_string());
-                    self.coord_event(coordinator::Event::StoreChecked { job, result });
-                }
-                coordinator::Action::ReadOutputs { job } => {
-                    let result = coordinator::read_outputs(self.store.clone());
-                    self.coord_event(coordinator::Event::OutputsRead { job, result });
-                }
-                coordinator::Action::RecordFinished { job } => {
-                    let result = coordinator::record_finished(&*self.store);
-                    self.coord_event(coordinator::Event::Recorded { job, result });
-                }
-                coordinator::Action::Note(line) => self.note(&format!("coordinator: {line}")),
+                coordinator::Event::FromWorker { worker, msg }
             }
-        }
+            CoordIn::Closed(reason) => {
+                let Some(worker) = c.admitted.remove(&conn) else {
+                    return Ok(());
+                };
+                if c.conn_of.get(&worker) == Some(&conn) {
+                    c.conn_of.remove(&worker);
+                }
+                coordinator::Event::Closed {
+                    worker,
+                    reason: reason.into(),
+                }
+            }
+            CoordIn::Submit(job) => coordinator::Event::Submit {
+                client: conn,
+                program: "sim".into(),
+                job,
+            },
+            CoordIn::Attach(job) => coordinator::Event::Attach { client: conn, job },
+        };
+        self.coord_event(gen, ev)
     }
 
-    fn worker_event(&mut self, id: WorkerId, ev: worker::Event) -> Result<(), String> {
+    fn coord_event(&mut self, gen: Gen, ev: coordinator::Event) -> Result<(), String> {
         let now = self.now;
-        let Some(p) = self.procs.get_mut(&id) else {
+        let Some(c) = self.coords.get_mut(gen as usize).filter(|c| !c.dead) else {
+            return Ok(());
+        };
+        let actions = c.core.on_event(now, ev);
+        for a in actions {
+            if self.coords[gen as usize].dead {
+                break; // rule 9: a coordinator that stepped down acts no further
+            }
+            self.coord_action(gen, a)?;
+        }
+        Ok(())
+    }
+
+    fn coord_action(&mut self, gen: Gen, a: coordinator::Action) -> Result<(), String> {
+        let to_proc = |w: &World, worker: WorkerId| -> Option<(ConnId, Pid)> {
+            let conn = *w.coords[gen as usize].conn_of.get(&worker)?;
+            Some((conn, *w.conn_pid.get(&conn)?))
+        };
+        match a {
+            coordinator::Action::Admit { conn, worker } => {
+                let c = &mut self.coords[gen as usize];
+                c.admitted.insert(conn, worker);
+                if let Some(old) = c.conn_of.insert(worker, conn) {
+                    c.admitted.remove(&old);
+                }
+            }
+            coordinator::Action::Refuse { conn, msg } => {
+                if let Some(&pid) = self.conn_pid.get(&conn) {
+                    self.send(
+                        Node::Coord,
+                        Node::Proc(pid),
+                        Frame::ToProc {
+                            gen,
+                            conn,
+                            pid,
+                            msg,
+                        },
+                        true,
+                    );
+                    self.send(
+                        Node::Coord,
+                        Node::Proc(pid),
+                        Frame::CoordClosed { gen, conn, pid },
+                        true,
+                    );
+                }
+            }
+            coordinator::Action::Journal(j) => {
+                match coordinator::journal::write_journal(&*self.store, &j) {
+                    Ok(()) => {
+                        if j.term < self.journal_term {
+                            return Err(format!(
+                                "the store accepted a journal write of term {:#x} (c{gen}) after \
+                                 one of term {:#x}: a deposed coordinator wrote",
+                                j.term, self.journal_term
+                            ));
+                        }
+                        self.journal_term = j.term;
+                        if std::mem::take(&mut self.coords[gen as usize].crash_after_journal) {
+                            self.faults.coord_crashes += 1;
+                            self.coord_dies(gen, true, "crashed right after a journal write");
+                        }
+                    }
+                    Err(e) => self.coord_dies(gen, true, &format!("stepped down: {e}")),
+                }
+            }
+            coordinator::Action::ToWorker { worker, msg } => {
+                if let Some((conn, pid)) = to_proc(self, worker) {
+                    self.send(
+                        Node::Coord,
+                        Node::Proc(pid),
+                        Frame::ToProc {
+                            gen,
+                            conn,
+                            pid,
+                            msg,
+                        },
+                        true,
+                    );
+                }
+            }
+            coordinator::Action::Disconnect { worker } => {
+                if let Some((conn, pid)) = to_proc(self, worker) {
+                    let c = &mut self.coords[gen as usize];
+                    c.conn_of.remove(&worker);
+                    c.admitted.remove(&conn);
+                    self.send(
+                        Node::Coord,
+                        Node::Proc(pid),
+                        Frame::CoordClosed { gen, conn, pid },
+                        true,
+                    );
+                }
+            }
+            coordinator::Action::ToClient { client, msg } => self.send(
+                Node::Coord,
+                Node::Client,
+                Frame::ToClient { gen, client, msg },
+                true,
+            ),
+            coordinator::Action::CheckStore { job } => {
+                let result = Manifest::load(&*self.store)
+                    .map(|m| m.is_some())
+                    .map_err(|e| e.to_string());
+                self.coord_event(gen, coordinator::Event::StoreChecked { job, result })?;
+            }
+            coordinator::Action::ReadOutputs { job } => {
+                let result = coordinator::read_outputs(self.store.clone());
+                self.coord_event(gen, coordinator::Event::OutputsRead { job, result })?;
+            }
+            coordinator::Action::RecordFinished { job } => {
+                let result = coordinator::record_finished(&*self.store);
+                self.coord_event(gen, coordinator::Event::Recorded { job, result })?;
+            }
+            coordinator::Action::Note(line) => self.note(&format!("c{gen}: {line}")),
+        }
+        Ok(())
+    }
+
+    fn worker_event(&mut self, pid: Pid, ev: worker::Event) -> Result<(), String> {
+        let now = self.now;
+        let Some(p) = self.procs.get_mut(&pid) else {
             return Ok(());
         };
         if p.dead {
@@ -688,17 +1120,34 @@ impl World {
         };
         let actions = core.on_event(now, ev);
         for a in actions {
-            self.worker_action(id, a)?;
+            self.worker_action(pid, a)?;
         }
         Ok(())
     }
 
-    fn worker_action(&mut self, id: WorkerId, a: worker::Action) -> Result<(), String> {
+    /// Sends `msg` on the process's connection with its coordinator, if it has one.
+    fn to_coord(&mut self, pid: Pid, what: CoordIn) {
+        if let Some((gen, conn)) = self.procs.get(&pid).and_then(|p| p.conn) {
+            self.send(
+                Node::Proc(pid),
+                Node::Coord,
+                Frame::ToCoord { gen, conn, what },
+                true,
+            );
+        }
+    }
+
+    fn worker_action(&mut self, pid: Pid, a: worker::Action) -> Result<(), String> {
         match a {
-            worker::Action::ToCoord(m) => {
-                self.send(Node::Worker(id), Node::Coord, Frame::ToCoord(id, m), true)
-            }
-            worker::Action::ToPeer { worker, frame, .. } => {
+            worker::Action::ToCoord(m) => self.to_coord(pid, CoordIn::Msg(m)),
+            worker::Action::ToPeer { addr, frame, .. } => {
+                let Some(to) = addr.strip_prefix("sim:").and_then(|p| p.parse::<Pid>().ok())
+                else {
+                    return Err(format!("p{pid} was told of peer address {addr}"));
+                };
+                let Some(from) = self.procs.get(&pid).and_then(Proc::worker) else {
+                    return Ok(());
+                };
                 if std::mem::take(&mut self.force_loss) || self.rng.gen_bool(self.cfg.faults.loss) {
                     self.faults.lost += 1;
                     return Ok(());
@@ -711,15 +1160,20 @@ impl World {
                 };
                 for _ in 0..copies {
                     self.send(
-                        Node::Worker(id),
-                        Node::Worker(worker),
-                        Frame::Peer(id, worker, frame.clone()),
+                        Node::Proc(pid),
+                        Node::Proc(to),
+                        Frame::Peer {
+                            from,
+                            to,
+                            frame: frame.clone(),
+                        },
                         false,
                     );
                 }
             }
             worker::Action::Deliver { to, env } => {
-                if let Some((_, _, router)) = self.procs.get(&id).and_then(|p| p.member.as_ref()) {
+                if let Some((_, _, router)) = self.procs.get(&pid).and_then(|p| p.member.as_ref())
+                {
                     router.deliver(VnodeId(to), env);
                 }
             }
@@ -729,7 +1183,7 @@ impl World {
                 starts,
                 ..
             } => {
-                let Some(p) = self.procs.get_mut(&id) else {
+                let Some(p) = self.procs.get_mut(&pid) else {
                     return Ok(());
                 };
                 let sink = p.outbox.clone();
@@ -753,12 +1207,12 @@ impl World {
                         starts,
                         Arc::new(router.clone()),
                     )
-                    .map_err(|e| format!("worker {id}: cannot start the member: {e}"))?;
+                    .map_err(|e| format!("p{pid}: cannot start the member: {e}"))?;
                 p.member = Some((job, member, router));
             }
             worker::Action::Control { job, order } => {
                 let stop = order == Control::Stop;
-                let Some(p) = self.procs.get_mut(&id) else {
+                let Some(p) = self.procs.get_mut(&pid) else {
                     return Ok(());
                 };
                 let Some((j, member, _)) = p.member.as_mut() else {
@@ -770,7 +1224,7 @@ impl World {
                 if let Err(e) = member.control(order) {
                     let (job, _, _) = p.member.take().expect("checked above");
                     return self.worker_event(
-                        id,
+                        pid,
                         worker::Event::JobEnded {
                             job,
                             result: Err(e.to_string()),
@@ -783,37 +1237,44 @@ impl World {
                         .finish()
                         .map(WorkerReport::from)
                         .map_err(|e| e.to_string());
-                    return self.worker_event(id, worker::Event::JobEnded { job, result });
+                    return self.worker_event(pid, worker::Event::JobEnded { job, result });
                 }
             }
             worker::Action::AnswerProbe { job, round } => {
                 let status = self
                     .procs
-                    .get(&id)
+                    .get(&pid)
                     .and_then(|p| p.member.as_ref())
                     .filter(|(j, _, _)| *j == job)
                     .map(|(_, m, _)| &**m.status());
                 let msg = ToCoord::status(job, round, status);
-                self.send(Node::Worker(id), Node::Coord, Frame::ToCoord(id, msg), true);
+                self.to_coord(pid, CoordIn::Msg(msg));
             }
             worker::Action::Exit(reason) => {
-                self.note(&format!("worker {id} exits: {reason}"));
-                self.kill(id, false);
+                self.note(&format!("p{pid} exits: {reason}"));
+                self.kill(pid, true);
             }
             worker::Action::Reconnect(reason) => {
-                // The worker drops its coordinator; with no other coordinator here, the one
-                // it knows refuses its rejoin (it was lost), so it ends as it would.
-                self.note(&format!("worker {id} leaves the coordinator: {reason}"));
-                self.kill(id, true);
+                // `worker` rule 1: it drops its connection and looks for the coordinator
+                // that holds the role; its vnodes go on meanwhile.
+                self.note(&format!("p{pid} leaves its coordinator: {reason}"));
+                self.to_coord(pid, CoordIn::Closed("the worker left"));
+                self.worker_event(pid, worker::Event::CoordLost)?;
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.conn = None;
+                    p.seeking.get_or_insert(self.now);
+                    p.next_try = self.now;
+                }
             }
-            worker::Action::Note(line) => self.note(&format!("worker {id}: {line}")),
+            worker::Action::Note(line) => self.note(&format!("p{pid}: {line}")),
         }
         Ok(())
     }
 
-    /// A process ends: its memory is gone, and so are writes it had not pumped (rule 1).
-    fn kill(&mut self, id: WorkerId, reset: bool) {
-        let Some(p) = self.procs.get_mut(&id) else {
+    /// A process ends: its memory is gone, and so are writes it had not pumped (rule 1). A
+    /// killed process's connections reset; a lost host's fall silent.
+    fn kill(&mut self, pid: Pid, reset: bool) {
+        let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
         if p.dead {
@@ -821,75 +1282,177 @@ impl World {
         }
         p.dead = true;
         p.core = None;
+        p.inbox.clear();
         if p.member.take().is_some() {
             self.faults.writes_lost += 1;
         }
         if reset {
-            self.send(Node::Worker(id), Node::Coord, Frame::WorkerClosed(id), true);
+            self.to_coord(pid, CoordIn::Closed("connection reset"));
         }
     }
 
+    /// A frame a worker process reads.
     fn deliver(&mut self, f: Frame) -> Result<(), String> {
         match f {
-            Frame::ToCoord(from, msg) => {
-                if self.procs.get(&from).is_some_and(|p| !p.dead)
-                    || !matches!(msg, ToCoord::Heartbeat(_))
-                {
-                    self.note(&format!("w{from} -> c: {}", coord_line(&msg)));
+            Frame::ToProc {
+                gen,
+                conn,
+                pid,
+                msg,
+            } => {
+                let Some(p) = self.procs.get_mut(&pid) else {
+                    return Ok(());
+                };
+                if p.conn != Some((gen, conn)) {
+                    return Ok(()); // a connection it closed
                 }
-                self.coord_event(coordinator::Event::FromWorker { worker: from, msg });
-            }
-            Frame::WorkerClosed(w) => self.coord_event(coordinator::Event::Closed {
-                worker: w,
-                reason: "connection reset".into(),
-            }),
-            Frame::ToWorker(to, msg) => {
-                if let ToWorker::Welcome { id, fd, .. } = &msg {
-                    if let Some(p) = self.procs.get_mut(&to).filter(|p| !p.dead) {
-                        p.core = Some(WorkerCore::new(*id, *fd, self.now));
+                let now = self.now;
+                match &msg {
+                    ToWorker::Welcome { id, fd, .. } => {
+                        p.seeking = None;
+                        if p.core.is_none() {
+                            p.core = Some(WorkerCore::new(*id, *fd, now));
+                            self.pid_of.insert(*id, pid);
+                        } else {
+                            self.note(&format!("c{gen} took p{pid} back"));
+                            self.worker_event(pid, worker::Event::CoordBack)?;
+                        }
                     }
+                    ToWorker::Refused { reason } if p.core.is_none() => {
+                        self.note(&format!("p{pid} exits: refused: {reason}"));
+                        self.kill(pid, false);
+                        return Ok(());
+                    }
+                    _ => {}
                 }
-                self.note(&format!("c -> w{to}: {}", worker_line(&msg)));
-                self.worker_event(to, worker::Event::FromCoord(msg))?;
+                self.note(&format!("c{gen} -> p{pid}: {}", worker_line(&msg)));
+                self.worker_event(pid, worker::Event::FromCoord(msg))?;
             }
-            Frame::CoordClosed(to) => {
-                self.note(&format!("c closed w{to}"));
-                if self.procs.get(&to).is_some_and(|p| !p.dead) {
-                    self.kill(to, false);
+            Frame::CoordClosed { gen, conn, pid } => {
+                let Some(p) = self.procs.get_mut(&pid) else {
+                    return Ok(());
+                };
+                if p.conn != Some((gen, conn)) {
+                    return Ok(());
                 }
+                p.conn = None;
+                p.seeking.get_or_insert(self.now);
+                p.next_try = self.now;
+                self.note(&format!("c{gen} closed p{pid}"));
+                self.worker_event(pid, worker::Event::CoordLost)?;
             }
-            Frame::Peer(from, to, frame) => {
+            Frame::Peer { from, to, frame } => {
                 self.worker_event(to, worker::Event::FromPeer { from, frame })?;
             }
+            Frame::ToCoord { .. } | Frame::ToClient { .. } | Frame::ClientClosed { .. } => {}
         }
         Ok(())
+    }
+
+    /// A frame the client reads (rule 9).
+    fn client_reads(&mut self, f: Frame) {
+        match f {
+            Frame::ToClient { gen, client, msg } if self.client.conn == Some((gen, client)) => {
+                self.note(&format!("client: {}", client_line(&msg)));
+                match msg {
+                    ToSubmit::Accepted { job, .. } => self.client.accepted = Some(job),
+                    ToSubmit::Standby { .. } => {
+                        self.client.conn = None;
+                        self.client.next_try = self.now + RETRY;
+                    }
+                    ToSubmit::Finished { .. } | ToSubmit::Failed { .. } => self.result = Some(msg),
+                    _ => {}
+                }
+            }
+            Frame::ClientClosed { gen, client } if self.client.conn == Some((gen, client)) => {
+                self.note(&format!("client: lost c{gen}"));
+                self.client.conn = None;
+                self.client.next_try = self.now;
+            }
+            _ => {}
+        }
     }
 
     fn running(&self, p: &Proc) -> bool {
         !p.dead && p.paused_until.map_or(true, |t| self.now >= t)
     }
 
-    /// The members of the job alive and not paused (rule 3 keeps one).
-    fn healthy_members(&self) -> Vec<WorkerId> {
-        let members: Vec<WorkerId> = self
-            .coord
-            .map()
-            .map(|m| {
-                let mut h: Vec<WorkerId> = m.iter().map(|&(w, _)| w).collect();
-                h.sort_unstable();
-                h.dedup();
-                h
-            })
-            .unwrap_or_default();
-        let cut = |w: &WorkerId| {
+    /// The members of the job alive and not paused (rule 3 keeps one), as processes.
+    fn healthy_members(&self) -> Vec<Pid> {
+        let map = self.coords.last().and_then(|c| c.core.map());
+        let mut members: Vec<Pid> = map
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(w, _)| self.pid_of.get(w).copied())
+            .collect();
+        members.sort_unstable();
+        members.dedup();
+        let cut = |p: &Pid| {
             self.cuts
                 .keys()
-                .any(|(a, b)| *a == Node::Worker(*w) || *b == Node::Worker(*w))
+                .any(|(a, b)| *a == Node::Proc(*p) || *b == Node::Proc(*p))
         };
         members
             .into_iter()
-            .filter(|w| self.procs.get(w).is_some_and(|p| self.running(p)) && !cut(w))
+            .filter(|p| self.procs.get(p).is_some_and(|q| self.running(q)) && !cut(p))
             .collect()
+    }
+
+    /// Rule 9: the newest coordinator crashes (its sockets reset, or its host is lost), crashes
+    /// right after its next journal write, or pauses (past its lease: a zombie that wakes after
+    /// a successor took over). One such fault at a time, while the job runs.
+    fn coordinator_fault(&mut self) {
+        let gen = Gen::try_from(self.coords.len() - 1).unwrap_or(Gen::MAX);
+        let Some(c) = self.coords.last() else {
+            return;
+        };
+        let quiet = !c.dead
+            && c.paused_until.is_none()
+            && !c.crash_after_journal
+            && !c.core.recovering()
+            && c.core.map().is_some()
+            && self.successor_due.is_none()
+            && self.coords.iter().filter(|c| !c.dead).count() == 1;
+        if !quiet {
+            return;
+        }
+        match self.rng.gen_range(0..4) {
+            kind @ (0 | 1) => {
+                self.faults.coord_crashes += 1;
+                let reset = kind == 0;
+                self.note(&format!(
+                    "fault: crash c{gen} ({})",
+                    if reset { "reset" } else { "silent" }
+                ));
+                self.coord_dies(gen, reset, "crashed");
+            }
+            2 => {
+                // Counted when it lands (a journal write may not come before the liveness
+                // phase, which clears it).
+                self.note(&format!("fault: crash c{gen} after its next journal write"));
+                if let Some(c) = self.coords.last_mut() {
+                    c.crash_after_journal = true;
+                }
+            }
+            _ => {
+                let zombie = self.rng.gen_bool(0.5);
+                let len = if zombie {
+                    LEASE * 2 + Duration::from_millis(self.rng.gen_range(0..60))
+                } else {
+                    Duration::from_micros(self.rng.gen_range(500..(LEASE.as_micros() as u64 / 2)))
+                };
+                self.faults.coord_pauses += 1;
+                if zombie {
+                    self.faults.coord_zombies += 1;
+                    let jitter = Duration::from_micros(self.rng.gen_range(0..10_000));
+                    self.successor_due = Some(self.now + LEASE + jitter);
+                }
+                self.note(&format!("fault: pause c{gen} for {len:?}"));
+                if let Some(c) = self.coords.last_mut() {
+                    c.paused_until = Some(self.now + len);
+                }
+            }
+        }
     }
 
     fn inject_faults(&mut self) {
@@ -909,18 +1472,21 @@ impl World {
             self.servers.crash(i, in_flush);
             self.server_restarts.push((back, i));
         }
-        let live: Vec<WorkerId> = self
+        if f.coord > 0.0 && self.rng.gen_bool((f.coord * q).min(1.0)) {
+            self.coordinator_fault();
+        }
+        let live: Vec<Pid> = self
             .procs
             .values()
             .filter(|p| self.running(p) && p.core.is_some())
-            .map(|p| p.id)
+            .map(|p| p.pid)
             .collect();
         if live.is_empty() {
             return;
         }
         // A victim may be any live worker as long as another member stays healthy (rule 3),
         // judged after the faults already injected in this quantum.
-        let pick = |w: &mut World, live: &[WorkerId]| -> Option<WorkerId> {
+        let pick = |w: &mut World, live: &[Pid]| -> Option<Pid> {
             let v = live[w.rng.gen_range(0..live.len())];
             w.healthy_members().iter().any(|&h| h != v).then_some(v)
         };
@@ -941,7 +1507,7 @@ impl World {
                     self.faults.resets += 1;
                 }
                 self.note(&format!(
-                    "fault: crash w{v} ({})",
+                    "fault: crash p{v} ({})",
                     if reset { "reset" } else { "silent" }
                 ));
                 self.kill(v, reset);
@@ -962,7 +1528,7 @@ impl World {
                 if len > bound {
                     self.faults.zombies += 1;
                 }
-                self.note(&format!("fault: pause w{v} for {len:?}"));
+                self.note(&format!("fault: pause p{v} for {len:?}"));
                 if let Some(p) = self.procs.get_mut(&v) {
                     p.paused_until = Some(self.now + len);
                 }
@@ -973,21 +1539,21 @@ impl World {
                 let other = if self.rng.gen_bool(0.5) {
                     Node::Coord
                 } else {
-                    Node::Worker(live[self.rng.gen_range(0..live.len())])
+                    Node::Proc(live[self.rng.gen_range(0..live.len())])
                 };
-                if other != Node::Worker(a) {
+                if other != Node::Proc(a) {
                     let len = Duration::from_millis(self.rng.gen_range(1..80));
                     let heal = self.now + len;
                     let dir = self.rng.gen_range(0..3);
                     if dir != 1 {
-                        self.cuts.insert((Node::Worker(a), other), heal);
+                        self.cuts.insert((Node::Proc(a), other), heal);
                     }
                     if dir != 0 {
-                        self.cuts.insert((other, Node::Worker(a)), heal);
+                        self.cuts.insert((other, Node::Proc(a)), heal);
                     }
                     self.faults.partitions += 1;
                     self.note(&format!(
-                        "fault: partition w{a} / {other:?} ({dir}) for {len:?}"
+                        "fault: partition p{a} / {other:?} ({dir}) for {len:?}"
                     ));
                 }
             }
@@ -1001,9 +1567,9 @@ impl World {
                     .gen_range(500..(self.fd.interval + self.fd.timeout).as_micros() as u64 / 2),
             );
             let (from, to) = if self.rng.gen_bool(0.5) {
-                (Node::Worker(w), Node::Coord)
+                (Node::Proc(w), Node::Coord)
             } else {
-                (Node::Coord, Node::Worker(w))
+                (Node::Coord, Node::Proc(w))
             };
             let heal = self.now + len;
             let e = self.cuts.entry((from, to)).or_insert(heal);
@@ -1022,6 +1588,9 @@ impl World {
                 // out at their own (bounded) ends, so frames they held keep their order.
                 safety = false;
                 deadline = self.now + self.cfg.liveness;
+                for c in &mut self.coords {
+                    c.crash_after_journal = false;
+                }
                 self.note("liveness phase");
             }
             if safety {
@@ -1038,50 +1607,74 @@ impl World {
             self.restarts_due.retain(|t| *t > now);
             for _ in due {
                 self.faults.restarts += 1;
-                self.join(true);
+                self.spawn_proc(true);
             }
             self.restart_servers(Some(now))?;
-            // Deliveries due: to the coordinator at once; to a worker into its socket buffer,
-            // which it reads while running, so a paused worker reads its frames later and in
-            // their order (rule 2).
+            if self.successor_due.is_some_and(|t| t <= now) {
+                self.successor_due = None;
+                if !self.start_coordinator()? {
+                    self.successor_due = Some(now + RETRY);
+                }
+            }
+            self.wake_coordinators()?;
+            // Deliveries due: into the socket buffers of the processes, which read them while
+            // running, so a paused process reads its frames later and in their order (rule 2).
             while let Some(top) = self.net.peek() {
                 if top.at > self.now {
                     break;
                 }
                 let f = self.net.pop().expect("peeked");
-                let to = match &f.frame {
-                    Frame::ToWorker(w, _) | Frame::CoordClosed(w) | Frame::Peer(_, w, _) => {
-                        Some(*w)
+                match f.frame {
+                    Frame::ToCoord { gen, conn, what } => {
+                        if let Some(c) = self.coords.get_mut(gen as usize).filter(|c| !c.dead) {
+                            c.inbox.push_back((conn, what));
+                        }
                     }
-                    _ => None,
-                };
-                match to.and_then(|w| self.procs.get_mut(&w)) {
-                    Some(p) if !p.dead => p.inbox.push_back(f.frame),
-                    Some(_) => {}
-                    None => self.deliver(f.frame)?,
+                    Frame::ToProc { pid, .. }
+                    | Frame::CoordClosed { pid, .. }
+                    | Frame::Peer { to: pid, .. } => {
+                        if let Some(p) = self.procs.get_mut(&pid).filter(|p| !p.dead) {
+                            p.inbox.push_back(f.frame);
+                        }
+                    }
+                    Frame::ToClient { .. } | Frame::ClientClosed { .. } => {
+                        self.client_reads(f.frame)
+                    }
                 }
             }
-            let ids: Vec<WorkerId> = self.procs.keys().copied().collect();
-            for id in ids {
-                while self.procs.get(&id).is_some_and(|p| self.running(p)) {
-                    let Some(frame) = self.procs.get_mut(&id).and_then(|p| p.inbox.pop_front())
+            for gen in 0..self.coords.len() {
+                while self.coords[gen].paused_until.is_none() {
+                    let Some((conn, what)) = self.coords[gen].inbox.pop_front() else {
+                        break;
+                    };
+                    self.coord_input(gen as Gen, conn, what)?;
+                }
+            }
+            let pids: Vec<Pid> = self.procs.keys().copied().collect();
+            for pid in pids {
+                while self.procs.get(&pid).is_some_and(|p| self.running(p)) {
+                    let Some(frame) = self.procs.get_mut(&pid).and_then(|p| p.inbox.pop_front())
                     else {
                         break;
                     };
                     self.deliver(frame)?;
                 }
             }
-            if now >= self.coord.next_deadline() {
-                self.coord_event(coordinator::Event::Tick);
+            for gen in 0..self.coords.len() {
+                let c = &self.coords[gen];
+                if !c.dead && c.paused_until.is_none() && now >= c.core.next_deadline() {
+                    self.coord_event(gen as Gen, coordinator::Event::Tick)?;
+                }
             }
+            self.client_tick();
             // Workers in an order drawn from the seed.
-            let mut ids: Vec<WorkerId> = self.procs.keys().copied().collect();
-            for i in (1..ids.len()).rev() {
+            let mut pids: Vec<Pid> = self.procs.keys().copied().collect();
+            for i in (1..pids.len()).rev() {
                 let j = self.rng.gen_range(0..=i);
-                ids.swap(i, j);
+                pids.swap(i, j);
             }
-            for id in ids {
-                let (running, due) = match self.procs.get(&id) {
+            for pid in pids {
+                let (running, due) = match self.procs.get(&pid) {
                     Some(p) => (
                         self.running(p),
                         p.core.as_ref().is_some_and(|c| now >= c.next_deadline()),
@@ -1091,10 +1684,11 @@ impl World {
                 if !running {
                     continue;
                 }
+                self.seek(pid);
                 if due {
-                    self.worker_event(id, worker::Event::Tick)?;
+                    self.worker_event(pid, worker::Event::Tick)?;
                 }
-                self.step_member(id)?;
+                self.step_member(pid)?;
             }
             if let Some(r) = self.result.take() {
                 return match r {
@@ -1119,6 +1713,31 @@ impl World {
         }
     }
 
+    /// Coordinators whose pause ended run again. A zombie's lease renewal (its own timer) may
+    /// run before or after the frames and timers it finds waiting; the renewal's refusal, or
+    /// its first journal write's, makes it step down (`journal` rules 3-4).
+    fn wake_coordinators(&mut self) -> Result<(), String> {
+        for gen in 0..self.coords.len() {
+            let c = &mut self.coords[gen];
+            if c.dead || c.paused_until.map_or(true, |t| t > self.now) {
+                continue;
+            }
+            c.paused_until = None;
+            let lease = journal::Lease {
+                term: c.core.config().term,
+                holder: c.core.config().advertise.clone(),
+                beat: self.now.as_micros() as u64,
+            };
+            self.note(&format!("c{gen} wakes"));
+            if self.rng.gen_bool(0.5) {
+                if let Err(e) = journal::renew_lease(&*self.store, &lease) {
+                    self.coord_dies(gen as Gen, true, &format!("stepped down: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Restarts the servers due by `by` (every one if `None`) and scrubs (rule 8).
     fn restart_servers(&mut self, by: Option<Duration>) -> Result<(), String> {
         let due: Vec<usize> = self
@@ -1138,9 +1757,9 @@ impl World {
         Ok(())
     }
 
-    fn step_member(&mut self, id: WorkerId) -> Result<(), String> {
+    fn step_member(&mut self, pid: Pid) -> Result<(), String> {
         let pump = self.rng.gen_bool(self.cfg.faults.pump);
-        let Some(p) = self.procs.get_mut(&id) else {
+        let Some(p) = self.procs.get_mut(&pid) else {
             return Ok(());
         };
         let Some((job, m, _)) = p.member.as_mut() else {
@@ -1155,7 +1774,7 @@ impl World {
         if let Err(e) = step {
             p.member = None;
             return self.worker_event(
-                id,
+                pid,
                 worker::Event::JobEnded {
                     job,
                     result: Err(e.to_string()),
@@ -1163,14 +1782,27 @@ impl World {
             );
         }
         for (to, env) in out {
-            self.worker_event(id, worker::Event::Outbound { to, env })?;
+            self.worker_event(pid, worker::Event::Outbound { to, env })?;
         }
         Ok(())
     }
 
-    /// What a run that does not end waits for: each member's hosted vnodes and their work.
+    /// What a run that does not end waits for: the coordinators, and each process's hosted
+    /// vnodes and their work.
     fn diagnose(&self) -> String {
         let mut parts = Vec::new();
+        for (gen, c) in self.coords.iter().enumerate() {
+            let state = if c.dead {
+                "dead"
+            } else if c.paused_until.is_some() {
+                "paused"
+            } else if c.core.recovering() {
+                "waiting for its members"
+            } else {
+                "active"
+            };
+            parts.push(format!("c{gen} {state}"));
+        }
         for p in self.procs.values() {
             let state = if p.dead {
                 "dead".to_string()
@@ -1180,9 +1812,14 @@ impl World {
             } else {
                 "idle".to_string()
             };
-            parts.push(format!("w{} {state}", p.id));
+            let id = p.worker().map(|w| format!(" (w{w})")).unwrap_or_default();
+            parts.push(format!("p{}{id} {state}", p.pid));
         }
-        format!("map {:?}; {}", self.coord.map(), parts.join("; "))
+        format!(
+            "map {:?}; {}",
+            self.coords.last().and_then(|c| c.core.map()),
+            parts.join("; ")
+        )
     }
 }
 
