@@ -215,7 +215,7 @@ pub fn replay_line(f: &SimFailure) -> String {
 
 /// The fault kinds of [`FaultCounts`], with what each counts. Destructured, so that a kind
 /// added to the simulator fails to compile here instead of going unreported.
-fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 12] {
+fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 16] {
     let FaultCounts {
         crashes,
         resets,
@@ -229,6 +229,10 @@ fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 12] {
         writes_lost,
         server_crashes,
         server_writes_lost,
+        coord_crashes,
+        coord_pauses,
+        coord_zombies,
+        takeovers,
     } = *f;
     [
         ("crashes", "workers crashed", crashes),
@@ -258,6 +262,22 @@ fn fault_kinds(f: &FaultCounts) -> [(&'static str, &'static str, u64); 12] {
             "server_writes_lost",
             "of which in the flush of a write, lost",
             server_writes_lost,
+        ),
+        (
+            "coord_crashes",
+            "coordinators crashed (also right after a journal write)",
+            coord_crashes,
+        ),
+        ("coord_pauses", "coordinators paused", coord_pauses),
+        (
+            "coord_zombies",
+            "of which past the lease (woke deposed)",
+            coord_zombies,
+        ),
+        (
+            "takeovers",
+            "standbys that took over from the journal",
+            takeovers,
         ),
     ]
 }
@@ -394,9 +414,9 @@ fn seeds_report(
         "failed": failures.len(),
         "failures": failures_json,
         "faults_per_kind": faults,
-        "faults_total_counts": "FaultCounts::total (resets, restarts, zombies and \
-                                server_writes_lost are sub-counts of crashes, pauses and \
-                                server_crashes, not added)",
+        "faults_total_counts": "FaultCounts::total (resets, restarts, zombies, \
+                                server_writes_lost, coord_zombies and takeovers are \
+                                sub-counts or consequences of crashes and pauses, not added)",
         "seeds_with_a_forging_vnode": forging,
         "seeds_below_budget": { "faults": FAULTS_PER_SEED, "seeds": below_budget },
         "invariants_checked": u64_stats(ok.iter().map(|o| o.checks)),
@@ -489,7 +509,7 @@ fn seeds_report(
         let _ = writeln!(
             md,
             "| **total** | `FaultCounts::total` (without the sub-counts resets, restarts, \
-             zombies, server_writes_lost) | {} | {:.0} | {} | {:.0} | {} |",
+             zombies, server_writes_lost, coord_zombies, takeovers) | {} | {:.0} | {} | {:.0} | {} |",
             totals.iter().sum::<u64>(),
             s.min,
             s.median,

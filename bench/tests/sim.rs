@@ -45,8 +45,8 @@ fn seeds_report_every_seed_in_order_with_its_faults_and_trace() {
     // The per-kind totals add up to the per-seed rows.
     let row_faults: f64 = rows.iter().filter_map(|r| r[3].as_f64()).sum();
     assert_eq!(f(&j["faults_per_kind"]["total"]["total"]), row_faults);
-    // FaultCounts::total: every kind but the sub-counts resets, restarts, zombies and
-    // server_writes_lost.
+    // FaultCounts::total: every kind but the sub-counts resets, restarts, zombies,
+    // server_writes_lost, coord_zombies and takeovers.
     let kinds = [
         "crashes",
         "pauses",
@@ -56,6 +56,8 @@ fn seeds_report_every_seed_in_order_with_its_faults_and_trace() {
         "duplicated",
         "writes_lost",
         "server_crashes",
+        "coord_crashes",
+        "coord_pauses",
     ];
     let by_kind: f64 = kinds
         .iter()

@@ -9,6 +9,11 @@ use veriflow_cluster::sim::{self, FaultCounts, Faults, SimConfig};
 const SEEDS: u64 = 1000;
 
 fn seeds() -> Vec<u64> {
+    seeds_or(SEEDS)
+}
+
+/// `VERIFLOW_SIM_SEED=N` (one seed), `VERIFLOW_SIM_SEEDS=K` (seeds 0..K), else `0..default`.
+fn seeds_or(default: u64) -> Vec<u64> {
     if let Some(s) = std::env::var("VERIFLOW_SIM_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -18,7 +23,7 @@ fn seeds() -> Vec<u64> {
     let n = std::env::var("VERIFLOW_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(SEEDS);
+        .unwrap_or(default);
     (0..n).collect()
 }
 
@@ -121,12 +126,17 @@ fn without_store_fences_zombies_run_completed_tasks_again() {
 fn coordinators_fail_and_their_successors_finish_every_job() {
     let mut total = FaultCounts::default();
     let mut failures = Vec::new();
-    for seed in 0..100 {
+    let seeds = seeds_or(100);
+    let one = seeds.len() == 1;
+    for seed in seeds {
         let mut cfg = SimConfig::from_seed(seed);
         cfg.faults.coord = 80.0;
         match sim::run(&cfg) {
             Ok(o) => total.add(&o.faults),
-            Err(e) => failures.push(e.to_string()),
+            Err(e) => failures.push(format!(
+                "(with coordinator faults at 80/s: VERIFLOW_SIM_SEED={seed} cargo test -p \
+                 veriflow-cluster --test sim coordinators_fail)\n{e}"
+            )),
         }
     }
     println!(
@@ -135,7 +145,7 @@ fn coordinators_fail_and_their_successors_finish_every_job() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(
-        total.takeovers >= 80 && total.coord_zombies >= 10,
+        one || (total.takeovers >= 80 && total.coord_zombies >= 10),
         "too few coordinator faults landed: {total:?}"
     );
 }

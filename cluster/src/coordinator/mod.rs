@@ -55,10 +55,13 @@
 //!     come back with [`Event::Rejoined`], each proving its identity with an Ed25519 signature
 //!     of the connection's channel binding under the key it joined with, and saying which
 //!     vnodes it hosts at which epochs and how its part of the last job ended. Probes wait until
-//!     every member of the job is back or `rejoin_patience` has passed; then members still
-//!     absent are lost (rule 5), every member gets the whole map with fresh link keys (the
-//!     predecessor's secret died with it), hosts missing a vnode they should host are told to
-//!     host it, and a job that was stopping is stopped again. A client follows its job again
+//!     every member of the job is back or `rejoin_patience` has passed; then members of the
+//!     job still absent are lost (rule 5; workers outside the job may come back any time,
+//!     as nothing of theirs moved), every member gets the whole map with fresh link keys (the
+//!     predecessor's secret died with it), a member that never heard of the job (the
+//!     predecessor died between journaling it and starting it there) is started with no
+//!     vnodes, hosts missing a vnode they should host are told to host it (rebuilt from its
+//!     log), and a job that was stopping is stopped again. A client follows its job again
 //!     with [`Event::Attach`] (or reads its end from the journal).
 
 mod driver;
@@ -408,6 +411,9 @@ struct Recovery {
     deadline: Duration,
     /// What each member that came back hosts, at which epochs.
     hosted: BTreeMap<WorkerId, Vec<(u32, u64)>>,
+    /// Members that came back without the job and without a report of it: the predecessor
+    /// died between journaling the job and starting them.
+    unstarted: BTreeSet<WorkerId>,
 }
 
 /// The coordinator's state machine (rules 1-8).
@@ -505,6 +511,7 @@ impl Coordinator {
         c.recovery = Some(Recovery {
             deadline: now + c.cfg.rejoin_patience,
             hosted: BTreeMap::new(),
+            unstarted: BTreeSet::new(),
         });
         c.note(format!(
             "took over at term {:#x}: {} member(s) to come back{}",
@@ -767,12 +774,16 @@ impl Coordinator {
         );
         let job_id = self.job.as_ref().map(|j| j.id);
         if let Some(r) = self.recovery.as_mut() {
-            let hosted = claim
-                .job
-                .filter(|(j, _)| Some(*j) == job_id)
-                .map(|(_, h)| h)
-                .unwrap_or_default();
-            r.hosted.insert(id, hosted);
+            let reported = claim
+                .report
+                .as_ref()
+                .is_some_and(|(j, _)| Some(*j) == job_id);
+            let hosted = claim.job.clone().filter(|(j, _)| Some(*j) == job_id);
+            if hosted.is_none() && !reported {
+                r.unstarted.insert(id);
+            }
+            r.hosted
+                .insert(id, hosted.map(|(_, h)| h).unwrap_or_default());
         }
         if let Some((job, report)) = claim.report {
             if Some(job) == job_id {
@@ -803,8 +814,21 @@ impl Coordinator {
         let Some(r) = self.recovery.take() else {
             return;
         };
-        let absent: Vec<WorkerId> = std::mem::take(&mut self.absent).into_keys().collect();
+        // Members of the job still absent are lost: their vnodes move. A worker outside the
+        // job stays absent and is taken back whenever it comes (nothing of its moves).
+        let members: BTreeSet<WorkerId> = self
+            .job
+            .as_ref()
+            .map(|j| j.members.iter().copied().collect())
+            .unwrap_or_default();
+        let absent: Vec<WorkerId> = self
+            .absent
+            .keys()
+            .copied()
+            .filter(|id| members.contains(id))
+            .collect();
         for id in absent {
+            self.absent.remove(&id);
             let reason = format!(
                 "it did not come back to the new coordinator within {:?}",
                 self.cfg.rejoin_patience
@@ -825,16 +849,31 @@ impl Coordinator {
             .enumerate()
             .map(|(v, (&h, &e))| (u32::try_from(v).unwrap_or(u32::MAX), h, e))
             .collect();
+        let spec = j.spec.clone();
+        let vnodes = u32::try_from(map.len()).unwrap_or(u32::MAX);
         for &m in &members {
             let peers = self.peers_for(m);
-            self.send(
-                m,
+            let msg = if r.unstarted.contains(&m) && !stopping {
+                // It never heard of the job: it starts it hosting nothing, and is told below to
+                // host its vnodes (rebuilt from their logs; vnode 0 plants the root if its
+                // log has none: the runtime's `exec/member.rs` rule 4).
+                ToWorker::Start {
+                    job,
+                    spec: spec.clone(),
+                    vnodes,
+                    hosted: Vec::new(),
+                    starts: false,
+                    map: map.clone(),
+                    peers,
+                }
+            } else {
                 ToWorker::Map {
                     job,
                     map: map.clone(),
                     peers,
-                },
-            );
+                }
+            };
+            self.send(m, msg);
         }
         for &(vnode, host, epoch) in &map {
             let hosts_it = r
@@ -1018,6 +1057,35 @@ impl Coordinator {
         if let Err(error) = check_spec(&spec, &self.cfg.limits) {
             self.note(format!("refused a job: {error}"));
             self.tell_client(Some(client), ToSubmit::Failed { error });
+            return;
+        }
+        // Rule 10: a coordinator that journaled a job and died before accepting it leaves a
+        // client that submits again; the successor's job with no client and the same spec is
+        // that job (a job's result is a function of its spec: any identical submission may
+        // follow it).
+        let store = self.cfg.store_spec.clone();
+        if let Some(j) = self
+            .job
+            .as_mut()
+            .filter(|j| j.running && j.client.is_none() && j.spec == spec)
+        {
+            j.client = Some(client);
+            // Its hosts now, and the other members (spares).
+            let hosts: BTreeSet<WorkerId> = j.host.iter().copied().collect();
+            let workers = u32::try_from(hosts.len()).unwrap_or(u32::MAX);
+            let members = u32::try_from(j.members.len()).unwrap_or(u32::MAX);
+            let msg = ToSubmit::Accepted {
+                job: j.id,
+                workers,
+                spares: members.saturating_sub(workers),
+                vnodes: u32::try_from(j.host.len()).unwrap_or(u32::MAX),
+                store,
+            };
+            let id = j.id;
+            self.note(format!(
+                "a submission was job {id}, which runs already: it follows it"
+            ));
+            self.tell_client(Some(client), msg);
             return;
         }
         self.waiting.push(Waiting {

@@ -944,6 +944,190 @@ mod takeover {
         ));
     }
 
+    /// Found by the simulator (coordinator faults at 80/s, seeds 195 and 511): the coordinator
+    /// journaled the job and died before the client heard it was accepted; the client submitted
+    /// again to the successor and was told "the cluster is running another job". The same
+    /// submission follows the job it already is.
+    #[test]
+    fn a_submission_repeated_after_a_takeover_follows_the_job_it_is() {
+        let (_, j) = running_with_keys();
+        let mut c = successor(j);
+        let a = c.on_event(
+            ms(5001),
+            Event::Submit {
+                client: 30,
+                program: "knary".into(),
+                job: spec(4, 3),
+            },
+        );
+        assert!(
+            matches!(
+                to_client(&a).as_slice(),
+                [ToSubmit::Accepted {
+                    job: 1,
+                    vnodes: 4,
+                    ..
+                }]
+            ),
+            "{a:?}"
+        );
+        // Another job is still refused while this one runs.
+        let b = [2u8; 32];
+        for (w, hosted) in [
+            (1u32, vec![(0, 0), (3, 0)]),
+            (2, vec![(1, 0)]),
+            (3, vec![(2, 0)]),
+        ] {
+            let _ = c.on_event(
+                ms(5002),
+                Event::Rejoined {
+                    conn: u64::from(w) + 10,
+                    claim: claim(w, &b, hosted),
+                    binding: b,
+                },
+            );
+        }
+        let a = c.on_event(
+            ms(5003),
+            Event::Submit {
+                client: 31,
+                program: "knary".into(),
+                job: spec(8, 3),
+            },
+        );
+        assert!(
+            matches!(to_client(&a).as_slice(), [ToSubmit::Failed { error }]
+                if error.contains("another job")),
+            "{a:?}"
+        );
+    }
+
+    /// Found by the simulator (coordinator faults at 80/s, seeds 195 and 511 once resubmission
+    /// worked): the coordinator died between journaling the job and sending its starts; the
+    /// members came back without the job, ignored the successor's maps and host orders (for a
+    /// job they never heard of), and the run never began. They are started now, hosting
+    /// nothing, then told to host their vnodes.
+    #[test]
+    fn members_that_never_heard_of_the_job_are_started_by_the_successor() {
+        let (_, j) = running_with_keys();
+        let host = j.job.as_ref().unwrap().host.clone();
+        let mut c = successor(j);
+        let b = [6u8; 32];
+        let mut a = Vec::new();
+        for w in 1..=3u32 {
+            let mut cl = claim(w, &b, vec![]);
+            cl.job = None;
+            a = c.on_event(
+                ms(5001),
+                Event::Rejoined {
+                    conn: u64::from(w) + 40,
+                    claim: cl,
+                    binding: b,
+                },
+            );
+        }
+        assert!(!c.recovering());
+        for w in 1..=3u32 {
+            let msgs = to_worker(&a, w);
+            let start = msgs.iter().position(
+                |m| matches!(m, ToWorker::Start { hosted, starts: false, .. } if hosted.is_empty()),
+            );
+            let hosts: Vec<(usize, u32)> = msgs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| match m {
+                    ToWorker::Host {
+                        vnode, epoch: 0, ..
+                    } => Some((i, *vnode)),
+                    _ => None,
+                })
+                .collect();
+            assert!(start.is_some(), "worker {w}: {msgs:?}");
+            assert!(hosts.iter().all(|&(i, _)| Some(i) > start), "{msgs:?}");
+            let want: Vec<u32> = (0..4u32).filter(|&v| host[v as usize] == w).collect();
+            let got: Vec<u32> = hosts.iter().map(|&(_, v)| v).collect();
+            assert_eq!(got, want, "worker {w}");
+        }
+    }
+
+    /// Found by the simulator (coordinator faults at 80/s, seed 6): the coordinator crashed
+    /// before any job; its successor, with no job to wait for, declared the absent workers lost
+    /// at once, refused them when they came back, and the submitted job then waited forever
+    /// for workers. A worker outside the job is taken back whenever it comes.
+    #[test]
+    fn workers_outside_a_job_are_taken_back_after_the_recovery_ended() {
+        let mut c = coord();
+        let mut journal = None;
+        for w in 1..=2u32 {
+            let a = c.on_event(
+                ms(1),
+                Event::Joined {
+                    conn: u64::from(w) + 100,
+                    hello: Joining {
+                        public_key: key(w).verifying_key().to_bytes(),
+                        ..hello(1, false)
+                    },
+                },
+            );
+            journal = last_journal(&a).or(journal);
+        }
+        let j = journal.expect("admissions are journaled");
+        assert_eq!(j.members.len(), 2);
+        let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+        cfg.term = journal::next_term(j.term, "127.0.0.1:2");
+        let mut c = Coordinator::recover(cfg, j, ms(5000));
+        // No job: the recovery ends at once, and nobody is lost.
+        let a = c.on_event(ms(5000), Event::Tick);
+        assert!(!c.recovering());
+        assert!(
+            a.iter()
+                .all(|a| !matches!(a, Action::Note(n) if n.contains("lost"))),
+            "{a:?}"
+        );
+        // Both come back later, without a job.
+        let b = [5u8; 32];
+        for w in 1..=2u32 {
+            let mut cl = claim(w, &b, vec![]);
+            cl.job = None;
+            let a = c.on_event(
+                ms(9000),
+                Event::Rejoined {
+                    conn: u64::from(w) + 20,
+                    claim: cl,
+                    binding: b,
+                },
+            );
+            assert!(
+                a.iter()
+                    .any(|a| matches!(a, Action::Admit { worker, .. } if *worker == w)),
+                "worker {w}: {a:?}"
+            );
+        }
+        assert_eq!(c.workers(), vec![1, 2]);
+        // A job asking for both starts.
+        let _ = c.on_event(
+            ms(9001),
+            Event::Submit {
+                client: 1,
+                program: "knary".into(),
+                job: spec(2, 2),
+            },
+        );
+        let a = c.on_event(
+            ms(9002),
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        assert!(
+            to_client(&a)
+                .iter()
+                .any(|m| matches!(m, ToSubmit::Accepted { .. })),
+            "{a:?}"
+        );
+    }
+
     #[test]
     fn a_job_that_was_stopping_is_stopped_again_and_reports_in_claims_count() {
         let (mut c, _) = running_with_keys();

@@ -81,9 +81,7 @@ use veriflow_runtime::{Control, Forge, ForgeMode, ManualClock, Runtime, SteppedM
 pub use check::Violation;
 
 use crate::coordinator::{self, journal, ClientId, ConnId, Coordinator, Joining};
-use crate::protocol::{
-    JobSpec, Peer, Rejoin, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport,
-};
+use crate::protocol::{JobSpec, Peer, Rejoin, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport};
 use crate::worker::{self, WorkerCore};
 
 /// One step of simulated time (rule 1).
@@ -343,7 +341,11 @@ enum CoordIn {
 #[derive(Debug)]
 enum Frame {
     /// To coordinator `gen` on connection `conn` (a worker's, or a client's).
-    ToCoord { gen: Gen, conn: ConnId, what: CoordIn },
+    ToCoord {
+        gen: Gen,
+        conn: ConnId,
+        what: CoordIn,
+    },
     /// From coordinator `gen` to process `pid` on connection `conn`.
     ToProc {
         gen: Gen,
@@ -409,6 +411,8 @@ struct CoordProc {
     conn_of: BTreeMap<WorkerId, ConnId>,
     /// Crash right after the next journal write (the write-ahead window).
     crash_after_journal: bool,
+    /// When it renews its lease next (`journal` rule 4).
+    next_renew: Duration,
 }
 
 /// The submitting client (rule 9): it submits, follows its job, and after losing its
@@ -494,7 +498,6 @@ impl Store for Recording {
         Ok(())
     }
 }
-
 
 struct World {
     cfg: SimConfig,
@@ -700,9 +703,7 @@ impl World {
         let taken = (|| {
             let lease = journal::read_lease(&*self.store)?;
             let found = journal::read_journal(&*self.store)?;
-            let seen = lease
-                .map_or(0, |l| l.term)
-                .max(found.map_or(0, |j| j.term));
+            let seen = lease.map_or(0, |l| l.term).max(found.map_or(0, |j| j.term));
             let term = journal::next_term(seen, &addr);
             if !journal::take_over(&*self.store, term, &addr)? {
                 return Ok(None);
@@ -735,6 +736,7 @@ impl World {
             admitted: BTreeMap::new(),
             conn_of: BTreeMap::new(),
             crash_after_journal: false,
+            next_renew: self.now + LEASE / 4,
         });
         self.coord_event(gen, coordinator::Event::Tick)?;
         Ok(true)
@@ -1141,7 +1143,9 @@ impl World {
         match a {
             worker::Action::ToCoord(m) => self.to_coord(pid, CoordIn::Msg(m)),
             worker::Action::ToPeer { addr, frame, .. } => {
-                let Some(to) = addr.strip_prefix("sim:").and_then(|p| p.parse::<Pid>().ok())
+                let Some(to) = addr
+                    .strip_prefix("sim:")
+                    .and_then(|p| p.parse::<Pid>().ok())
                 else {
                     return Err(format!("p{pid} was told of peer address {addr}"));
                 };
@@ -1172,8 +1176,7 @@ impl World {
                 }
             }
             worker::Action::Deliver { to, env } => {
-                if let Some((_, _, router)) = self.procs.get(&pid).and_then(|p| p.member.as_ref())
-                {
+                if let Some((_, _, router)) = self.procs.get(&pid).and_then(|p| p.member.as_ref()) {
                     router.deliver(VnodeId(to), env);
                 }
             }
@@ -1400,7 +1403,8 @@ impl World {
 
     /// Rule 9: the newest coordinator crashes (its sockets reset, or its host is lost), crashes
     /// right after its next journal write, or pauses (past its lease: a zombie that wakes after
-    /// a successor took over). One such fault at a time, while the job runs.
+    /// a successor took over). One such fault at a time, at any moment: before the job is
+    /// accepted too (the client then submits again).
     fn coordinator_fault(&mut self) {
         let gen = Gen::try_from(self.coords.len() - 1).unwrap_or(Gen::MAX);
         let Some(c) = self.coords.last() else {
@@ -1410,7 +1414,6 @@ impl World {
             && c.paused_until.is_none()
             && !c.crash_after_journal
             && !c.core.recovering()
-            && c.core.map().is_some()
             && self.successor_due.is_none()
             && self.coords.iter().filter(|c| !c.dead).count() == 1;
         if !quiet {
@@ -1616,7 +1619,7 @@ impl World {
                     self.successor_due = Some(now + RETRY);
                 }
             }
-            self.wake_coordinators()?;
+            self.wake_coordinators();
             // Deliveries due: into the socket buffers of the processes, which read them while
             // running, so a paused process reads its frames later and in their order (rule 2).
             while let Some(top) = self.net.peek() {
@@ -1664,6 +1667,10 @@ impl World {
                 let c = &self.coords[gen];
                 if !c.dead && c.paused_until.is_none() && now >= c.core.next_deadline() {
                     self.coord_event(gen as Gen, coordinator::Event::Tick)?;
+                }
+                let c = &self.coords[gen];
+                if !c.dead && c.paused_until.is_none() && now >= c.next_renew {
+                    self.renew(gen as Gen);
                 }
             }
             self.client_tick();
@@ -1713,29 +1720,36 @@ impl World {
         }
     }
 
-    /// Coordinators whose pause ended run again. A zombie's lease renewal (its own timer) may
-    /// run before or after the frames and timers it finds waiting; the renewal's refusal, or
-    /// its first journal write's, makes it step down (`journal` rules 3-4).
-    fn wake_coordinators(&mut self) -> Result<(), String> {
+    /// Coordinators whose pause ended run again. A zombie's lease renewal (its own timer, due
+    /// during the pause) runs before or after the frames and timers it finds waiting; the
+    /// renewal's refusal, or its first journal write's, makes it step down (`journal` rules
+    /// 3-4).
+    fn wake_coordinators(&mut self) {
         for gen in 0..self.coords.len() {
             let c = &mut self.coords[gen];
             if c.dead || c.paused_until.map_or(true, |t| t > self.now) {
                 continue;
             }
             c.paused_until = None;
-            let lease = journal::Lease {
-                term: c.core.config().term,
-                holder: c.core.config().advertise.clone(),
-                beat: self.now.as_micros() as u64,
-            };
             self.note(&format!("c{gen} wakes"));
             if self.rng.gen_bool(0.5) {
-                if let Err(e) = journal::renew_lease(&*self.store, &lease) {
-                    self.coord_dies(gen as Gen, true, &format!("stepped down: {e}"));
-                }
+                self.renew(gen as Gen);
             }
         }
-        Ok(())
+    }
+
+    /// Coordinator `gen` renews its lease (`journal` rule 4); a refusal deposes it.
+    fn renew(&mut self, gen: Gen) {
+        let c = &mut self.coords[gen as usize];
+        c.next_renew = self.now + LEASE / 4;
+        let lease = journal::Lease {
+            term: c.core.config().term,
+            holder: c.core.config().advertise.clone(),
+            beat: self.now.as_micros() as u64,
+        };
+        if let Err(e) = journal::renew_lease(&*self.store, &lease) {
+            self.coord_dies(gen, true, &format!("stepped down: {e}"));
+        }
     }
 
     /// Restarts the servers due by `by` (every one if `None`) and scrubs (rule 8).
