@@ -133,7 +133,11 @@ fn killed_vnodes_recover_to_the_same_bits() {
 /// the same way: v0's last durable event is `Stolen` of a CG step task to a thief that never
 /// logs `Adopted` for it, v0's rebuilt incarnation expects the terminal output from that thief
 /// with no grant outstanding, and the thief expects the same output back from v0 for the
-/// chain task v0 stole back from it. Not explained yet; run it with
+/// chain task v0 stole back from it. Explained and fixed (issue 14.5, `recover.rs` rule 4): the
+/// rebuilt v0 sent a stolen task's grant again only if its output was not expected from that
+/// thief yet, and the root, stolen by the same thief and rebuilt first, already expected it. The deterministic regression test is the
+/// runtime's `a_grant_to_a_thief_already_owing_the_same_value_is_sent_again_after_recovery`;
+/// this one stays to hunt for others:
 /// `XR=400 cargo test -p cg --test dataflow_runtime hunt -- --ignored --nocapture`.
 #[test]
 #[ignore]

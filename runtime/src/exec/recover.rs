@@ -22,7 +22,14 @@
 //! 4. Obligations are rebuilt from the log, since acknowledgements are not logged: outputs of
 //!    a stolen task not yet `Returned` are expected again and its grant is sent again (the
 //!    thief ignores it if it adopted the task); written values owed to a victim are sent
-//!    again (the victim ignores duplicates).
+//!    again (the victim ignores duplicates). *Every* stolen task with an output not back has
+//!    its grant sent again, also when that output is already expected from the same thief for
+//!    an earlier stolen task: an expectation is kept once per (data, thief) (`vnode.rs` rule
+//!    3), a grant per task. Example (CG's step chain): v1 stole the root, v0 stole a chain
+//!    task back from v1 and gave its delegate, which writes the same terminal output, to v1
+//!    again; if v0 fails before v1 adopts that delegate, its grant alone brings it to v1.
+//!    Deciding "already expected, nothing to send" left nobody running it, and v0 and v1
+//!    waiting for the terminal output from each other (issue 14.5).
 //! 5. On vnode 0, the terminal outputs are pinned again; if the root's declaration never
 //!    became durable, the program inputs and the root are planted again as at the start.
 
@@ -299,9 +306,14 @@ impl Vnode {
             let task = d.task;
             let mut missing = false;
             for &o in &d.outputs {
-                if !values.contains_key(&o) && self.expected.insert((o, thief)) {
+                if values.contains_key(&o) {
+                    continue;
+                }
+                missing = true;
+                // One expectation per (data, thief), one grant per task: another stolen task
+                // may already expect this value from this thief (rule 4).
+                if self.expected.insert((o, thief)) {
                     self.core.shared.work_add(v);
-                    missing = true;
                 }
             }
             if !missing {

@@ -747,3 +747,150 @@ fn a_checkpoint_between_two_parts_of_a_log_changes_nothing() {
     }
     assert_eq!(compared, 6 * 3 * 5);
 }
+
+/// `Relay(n)` hands its output down a chain of `n` more tasks (delegation, as CG's steps hand
+/// down the terminal output); the last one writes 42.
+#[derive(Serialize, Deserialize)]
+struct Relay(u32);
+
+impl Task for Relay {
+    const NAME: &'static str = "relay";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        if self.0 == 0 {
+            ctx.write(out, 42);
+        } else {
+            ctx.spawn_delegate(Relay(self.0 - 1), (), (out,));
+        }
+        Ok(())
+    }
+}
+
+/// recover.rs rule 4, the hang of CG's `killed_vnodes_recover_to_the_same_bits` (issue 14.5),
+/// driven exactly: the root `Relay(2)` (terminal output O) was stolen from v0 by v1; v1 ran it,
+/// and v0 stole back its chain task S1, which also writes O; S1 ran on v0 and declared S2
+/// (writes O too), which v0 then gave to v1 again: `Stolen(S2, v1)` is v0's last durable event
+/// and v0 failed before v1 saw the grant (v1's log has no `Adopted(S2)`). Both vnodes are
+/// rebuilt from these logs. v0 expects O from v1 once for two stolen tasks (the root and S2);
+/// its rebuilt incarnation must still send S2's grant again, else nobody runs S2: v0 waits for
+/// O from v1 and v1 waits for O from v0 (for S1) forever. Here the stall deadline turns that
+/// hang into an error.
+#[test]
+fn a_grant_to_a_thief_already_owing_the_same_value_is_sent_again_after_recovery() {
+    use std::borrow::Cow;
+    use std::time::Duration;
+
+    use crate::log::{CommitPolicy, Declared, Event, LogWriter};
+    use crate::{DataId, TaskId, VnodeId};
+
+    let store = Arc::new(MemoryStore::default());
+    let rt = Runtime::builder(Registry::new().with::<Relay>().unwrap())
+        .program("relay")
+        .threads(2)
+        .vnodes(2)
+        .store(store.clone())
+        .stall(crate::Stall {
+            after: Duration::from_secs(2),
+            fail: true,
+        })
+        .build()
+        .unwrap();
+    let (setup, manifest) = rt.prepare(Relay(2), ()).unwrap();
+    manifest.store_new(&*store).unwrap();
+
+    let root = setup.id;
+    let s1 = TaskId::child(root, 0);
+    let s2 = TaskId::child(s1, 0);
+    let o = DataId::output(root, 0);
+    assert_eq!(setup.terminal, vec![o]);
+    let record = |task, parent, n: u32| Declared {
+        task,
+        parent,
+        index: 0,
+        name: Cow::Borrowed(Relay::NAME),
+        args: crate::codec::encode(&Relay(n)).unwrap(),
+        inputs: vec![],
+        outputs: vec![o],
+    };
+    let (v0, v1) = (VnodeId(0), VnodeId(1));
+    let logs = [
+        (
+            v0,
+            vec![
+                Event::Declared(record(root, None, 2)),
+                Event::Stolen {
+                    task: root,
+                    thief: v1,
+                },
+                Event::Adopted {
+                    victim: v1,
+                    record: record(s1, Some(root), 1),
+                    inputs: vec![],
+                },
+                Event::Started {
+                    task: s1,
+                    inputs: vec![],
+                },
+                Event::Declared(record(s2, Some(s1), 0)),
+                Event::Completed {
+                    task: s1,
+                    outputs: vec![],
+                    children: vec![s2],
+                },
+                Event::Stolen {
+                    task: s2,
+                    thief: v1,
+                },
+            ],
+        ),
+        (
+            v1,
+            vec![
+                Event::Adopted {
+                    victim: v0,
+                    record: record(root, None, 2),
+                    inputs: vec![],
+                },
+                Event::Started {
+                    task: root,
+                    inputs: vec![],
+                },
+                Event::Declared(record(s1, Some(root), 1)),
+                Event::Completed {
+                    task: root,
+                    outputs: vec![],
+                    children: vec![s1],
+                },
+                Event::Stolen {
+                    task: s1,
+                    thief: v0,
+                },
+            ],
+        ),
+    ];
+    let writer = LogWriter::start(store.clone(), 2, CommitPolicy::default()).unwrap();
+    for (v, events) in &logs {
+        let mut log = writer.vnode_log(*v).unwrap();
+        log.forget_recovery();
+        for e in events {
+            log.append(e).unwrap();
+        }
+        log.sync().unwrap();
+    }
+    writer.shutdown().unwrap();
+
+    let r = rt
+        .resume(Relay(2), ())
+        .unwrap_or_else(|e| panic!("the grant of S2 must reach v1 again: {e}"));
+    assert_eq!(r.outputs.0, 42);
+    // S2 is the one task left to run, and v1 adopted it.
+    assert_eq!(r.tasks, 3);
+    let adopted_s2 = LogReader::new(store)
+        .read_vnode(v1)
+        .unwrap()
+        .events
+        .iter()
+        .any(|e| matches!(&e.event, Event::Adopted { record, .. } if record.task == s2));
+    assert!(adopted_s2, "v1 adopted S2 from the grant sent again");
+}

@@ -11,7 +11,11 @@
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
 //!    task): it logs `Stolen`, and sends
 //!    `StealGrant` with the task's record and input values, resent every `resend_after`
-//!    until `AdoptAck`. It then expects each output of the task back.
+//!    until `AdoptAck`. It then expects each output of the task back, once per (output,
+//!    thief): when a task given away delegated an output down a chain, a chain task came
+//!    back here and a later one went to the same thief again, one value answers both. Grants
+//!    stay per task: each is resent until acknowledged, after a recovery too (`recover.rs`
+//!    rule 4).
 //! 4. A thief logs `Adopted` (record and inputs: its log alone can re-run the task), creates the
 //!    outputs as data to return, and runs the task and the subtree it spawns in its own log.
 //!    A grant for a task already adopted is only acknowledged again.
