@@ -30,7 +30,7 @@ use veriflow_certifier::{Certificate, CertifyError, Decision, Track, VerifyError
 use veriflow_checkpoint::{
     open_store, Key, KeyError, MemoryStore, SledStore, Store, StoreError, StoreSpec,
 };
-use veriflow_runtime::log::{CommitPolicy, LogError};
+use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES};
 use veriflow_runtime::{
     DataId, Forge, IdSet, Kill, Registry, RegistryError, RunError, Runtime, Task, TaskId, VnodeId,
 };
@@ -349,6 +349,11 @@ pub(crate) struct CommitArgs {
     /// Group commit: seal a non-empty segment after this many ms.
     #[arg(long, value_name = "MS", default_value_t = 5)]
     commit_ms: u64,
+    /// Recovery checkpoints: one per vnode every this many KiB of its log, so that recovery
+    /// reads the checkpoint and the log after it; 0 writes none (recovery reads whole logs).
+    #[arg(long, value_name = "KIB", default_value_t = DEFAULT_CHECKPOINT_BYTES >> 10,
+          value_parser = clap::value_parser!(u64).range(0..=(1 << 30)))]
+    checkpoint_kib: u64,
 }
 
 impl CommitArgs {
@@ -358,6 +363,11 @@ impl CommitArgs {
             max_bytes: usize::try_from(self.commit_kib << 10).unwrap_or(usize::MAX),
             max_delay: Duration::from_millis(self.commit_ms),
         }
+    }
+
+    /// Bytes of log between recovery checkpoints (0: none).
+    pub(crate) fn checkpoint_every(&self) -> u64 {
+        self.checkpoint_kib << 10
     }
 }
 
@@ -628,7 +638,8 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
     let mut builder = Runtime::builder(registry::<P>()?)
         .program(P::NAME)
         .seed(rt.seed)
-        .commit_policy(rt.commit.policy());
+        .commit_policy(rt.commit.policy())
+        .checkpoint_every(rt.commit.checkpoint_every());
     if let Some(t) = rt.threads {
         builder = builder.threads(t as usize);
     }

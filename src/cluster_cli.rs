@@ -304,6 +304,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
         .commit_policy(job.commit.policy())
+        .checkpoint_every(job.commit.checkpoint_every())
         .build()
         .map_err(|e| e.to_string())?;
     let (root, inputs) = job.program.root();

@@ -63,6 +63,26 @@ impl Store for MemoryStore {
         )
     }
 
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        max_keys: usize,
+    ) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+        let m = self.map();
+        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        let mut keys: Vec<Vec<u8>> = m
+            .range::<[u8], _>(range)
+            .map(|(k, _)| k)
+            .take_while(|k| k.starts_with(prefix))
+            .take(max_keys.max(1) + 1)
+            .cloned()
+            .collect();
+        let more = keys.len() > max_keys.max(1);
+        keys.truncate(max_keys.max(1));
+        Ok((keys, more))
+    }
+
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         self.map().remove(key);
         Ok(())

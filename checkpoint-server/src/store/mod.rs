@@ -172,6 +172,25 @@ pub trait Store: Send + Sync + 'static {
             limit,
         )
     }
+    /// The keys under `prefix` strictly after `after`, in key order, at most `max_keys` (at
+    /// least 1), and whether more may follow. The default reads pages of pairs and drops the
+    /// values; [`SledStore`] and [`MemoryStore`] copy keys only.
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        max_keys: usize,
+    ) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+        let page = self.scan_page(
+            prefix,
+            after,
+            PageLimit {
+                max_keys,
+                max_bytes: 64 << 20,
+            },
+        )?;
+        Ok((page.pairs.into_iter().map(|(k, _)| k).collect(), page.more))
+    }
     /// Removes `key`; durable after [`Store::flush`].
     fn delete(&self, key: &[u8]) -> Result<(), StoreError>;
     /// Returns once everything written before is on stable storage.
@@ -278,6 +297,29 @@ mod tests {
             assert!(pages_join_up(store, b"p/", limit) > 1, "{limit:?}");
             pages_join_up(store, b"", limit);
             pages_join_up(store, b"none", limit);
+        }
+        // Key pages join up to the keys of the scan, whatever the page size.
+        for prefix in [&b"p/"[..], b"", b"none"] {
+            for max in [0, 1, 7, 1000] {
+                let mut got = Vec::new();
+                let mut after: Option<Vec<u8>> = None;
+                loop {
+                    let (keys, more) = store.scan_keys(prefix, after.as_deref(), max).unwrap();
+                    assert!(keys.len() <= max.max(1));
+                    after = keys.last().cloned();
+                    got.extend(keys);
+                    if !more || after.is_none() {
+                        break;
+                    }
+                }
+                let want: Vec<Vec<u8>> = store
+                    .scan_prefix(prefix)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+                assert_eq!(got, want, "prefix {prefix:?}, {max} keys a page");
+            }
         }
         // `after` before the prefix starts at the prefix; after it, nothing.
         let l = PageLimit {

@@ -483,6 +483,30 @@ impl Store for SledStore {
         })
     }
 
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        max_keys: usize,
+    ) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        let max = max_keys.max(1);
+        guarded("scan_keys", || {
+            let mut keys = Vec::new();
+            for k in self.db().range::<&[u8], _>(range).keys() {
+                let k = k?;
+                if !k.starts_with(prefix) {
+                    return Ok((keys, false));
+                }
+                keys.push(k.to_vec());
+                if keys.len() >= max {
+                    return Ok((keys, true));
+                }
+            }
+            Ok((keys, false))
+        })
+    }
+
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         self.write(|| {
             guarded("remove", || {

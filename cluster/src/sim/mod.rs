@@ -1128,7 +1128,7 @@ impl World {
     }
 
     /// Sends `msg` on the process's connection with its coordinator, if it has one.
-    fn to_coord(&mut self, pid: Pid, what: CoordIn) {
+    fn send_to_coord(&mut self, pid: Pid, what: CoordIn) {
         if let Some((gen, conn)) = self.procs.get(&pid).and_then(|p| p.conn) {
             self.send(
                 Node::Proc(pid),
@@ -1141,7 +1141,7 @@ impl World {
 
     fn worker_action(&mut self, pid: Pid, a: worker::Action) -> Result<(), String> {
         match a {
-            worker::Action::ToCoord(m) => self.to_coord(pid, CoordIn::Msg(m)),
+            worker::Action::ToCoord(m) => self.send_to_coord(pid, CoordIn::Msg(m)),
             worker::Action::ToPeer { addr, frame, .. } => {
                 let Some(to) = addr
                     .strip_prefix("sim:")
@@ -1251,7 +1251,7 @@ impl World {
                     .filter(|(j, _, _)| *j == job)
                     .map(|(_, m, _)| &**m.status());
                 let msg = ToCoord::status(job, round, status);
-                self.to_coord(pid, CoordIn::Msg(msg));
+                self.send_to_coord(pid, CoordIn::Msg(msg));
             }
             worker::Action::Exit(reason) => {
                 self.note(&format!("p{pid} exits: {reason}"));
@@ -1261,7 +1261,7 @@ impl World {
                 // `worker` rule 1: it drops its connection and looks for the coordinator
                 // that holds the role; its vnodes go on meanwhile.
                 self.note(&format!("p{pid} leaves its coordinator: {reason}"));
-                self.to_coord(pid, CoordIn::Closed("the worker left"));
+                self.send_to_coord(pid, CoordIn::Closed("the worker left"));
                 self.worker_event(pid, worker::Event::CoordLost)?;
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.conn = None;
@@ -1290,7 +1290,7 @@ impl World {
             self.faults.writes_lost += 1;
         }
         if reset {
-            self.to_coord(pid, CoordIn::Closed("connection reset"));
+            self.send_to_coord(pid, CoordIn::Closed("connection reset"));
         }
     }
 

@@ -731,6 +731,7 @@ fn a_checkpoint_between_two_parts_of_a_log_changes_nothing() {
                         segno: 0,
                         end_seq: cut as u64,
                     },
+                    segments: 1,
                     state: part,
                 };
                 let mut part = Checkpoint::decode(log.vnode, &ck.encode().unwrap())

@@ -4,14 +4,17 @@
 //!
 //! Stored under `ck/<vnode, u32 BE>` (generation 0 only: the run's own log) as one framed record
 //! (`codec.rs` rule 1): the vnode, the last segment it covers ([`LastSegment`]: segment number
-//! and sequence end) and the state. The log writer puts it in the same store batch as the last
+//! and sequence end), how many segments the log holds up to it, and the state. The log writer puts it in the same store batch as the last
 //! segment it covers and that segment's durable watermark, so the store never holds a
 //! checkpoint ahead of its log, and a fenced zombie's checkpoint is refused with its segments
 //! (rule 7). Each new checkpoint of a vnode replaces the previous one.
 //!
 //! A checkpoint that fails its checks (frame, digest, decoding, another vnode's, ahead of the
 //! durable watermark) is never used: recovery reads the whole log instead, which is slower but
-//! never wrong, and says so in a warning.
+//! never wrong, and says so in a warning. A sound checkpoint whose segments are not all still
+//! in the store (their keys are listed, not read: numbers in order, and as many as it counted)
+//! is a log with a hole: recovery reports it as missing data, naming the vnode and segment,
+//! as a reader of the whole log would.
 
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +47,9 @@ pub struct Checkpoint {
     pub vnode: VnodeId,
     /// The last segment folded into `state` (every segment up to it, every event below its end).
     pub upto: LastSegment,
+    /// How many segments the log holds up to `upto` (all epochs): recovery counts their keys,
+    /// so a segment deleted before the checkpoint is noticed without reading it.
+    pub segments: u64,
     /// The compacted state.
     pub state: LogState,
 }

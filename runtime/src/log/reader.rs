@@ -258,6 +258,10 @@ impl LogReader {
                 }
             },
         };
+        let ck_segments = checkpoint.as_ref().map_or(0, |ck| ck.segments);
+        if let Some(ck) = &checkpoint {
+            self.check_covered_segments(vnode, &prefix, ck)?;
+        }
         let (mut state, start) = match checkpoint {
             Some(ck) => {
                 let mut state = ck.state;
@@ -304,6 +308,7 @@ impl LogReader {
             vnode,
             state,
             checkpoint: start,
+            segments: ck_segments + walk.segments - u64::from(walk.torn.is_some()),
             tail_segments: walk.segments,
             tail_events: events,
             next_segno: walk.last_read.map_or(0, |s| s + 1),
@@ -311,6 +316,73 @@ impl LogReader {
             torn: walk.torn,
             read_time: started.elapsed(),
         })
+    }
+
+    /// Rule 9: the segments checkpoint `ck` covers are all still in the store, by their keys
+    /// alone (numbers in order as [`Walk`] wants them, and as many as it counted); a hole is
+    /// missing data, named as a reader of the whole log names it.
+    fn check_covered_segments(
+        &self,
+        vnode: VnodeId,
+        prefix: &[u8],
+        ck: &Checkpoint,
+    ) -> Result<(), LogError> {
+        let missing = |segment: Option<u64>, what: String| LogError::Missing {
+            vnode,
+            segment,
+            what,
+        };
+        let mut prev: Option<u64> = None;
+        let mut count = 0u64;
+        let mut after: Option<Vec<u8>> = None;
+        'pages: loop {
+            let (keys, more) = self.store.scan_keys(prefix, after.as_deref(), KEY_PAGE)?;
+            for key in &keys {
+                let k = key.get(self.prefix.len()..).unwrap_or_default();
+                let Some((_, segno)) = segment::parse_segment_key(k) else {
+                    return Err(LogError::Corrupt {
+                        vnode,
+                        segment: u64::MAX,
+                        offset: 0,
+                        reason: format!("malformed segment key {k:02x?}"),
+                    });
+                };
+                if segno > ck.upto.segno {
+                    break 'pages;
+                }
+                if let Some((from, there)) = gap(prev, segno) {
+                    return Err(missing(Some(from), gap_text(from, segno, &there)));
+                }
+                prev = Some(segno);
+                count += 1;
+            }
+            after = keys.last().cloned();
+            if !more || after.is_none() {
+                break;
+            }
+        }
+        if prev != Some(ck.upto.segno) {
+            return Err(missing(
+                Some(ck.upto.segno),
+                format!(
+                    "segment {} is missing (its recovery checkpoint covers the log up to it)",
+                    ck.upto.segno
+                ),
+            ));
+        }
+        if count < ck.segments {
+            return Err(missing(
+                None,
+                format!(
+                    "{} of the {} segments up to segment {} are missing (its recovery \
+                     checkpoint counted them; an epoch's last segments went missing)",
+                    ck.segments - count,
+                    ck.segments,
+                    ck.upto.segno
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Reads every vnode's log.
@@ -326,6 +398,28 @@ impl LogReader {
         &self.store
     }
 }
+
+/// Rule 1's order of segment numbers: `segno` follows `prev` (the one before it, if any)
+/// when it is the next number or the first of a newer epoch. Otherwise the first missing
+/// number, and what is there.
+fn gap(prev: Option<u64>, segno: u64) -> Option<(u64, String)> {
+    match prev {
+        Some(p) if segno == p + 1 => None,
+        Some(p) if segno > p && segment::starts_epoch(segno) => None,
+        None if segment::starts_epoch(segno) => None,
+        _ => {
+            let from = prev.map_or(segno & !((1u64 << segment::EPOCH_SHIFT) - 1), |p| p + 1);
+            let there = match prev {
+                Some(p) => format!("segments {p} and {segno} are there"),
+                None => format!("its first segment is {segno}"),
+            };
+            Some((from, there))
+        }
+    }
+}
+
+/// Keys listed per page when checking what a checkpoint covers.
+const KEY_PAGE: usize = 4096;
 
 /// "segment 5 is missing" or "segments 5..9 are missing", then `(there)`.
 fn gap_text(from: u64, to: u64, there: &str) -> String {
@@ -360,6 +454,9 @@ pub struct RecoveredLog {
     pub tail_segments: u64,
     /// Events folded from those segments.
     pub tail_events: u64,
+    /// Segments in the log it read (with those its checkpoint covers), a torn last one not
+    /// counted.
+    pub segments: u64,
     /// The number the next segment takes.
     pub next_segno: u64,
     /// The sequence number the next event takes.
@@ -439,20 +536,8 @@ impl Walk {
             offset,
             reason,
         };
-        match self.prev_segno {
-            Some(p) if segno == p + 1 => {}
-            Some(p) if segno > p && segment::starts_epoch(segno) => {}
-            None if segment::starts_epoch(segno) => {}
-            _ => {
-                let from = self
-                    .prev_segno
-                    .map_or(segno & !((1u64 << segment::EPOCH_SHIFT) - 1), |p| p + 1);
-                let there = match self.prev_segno {
-                    Some(p) => format!("segments {p} and {segno} are there"),
-                    None => format!("its first segment is {segno}"),
-                };
-                return Err(self.missing(Some(from), gap_text(from, segno, &there)));
-            }
+        if let Some((from, there)) = gap(self.prev_segno, segno) {
+            return Err(self.missing(Some(from), gap_text(from, segno, &there)));
         }
         self.prev_segno = Some(segno);
         let covered = self.covered;

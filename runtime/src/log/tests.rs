@@ -534,8 +534,9 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     assert_eq!((r.checkpoint, &r.state), (None, &whole));
     store.put(&watermark_key(VnodeId(0)), &wm).unwrap();
 
-    // A segment lost after the checkpoint is reported; one lost before it is not needed by
-    // recovery, but every full reader (certify, inspect) still reports it.
+    // A segment lost after the checkpoint is reported; one lost before it too (issue 13: a
+    // resume from a checkpoint noticed nothing), by its key alone, as every full reader
+    // (certify, inspect) reports it.
     let segs = segments(&store);
     let last = segs.len() as u64 - 1;
     assert!(ck.segno < last, "segments follow the checkpoint");
@@ -553,6 +554,88 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
         )
         .unwrap();
     store.delete(&segment_key(VnodeId(0), 1)).unwrap();
-    assert_eq!(reader.recover_vnode(VnodeId(0)).unwrap().state, whole);
+    let err = reader.recover_vnode(VnodeId(0)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LogError::Missing {
+                segment: Some(1),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("segment 1 is missing"), "{err}");
     assert!(matches!(read(&store), Err(LogError::Missing { .. })));
+    store.put(&segment_key(VnodeId(0), 1), &segs[1].1).unwrap();
+    // The checkpoint's own last segment.
+    store.delete(&segment_key(VnodeId(0), ck.segno)).unwrap();
+    let err = reader.recover_vnode(VnodeId(0)).unwrap_err();
+    assert!(
+        matches!(err, LogError::Missing { segment: Some(s), .. } if s == ck.segno),
+        "{err}"
+    );
+    store
+        .put(
+            &segment_key(VnodeId(0), ck.segno),
+            &segs[ck.segno as usize].1,
+        )
+        .unwrap();
+    assert_eq!(reader.recover_vnode(VnodeId(0)).unwrap().state, whole);
+}
+
+/// Rule 9: the last segment of an earlier epoch deleted before a checkpoint leaves no gap in
+/// the numbers (the next epoch starts its own), but the checkpoint counted it: recovery
+/// reports it.
+#[test]
+fn an_earlier_epochs_last_segment_missing_before_a_checkpoint_is_reported() {
+    let store = Arc::new(MemoryStore::default());
+    let declared = |i: u128| {
+        Event::Declared(Declared {
+            task: TaskId(1000 + i),
+            parent: None,
+            index: 0,
+            name: "t".into(),
+            args: vec![0; 8],
+            inputs: vec![],
+            outputs: vec![DataId(5000 + i)],
+        })
+    };
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    writer.set_checkpoint_every(4 << 10);
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    for i in 0..30u128 {
+        log.append(&declared(i)).unwrap();
+        if i % 10 == 9 {
+            log.seal().unwrap();
+        }
+    }
+    log.sync().unwrap();
+    writer.pump();
+    writer.shutdown().unwrap();
+    let epoch0: Vec<Vec<u8>> = segments(&store).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(epoch0.len(), 3);
+    // A new incarnation at epoch 1 goes on, with checkpoints.
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    writer.set_checkpoint_every(4 << 10);
+    let mut log = writer.vnode_log_at(VnodeId(0), 1).unwrap();
+    for i in 30..400u128 {
+        log.append(&declared(i)).unwrap();
+        if i % 10 == 9 {
+            log.seal().unwrap();
+        }
+    }
+    log.sync().unwrap();
+    writer.pump();
+    writer.shutdown().unwrap();
+    let reader = LogReader::new(store.clone());
+    let r = reader.recover_vnode(VnodeId(0)).unwrap();
+    assert!(r.checkpoint.is_some(), "a checkpoint in epoch 1 was used");
+    assert_eq!(r.segments, segments(&store).len() as u64);
+    store.delete(epoch0.last().unwrap()).unwrap();
+    let err = reader.recover_vnode(VnodeId(0)).unwrap_err();
+    assert!(
+        err.to_string().contains("1 of the"),
+        "the count catches it: {err}"
+    );
 }

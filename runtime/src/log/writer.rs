@@ -92,6 +92,8 @@ struct Compactor {
     state: LogState,
     /// The last segment folded in.
     upto: Option<LastSegment>,
+    /// Segments in the log up to `upto` (the checkpoint's count).
+    segments: u64,
     /// Bytes of segments folded since the last checkpoint.
     since: u64,
     /// `state.size()` after the last compaction: the next one comes at twice that.
@@ -111,11 +113,12 @@ pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
 const COMPACT_SLACK: usize = 4096;
 
 impl Compactor {
-    fn seeded(state: LogState, upto: Option<LastSegment>) -> Compactor {
+    fn seeded(state: LogState, upto: Option<LastSegment>, segments: u64) -> Compactor {
         let compacted = state.size();
         Compactor {
             state,
             upto,
+            segments,
             since: 0,
             compacted,
             broken: false,
@@ -144,6 +147,7 @@ impl Compactor {
             segno: s.segno,
             end_seq: s.last_seq,
         });
+        self.segments += 1;
         self.since += s.bytes.len() as u64;
         if self.state.size() > 2 * self.compacted + COMPACT_SLACK {
             self.compact();
@@ -166,6 +170,7 @@ impl Compactor {
         let ck = Checkpoint {
             vnode,
             upto,
+            segments: self.segments,
             state: std::mem::take(&mut self.state),
         };
         let bytes = ck.encode();
@@ -367,13 +372,14 @@ impl LogWriter {
                     segno,
                     end_seq: r.next_seq,
                 });
-                let c = Compactor::seeded(r.state.clone(), upto);
+                // A torn last segment dropped above is not counted: its number is reused.
+                let c = Compactor::seeded(r.state.clone(), upto, r.segments);
                 (next_segno, r.next_seq, c)
             }
             // The log does not read back: recovery reports why. Number after whatever is there.
             Err(_) => {
                 let (segno, seq) = self.scan_numbers(vnode, &prefix)?;
-                let mut c = Compactor::seeded(LogState::default(), None);
+                let mut c = Compactor::seeded(LogState::default(), None, 0);
                 c.broken = true;
                 (segno, seq, c)
             }
