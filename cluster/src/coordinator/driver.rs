@@ -131,6 +131,10 @@ pub async fn serve(
     config.advertise = advertise.clone();
     config.coordinators = cfg.coordinators.clone();
     config.term = term;
+    config.wall_zero = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(clock.now());
     let (core, first) = match found {
         Some(j) => {
             let mut c = Coordinator::recover(config, j, clock.now());

@@ -115,6 +115,10 @@ pub struct JobRecord {
     pub lost: u32,
     /// Seconds the job had run when this was written.
     pub elapsed_s: f64,
+    /// UNIX time the job started at, in seconds (0: the writer's clock did not know it); a
+    /// successor measures the job's time from it (`elapsed_s` would miss the time between the
+    /// last write and the takeover).
+    pub started_unix_s: f64,
 }
 
 /// Everything a successor needs (rule 3).

@@ -152,6 +152,9 @@ pub struct Config {
     pub term: u64,
     /// How long a successor waits for the job's members to come back (rule 10).
     pub rejoin_patience: Duration,
+    /// UNIX time of the driver clock's zero (`Duration::ZERO`: unknown), so that a job's
+    /// elapsed time survives a takeover.
+    pub wall_zero: Duration,
 }
 
 impl Config {
@@ -173,6 +176,7 @@ impl Config {
             // Longer than a worker's detection of a silent coordinator plus its first retries.
             rejoin_patience: Duration::from_secs(10)
                 .max((fd.interval + fd.timeout + fd.insurance + fd.broken) * 3),
+            wall_zero: Duration::ZERO,
         }
     }
 }
@@ -387,12 +391,14 @@ struct Job {
     done: BTreeMap<WorkerId, WorkerReport>,
     error: Option<String>,
     started: Duration,
+    /// Time the job ran before `started` (under a predecessor: rule 10).
+    carried: Duration,
     lost: u32,
     last_progress: Duration,
 }
 
 impl Job {
-    fn record(&self, now: Duration) -> JobRecord {
+    fn record(&self, now: Duration, wall_zero: Duration) -> JobRecord {
         JobRecord {
             id: self.id,
             spec: self.spec.clone(),
@@ -401,8 +407,18 @@ impl Job {
             members: self.members.clone(),
             stopping: self.stopping,
             lost: self.lost,
-            elapsed_s: now.saturating_sub(self.started).as_secs_f64(),
+            elapsed_s: self.elapsed(now).as_secs_f64(),
+            started_unix_s: if wall_zero.is_zero() {
+                0.0
+            } else {
+                (wall_zero + self.started).as_secs_f64() - self.carried.as_secs_f64()
+            },
         }
+    }
+
+    /// How long the job has run, a predecessor's time included.
+    fn elapsed(&self, now: Duration) -> Duration {
+        self.carried + now.saturating_sub(self.started)
     }
 }
 
@@ -483,7 +499,15 @@ impl Coordinator {
             }
         }
         if let Some(r) = journal.job {
-            let started = now.saturating_sub(Duration::from_secs_f64(r.elapsed_s.max(0.0)));
+            // The job's time so far: from its start on the wall clock when both clocks know
+            // it, else what was journaled last.
+            let wall_now = (c.cfg.wall_zero + now).as_secs_f64();
+            let elapsed = if r.started_unix_s > 0.0 && !c.cfg.wall_zero.is_zero() {
+                (wall_now - r.started_unix_s).max(r.elapsed_s)
+            } else {
+                r.elapsed_s
+            };
+            let carried = Duration::from_secs_f64(elapsed.clamp(0.0, 1e12));
             c.job = Some(Job {
                 id: r.id,
                 client: None,
@@ -503,7 +527,8 @@ impl Coordinator {
                 outputs: None,
                 done: BTreeMap::new(),
                 error: None,
-                started,
+                started: now,
+                carried,
                 lost: r.lost,
                 last_progress: now,
             });
@@ -556,7 +581,7 @@ impl Coordinator {
                 .job
                 .as_ref()
                 .filter(|j| j.running)
-                .map(|j| j.record(now)),
+                .map(|j| j.record(now, self.cfg.wall_zero)),
             last: self.last.clone(),
             coordinators: self.coordinators(),
         };
@@ -1189,6 +1214,7 @@ impl Coordinator {
                 done: BTreeMap::new(),
                 error: None,
                 started: now,
+                carried: Duration::ZERO,
                 lost: 0,
                 last_progress: now,
             });
@@ -1475,7 +1501,7 @@ impl Coordinator {
                     root,
                     tasks: j.done.values().map(|r| r.tasks).sum(),
                     events: j.done.values().map(|r| r.events).sum(),
-                    elapsed_s: now.saturating_sub(j.started).as_secs_f64(),
+                    elapsed_s: j.elapsed(now).as_secs_f64(),
                     vnodes,
                     workers_lost: j.lost,
                     states: states.into_iter().map(|(v, (n, s))| (v, n, s)).collect(),
@@ -1488,7 +1514,7 @@ impl Coordinator {
 
     fn end_job(&mut self, now: Duration, msg: ToSubmit) {
         let Some(j) = self.job.take() else { return };
-        let elapsed = now.saturating_sub(j.started).as_secs_f64();
+        let elapsed = j.elapsed(now).as_secs_f64();
         self.note(format!("job {} over in {elapsed:.3} s", j.id));
         // Rule 10: a client that reattaches later reads the end from the journal.
         self.last = Some((j.id, msg.clone()));

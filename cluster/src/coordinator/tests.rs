@@ -944,6 +944,28 @@ mod takeover {
         ));
     }
 
+    /// Issue 15's note: after a takeover the summary's elapsed time counted from the time
+    /// journaled last, missing the time up to the takeover. It counts from the job's start on
+    /// the wall clock when both coordinators know it.
+    #[test]
+    fn a_successor_counts_the_jobs_time_from_its_start_on_the_wall_clock() {
+        for (wall, want) in [(true, 30.0), (false, 1.0)] {
+            let (_, mut j) = running_with_keys();
+            let rec = j.job.as_mut().unwrap();
+            rec.elapsed_s = 1.0;
+            rec.started_unix_s = 1_000_000.0;
+            let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+            cfg.term = journal::next_term(j.term, "127.0.0.1:2");
+            if wall {
+                cfg.wall_zero = Duration::from_secs(1_000_025);
+            }
+            let mut c = Coordinator::recover(cfg, j, ms(5000));
+            let a = c.on_event(ms(5000), Event::Tick);
+            let rec = last_journal(&a).unwrap().job.unwrap();
+            assert!((rec.elapsed_s - want).abs() < 1e-6, "{wall}: {rec:?}");
+        }
+    }
+
     /// Found by the simulator (coordinator faults at 80/s, seeds 195 and 511): the coordinator
     /// journaled the job and died before the client heard it was accepted; the client submitted
     /// again to the successor and was told "the cluster is running another job". The same
