@@ -363,6 +363,11 @@ fn logging_the_same_events_twice_changes_nothing() {
         let v = original.vnode;
         let ctx = format!("replaying the log of {v} (seed 3)");
         let events: Vec<Event> = original.events.iter().map(|e| e.event.clone()).collect();
+        if events.is_empty() {
+            // Which vnodes get work in a run this small depends on the threads' timing (a
+            // vnode nobody stole from logs nothing): there is nothing to replay.
+            continue;
+        }
         total += events.len();
 
         let store = Arc::new(MemoryStore::default());
