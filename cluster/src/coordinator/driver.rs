@@ -476,7 +476,14 @@ async fn actor(
                 Action::Admit { conn, worker } => {
                     if let Some((tx, reader)) = conns.remove(&conn) {
                         admitted.insert(conn, worker);
-                        workers.insert(worker, (conn, tx, reader));
+                        // A reconnection (rule 10): the old connection is the worker's no more,
+                        // and its close accuses nobody.
+                        if let Some((old, _, old_reader)) =
+                            workers.insert(worker, (conn, tx, reader))
+                        {
+                            admitted.remove(&old);
+                            old_reader.abort();
+                        }
                     }
                 }
                 Action::Refuse { conn, msg } => {

@@ -62,7 +62,10 @@
 //!     predecessor died between journaling it and starting it there) is started with no
 //!     vnodes, hosts missing a vnode they should host are told to host it (rebuilt from its
 //!     log), and a job that was stopping is stopped again. A client follows its job again
-//!     with [`Event::Attach`] (or reads its end from the journal).
+//!     with [`Event::Attach`] (or reads its end from the journal). A worker this coordinator
+//!     still counts may rejoin too (its detector gave up on the coordinator, under load or a
+//!     cut): the new connection replaces the old, whose close then accuses nobody, and the
+//!     worker hears the job's map, its host orders and the stop or probe of the moment again.
 
 mod driver;
 pub mod journal;
@@ -416,6 +419,16 @@ impl Job {
         }
     }
 
+    /// Each vnode with its host and epoch.
+    fn full_map(&self) -> Vec<(u32, WorkerId, u64)> {
+        self.host
+            .iter()
+            .zip(&self.epoch)
+            .enumerate()
+            .map(|(v, (&h, &e))| (u32::try_from(v).unwrap_or(u32::MAX), h, e))
+            .collect()
+    }
+
     /// How long the job has run, a predecessor's time included.
     fn elapsed(&self, now: Duration) -> Duration {
         self.carried + now.saturating_sub(self.started)
@@ -737,6 +750,10 @@ impl Coordinator {
         self.detector.add_peer(id, now);
         self.workers.insert(id, w);
         self.journal(now);
+        self.welcome(id);
+    }
+
+    fn welcome(&mut self, id: WorkerId) {
         self.send(
             id,
             ToWorker::Welcome {
@@ -746,6 +763,66 @@ impl Coordinator {
                 coordinators: self.coordinators(),
             },
         );
+    }
+
+    /// Rule 10: what member `m` must hear to be in step with the running job: the whole map
+    /// with fresh link keys (a start hosting nothing if it never heard of the job), and an
+    /// order to host each vnode it should host and does not report hosting (rebuilt from its
+    /// log; vnode 0 plants the root if its log has none: the runtime's `exec/member.rs` rule
+    /// 4).
+    fn resync(&mut self, m: WorkerId, hosted: &[(u32, u64)], unstarted: bool) {
+        let Some(j) = self.job.as_ref().filter(|j| j.running) else {
+            return;
+        };
+        let (job, stopping, spec) = (j.id, j.stopping, j.spec.clone());
+        let map = j.full_map();
+        let peers = self.peers_for(m);
+        let msg = if unstarted && !stopping {
+            ToWorker::Start {
+                job,
+                spec,
+                vnodes: u32::try_from(map.len()).unwrap_or(u32::MAX),
+                hosted: Vec::new(),
+                starts: false,
+                map: map.clone(),
+                peers,
+            }
+        } else {
+            ToWorker::Map {
+                job,
+                map: map.clone(),
+                peers,
+            }
+        };
+        self.send(m, msg);
+        if stopping {
+            return;
+        }
+        for (vnode, host, epoch) in map {
+            if host == m && !hosted.contains(&(vnode, epoch)) {
+                self.send(m, ToWorker::Host { job, vnode, epoch });
+            }
+        }
+    }
+
+    /// Rule 10: a member that reconnected hears the job again, and the order of the moment
+    /// (stop, or the probe of the round it has not answered).
+    fn catch_up(&mut self, m: WorkerId, hosted: &[(u32, u64)], unstarted: bool) {
+        let Some(j) = self
+            .job
+            .as_ref()
+            .filter(|j| j.running && j.members.contains(&m))
+        else {
+            return;
+        };
+        let (job, stopping, round) = (j.id, j.stopping, j.round);
+        let probe = j.outstanding && !j.statuses.contains_key(&m);
+        self.resync(m, hosted, unstarted);
+        if stopping {
+            self.send(m, ToWorker::Stop { job });
+        } else if probe {
+            self.send(m, ToWorker::Probe { job, round });
+        }
     }
 
     /// Rule 10: a predecessor's member comes back.
@@ -763,18 +840,21 @@ impl Coordinator {
             self.refuse(conn, &who, why);
             return;
         }
-        let Some(record) = self.absent.get(&id) else {
+        // The key it joined with: a connected worker's (it reconnects: its detector gave up on
+        // this coordinator, under load or a cut, while this one still counts it), or an absent
+        // member's (it comes back to a successor).
+        let connected = self.workers.get(&id).map(|w| w.public_key);
+        let Some(public_key) = connected.or_else(|| self.absent.get(&id).map(|r| r.public_key))
+        else {
             let why = if self.gone.contains(&id) {
                 "it was lost earlier and its vnodes moved".to_string()
-            } else if self.workers.contains_key(&id) {
-                "that worker is connected already".to_string()
             } else {
                 "no such worker in this coordinator's journal".to_string()
             };
             self.refuse(conn, &who, why);
             return;
         };
-        if !verify_rejoin(&record.public_key, binding, id, &claim.signature) {
+        if !verify_rejoin(&public_key, binding, id, &claim.signature) {
             self.refuse(
                 conn,
                 &who,
@@ -782,33 +862,48 @@ impl Coordinator {
             );
             return;
         }
-        let Some(record) = self.absent.remove(&id) else {
-            return;
-        };
-        self.note(format!("worker {id} came back ({})", claim.peer_addr));
-        self.admit(
-            now,
-            conn,
-            id,
-            Worker {
-                peer_addr: claim.peer_addr,
-                threads: claim.threads,
-                spare: record.spare,
-                public_key: record.public_key,
-            },
-        );
+        if connected.is_some() {
+            // Rule 10: the new connection replaces the old one (whose close counts no more).
+            self.note(format!("worker {id} reconnected ({})", claim.peer_addr));
+            self.out.push(Action::Admit { conn, worker: id });
+            self.detector.on_message(id, now);
+            self.welcome(id);
+        } else {
+            let Some(record) = self.absent.remove(&id) else {
+                return;
+            };
+            self.note(format!("worker {id} came back ({})", claim.peer_addr));
+            self.admit(
+                now,
+                conn,
+                id,
+                Worker {
+                    peer_addr: claim.peer_addr.clone(),
+                    threads: claim.threads,
+                    spare: record.spare,
+                    public_key: record.public_key,
+                },
+            );
+        }
         let job_id = self.job.as_ref().map(|j| j.id);
-        if let Some(r) = self.recovery.as_mut() {
-            let reported = claim
-                .report
-                .as_ref()
-                .is_some_and(|(j, _)| Some(*j) == job_id);
-            let hosted = claim.job.clone().filter(|(j, _)| Some(*j) == job_id);
-            if hosted.is_none() && !reported {
-                r.unstarted.insert(id);
+        let reported = claim
+            .report
+            .as_ref()
+            .is_some_and(|(j, _)| Some(*j) == job_id);
+        let hosted = claim.job.clone().filter(|(j, _)| Some(*j) == job_id);
+        let unstarted = hosted.is_none() && !reported;
+        let hosted = hosted.map(|(_, h)| h).unwrap_or_default();
+        match self.recovery.as_mut() {
+            Some(r) => {
+                if unstarted {
+                    r.unstarted.insert(id);
+                }
+                r.hosted.insert(id, hosted);
             }
-            r.hosted
-                .insert(id, hosted.map(|(_, h)| h).unwrap_or_default());
+            // A reconnected member missed what was sent on its old connection: it hears the
+            // job's state again, and the probe or stop it may have missed.
+            None if connected.is_some() => self.catch_up(id, &hosted, unstarted),
+            None => {}
         }
         if let Some((job, report)) = claim.report {
             if Some(job) == job_id {
@@ -867,47 +962,10 @@ impl Coordinator {
             return;
         };
         let (job, members, stopping) = (j.id, j.members.clone(), j.stopping);
-        let map: Vec<(u32, WorkerId, u64)> = j
-            .host
-            .iter()
-            .zip(&j.epoch)
-            .enumerate()
-            .map(|(v, (&h, &e))| (u32::try_from(v).unwrap_or(u32::MAX), h, e))
-            .collect();
-        let spec = j.spec.clone();
-        let vnodes = u32::try_from(map.len()).unwrap_or(u32::MAX);
+        let vnodes = j.host.len();
         for &m in &members {
-            let peers = self.peers_for(m);
-            let msg = if r.unstarted.contains(&m) && !stopping {
-                // It never heard of the job: it starts it hosting nothing, and is told below to
-                // host its vnodes (rebuilt from their logs; vnode 0 plants the root if its
-                // log has none: the runtime's `exec/member.rs` rule 4).
-                ToWorker::Start {
-                    job,
-                    spec: spec.clone(),
-                    vnodes,
-                    hosted: Vec::new(),
-                    starts: false,
-                    map: map.clone(),
-                    peers,
-                }
-            } else {
-                ToWorker::Map {
-                    job,
-                    map: map.clone(),
-                    peers,
-                }
-            };
-            self.send(m, msg);
-        }
-        for &(vnode, host, epoch) in &map {
-            let hosts_it = r
-                .hosted
-                .get(&host)
-                .is_some_and(|h| h.contains(&(vnode, epoch)));
-            if !hosts_it && !stopping {
-                self.send(host, ToWorker::Host { job, vnode, epoch });
-            }
+            let hosted = r.hosted.get(&m).cloned().unwrap_or_default();
+            self.resync(m, &hosted, r.unstarted.contains(&m));
         }
         if stopping {
             if let Some(j) = self.job.as_mut() {
@@ -916,9 +974,8 @@ impl Coordinator {
             self.stop_all(now);
         }
         self.note(format!(
-            "recovered job {job}: {} member(s), {} vnodes",
-            members.len(),
-            map.len()
+            "recovered job {job}: {} member(s), {vnodes} vnodes",
+            members.len()
         ));
         self.maybe_finish(now);
     }

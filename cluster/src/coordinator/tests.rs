@@ -944,6 +944,79 @@ mod takeover {
         ));
     }
 
+    /// Found in the full test suite under load (nqueens `workers_sigkilled_mid_run...`: "every
+    /// worker was lost ... connection closed by peer"): workers whose detectors gave up on a
+    /// slow coordinator left it and were refused as lost when they came back. A worker the
+    /// coordinator still counts is taken back on its new connection and hears the job again.
+    #[test]
+    fn a_connected_worker_that_rejoins_is_taken_back_and_hears_the_job_again() {
+        let (mut c, _) = running_with_keys();
+        // A probe round is out; worker 2 has not answered it.
+        let a = c.on_event(ms(50), Event::Tick);
+        let round = to_worker(&a, 2)
+            .into_iter()
+            .find_map(|m| match m {
+                ToWorker::Probe { round, .. } => Some(round),
+                _ => None,
+            })
+            .expect("a probe round");
+        let b = [8u8; 32];
+        // A forged claim (worker 1's key) for worker 2 is refused; worker 2 stays.
+        let mut forged = claim(1, &b, vec![]);
+        forged.id = 2;
+        let a = c.on_event(
+            ms(51),
+            Event::Rejoined {
+                conn: 77,
+                claim: forged,
+                binding: b,
+            },
+        );
+        assert!(a
+            .iter()
+            .any(|a| matches!(a, Action::Refuse { conn: 77, .. })));
+        assert!(c.workers().contains(&2));
+        // Worker 2 rejoins, hosting v1 but having lost the host order for v2 (say).
+        let a = c.on_event(
+            ms(52),
+            Event::Rejoined {
+                conn: 78,
+                claim: claim(2, &b, vec![(1, 0)]),
+                binding: b,
+            },
+        );
+        assert!(
+            a.iter().any(|a| matches!(
+                a,
+                Action::Admit {
+                    conn: 78,
+                    worker: 2
+                }
+            )),
+            "{a:?}"
+        );
+        assert!(c.workers().contains(&2));
+        let msgs = to_worker(&a, 2);
+        assert!(
+            matches!(msgs.first(), Some(ToWorker::Welcome { id: 2, .. })),
+            "{msgs:?}"
+        );
+        assert!(msgs
+            .iter()
+            .any(|m| matches!(m, ToWorker::Map { map, .. } if map.len() == 4)));
+        assert!(
+            !msgs.iter().any(|m| matches!(m, ToWorker::Host { .. })),
+            "it hosts what it should: {msgs:?}"
+        );
+        assert!(
+            msgs.iter()
+                .any(|m| matches!(m, ToWorker::Probe { round: r, .. } if *r == round)),
+            "the probe it missed: {msgs:?}"
+        );
+        // No journal write: nothing changed.
+        assert!(a.iter().all(|a| !matches!(a, Action::Journal(_))), "{a:?}");
+    }
+
     /// Issue 15's note: after a takeover the summary's elapsed time counted from the time
     /// journaled last, missing the time up to the takeover. It counts from the job's start on
     /// the wall clock when both coordinators know it.

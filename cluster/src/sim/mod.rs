@@ -389,6 +389,9 @@ struct Proc {
     dead: bool,
     /// Its connection with a coordinator, answered or not.
     conn: Option<(Gen, ConnId)>,
+    /// The connection it gave up on, kept open until a coordinator takes it back (`worker`
+    /// driver: its close must come after the new connection's claim).
+    old_conn: Option<(Gen, ConnId)>,
     /// Since when it looks for a coordinator (`worker` rule 1), and when it tries next.
     seeking: Option<Duration>,
     next_try: Duration,
@@ -816,6 +819,7 @@ impl World {
                 paused_until: None,
                 dead: false,
                 conn: None,
+                old_conn: None,
                 seeking: Some(self.now),
                 next_try: self.now,
             },
@@ -1261,10 +1265,9 @@ impl World {
                 // `worker` rule 1: it drops its connection and looks for the coordinator
                 // that holds the role; its vnodes go on meanwhile.
                 self.note(&format!("p{pid} leaves its coordinator: {reason}"));
-                self.send_to_coord(pid, CoordIn::Closed("the worker left"));
                 self.worker_event(pid, worker::Event::CoordLost)?;
                 if let Some(p) = self.procs.get_mut(&pid) {
-                    p.conn = None;
+                    p.old_conn = p.conn.take().or(p.old_conn);
                     p.seeking.get_or_insert(self.now);
                     p.next_try = self.now;
                 }
@@ -1291,6 +1294,23 @@ impl World {
         }
         if reset {
             self.send_to_coord(pid, CoordIn::Closed("connection reset"));
+            self.close_old_conn(pid, "connection reset");
+        }
+    }
+
+    /// The connection the process gave up on closes.
+    fn close_old_conn(&mut self, pid: Pid, why: &'static str) {
+        if let Some((gen, conn)) = self.procs.get_mut(&pid).and_then(|p| p.old_conn.take()) {
+            self.send(
+                Node::Proc(pid),
+                Node::Coord,
+                Frame::ToCoord {
+                    gen,
+                    conn,
+                    what: CoordIn::Closed(why),
+                },
+                true,
+            );
         }
     }
 
@@ -1319,6 +1339,7 @@ impl World {
                         } else {
                             self.note(&format!("c{gen} took p{pid} back"));
                             self.worker_event(pid, worker::Event::CoordBack)?;
+                            self.close_old_conn(pid, "the worker left");
                         }
                     }
                     ToWorker::Refused { reason } if p.core.is_none() => {
@@ -1335,6 +1356,9 @@ impl World {
                 let Some(p) = self.procs.get_mut(&pid) else {
                     return Ok(());
                 };
+                if p.old_conn == Some((gen, conn)) {
+                    p.old_conn = None;
+                }
                 if p.conn != Some((gen, conn)) {
                     return Ok(());
                 }

@@ -604,7 +604,10 @@ async fn serve_worker(
             "worker {me}: {lost}; looking for a coordinator among {}",
             addrs.join(",")
         );
-        *current.lock().await = None;
+        // The old connection stays open (unread, unwritten) until a coordinator takes this
+        // worker back: a coordinator that still counts it then sees the new connection first,
+        // and the old one's close accuses nobody (`coordinator` rule 10).
+        let old_writer = current.lock().await.take();
         driver.dispatch(Event::CoordLost);
         let (job, report) = driver.state().core.rejoin_claim();
         let claim = |binding: &[u8; 32]| {
@@ -647,6 +650,7 @@ async fn serve_worker(
                 ))
             }
         }
+        drop(old_writer);
     };
     // Rule 1: stop the job and leave.
     {
