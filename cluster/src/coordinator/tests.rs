@@ -706,20 +706,25 @@ mod takeover {
 
     /// A job of 4 vnodes on 3 workers with real keys; returns the coordinator and the journal
     /// it wrote last.
+    /// Worker `w` joins `c` with its real key.
+    fn join_with_key(c: &mut Coordinator, w: WorkerId) -> Vec<Action> {
+        c.on_event(
+            ms(1),
+            Event::Joined {
+                conn: u64::from(w) + 100,
+                hello: Joining {
+                    public_key: key(w).verifying_key().to_bytes(),
+                    ..hello(1, false)
+                },
+            },
+        )
+    }
+
     fn running_with_keys() -> (Coordinator, Journal) {
         let mut c = coord();
         let mut journal = None;
         for w in 1..=3u32 {
-            let a = c.on_event(
-                ms(1),
-                Event::Joined {
-                    conn: u64::from(w) + 100,
-                    hello: Joining {
-                        public_key: key(w).verifying_key().to_bytes(),
-                        ..hello(1, false)
-                    },
-                },
-            );
+            let a = join_with_key(&mut c, w);
             // Rule 9: admitted and journaled before the welcome.
             let admit = a.iter().position(|a| matches!(a, Action::Admit { .. }));
             let jpos = a.iter().position(|a| matches!(a, Action::Journal(_)));
@@ -1154,16 +1159,7 @@ mod takeover {
         let mut c = coord();
         let mut journal = None;
         for w in 1..=2u32 {
-            let a = c.on_event(
-                ms(1),
-                Event::Joined {
-                    conn: u64::from(w) + 100,
-                    hello: Joining {
-                        public_key: key(w).verifying_key().to_bytes(),
-                        ..hello(1, false)
-                    },
-                },
-            );
+            let a = join_with_key(&mut c, w);
             journal = last_journal(&a).or(journal);
         }
         let j = journal.expect("admissions are journaled");

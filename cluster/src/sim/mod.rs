@@ -1008,7 +1008,7 @@ impl World {
     }
 
     fn coord_action(&mut self, gen: Gen, a: coordinator::Action) -> Result<(), String> {
-        let to_proc = |w: &World, worker: WorkerId| -> Option<(ConnId, Pid)> {
+        let conn_of = |w: &World, worker: WorkerId| -> Option<(ConnId, Pid)> {
             let conn = *w.coords[gen as usize].conn_of.get(&worker)?;
             Some((conn, *w.conn_pid.get(&conn)?))
         };
@@ -1022,17 +1022,7 @@ impl World {
             }
             coordinator::Action::Refuse { conn, msg } => {
                 if let Some(&pid) = self.conn_pid.get(&conn) {
-                    self.send(
-                        Node::Coord,
-                        Node::Proc(pid),
-                        Frame::ToProc {
-                            gen,
-                            conn,
-                            pid,
-                            msg,
-                        },
-                        true,
-                    );
+                    self.to_proc(gen, conn, pid, msg);
                     self.send(
                         Node::Coord,
                         Node::Proc(pid),
@@ -1061,22 +1051,12 @@ impl World {
                 }
             }
             coordinator::Action::ToWorker { worker, msg } => {
-                if let Some((conn, pid)) = to_proc(self, worker) {
-                    self.send(
-                        Node::Coord,
-                        Node::Proc(pid),
-                        Frame::ToProc {
-                            gen,
-                            conn,
-                            pid,
-                            msg,
-                        },
-                        true,
-                    );
+                if let Some((conn, pid)) = conn_of(self, worker) {
+                    self.to_proc(gen, conn, pid, msg);
                 }
             }
             coordinator::Action::Disconnect { worker } => {
-                if let Some((conn, pid)) = to_proc(self, worker) {
+                if let Some((conn, pid)) = conn_of(self, worker) {
                     let c = &mut self.coords[gen as usize];
                     c.conn_of.remove(&worker);
                     c.admitted.remove(&conn);
@@ -1111,6 +1091,21 @@ impl World {
             coordinator::Action::Note(line) => self.note(&format!("c{gen}: {line}")),
         }
         Ok(())
+    }
+
+    /// Coordinator `gen` sends `msg` on connection `conn` of process `pid`.
+    fn to_proc(&mut self, gen: Gen, conn: ConnId, pid: Pid, msg: ToWorker) {
+        self.send(
+            Node::Coord,
+            Node::Proc(pid),
+            Frame::ToProc {
+                gen,
+                conn,
+                pid,
+                msg,
+            },
+            true,
+        );
     }
 
     fn worker_event(&mut self, pid: Pid, ev: worker::Event) -> Result<(), String> {

@@ -17,6 +17,19 @@ fn started(i: u128) -> Event {
     }
 }
 
+/// Task `1000 + i`, a root with one output, declared.
+fn declared(i: u128) -> Event {
+    Event::Declared(Declared {
+        task: TaskId(1000 + i),
+        parent: None,
+        index: 0,
+        name: "t".into(),
+        args: vec![0; 8],
+        inputs: vec![],
+        outputs: vec![DataId(5000 + i)],
+    })
+}
+
 fn completed(i: u128) -> Event {
     let value = i.to_le_bytes().to_vec();
     let digest = Digest::of(&value);
@@ -474,16 +487,7 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     writer.set_checkpoint_every(20 << 10);
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
     for i in 0..400u128 {
-        let d = Declared {
-            task: TaskId(1000 + i),
-            parent: None,
-            index: 0,
-            name: "t".into(),
-            args: vec![0; 8],
-            inputs: vec![],
-            outputs: vec![DataId(5000 + i)],
-        };
-        log.append(&Event::Declared(d)).unwrap();
+        log.append(&declared(i)).unwrap();
         if i % 3 != 0 {
             log.append(&completed(1000 + i)).unwrap();
         }
@@ -590,44 +594,29 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
 #[test]
 fn an_earlier_epochs_last_segment_missing_before_a_checkpoint_is_reported() {
     let store = Arc::new(MemoryStore::default());
-    let declared = |i: u128| {
-        Event::Declared(Declared {
-            task: TaskId(1000 + i),
-            parent: None,
-            index: 0,
-            name: "t".into(),
-            args: vec![0; 8],
-            inputs: vec![],
-            outputs: vec![DataId(5000 + i)],
-        })
-    };
-    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
-    writer.set_checkpoint_every(4 << 10);
-    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
-    for i in 0..30u128 {
-        log.append(&declared(i)).unwrap();
-        if i % 10 == 9 {
-            log.seal().unwrap();
+    // One incarnation logs tasks `range` at `epoch` (the newest if none), sealing every 10.
+    let incarnation = |epoch: Option<u64>, range: std::ops::Range<u128>| {
+        let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+        writer.set_checkpoint_every(4 << 10);
+        let mut log = match epoch {
+            Some(e) => writer.vnode_log_at(VnodeId(0), e).unwrap(),
+            None => writer.vnode_log(VnodeId(0)).unwrap(),
+        };
+        for i in range {
+            log.append(&declared(i)).unwrap();
+            if i % 10 == 9 {
+                log.seal().unwrap();
+            }
         }
-    }
-    log.sync().unwrap();
-    writer.pump();
-    writer.shutdown().unwrap();
+        log.sync().unwrap();
+        writer.pump();
+        writer.shutdown().unwrap();
+    };
+    incarnation(None, 0..30);
     let epoch0: Vec<Vec<u8>> = segments(&store).into_iter().map(|(k, _)| k).collect();
     assert_eq!(epoch0.len(), 3);
     // A new incarnation at epoch 1 goes on, with checkpoints.
-    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
-    writer.set_checkpoint_every(4 << 10);
-    let mut log = writer.vnode_log_at(VnodeId(0), 1).unwrap();
-    for i in 30..400u128 {
-        log.append(&declared(i)).unwrap();
-        if i % 10 == 9 {
-            log.seal().unwrap();
-        }
-    }
-    log.sync().unwrap();
-    writer.pump();
-    writer.shutdown().unwrap();
+    incarnation(Some(1), 30..400);
     let reader = LogReader::new(store.clone());
     let r = reader.recover_vnode(VnodeId(0)).unwrap();
     assert!(r.checkpoint.is_some(), "a checkpoint in epoch 1 was used");
