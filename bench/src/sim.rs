@@ -534,7 +534,7 @@ fn seeds_report(
         }
     }
     let mut slow: Vec<&SeedRun> = runs.iter().collect();
-    slow.sort_by(|a, b| b.wall.cmp(&a.wall));
+    slow.sort_by_key(|r| std::cmp::Reverse(r.wall));
     md.push_str("\nSlowest seeds: ");
     let slow: Vec<String> = slow
         .iter()

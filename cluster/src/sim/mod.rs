@@ -1022,7 +1022,7 @@ impl World {
             }
             coordinator::Action::Refuse { conn, msg } => {
                 if let Some(&pid) = self.conn_pid.get(&conn) {
-                    self.to_proc(gen, conn, pid, msg);
+                    self.send_to_proc(gen, conn, pid, msg);
                     self.send(
                         Node::Coord,
                         Node::Proc(pid),
@@ -1052,7 +1052,7 @@ impl World {
             }
             coordinator::Action::ToWorker { worker, msg } => {
                 if let Some((conn, pid)) = conn_of(self, worker) {
-                    self.to_proc(gen, conn, pid, msg);
+                    self.send_to_proc(gen, conn, pid, msg);
                 }
             }
             coordinator::Action::Disconnect { worker } => {
@@ -1094,7 +1094,7 @@ impl World {
     }
 
     /// Coordinator `gen` sends `msg` on connection `conn` of process `pid`.
-    fn to_proc(&mut self, gen: Gen, conn: ConnId, pid: Pid, msg: ToWorker) {
+    fn send_to_proc(&mut self, gen: Gen, conn: ConnId, pid: Pid, msg: ToWorker) {
         self.send(
             Node::Coord,
             Node::Proc(pid),
