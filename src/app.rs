@@ -7,9 +7,16 @@
 //! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE]
 //! APP certify (--log-dir DIR | --store SPEC --key FILE) [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
 //!         [--full] [--out FILE] [--json] [--oracle-key FILE]
-//! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE) [--oracle-key FILE]
-//! APP keygen FILE
+//! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE)
+//!         [--public-key PUB | --oracle-key FILE]
+//! APP keygen FILE [--public PUB]
+//! APP public-key [--oracle-key FILE] [--out PUB]
 //! ```
+//!
+//! Certificates are signed with the oracle's Ed25519 key (`--oracle-key`, whose 32 bytes are
+//! the Ed25519 secret key); `public-key` prints or writes its public key, which is all that
+//! `certify --verify --public-key` needs. Old certificates sealed with a MAC (format 1) verify
+//! with `--oracle-key` only (`veriflow_certifier::certificate`, rule 3).
 //!
 //! Exit status: 0 on success (and ACCEPT), 1 when the run fails, its result is wrong or the
 //! certifier says REJECT, 2 on bad usage (clap's own code for a bad flag, also used for invalid
@@ -26,7 +33,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use veriflow_certifier::{Certificate, CertifyError, Decision, Track, VerifyError};
+use veriflow_certifier::{
+    Certificate, CertifyError, Decision, OracleKey, OraclePublicKey, PublicKeyError, Track,
+    VerifyError,
+};
 use veriflow_checkpoint::{
     open_store, Key, KeyError, MemoryStore, SledStore, Store, StoreError, StoreSpec,
 };
@@ -121,6 +131,8 @@ pub(crate) enum CliError {
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error(transparent)]
+    PublicKey(#[from] PublicKeyError),
+    #[error(transparent)]
     Certify(#[from] CertifyError),
     #[error("certificate {path}: {source}")]
     Verify { path: PathBuf, source: VerifyError },
@@ -154,6 +166,8 @@ enum Command<P: Program> {
     Certify(CertifyArgs),
     /// Write a fresh 32-byte key to FILE (owner-only; never overwrites).
     Keygen(KeygenArgs),
+    /// Print (or write) the oracle's Ed25519 public key, which verifies its certificates.
+    PublicKey(PublicKeyArgs),
     /// Run the cluster's coordinator (the trusted fault-tolerance module).
     Coordinator(crate::cluster_cli::CoordinatorArgs),
     /// Run a worker that joins a coordinator and hosts vnodes of its jobs.
@@ -191,6 +205,21 @@ struct KeygenArgs {
     /// Where to write the key.
     #[arg(value_name = "FILE")]
     file: PathBuf,
+    /// Also write the key's Ed25519 public key to PUB (for an oracle key: what anyone needs to
+    /// verify its certificates with `certify --verify CERT --public-key PUB`).
+    #[arg(long, value_name = "PUB")]
+    public: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct PublicKeyArgs {
+    /// The oracle's key file [default: veriflow/oracle.key in the user's config directory,
+    /// created with owner-only permissions on first use].
+    #[arg(long = "oracle-key", value_name = "FILE")]
+    oracle_key: Option<PathBuf>,
+    /// Write the public key to PUB (never replacing another key) instead of printing it.
+    #[arg(long, value_name = "PUB")]
+    out: Option<PathBuf>,
 }
 
 /// Parameters of a certification, shared by `run --certify` and `certify`.
@@ -202,9 +231,10 @@ pub(crate) struct CertifyParams {
     /// Assumed bound on the fraction of forged tasks.
     #[arg(long, value_name = "Q", default_value_t = 0.01)]
     pub(crate) q: f64,
-    /// The oracle's key file, which signs certificates [default: veriflow/oracle.key in the
-    /// user's config directory, created with owner-only permissions on first use]. Keep it
-    /// apart from the cluster's --key: workers hold that one, and must not sign certificates.
+    /// The oracle's key file (its Ed25519 secret key), which signs certificates [default:
+    /// veriflow/oracle.key in the user's config directory, created with owner-only permissions
+    /// on first use]. Keep it apart from the cluster's --key: workers hold that one, and must
+    /// not sign certificates.
     #[arg(long = "oracle-key", value_name = "FILE")]
     oracle_key: Option<PathBuf>,
 }
@@ -236,10 +266,19 @@ struct CertifyArgs {
     /// Print the certificate as JSON instead of the human summary.
     #[arg(long)]
     json: bool,
-    /// Instead of certifying: check that certificate CERT is intact (its MAC under --oracle-key) and
-    /// belongs to the log in --log-dir.
+    /// Instead of certifying: check that certificate CERT is intact (its Ed25519 signature under
+    /// --public-key, or under --oracle-key's public key) and belongs to the log in --log-dir.
     #[arg(long, value_name = "CERT", conflicts_with_all = ["correct", "full", "out", "seed"])]
     verify: Option<PathBuf>,
+    /// With --verify: the oracle's public key file (`public-key --out PUB`): all anyone needs
+    /// to verify its certificates. Old MAC certificates (format 1) need --oracle-key instead.
+    #[arg(
+        long = "public-key",
+        value_name = "PUB",
+        requires = "verify",
+        conflicts_with = "oracle_key"
+    )]
+    public_key: Option<PathBuf>,
     /// Oracle threads [default: the machine's cores].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
@@ -577,12 +616,8 @@ impl<P: Program> App<P> {
                 Err(e) => Err(CliError::Invalid(e.0)),
             },
             Command::Chaos(args) => crate::chaos::chaos_cmd(&args, P::NAME),
-            Command::Keygen(args) => Key::create(&args.file).map_err(CliError::from).map(|_| {
-                println!(
-                    "wrote a new key to {} (owner-only); give it to every process with --key",
-                    args.file.display()
-                )
-            }),
+            Command::Keygen(args) => keygen_cmd(&args),
+            Command::PublicKey(args) => public_key_cmd(&args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -940,6 +975,7 @@ pub(crate) fn certify_signed<P: Program>(
     quiet: bool,
 ) -> Result<(Certificate, PathBuf), CliError> {
     let (key, key_path) = Key::load_or_default(params.oracle_key.as_deref(), "oracle")?;
+    let key = OracleKey::from(key);
     let registry = registry::<P>()?;
     let bars = Bars::new(quiet);
     let progress: &dyn veriflow_certifier::Progress = match &bars {
@@ -1044,17 +1080,20 @@ pub(crate) fn certificate_text(
         cert.generation,
         &cert.merkle_root[..16]
     );
+    let signer = cert
+        .signer()
+        .map_or_else(String::new, |k| format!(", public key {}", k.fingerprint()));
     match file {
         Some(f) => {
             let _ = writeln!(
                 s,
-                "  certificate: {} (signed with {})",
+                "  certificate: {} (signed with {}{signer})",
                 f.display(),
                 key.display()
             );
         }
         None => {
-            let _ = writeln!(s, "  certificate signed with {}", key.display());
+            let _ = writeln!(s, "  certificate signed with {}{signer}", key.display());
         }
     }
     s
@@ -1066,32 +1105,7 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
         .store
         .open_existing(args.correct && args.verify.is_none())?;
     if let Some(path) = &args.verify {
-        let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
-        let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
-            what: "cannot read",
-            path: path.clone(),
-            source,
-        })?;
-        let verify = |e| CliError::Verify {
-            path: path.clone(),
-            source: e,
-        };
-        let cert = Certificate::from_json(&text).map_err(verify)?;
-        cert.verify(&key, store).map_err(verify)?;
-        if args.json {
-            println!(
-                "{}",
-                json!({"valid": true, "decision": cert.decision, "generation": cert.generation})
-            );
-        } else {
-            println!(
-                "certificate {}: valid (MAC and G_S Merkle root match); it says {} for generation {} of this log",
-                path.display(),
-                cert.decision,
-                cert.generation
-            );
-        }
-        return Ok(());
+        return verify_cmd(args, path, store);
     }
     let outputs = if args.outputs.trim() == "all" {
         None
@@ -1137,6 +1151,101 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
         Decision::Accept => Ok(()),
         Decision::Reject => Err(CliError::Rejected),
     }
+}
+
+/// `certify --verify CERT`: against `--public-key`, or the oracle's own key (rules 2-4 of
+/// `veriflow_certifier::certificate`).
+fn verify_cmd(
+    args: &CertifyArgs,
+    path: &std::path::Path,
+    store: Arc<dyn Store>,
+) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+        what: "cannot read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let verify = |e| CliError::Verify {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let cert = Certificate::from_json(&text).map_err(verify)?;
+    match &args.public_key {
+        Some(pub_file) => {
+            let trusted = OraclePublicKey::load(pub_file)?;
+            cert.verify(&trusted, store).map_err(verify)?;
+        }
+        None => {
+            let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
+            cert.verify_with_secret(&OracleKey::from(key), store)
+                .map_err(verify)?;
+        }
+    }
+    let signed_by = cert.signer().map(|k| k.fingerprint());
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "valid": true,
+                "decision": cert.decision,
+                "generation": cert.generation,
+                "format": cert.format,
+                "signed_by": signed_by,
+            })
+        );
+    } else {
+        let seal = match &signed_by {
+            Some(k) => format!("Ed25519 signature by {k}"),
+            None => format!("{} MAC", cert.format),
+        };
+        println!(
+            "certificate {}: valid ({seal} and G_S Merkle root match); it says {} for generation {} of this log",
+            path.display(),
+            cert.decision,
+            cert.generation
+        );
+    }
+    Ok(())
+}
+
+/// `keygen FILE [--public PUB]`.
+fn keygen_cmd(args: &KeygenArgs) -> Result<(), CliError> {
+    let key = Key::create(&args.file)?;
+    println!(
+        "wrote a new key to {} (owner-only); give it to every process with --key, or to the \
+         certifier with --oracle-key",
+        args.file.display()
+    );
+    if let Some(pub_file) = &args.public {
+        let public = OracleKey::from(key).public();
+        public.write(pub_file)?;
+        println!(
+            "wrote its public key {} to {}: with it, anyone can verify the certificates this \
+             key signs as an oracle key",
+            public.fingerprint(),
+            pub_file.display()
+        );
+    }
+    Ok(())
+}
+
+/// `public-key [--oracle-key FILE] [--out PUB]`.
+fn public_key_cmd(args: &PublicKeyArgs) -> Result<(), CliError> {
+    let (key, key_path) = Key::load_or_default(args.oracle_key.as_deref(), "oracle")?;
+    let public = OracleKey::from(key).public();
+    match &args.out {
+        Some(pub_file) => {
+            public.write(pub_file)?;
+            println!(
+                "wrote the public key {} of oracle key {} to {}",
+                public.fingerprint(),
+                key_path.display(),
+                pub_file.display()
+            );
+        }
+        None => println!("{public}"),
+    }
+    Ok(())
 }
 
 pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {
