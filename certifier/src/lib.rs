@@ -149,6 +149,11 @@ pub fn certify(
                 return Err(CertifyError::NotFinished("still running or crashed".into()))
             }
             RunStatus::Failed(e) => return Err(CertifyError::NotFinished(format!("failed: {e}"))),
+            RunStatus::Interrupted => {
+                return Err(CertifyError::NotFinished(
+                    "interrupted: finish it with `run --resume` first".into(),
+                ))
+            }
         }
         let outputs = match &opts.outputs {
             None => track.terminal().to_vec(),
