@@ -142,6 +142,9 @@ pub(crate) enum CliError {
     Invalid(String),
     #[error("certification: REJECT")]
     Rejected,
+    /// Stopped by a signal (`interrupt.rs` rule 2): exits with 128 + `signal`.
+    #[error("interrupted by {}", crate::interrupt::signal_name(*signal))]
+    Interrupted { signal: i32 },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -426,6 +429,10 @@ pub(crate) struct RuntimeArgs {
     /// Log nothing (the S0 baseline of paper 001).
     #[arg(long, conflicts_with_all = ["log_dir", "store"])]
     pub(crate) no_checkpoint: bool,
+    /// Keep the log directory made for this run (without --log-dir or --store) once it has
+    /// finished; without it, that directory is removed after a run that finished right.
+    #[arg(long, conflicts_with = "no_checkpoint")]
+    pub(crate) keep_log: bool,
     /// Finish an interrupted run from its logs in --log-dir or --store (same program options
     /// and vnodes): completed tasks are not run again.
     #[arg(long)]
@@ -538,6 +545,8 @@ impl<P: Program> App<P> {
     {
         init_tracing();
         let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        // The command line as typed, to print the command that resumes a stopped run.
+        let typed = args.clone();
         // The job's command line as typed, for the workers (`submit`, `cluster`).
         let argv: Vec<String> = args
             .iter()
@@ -590,7 +599,7 @@ impl<P: Program> App<P> {
                 };
                 match iterative {
                     Some(it) => crate::iterative_cli::run::<P>(&args, it),
-                    None => run::<P>(&args, kills),
+                    None => run::<P>(&args, kills, &typed),
                 }
             }
             Command::Inspect(args) => inspect_cmd::<P>(&args),
@@ -621,6 +630,10 @@ impl<P: Program> App<P> {
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
+            // Rule 2 of interrupt.rs: the message and the resume command are printed already.
+            Err(CliError::Interrupted { signal }) => {
+                ExitCode::from(crate::interrupt::exit_status(signal))
+            }
             Err(e) => {
                 eprintln!("{}: error: {e}", P::NAME);
                 ExitCode::FAILURE
@@ -645,30 +658,39 @@ pub(crate) fn registry<P: Program>() -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> {
+fn run<P: Program>(
+    args: &RunArgs<P>,
+    kills: Vec<Kill>,
+    typed: &[std::ffi::OsString],
+) -> Result<(), CliError> {
     let (program, rt) = (&args.program, &args.runtime);
     if rt.resume && rt.store.spec().is_none() {
         return Err(CliError::Invalid(
             "--resume needs the run's logs: give --log-dir DIR or --store SPEC".to_string(),
         ));
     }
+    // Rule 6 of interrupt.rs: a directory made here is marked, and may be removed at the end.
+    let mut made_dir = None;
     let spec = if rt.no_checkpoint {
         None
     } else {
         Some(match rt.store.spec() {
             Some(spec) => spec,
-            None => StoreSpec::Local(
-                tempfile::Builder::new()
-                    .prefix(&format!("veriflow-{}-", P::NAME))
-                    .tempdir()
-                    .map_err(|source| CliError::Io {
+            None => {
+                let dir =
+                    crate::interrupt::make_log_dir(P::NAME).map_err(|source| CliError::Io {
                         what: "cannot create a log directory in",
                         path: std::env::temp_dir(),
                         source,
-                    })?
-                    .keep(),
-            ),
+                    })?;
+                made_dir = Some(dir.clone());
+                StoreSpec::Local(dir)
+            }
         })
+    };
+    let auto_dir = match &spec {
+        Some(StoreSpec::Local(d)) if crate::interrupt::is_auto(d) => Some(d.clone()),
+        _ => None,
     };
     let mut builder = Runtime::builder(registry::<P>()?)
         .program(P::NAME)
@@ -704,15 +726,50 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         let bar = bar.clone();
         builder = builder.on_progress(Arc::new(move |n| bar.set_position(n)));
     }
-    let runtime = builder.build()?;
+    let token = veriflow_runtime::StopToken::new();
+    let runtime = builder.stop_token(token.clone()).build()?;
     let (root, inputs) = program.root();
+    // interrupt.rs rules 1-4: where the log goes, and what a signal does to the run.
+    let durable = spec.as_ref().filter(|sp| !matches!(sp, StoreSpec::Memory));
+    let resume = durable.map(|_| crate::interrupt::resume_command(typed, made_dir.as_deref()));
+    let on_exit = match &resume {
+        Some(cmd) => format!(
+            "exiting at once; the log holds what its last group commit made durable. Resume the \
+             run with:\n  {cmd}\n"
+        ),
+        None => "exiting at once; nothing was logged durably, so there is nothing to resume\n"
+            .to_string(),
+    };
+    let guard = crate::interrupt::Guard::start(P::NAME, token, on_exit);
+    match (&spec, &auto_dir) {
+        (Some(StoreSpec::Local(d)), Some(_)) if !rt.keep_log => eprintln!(
+            "{}: log dir: {} (made for this run: removed once it finishes right; --keep-log \
+             keeps it)",
+            P::NAME,
+            d.display()
+        ),
+        (Some(StoreSpec::Local(d)), _) => eprintln!("{}: log dir: {}", P::NAME, d.display()),
+        (Some(sp), _) => eprintln!("{}: store: {sp}", P::NAME),
+        (None, _) => {}
+    }
     let outcome = if rt.resume {
         runtime.resume(root, inputs)
     } else {
         runtime.run(root, inputs)
     };
+    let signal = guard.signal();
+    drop(guard);
     if let Some(bar) = bar {
         bar.finish_and_clear();
+    }
+    if let (Err(RunError::Interrupted { completed }), Some(signal)) = (&outcome, signal) {
+        return Err(stopped::<P>(
+            signal,
+            *completed,
+            spec.as_ref(),
+            resume.as_deref(),
+            rt.json,
+        ));
     }
     let report = outcome?;
     let checked = program.check(&report.outputs);
@@ -737,6 +794,24 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         Some(StoreSpec::Local(d)) => Some(d.display().to_string()),
         _ => None,
     };
+    // Rule 6 of interrupt.rs: a directory made by `run` goes once its run finished right.
+    let kept_because = match &auto_dir {
+        None => None,
+        Some(_) if rt.keep_log => Some("--keep-log"),
+        Some(_) if args.cert_out.is_some() => {
+            Some("its certificate (--cert-out) is verified against it")
+        }
+        Some(_) if checked.is_err() => Some("the result is wrong"),
+        Some(_)
+            if certificate
+                .as_ref()
+                .is_some_and(|(c, _)| c.decision == Decision::Reject) =>
+        {
+            Some("the certifier says REJECT")
+        }
+        Some(_) => None,
+    };
+    let remove = auto_dir.as_ref().filter(|_| kept_because.is_none());
     if rt.json {
         let summary = json!({
             "program": P::NAME,
@@ -747,6 +822,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             "tasks_per_s": report.tasks as f64 / secs.max(1e-9),
             "events": report.events,
             "log_dir": log_dir_text,
+            "log_dir_removed": remove.is_some(),
             "store": spec.as_ref().map(|sp| sp.to_string()),
             "checkpoint": spec.is_some(),
             "threads": runtime.threads(),
@@ -813,6 +889,15 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             }
             (None, None) => println!("events: none (--no-checkpoint)"),
         }
+        match (remove, kept_because) {
+            (Some(_), _) => println!(
+                "log dir removed: it was made for this run, which finished (--keep-log keeps it)"
+            ),
+            (None, Some(why)) if !rt.keep_log => {
+                println!("log dir kept ({why}): it was made for this run; remove it when done")
+            }
+            _ => {}
+        }
         if !report.forged.is_empty() {
             println!(
                 "forgery injection: {} task(s) lied, e.g. {} on {}",
@@ -825,11 +910,67 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             print!("{}", certificate_text(cert, args.cert_out.as_deref(), key));
         }
     }
+    drop(runtime); // closes the store
+    if let Some(dir) = remove {
+        if let Err(e) = crate::interrupt::remove_log_dir(dir) {
+            eprintln!(
+                "{}: warning: cannot remove the log dir {}: {e}",
+                P::NAME,
+                dir.display()
+            );
+        }
+    }
     checked.map(drop).map_err(CliError::from)?;
     match certificate {
         Some((c, _)) if c.decision == Decision::Reject => Err(CliError::Rejected),
         _ => Ok(()),
     }
+}
+
+/// Rules 2 and 4 of interrupt.rs: what a run stopped by `signal` says (on stderr, and as one
+/// JSON object on stdout with `--json`), and the error that exits with 128 + `signal`.
+fn stopped<P: Program>(
+    signal: i32,
+    completed: u64,
+    spec: Option<&StoreSpec>,
+    resume: Option<&str>,
+    json: bool,
+) -> CliError {
+    let name = crate::interrupt::signal_name(signal);
+    let place = match spec {
+        Some(StoreSpec::Local(d)) => format!("log dir {}", d.display()),
+        Some(sp) => format!("store {sp}"),
+        None => String::new(),
+    };
+    match resume {
+        Some(cmd) => eprintln!(
+            "{}: {name}: stopped after {completed} tasks; every event logged is durable in the \
+             {place}. Resume the run with:\n  {cmd}",
+            P::NAME
+        ),
+        None => eprintln!(
+            "{}: {name}: stopped after {completed} tasks; nothing was logged durably, so there \
+             is nothing to resume",
+            P::NAME
+        ),
+    }
+    if json {
+        println!(
+            "{}",
+            json!({
+                "program": P::NAME,
+                "interrupted": name,
+                "completed_tasks": completed,
+                "log_dir": match spec {
+                    Some(StoreSpec::Local(d)) => Some(d.display().to_string()),
+                    _ => None,
+                },
+                "store": spec.map(|sp| sp.to_string()),
+                "resume": resume,
+            })
+        );
+    }
+    CliError::Interrupted { signal }
 }
 
 /// How a run's summary qualifies a result its check accepted: "(checked)", or "(checked; not
