@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR | --store SPEC
-//!         --key FILE | --no-checkpoint] [--seed S] [--json] [fault and forgery injection]
-//!         [--certify [--epsilon E] [--q Q]]
+//!         --key FILE | --no-checkpoint | --keep-log] [--resume] [--seed S] [--json]
+//!         [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
 //! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE]
 //! APP certify (--log-dir DIR | --store SPEC --key FILE) [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
 //!         [--full] [--out FILE] [--json] [--oracle-key FILE]
@@ -20,7 +20,9 @@
 //!
 //! Exit status: 0 on success (and ACCEPT), 1 when the run fails, its result is wrong or the
 //! certifier says REJECT, 2 on bad usage (clap's own code for a bad flag, also used for invalid
-//! program options).
+//! program options), 128 + the signal (130, 143) when SIGINT or SIGTERM stopped a run, which
+//! `--resume` then finishes (`interrupt.rs`, which also says when `run` removes the log
+//! directory it made).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -422,8 +424,9 @@ pub(crate) struct RuntimeArgs {
     /// Virtual nodes [default: one per thread].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) vnodes: Option<u32>,
-    /// Where the event logs go; must not hold a run yet [default: a fresh local directory,
-    /// printed].
+    /// Where the event logs go; must not hold a run yet [default: a fresh directory in the
+    /// temporary directory, printed, and removed once the run finished right unless
+    /// --keep-log].
     #[command(flatten)]
     pub(crate) store: StoreArgs,
     /// Log nothing (the S0 baseline of paper 001).
@@ -433,8 +436,8 @@ pub(crate) struct RuntimeArgs {
     /// finished; without it, that directory is removed after a run that finished right.
     #[arg(long, conflicts_with = "no_checkpoint")]
     pub(crate) keep_log: bool,
-    /// Finish an interrupted run from its logs in --log-dir or --store (same program options
-    /// and vnodes): completed tasks are not run again.
+    /// Finish an interrupted run (a crash, Ctrl-C) from its logs in --log-dir or --store (same
+    /// program options and vnodes): completed tasks are not run again.
     #[arg(long)]
     pub(crate) resume: bool,
     /// Seed of the vnodes' random choices.
