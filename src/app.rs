@@ -691,6 +691,7 @@ fn run<P: Program>(
             }
         })
     };
+    let mut unstarted = crate::interrupt::Unstarted::new(made_dir.clone());
     let auto_dir = match &spec {
         Some(StoreSpec::Local(d)) if crate::interrupt::is_auto(d) => Some(d.clone()),
         _ => None,
@@ -755,6 +756,7 @@ fn run<P: Program>(
         (Some(sp), _) => eprintln!("{}: store: {sp}", P::NAME),
         (None, _) => {}
     }
+    unstarted.started();
     let outcome = if rt.resume {
         runtime.resume(root, inputs)
     } else {

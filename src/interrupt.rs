@@ -24,7 +24,8 @@
 //!    with a right result (and ACCEPT, with `--certify`), unless `--keep-log` is given or the
 //!    certificate was written to a file (`--cert-out`: a certificate is verified against its
 //!    log). It is kept, and the summary says why, when the run stops, fails, or its result is
-//!    wrong or rejected.
+//!    wrong or rejected. One made for a run that fails before its first task (an option found
+//!    wrong late, a store that does not open) is removed at once: it holds nothing.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -201,6 +202,30 @@ pub(crate) fn make_log_dir(program: &str) -> std::io::Result<PathBuf> {
 /// Whether `dir` is a log directory made by `run` (rule 6).
 pub(crate) fn is_auto(dir: &Path) -> bool {
     dir.join(AUTO_MARKER).is_file()
+}
+
+/// A directory made for a run that has not started: dropped before [`Unstarted::started`], it
+/// removes the directory (rule 6). Declare it before the store, so that it drops after it.
+pub(crate) struct Unstarted(Option<PathBuf>);
+
+impl Unstarted {
+    /// Guards `dir`, if one was made.
+    pub(crate) fn new(dir: Option<PathBuf>) -> Unstarted {
+        Unstarted(dir)
+    }
+
+    /// The run starts: from now on the directory holds it.
+    pub(crate) fn started(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = remove_log_dir(&dir);
+        }
+    }
 }
 
 /// Removes a log directory made by `run` (rule 6). The store was closed; its engine may still

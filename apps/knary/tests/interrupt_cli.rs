@@ -297,8 +297,9 @@ fn a_second_ctrl_c_exits_at_once() {
     out.expect_code(0);
 }
 
-/// Rule 6: a finished run leaves no directory of its own behind, unless asked to keep it or
-/// its result is wrong; a directory given with --log-dir is never removed.
+/// Rule 6: a finished run leaves no directory of its own behind, nor does one that never
+/// started, unless asked to keep it or its result is wrong; a directory given with --log-dir
+/// is never removed.
 #[test]
 fn a_finished_run_leaves_no_log_dir_of_its_own_behind() {
     let tmp = tempfile::tempdir().unwrap();
@@ -317,6 +318,27 @@ fn a_finished_run_leaves_no_log_dir_of_its_own_behind() {
     let j = out.json();
     assert_eq!(j["log_dir_removed"], true, "{j}");
     assert!(!Path::new(j["log_dir"].as_str().unwrap()).exists());
+
+    // A run that fails before its first task leaves nothing either.
+    knary_in(
+        tmp.path(),
+        &[
+            "run",
+            "--depth",
+            "2",
+            "--fanout",
+            "2",
+            "--forge-tasks",
+            "1000000",
+        ],
+    )
+    .expect_code(1)
+    .stderr_has("only");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "left behind by a run that never started: {left:?}"
+    );
 
     // A wrong result keeps it, and says why.
     let out = knary_in(
