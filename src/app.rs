@@ -2,18 +2,27 @@
 //!
 //! ```text
 //! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR | --store SPEC
-//!         --key FILE | --no-checkpoint] [--seed S] [--json] [fault and forgery injection]
-//!         [--certify [--epsilon E] [--q Q]]
+//!         --key FILE | --no-checkpoint | --keep-log] [--resume] [--seed S] [--json]
+//!         [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
 //! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE]
 //! APP certify (--log-dir DIR | --store SPEC --key FILE) [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
 //!         [--full] [--out FILE] [--json] [--oracle-key FILE]
-//! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE) [--oracle-key FILE]
-//! APP keygen FILE
+//! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE)
+//!         [--public-key PUB | --oracle-key FILE]
+//! APP keygen FILE [--public PUB]
+//! APP public-key [--oracle-key FILE] [--out PUB]
 //! ```
+//!
+//! Certificates are signed with the oracle's Ed25519 key (`--oracle-key`, whose 32 bytes are
+//! the Ed25519 secret key); `public-key` prints or writes its public key, which is all that
+//! `certify --verify --public-key` needs. Old certificates sealed with a MAC (format 1) verify
+//! with `--oracle-key` only (`veriflow_certifier::certificate`, rule 3).
 //!
 //! Exit status: 0 on success (and ACCEPT), 1 when the run fails, its result is wrong or the
 //! certifier says REJECT, 2 on bad usage (clap's own code for a bad flag, also used for invalid
-//! program options).
+//! program options), 128 + the signal (130, 143) when SIGINT or SIGTERM stopped a run, which
+//! `--resume` then finishes (`interrupt.rs`, which also says when `run` removes the log
+//! directory it made).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -26,7 +35,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use veriflow_certifier::{Certificate, CertifyError, Decision, Track, VerifyError};
+use veriflow_certifier::{
+    Certificate, CertifyError, Decision, OracleKey, OraclePublicKey, PublicKeyError, Track,
+    VerifyError,
+};
 use veriflow_checkpoint::{
     open_store, Key, KeyError, MemoryStore, SledStore, Store, StoreError, StoreSpec,
 };
@@ -121,6 +133,8 @@ pub(crate) enum CliError {
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error(transparent)]
+    PublicKey(#[from] PublicKeyError),
+    #[error(transparent)]
     Certify(#[from] CertifyError),
     #[error("certificate {path}: {source}")]
     Verify { path: PathBuf, source: VerifyError },
@@ -130,6 +144,9 @@ pub(crate) enum CliError {
     Invalid(String),
     #[error("certification: REJECT")]
     Rejected,
+    /// Stopped by a signal (`interrupt.rs` rule 2): exits with 128 + `signal`.
+    #[error("interrupted by {}", crate::interrupt::signal_name(*signal))]
+    Interrupted { signal: i32 },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -154,6 +171,8 @@ enum Command<P: Program> {
     Certify(CertifyArgs),
     /// Write a fresh 32-byte key to FILE (owner-only; never overwrites).
     Keygen(KeygenArgs),
+    /// Print (or write) the oracle's Ed25519 public key, which verifies its certificates.
+    PublicKey(PublicKeyArgs),
     /// Run the cluster's coordinator (the trusted fault-tolerance module).
     Coordinator(crate::cluster_cli::CoordinatorArgs),
     /// Run a worker that joins a coordinator and hosts vnodes of its jobs.
@@ -191,6 +210,21 @@ struct KeygenArgs {
     /// Where to write the key.
     #[arg(value_name = "FILE")]
     file: PathBuf,
+    /// Also write the key's Ed25519 public key to PUB (for an oracle key: what anyone needs to
+    /// verify its certificates with `certify --verify CERT --public-key PUB`).
+    #[arg(long, value_name = "PUB")]
+    public: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct PublicKeyArgs {
+    /// The oracle's key file [default: veriflow/oracle.key in the user's config directory,
+    /// created with owner-only permissions on first use].
+    #[arg(long = "oracle-key", value_name = "FILE")]
+    oracle_key: Option<PathBuf>,
+    /// Write the public key to PUB (never replacing another key) instead of printing it.
+    #[arg(long, value_name = "PUB")]
+    out: Option<PathBuf>,
 }
 
 /// Parameters of a certification, shared by `run --certify` and `certify`.
@@ -202,9 +236,10 @@ pub(crate) struct CertifyParams {
     /// Assumed bound on the fraction of forged tasks.
     #[arg(long, value_name = "Q", default_value_t = 0.01)]
     pub(crate) q: f64,
-    /// The oracle's key file, which signs certificates [default: veriflow/oracle.key in the
-    /// user's config directory, created with owner-only permissions on first use]. Keep it
-    /// apart from the cluster's --key: workers hold that one, and must not sign certificates.
+    /// The oracle's key file (its Ed25519 secret key), which signs certificates [default:
+    /// veriflow/oracle.key in the user's config directory, created with owner-only permissions
+    /// on first use]. Keep it apart from the cluster's --key: workers hold that one, and must
+    /// not sign certificates.
     #[arg(long = "oracle-key", value_name = "FILE")]
     oracle_key: Option<PathBuf>,
 }
@@ -236,10 +271,19 @@ struct CertifyArgs {
     /// Print the certificate as JSON instead of the human summary.
     #[arg(long)]
     json: bool,
-    /// Instead of certifying: check that certificate CERT is intact (its MAC under --oracle-key) and
-    /// belongs to the log in --log-dir.
+    /// Instead of certifying: check that certificate CERT is intact (its Ed25519 signature under
+    /// --public-key, or under --oracle-key's public key) and belongs to the log in --log-dir.
     #[arg(long, value_name = "CERT", conflicts_with_all = ["correct", "full", "out", "seed"])]
     verify: Option<PathBuf>,
+    /// With --verify: the oracle's public key file (`public-key --out PUB`): all anyone needs
+    /// to verify its certificates. Old MAC certificates (format 1) need --oracle-key instead.
+    #[arg(
+        long = "public-key",
+        value_name = "PUB",
+        requires = "verify",
+        conflicts_with = "oracle_key"
+    )]
+    public_key: Option<PathBuf>,
     /// Oracle threads [default: the machine's cores].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: Option<u32>,
@@ -380,15 +424,20 @@ pub(crate) struct RuntimeArgs {
     /// Virtual nodes [default: one per thread].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) vnodes: Option<u32>,
-    /// Where the event logs go; must not hold a run yet [default: a fresh local directory,
-    /// printed].
+    /// Where the event logs go; must not hold a run yet [default: a fresh directory in the
+    /// temporary directory, printed, and removed once the run finished right unless
+    /// --keep-log].
     #[command(flatten)]
     pub(crate) store: StoreArgs,
     /// Log nothing (the S0 baseline of paper 001).
     #[arg(long, conflicts_with_all = ["log_dir", "store"])]
     pub(crate) no_checkpoint: bool,
-    /// Finish an interrupted run from its logs in --log-dir or --store (same program options
-    /// and vnodes): completed tasks are not run again.
+    /// Keep the log directory made for this run (without --log-dir or --store) once it has
+    /// finished; without it, that directory is removed after a run that finished right.
+    #[arg(long, conflicts_with = "no_checkpoint")]
+    pub(crate) keep_log: bool,
+    /// Finish an interrupted run (a crash, Ctrl-C) from its logs in --log-dir or --store (same
+    /// program options and vnodes): completed tasks are not run again.
     #[arg(long)]
     pub(crate) resume: bool,
     /// Seed of the vnodes' random choices.
@@ -499,6 +548,8 @@ impl<P: Program> App<P> {
     {
         init_tracing();
         let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        // The command line as typed, to print the command that resumes a stopped run.
+        let typed = args.clone();
         // The job's command line as typed, for the workers (`submit`, `cluster`).
         let argv: Vec<String> = args
             .iter()
@@ -551,7 +602,7 @@ impl<P: Program> App<P> {
                 };
                 match iterative {
                     Some(it) => crate::iterative_cli::run::<P>(&args, it),
-                    None => run::<P>(&args, kills),
+                    None => run::<P>(&args, kills, &typed),
                 }
             }
             Command::Inspect(args) => inspect_cmd::<P>(&args),
@@ -577,15 +628,15 @@ impl<P: Program> App<P> {
                 Err(e) => Err(CliError::Invalid(e.0)),
             },
             Command::Chaos(args) => crate::chaos::chaos_cmd(&args, P::NAME),
-            Command::Keygen(args) => Key::create(&args.file).map_err(CliError::from).map(|_| {
-                println!(
-                    "wrote a new key to {} (owner-only); give it to every process with --key",
-                    args.file.display()
-                )
-            }),
+            Command::Keygen(args) => keygen_cmd(&args),
+            Command::PublicKey(args) => public_key_cmd(&args),
         };
         match result {
             Ok(()) => ExitCode::SUCCESS,
+            // Rule 2 of interrupt.rs: the message and the resume command are printed already.
+            Err(CliError::Interrupted { signal }) => {
+                ExitCode::from(crate::interrupt::exit_status(signal))
+            }
             Err(e) => {
                 eprintln!("{}: error: {e}", P::NAME);
                 ExitCode::FAILURE
@@ -610,30 +661,40 @@ pub(crate) fn registry<P: Program>() -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> {
+fn run<P: Program>(
+    args: &RunArgs<P>,
+    kills: Vec<Kill>,
+    typed: &[std::ffi::OsString],
+) -> Result<(), CliError> {
     let (program, rt) = (&args.program, &args.runtime);
     if rt.resume && rt.store.spec().is_none() {
         return Err(CliError::Invalid(
             "--resume needs the run's logs: give --log-dir DIR or --store SPEC".to_string(),
         ));
     }
+    // Rule 6 of interrupt.rs: a directory made here is marked, and may be removed at the end.
+    let mut made_dir = None;
     let spec = if rt.no_checkpoint {
         None
     } else {
         Some(match rt.store.spec() {
             Some(spec) => spec,
-            None => StoreSpec::Local(
-                tempfile::Builder::new()
-                    .prefix(&format!("veriflow-{}-", P::NAME))
-                    .tempdir()
-                    .map_err(|source| CliError::Io {
+            None => {
+                let dir =
+                    crate::interrupt::make_log_dir(P::NAME).map_err(|source| CliError::Io {
                         what: "cannot create a log directory in",
                         path: std::env::temp_dir(),
                         source,
-                    })?
-                    .keep(),
-            ),
+                    })?;
+                made_dir = Some(dir.clone());
+                StoreSpec::Local(dir)
+            }
         })
+    };
+    let mut unstarted = crate::interrupt::Unstarted::new(made_dir.clone());
+    let auto_dir = match &spec {
+        Some(StoreSpec::Local(d)) if crate::interrupt::is_auto(d) => Some(d.clone()),
+        _ => None,
     };
     let mut builder = Runtime::builder(registry::<P>()?)
         .program(P::NAME)
@@ -669,15 +730,51 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         let bar = bar.clone();
         builder = builder.on_progress(Arc::new(move |n| bar.set_position(n)));
     }
-    let runtime = builder.build()?;
+    let token = veriflow_runtime::StopToken::new();
+    let runtime = builder.stop_token(token.clone()).build()?;
     let (root, inputs) = program.root();
+    // interrupt.rs rules 1-4: where the log goes, and what a signal does to the run.
+    let durable = spec.as_ref().filter(|sp| !matches!(sp, StoreSpec::Memory));
+    let resume = durable.map(|_| crate::interrupt::resume_command(typed, made_dir.as_deref()));
+    let on_exit = match &resume {
+        Some(cmd) => format!(
+            "exiting at once; the log holds what its last group commit made durable. Resume the \
+             run with:\n  {cmd}\n"
+        ),
+        None => "exiting at once; nothing was logged durably, so there is nothing to resume\n"
+            .to_string(),
+    };
+    let guard = crate::interrupt::Guard::start(P::NAME, token, on_exit);
+    match (&spec, &auto_dir) {
+        (Some(StoreSpec::Local(d)), Some(_)) if !rt.keep_log => eprintln!(
+            "{}: log dir: {} (made for this run: removed once it finishes right; --keep-log \
+             keeps it)",
+            P::NAME,
+            d.display()
+        ),
+        (Some(StoreSpec::Local(d)), _) => eprintln!("{}: log dir: {}", P::NAME, d.display()),
+        (Some(sp), _) => eprintln!("{}: store: {sp}", P::NAME),
+        (None, _) => {}
+    }
+    unstarted.started();
     let outcome = if rt.resume {
         runtime.resume(root, inputs)
     } else {
         runtime.run(root, inputs)
     };
+    let signal = guard.signal();
+    drop(guard);
     if let Some(bar) = bar {
         bar.finish_and_clear();
+    }
+    if let (Err(RunError::Interrupted { completed }), Some(signal)) = (&outcome, signal) {
+        return Err(stopped::<P>(
+            signal,
+            *completed,
+            spec.as_ref(),
+            resume.as_deref(),
+            rt.json,
+        ));
     }
     let report = outcome?;
     let checked = program.check(&report.outputs);
@@ -702,6 +799,24 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
         Some(StoreSpec::Local(d)) => Some(d.display().to_string()),
         _ => None,
     };
+    // Rule 6 of interrupt.rs: a directory made by `run` goes once its run finished right.
+    let kept_because = match &auto_dir {
+        None => None,
+        Some(_) if rt.keep_log => Some("--keep-log"),
+        Some(_) if args.cert_out.is_some() => {
+            Some("its certificate (--cert-out) is verified against it")
+        }
+        Some(_) if checked.is_err() => Some("the result is wrong"),
+        Some(_)
+            if certificate
+                .as_ref()
+                .is_some_and(|(c, _)| c.decision == Decision::Reject) =>
+        {
+            Some("the certifier says REJECT")
+        }
+        Some(_) => None,
+    };
+    let remove = auto_dir.as_ref().filter(|_| kept_because.is_none());
     if rt.json {
         let summary = json!({
             "program": P::NAME,
@@ -712,6 +827,7 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             "tasks_per_s": report.tasks as f64 / secs.max(1e-9),
             "events": report.events,
             "log_dir": log_dir_text,
+            "log_dir_removed": remove.is_some(),
             "store": spec.as_ref().map(|sp| sp.to_string()),
             "checkpoint": spec.is_some(),
             "threads": runtime.threads(),
@@ -778,6 +894,15 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             }
             (None, None) => println!("events: none (--no-checkpoint)"),
         }
+        match (remove, kept_because) {
+            (Some(_), _) => println!(
+                "log dir removed: it was made for this run, which finished (--keep-log keeps it)"
+            ),
+            (None, Some(why)) if !rt.keep_log => {
+                println!("log dir kept ({why}): it was made for this run; remove it when done")
+            }
+            _ => {}
+        }
         if !report.forged.is_empty() {
             println!(
                 "forgery injection: {} task(s) lied, e.g. {} on {}",
@@ -790,11 +915,67 @@ fn run<P: Program>(args: &RunArgs<P>, kills: Vec<Kill>) -> Result<(), CliError> 
             print!("{}", certificate_text(cert, args.cert_out.as_deref(), key));
         }
     }
+    drop(runtime); // closes the store
+    if let Some(dir) = remove {
+        if let Err(e) = crate::interrupt::remove_log_dir(dir) {
+            eprintln!(
+                "{}: warning: cannot remove the log dir {}: {e}",
+                P::NAME,
+                dir.display()
+            );
+        }
+    }
     checked.map(drop).map_err(CliError::from)?;
     match certificate {
         Some((c, _)) if c.decision == Decision::Reject => Err(CliError::Rejected),
         _ => Ok(()),
     }
+}
+
+/// Rules 2 and 4 of interrupt.rs: what a run stopped by `signal` says (on stderr, and as one
+/// JSON object on stdout with `--json`), and the error that exits with 128 + `signal`.
+fn stopped<P: Program>(
+    signal: i32,
+    completed: u64,
+    spec: Option<&StoreSpec>,
+    resume: Option<&str>,
+    json: bool,
+) -> CliError {
+    let name = crate::interrupt::signal_name(signal);
+    let place = match spec {
+        Some(StoreSpec::Local(d)) => format!("log dir {}", d.display()),
+        Some(sp) => format!("store {sp}"),
+        None => String::new(),
+    };
+    match resume {
+        Some(cmd) => eprintln!(
+            "{}: {name}: stopped after {completed} tasks; every event logged is durable in the \
+             {place}. Resume the run with:\n  {cmd}",
+            P::NAME
+        ),
+        None => eprintln!(
+            "{}: {name}: stopped after {completed} tasks; nothing was logged durably, so there \
+             is nothing to resume",
+            P::NAME
+        ),
+    }
+    if json {
+        println!(
+            "{}",
+            json!({
+                "program": P::NAME,
+                "interrupted": name,
+                "completed_tasks": completed,
+                "log_dir": match spec {
+                    Some(StoreSpec::Local(d)) => Some(d.display().to_string()),
+                    _ => None,
+                },
+                "store": spec.map(|sp| sp.to_string()),
+                "resume": resume,
+            })
+        );
+    }
+    CliError::Interrupted { signal }
 }
 
 /// How a run's summary qualifies a result its check accepted: "(checked)", or "(checked; not
@@ -940,6 +1121,7 @@ pub(crate) fn certify_signed<P: Program>(
     quiet: bool,
 ) -> Result<(Certificate, PathBuf), CliError> {
     let (key, key_path) = Key::load_or_default(params.oracle_key.as_deref(), "oracle")?;
+    let key = OracleKey::from(key);
     let registry = registry::<P>()?;
     let bars = Bars::new(quiet);
     let progress: &dyn veriflow_certifier::Progress = match &bars {
@@ -1044,17 +1226,20 @@ pub(crate) fn certificate_text(
         cert.generation,
         &cert.merkle_root[..16]
     );
+    let signer = cert
+        .signer()
+        .map_or_else(String::new, |k| format!(", public key {}", k.fingerprint()));
     match file {
         Some(f) => {
             let _ = writeln!(
                 s,
-                "  certificate: {} (signed with {})",
+                "  certificate: {} (signed with {}{signer})",
                 f.display(),
                 key.display()
             );
         }
         None => {
-            let _ = writeln!(s, "  certificate signed with {}", key.display());
+            let _ = writeln!(s, "  certificate signed with {}{signer}", key.display());
         }
     }
     s
@@ -1066,32 +1251,7 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
         .store
         .open_existing(args.correct && args.verify.is_none())?;
     if let Some(path) = &args.verify {
-        let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
-        let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
-            what: "cannot read",
-            path: path.clone(),
-            source,
-        })?;
-        let verify = |e| CliError::Verify {
-            path: path.clone(),
-            source: e,
-        };
-        let cert = Certificate::from_json(&text).map_err(verify)?;
-        cert.verify(&key, store).map_err(verify)?;
-        if args.json {
-            println!(
-                "{}",
-                json!({"valid": true, "decision": cert.decision, "generation": cert.generation})
-            );
-        } else {
-            println!(
-                "certificate {}: valid (MAC and G_S Merkle root match); it says {} for generation {} of this log",
-                path.display(),
-                cert.decision,
-                cert.generation
-            );
-        }
-        return Ok(());
+        return verify_cmd(args, path, store);
     }
     let outputs = if args.outputs.trim() == "all" {
         None
@@ -1137,6 +1297,101 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
         Decision::Accept => Ok(()),
         Decision::Reject => Err(CliError::Rejected),
     }
+}
+
+/// `certify --verify CERT`: against `--public-key`, or the oracle's own key (rules 2-4 of
+/// `veriflow_certifier::certificate`).
+fn verify_cmd(
+    args: &CertifyArgs,
+    path: &std::path::Path,
+    store: Arc<dyn Store>,
+) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+        what: "cannot read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let verify = |e| CliError::Verify {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let cert = Certificate::from_json(&text).map_err(verify)?;
+    match &args.public_key {
+        Some(pub_file) => {
+            let trusted = OraclePublicKey::load(pub_file)?;
+            cert.verify(&trusted, store).map_err(verify)?;
+        }
+        None => {
+            let (key, _) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
+            cert.verify_with_secret(&OracleKey::from(key), store)
+                .map_err(verify)?;
+        }
+    }
+    let signed_by = cert.signer().map(|k| k.fingerprint());
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "valid": true,
+                "decision": cert.decision,
+                "generation": cert.generation,
+                "format": cert.format,
+                "signed_by": signed_by,
+            })
+        );
+    } else {
+        let seal = match &signed_by {
+            Some(k) => format!("Ed25519 signature by {k}"),
+            None => format!("{} MAC", cert.format),
+        };
+        println!(
+            "certificate {}: valid ({seal} and G_S Merkle root match); it says {} for generation {} of this log",
+            path.display(),
+            cert.decision,
+            cert.generation
+        );
+    }
+    Ok(())
+}
+
+/// `keygen FILE [--public PUB]`.
+fn keygen_cmd(args: &KeygenArgs) -> Result<(), CliError> {
+    let key = Key::create(&args.file)?;
+    println!(
+        "wrote a new key to {} (owner-only); give it to every process with --key, or to the \
+         certifier with --oracle-key",
+        args.file.display()
+    );
+    if let Some(pub_file) = &args.public {
+        let public = OracleKey::from(key).public();
+        public.write(pub_file)?;
+        println!(
+            "wrote its public key {} to {}: with it, anyone can verify the certificates this \
+             key signs as an oracle key",
+            public.fingerprint(),
+            pub_file.display()
+        );
+    }
+    Ok(())
+}
+
+/// `public-key [--oracle-key FILE] [--out PUB]`.
+fn public_key_cmd(args: &PublicKeyArgs) -> Result<(), CliError> {
+    let (key, key_path) = Key::load_or_default(args.oracle_key.as_deref(), "oracle")?;
+    let public = OracleKey::from(key).public();
+    match &args.out {
+        Some(pub_file) => {
+            public.write(pub_file)?;
+            println!(
+                "wrote the public key {} of oracle key {} to {}",
+                public.fingerprint(),
+                key_path.display(),
+                pub_file.display()
+            );
+        }
+        None => println!("{public}"),
+    }
+    Ok(())
 }
 
 pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar> {

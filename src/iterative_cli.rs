@@ -37,6 +37,9 @@ pub(crate) fn check<P: Program>(args: &RunArgs<P>, it: &Iterative) -> Result<(),
     if rt.resume {
         return bad("--resume needs a data-flow run");
     }
+    if rt.keep_log {
+        return bad("--keep-log keeps the log directory of a data-flow run");
+    }
     if args.certify {
         return bad("--certify needs a data-flow run");
     }

@@ -12,6 +12,7 @@ mod app;
 mod chaos;
 mod cluster_cli;
 mod inspect;
+mod interrupt;
 mod iterative_cli;
 
 pub use app::{checked_note, App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};

@@ -1,26 +1,48 @@
-//! Certificates: the certifier's verdict as a JSON file a user keeps, authenticated with the
-//! oracle's key and tied to one log by a Merkle root.
+//! Certificates: the certifier's verdict as a JSON file a user keeps, signed by the oracle with
+//! Ed25519 so that anyone holding its public key can check it, and tied to one log by a Merkle
+//! root.
 //!
 //! Rules:
 //!
-//! 1. The MAC is a keyed blake3 over the certificate's canonical JSON with `mac` empty (field
-//!    order fixed by the struct, floats written so they read back exactly).
-//! 2. Verifying checks the MAC first (a changed byte anywhere, or another key, fails), then
-//!    recomputes G_S from the log for the certificate's outputs and compares Merkle roots (a
-//!    certificate checked against another log, or a log changed since, fails).
+//! 1. A certificate of format [`FORMAT`] is signed with the oracle's Ed25519 key
+//!    (`signing.rs`) over [`SIGNATURE_CONTEXT`], a zero byte, and the certificate's canonical
+//!    JSON without its `signature` field (field order fixed by the struct, floats written so
+//!    they read back exactly). Every other field is signed, `signature_scheme` ("ed25519") and
+//!    `public_key` (the oracle's public key, hex) included; a field the struct does not know is
+//!    refused when reading, so nothing unsigned can ride along.
+//! 2. Verifying against a public key: the certificate's `public_key` must be that key (else it
+//!    was signed by another oracle, and both fingerprints are named), and the signature must
+//!    verify under it (strict RFC 8032 verification). The key a certificate carries only says
+//!    which key signed it; it is never trusted by itself. With the oracle's secret key instead,
+//!    its public key is derived and used the same way.
+//! 3. Old certificates, of format [`LEGACY_FORMAT`], carry a keyed-blake3 MAC (over their
+//!    canonical JSON with `mac` empty) instead of a signature. They still verify with the
+//!    oracle's secret key, as before (the same key file: rule 1 of `signing.rs`); against a
+//!    public key they are refused with [`VerifyError::LegacyMac`], which names the format and
+//!    says what to do. No new MAC certificate is ever made.
+//! 4. After the seal, verifying recomputes G_S from the log for the certificate's outputs and
+//!    compares Merkle roots (a certificate checked against another log, or a log changed since,
+//!    fails).
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use veriflow_checkpoint::{Key, Store};
+use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{LogError, LogReader};
 use veriflow_runtime::DataId;
 
 use crate::oracle::Detection;
+use crate::signing::{unhex, OracleKey, OraclePublicKey, SCHEME};
 use crate::track::{StructuralError, Track};
 
-/// The format tag of certificates this version writes.
-pub const FORMAT: &str = "veriflow-certificate/1";
+/// The format tag of certificates this version writes: signed with Ed25519 (rule 1).
+pub const FORMAT: &str = "veriflow-certificate/2";
+/// The format tag of old certificates, sealed with a keyed-blake3 MAC (rule 3).
+pub const LEGACY_FORMAT: &str = "veriflow-certificate/1";
+/// What a signature signs first (rule 1): a signature made for anything else never verifies a
+/// certificate.
+pub const SIGNATURE_CONTEXT: &str = "veriflow certificate ed25519 v2";
+/// The MAC context of format-1 certificates (rule 3).
 const MAC_CONTEXT: &str = "veriflow certificate mac v1";
 
 /// ACCEPT or REJECT.
@@ -70,6 +92,7 @@ pub struct VnodeCount {
 
 /// The certifier's verdict (DESIGN.md "Certification").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Certificate {
     /// [`FORMAT`].
     pub format: String,
@@ -117,8 +140,18 @@ pub struct Certificate {
     pub merkle_root: String,
     /// Merkle root over all of G.
     pub log_digest: String,
-    /// Keyed blake3 MAC (hex) under the oracle's key (rule 1).
-    pub mac: String,
+    /// How it is signed: "ed25519" (rule 1); absent from format-1 certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature_scheme: Option<String>,
+    /// The public key (hex) of the oracle that signed it (rules 1-2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// The Ed25519 signature (hex, 64 bytes) over the rest (rule 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// Format 1 only: keyed blake3 MAC (hex) under the oracle's key (rule 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// Why a certificate does not verify.
@@ -127,7 +160,23 @@ pub enum VerifyError {
     /// Not a certificate.
     #[error("not a veriflow certificate: {0}")]
     Malformed(String),
-    /// The MAC fails.
+    /// The Ed25519 signature fails (rule 1).
+    #[error("the certificate's Ed25519 signature does not verify: it was changed after signing")]
+    BadSignature,
+    /// The certificate was signed by another oracle key than the one trusted (rule 2).
+    #[error(
+        "the certificate was signed by oracle key {signed_by}, not by the key given ({trusted})"
+    )]
+    OtherKey {
+        /// Fingerprint of the key the certificate names.
+        signed_by: String,
+        /// Fingerprint of the key the caller trusts.
+        trusted: String,
+    },
+    /// A format-1 certificate checked against a public key (rule 3).
+    #[error("this is a {LEGACY_FORMAT} certificate, sealed with a keyed-blake3 MAC before certificates were signed: only the oracle's secret key can verify it (--oracle-key FILE, not --public-key), or certify the log again for a signed certificate")]
+    LegacyMac,
+    /// The format-1 MAC fails (rule 3).
     #[error("the certificate's MAC does not match: it was changed after signing, or signed with another key")]
     BadMac,
     /// The log is not the one certified.
@@ -143,16 +192,33 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 }
 
 impl Certificate {
-    fn mac_of(&self, key: &Key) -> Result<String, serde_json::Error> {
+    /// The bytes rule 1 signs: the context, a zero byte, the JSON without `signature`.
+    fn signed_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
         let mut unsigned = self.clone();
-        unsigned.mac = String::new();
-        let bytes = serde_json::to_vec(&unsigned)?;
-        Ok(hex(&key.mac(MAC_CONTEXT, &bytes)))
+        unsigned.signature = None;
+        let mut bytes = Vec::with_capacity(4096);
+        bytes.extend_from_slice(SIGNATURE_CONTEXT.as_bytes());
+        bytes.push(0);
+        serde_json::to_writer(&mut bytes, &unsigned)?;
+        Ok(bytes)
     }
 
-    /// Signs with `key` (rule 1).
-    pub fn sign(&mut self, key: &Key) -> Result<(), serde_json::Error> {
-        self.mac = self.mac_of(key)?;
+    /// The format-1 MAC (rule 3): over the JSON with `mac` empty.
+    fn legacy_mac_of(&self, key: &OracleKey) -> Result<String, serde_json::Error> {
+        let mut unsigned = self.clone();
+        unsigned.mac = Some(String::new());
+        let bytes = serde_json::to_vec(&unsigned)?;
+        Ok(hex(&key.mac_key().mac(MAC_CONTEXT, &bytes)))
+    }
+
+    /// Signs with the oracle's `key` (rule 1), as format [`FORMAT`].
+    pub fn sign(&mut self, key: &OracleKey) -> Result<(), serde_json::Error> {
+        self.format = FORMAT.to_string();
+        self.mac = None;
+        self.signature_scheme = Some(SCHEME.to_string());
+        self.public_key = Some(key.public().to_hex());
+        let signature = key.sign(&self.signed_bytes()?);
+        self.signature = Some(hex(&signature.to_bytes()));
         Ok(())
     }
 
@@ -161,30 +227,130 @@ impl Certificate {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
 
-    /// Reads a certificate from JSON.
+    /// Reads a certificate from JSON: format [`FORMAT`] with its signature fields, or
+    /// [`LEGACY_FORMAT`] with its MAC.
     pub fn from_json(text: &str) -> Result<Certificate, VerifyError> {
         let c: Certificate =
             serde_json::from_str(text).map_err(|e| VerifyError::Malformed(e.to_string()))?;
-        if c.format != FORMAT {
-            return Err(VerifyError::Malformed(format!(
-                "format {:?}, this version reads {FORMAT:?}",
-                c.format
-            )));
+        let malformed = |m: String| Err(VerifyError::Malformed(m));
+        match c.format.as_str() {
+            FORMAT => {
+                if c.mac.is_some() {
+                    return malformed(format!("a {FORMAT} certificate has no MAC"));
+                }
+                match c.signature_scheme.as_deref() {
+                    Some(SCHEME) => {}
+                    Some(other) => {
+                        return malformed(format!(
+                            "signature scheme {other:?}, this version reads {SCHEME:?}"
+                        ))
+                    }
+                    None => return malformed("no signature_scheme".to_string()),
+                }
+                if c.public_key.is_none() || c.signature.is_none() {
+                    return malformed("no public_key or no signature".to_string());
+                }
+            }
+            LEGACY_FORMAT => {
+                if c.mac.is_none()
+                    || c.signature.is_some()
+                    || c.public_key.is_some()
+                    || c.signature_scheme.is_some()
+                {
+                    return malformed(format!(
+                        "a {LEGACY_FORMAT} certificate has a MAC and no signature"
+                    ));
+                }
+            }
+            other => {
+                return malformed(format!(
+                    "format {other:?}, this version reads {FORMAT:?} (and {LEGACY_FORMAT:?})"
+                ))
+            }
         }
         Ok(c)
     }
 
-    /// Rule 2: checks the MAC under `key`, then that the certificate belongs to the log in
-    /// `store`.
-    pub fn verify(&self, key: &Key, store: Arc<dyn Store>) -> Result<(), VerifyError> {
-        let expect = self
-            .mac_of(key)
-            .map_err(|e| VerifyError::Malformed(e.to_string()))?;
-        let same = self.mac.len() == expect.len()
-            && blake3::hash(self.mac.as_bytes()) == blake3::hash(expect.as_bytes());
-        if !same {
-            return Err(VerifyError::BadMac);
+    /// Whether this is an old MAC certificate (rule 3).
+    pub fn is_legacy(&self) -> bool {
+        self.format == LEGACY_FORMAT
+    }
+
+    /// The public key the certificate says signed it (rule 2: not a reason to trust it).
+    pub fn signer(&self) -> Option<OraclePublicKey> {
+        self.public_key
+            .as_deref()
+            .and_then(|h| OraclePublicKey::from_hex(h).ok())
+    }
+
+    /// Rule 2 then rule 4: checks the signature under `trusted`, the oracle's public key, then
+    /// that the certificate belongs to the log in `store`. A format-1 certificate is refused
+    /// ([`VerifyError::LegacyMac`], rule 3).
+    pub fn verify(
+        &self,
+        trusted: &OraclePublicKey,
+        store: Arc<dyn Store>,
+    ) -> Result<(), VerifyError> {
+        self.check_signature(trusted)?;
+        self.check_log(store)
+    }
+
+    /// Rules 2-4 with the oracle's secret key: a signed certificate is checked under its public
+    /// key, a format-1 certificate by its MAC; then the log.
+    pub fn verify_with_secret(
+        &self,
+        key: &OracleKey,
+        store: Arc<dyn Store>,
+    ) -> Result<(), VerifyError> {
+        if self.is_legacy() {
+            let expect = self
+                .legacy_mac_of(key)
+                .map_err(|e| VerifyError::Malformed(e.to_string()))?;
+            let mac = self.mac.as_deref().unwrap_or_default();
+            // Compared as digests: the time taken does not tell how many digits matched.
+            let same = mac.len() == expect.len()
+                && blake3::hash(mac.as_bytes()) == blake3::hash(expect.as_bytes());
+            if !same {
+                return Err(VerifyError::BadMac);
+            }
+        } else {
+            self.check_signature(&key.public())?;
         }
+        self.check_log(store)
+    }
+
+    /// Rule 2.
+    fn check_signature(&self, trusted: &OraclePublicKey) -> Result<(), VerifyError> {
+        if self.is_legacy() {
+            return Err(VerifyError::LegacyMac);
+        }
+        let named = self.public_key.as_deref().unwrap_or_default();
+        if named != trusted.to_hex() {
+            return Err(VerifyError::OtherKey {
+                signed_by: match self.signer() {
+                    Some(k) => k.fingerprint(),
+                    None => format!("{named:?} (not a valid key)"),
+                },
+                trusted: trusted.fingerprint(),
+            });
+        }
+        let signature = self
+            .signature
+            .as_deref()
+            .ok_or(VerifyError::BadSignature)
+            .and_then(|h| unhex::<64>(h).map_err(|_| VerifyError::BadSignature))?;
+        let signature = ed25519_dalek::Signature::from_bytes(&signature);
+        let bytes = self
+            .signed_bytes()
+            .map_err(|e| VerifyError::Malformed(e.to_string()))?;
+        if !trusted.verify(&bytes, &signature) {
+            return Err(VerifyError::BadSignature);
+        }
+        Ok(())
+    }
+
+    /// Rule 4.
+    fn check_log(&self, store: Arc<dyn Store>) -> Result<(), VerifyError> {
         let reader = LogReader::at_generation(store, self.generation);
         let track = Track::load_from(&reader)?;
         if format!("{:#}", track.manifest.root) != self.root {

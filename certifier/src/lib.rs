@@ -7,7 +7,8 @@
 //! - [`track`]: G from the logs, G_S, the structural check, Merkle roots;
 //! - [`oracle`]: O_e, re-running one task from its record;
 //! - [`correct`]: Algorithm 1's correction (G_F re-executed, a new log generation);
-//! - [`certificate`]: the signed JSON verdict and its verification.
+//! - [`certificate`]: the signed JSON verdict and its verification;
+//! - [`signing`]: the oracle's Ed25519 key pair, its key files and fingerprints.
 //!
 //! Rules of [`certify`]:
 //!
@@ -33,6 +34,7 @@ pub mod certificate;
 pub mod correct;
 pub mod oracle;
 pub mod sample;
+pub mod signing;
 pub mod track;
 
 use std::sync::mpsc;
@@ -49,6 +51,7 @@ pub use certificate::{Certificate, CorrectionRecord, Decision, VerifyError, Vnod
 pub use correct::CorrectError;
 pub use oracle::{Detection, Verdict};
 pub use sample::SampleError;
+pub use signing::{OracleKey, OraclePublicKey, PublicKeyError};
 pub use track::{StructuralError, Track};
 
 use track::Ix;
@@ -128,7 +131,7 @@ pub enum CertifyError {
 }
 
 /// Certifies the run in `store` with the oracle's `registry` (rules 1-5). The certificate is
-/// returned unsigned: sign it with [`Certificate::sign`].
+/// returned unsigned: sign it with [`Certificate::sign`] and the oracle's [`OracleKey`].
 pub fn certify(
     store: Arc<dyn Store>,
     registry: &Registry,
@@ -146,6 +149,11 @@ pub fn certify(
                 return Err(CertifyError::NotFinished("still running or crashed".into()))
             }
             RunStatus::Failed(e) => return Err(CertifyError::NotFinished(format!("failed: {e}"))),
+            RunStatus::Interrupted => {
+                return Err(CertifyError::NotFinished(
+                    "interrupted: finish it with `run --resume` first".into(),
+                ))
+            }
         }
         let outputs = match &opts.outputs {
             None => track.terminal().to_vec(),
@@ -411,7 +419,10 @@ impl PassOutcome {
             q_hat: sample::q_hat(opts.epsilon, clean.min(self.k)),
             merkle_root: certificate::hex(&self.merkle_root),
             log_digest: certificate::hex(&self.log_digest),
-            mac: String::new(),
+            signature_scheme: None,
+            public_key: None,
+            signature: None,
+            mac: None,
         }
     }
 }

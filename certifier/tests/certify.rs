@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use veriflow_certifier::{certify, Certificate, Decision, NoProgress, Options, Track};
+use veriflow_certifier::{
+    certify, Certificate, Decision, NoProgress, Options, OracleKey, OraclePublicKey, Track,
+    VerifyError,
+};
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{
     Ctx, Forge, ForgeMode, IdSet, Kill, MemoryStore, Registry, RunReport, Runtime, Store, Task,
@@ -265,30 +268,215 @@ fn a_vnode_that_logs_another_value_than_it_sent_fails_the_structural_check() {
     assert!(e.data.is_some(), "the edge is named");
 }
 
+fn oracle(b: u8) -> OracleKey {
+    OracleKey::from(Key::from_bytes([b; 32]))
+}
+
 #[test]
 fn certificates_verify_and_tampering_is_caught() {
-    let key = Key::from_bytes([7; 32]);
+    let key = oracle(7);
     let (store, _) = run(3, 2, 3, None);
     let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
     cert.sign(&key).unwrap();
     let json = cert.to_json();
     let back = Certificate::from_json(&json).unwrap();
-    back.verify(&key, store.clone())
+    back.verify(&key.public(), store.clone())
         .expect("a fresh certificate verifies");
+    back.verify_with_secret(&key, store.clone())
+        .expect("and with the oracle's secret key");
 
-    let other_key = Key::from_bytes([8; 32]);
-    assert!(back.verify(&other_key, store.clone()).is_err());
+    let other_key = oracle(8);
+    assert!(back.verify(&other_key.public(), store.clone()).is_err());
+    assert!(back.verify_with_secret(&other_key, store.clone()).is_err());
 
     let tampered = json.replace("\"ACCEPT\"", "\"REJECT\"");
     let t = Certificate::from_json(&tampered).unwrap();
-    let e = t.verify(&key, store.clone()).unwrap_err();
-    assert!(e.to_string().contains("MAC"), "{e}");
+    let e = t.verify(&key.public(), store.clone()).unwrap_err();
+    assert!(matches!(e, VerifyError::BadSignature), "{e}");
+    assert!(e.to_string().contains("signature"), "{e}");
 
     let (other, _) = run(3, 2, 3, Some(forge_tasks(&writers(&store)[..1])));
-    let e = back.verify(&key, other).unwrap_err();
+    let e = back.verify(&key.public(), other).unwrap_err();
     assert!(e.to_string().contains("does not belong"), "{e}");
 
     assert!(Certificate::from_json("{\"format\": 1}").is_err());
+}
+
+/// Issue 18 point 2: the certificate names its scheme and carries the oracle's public key and
+/// the signature; the public key alone verifies it (no secret needed).
+#[test]
+fn a_signed_certificate_verifies_with_the_public_key_only() {
+    let key = oracle(21);
+    let public = key.public();
+    let (store, _) = run(3, 3, 2, None);
+    let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
+    cert.sign(&key).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&cert.to_json()).unwrap();
+    assert_eq!(v["format"], "veriflow-certificate/2");
+    assert_eq!(v["signature_scheme"], "ed25519");
+    assert_eq!(v["public_key"], public.to_hex());
+    assert_eq!(
+        v["signature"].as_str().unwrap().len(),
+        128,
+        "64 bytes in hex"
+    );
+    assert!(v.get("mac").is_none(), "no MAC in a signed certificate");
+    // Only the public key, read back from its file, as a stranger would have it.
+    let dir = tempfile::tempdir().unwrap();
+    let pub_file = dir.path().join("oracle.pub");
+    public.write(&pub_file).unwrap();
+    let stranger = OraclePublicKey::load(&pub_file).unwrap();
+    let back = Certificate::from_json(&cert.to_json()).unwrap();
+    back.verify(&stranger, store)
+        .expect("verifies with the public key");
+    assert_eq!(back.signer(), Some(public));
+}
+
+/// Rule 1 of certificate.rs: every field is signed. Each field of a signed certificate is
+/// changed in turn (keeping its type, so that the certificate still reads); none verifies.
+#[test]
+fn a_certificate_altered_in_any_signed_field_is_refused() {
+    let key = oracle(22);
+    let (store, _) = run(3, 2, 3, None);
+    let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
+    cert.sign(&key).unwrap();
+    let good: serde_json::Value = serde_json::from_str(&cert.to_json()).unwrap();
+    let fields: Vec<String> = good.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(fields.len(), 26, "{fields:?}");
+    let other_hex = oracle(23).public().to_hex();
+    let mut refused_by_the_seal = 0;
+    for field in &fields {
+        let mut bad = good.clone();
+        let v = &mut bad[field.as_str()];
+        *v = match (field.as_str(), &*v) {
+            ("public_key", _) => serde_json::Value::String(other_hex.clone()),
+            (_, serde_json::Value::String(s)) => {
+                let mut s = s.clone();
+                let last = s.pop().unwrap_or('x');
+                s.push(if last == '0' { '1' } else { '0' });
+                serde_json::Value::String(s)
+            }
+            (_, serde_json::Value::Number(n)) => match n.as_u64() {
+                Some(u) => serde_json::json!(u + 1),
+                None => serde_json::json!(n.as_f64().unwrap() * 0.5),
+            },
+            (_, serde_json::Value::Bool(b)) => serde_json::Value::Bool(!b),
+            (_, serde_json::Value::Array(a)) if a.is_empty() => continue_with_one(field),
+            (_, serde_json::Value::Array(a)) => serde_json::Value::Array(a[1..].to_vec()),
+            (_, other) => panic!("field {field}: unexpected {other}"),
+        };
+        let text = serde_json::to_string(&bad).unwrap();
+        let Ok(c) = Certificate::from_json(&text) else {
+            continue; // refused when read: fine
+        };
+        let e = c
+            .verify(&key.public(), store.clone())
+            .expect_err(&format!("a certificate with {field} changed verified"));
+        let expected = if field == "public_key" {
+            matches!(e, VerifyError::OtherKey { .. })
+        } else {
+            matches!(e, VerifyError::BadSignature | VerifyError::Malformed(_))
+        };
+        assert!(expected, "{field}: {e}");
+        refused_by_the_seal += 1;
+    }
+    assert!(
+        refused_by_the_seal >= 20,
+        "most changes read as a certificate and reach the signature check"
+    );
+    // A field added is refused too: nothing unsigned rides along.
+    let mut extra = good.clone();
+    extra["note"] = serde_json::json!("trust me");
+    let e = Certificate::from_json(&serde_json::to_string(&extra).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("note"), "{e}");
+}
+
+/// An empty list changed into a list of one plausible element.
+fn continue_with_one(field: &str) -> serde_json::Value {
+    match field {
+        "detections" => serde_json::json!([{
+            "task": "t:0", "name": "node", "vnode": 0, "reason": "forged"
+        }]),
+        "structural" => serde_json::json!([{
+            "task": "t:0", "name": null, "vnode": null, "data": null, "message": "x"
+        }]),
+        "corrections" => serde_json::json!([{
+            "generation": 1, "detected": [], "invalidated": 0, "re_executed": 0
+        }]),
+        _ => serde_json::json!(["x"]),
+    }
+}
+
+/// Rule 2 of certificate.rs: a certificate signed by another oracle is refused, naming both
+/// keys; one whose public key was replaced by the trusted one does not verify either.
+#[test]
+fn a_wrong_public_key_is_refused() {
+    let (honest, forger) = (oracle(31), oracle(32));
+    let (store, _) = run(3, 2, 2, None);
+    let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
+    cert.sign(&forger).unwrap();
+    let e = cert.verify(&honest.public(), store.clone()).unwrap_err();
+    match &e {
+        VerifyError::OtherKey { signed_by, trusted } => {
+            assert_eq!(signed_by, &forger.public().fingerprint());
+            assert_eq!(trusted, &honest.public().fingerprint());
+        }
+        other => panic!("expected OtherKey, got {other}"),
+    }
+    assert!(e.to_string().contains("signed by oracle key"), "{e}");
+    // The forger writes the honest oracle's key into the certificate: the signature fails.
+    cert.public_key = Some(honest.public().to_hex());
+    let e = cert.verify(&honest.public(), store).unwrap_err();
+    assert!(matches!(e, VerifyError::BadSignature), "{e}");
+}
+
+/// Rule 3 of certificate.rs: a format-1 certificate, sealed with a keyed-blake3 MAC as
+/// versions before signatures did, verifies with the oracle's secret key as before, and is
+/// refused against a public key with a message that names the format and what to do.
+#[test]
+fn an_old_mac_certificate_verifies_with_the_secret_key_and_is_refused_with_a_public_key() {
+    let secret = Key::from_bytes([41; 32]);
+    let key = OracleKey::from(secret.clone());
+    let (store, _) = run(3, 2, 2, None);
+    let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
+    let old = legacy_mac_certificate(&mut cert, &secret);
+    assert!(
+        old.contains("\"mac\"") && !old.contains("signature"),
+        "{old}"
+    );
+    let c = Certificate::from_json(&old).unwrap();
+    assert!(c.is_legacy());
+    c.verify_with_secret(&key, store.clone())
+        .expect("an old certificate verifies with the oracle's secret key");
+    let e = c.verify(&key.public(), store.clone()).unwrap_err();
+    assert!(matches!(e, VerifyError::LegacyMac), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("veriflow-certificate/1") && msg.contains("--oracle-key"),
+        "{msg}"
+    );
+    // Still sealed: changed, or under another key, it fails.
+    let t = Certificate::from_json(&old.replace("\"epsilon\": 0.1", "\"epsilon\": 0.5")).unwrap();
+    let e = t.verify_with_secret(&key, store.clone()).unwrap_err();
+    assert!(matches!(e, VerifyError::BadMac), "{e}");
+    let e = c.verify_with_secret(&oracle(42), store).unwrap_err();
+    assert!(matches!(e, VerifyError::BadMac), "{e}");
+}
+
+/// A format-1 certificate as versions before signatures wrote it: format tag
+/// "veriflow-certificate/1", the fields of today's certificate without the signature fields,
+/// and `mac`: the keyed blake3 MAC, under the context "veriflow certificate mac v1", of the
+/// JSON with `mac` empty.
+fn legacy_mac_certificate(cert: &mut Certificate, key: &Key) -> String {
+    cert.format = "veriflow-certificate/1".to_string();
+    cert.signature_scheme = None;
+    cert.public_key = None;
+    cert.signature = None;
+    cert.mac = Some(String::new());
+    let bytes = serde_json::to_vec(&*cert).unwrap();
+    let mac = key.mac("veriflow certificate mac v1", &bytes);
+    cert.mac = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+    cert.to_json()
 }
 
 #[test]

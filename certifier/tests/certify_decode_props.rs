@@ -1,12 +1,12 @@
 //! Property tests of the certificate reader on outside text (issue 13 point 11): arbitrary text
 //! and damaged signed certificates never panic, and a damaged certificate never verifies unless
-//! the damage left the same certificate (JSON whitespace, say): the MAC covers every field.
+//! the damage left the same certificate (JSON whitespace, say): the signature covers every field.
 
 use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
-use veriflow_certifier::{certify, Certificate, NoProgress, Options};
+use veriflow_certifier::{certify, Certificate, NoProgress, Options, OracleKey, OraclePublicKey};
 use veriflow_checkpoint::fuzzing::{damage, damages};
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{Ctx, MemoryStore, Registry, Runtime, Store, Task, TaskResult, Writes};
@@ -56,9 +56,9 @@ impl Task for Sum {
     }
 }
 
-/// One honest run, its signed certificate as JSON, and the key.
-fn signed() -> &'static (Arc<dyn Store>, String, Key) {
-    static CELL: OnceLock<(Arc<dyn Store>, String, Key)> = OnceLock::new();
+/// One honest run, its signed certificate as JSON, and the oracle's public key.
+fn signed() -> &'static (Arc<dyn Store>, String, OraclePublicKey) {
+    static CELL: OnceLock<(Arc<dyn Store>, String, OraclePublicKey)> = OnceLock::new();
     CELL.get_or_init(|| {
         let registry = || {
             Registry::new()
@@ -78,9 +78,9 @@ fn signed() -> &'static (Arc<dyn Store>, String, Key) {
             .unwrap();
         let mut cert =
             certify(store.clone(), &registry(), &Options::default(), &NoProgress).unwrap();
-        let key = Key::from_bytes([9; 32]);
+        let key = OracleKey::from(Key::from_bytes([9; 32]));
         cert.sign(&key).unwrap();
-        (store, cert.to_json(), key)
+        (store, cert.to_json(), key.public())
     })
 }
 

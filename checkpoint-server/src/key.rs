@@ -1,5 +1,6 @@
-//! Shared secret keys: the checkpoint servers' and cluster's authentication key and the
-//! certifier oracle's MAC key.
+//! Secret keys: the checkpoint servers' and cluster's shared authentication key, and the
+//! certifier oracle's key, whose 32 bytes are its Ed25519 secret key (the RFC 8032 seed; see
+//! `veriflow_certifier::signing`).
 //!
 //! Rules:
 //!
@@ -141,59 +142,7 @@ impl Key {
 
     /// Loads the key in `path` (rules 3-4).
     pub fn load(path: &Path) -> Result<Key, KeyError> {
-        let io = |e: std::io::Error| KeyError::Io {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        };
-        // Rule 4: open without blocking (opening a FIFO for reading otherwise waits for a
-        // writer), then check what the handle points at before reading a byte.
-        let mut opts = std::fs::OpenOptions::new();
-        opts.read(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.custom_flags(libc::O_NONBLOCK);
-        }
-        let file = opts.open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(KeyError::NotAFile {
-                path: path.to_path_buf(),
-                kind: file_kind(&meta.file_type()),
-            });
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(KeyError::Permissions {
-                    path: path.to_path_buf(),
-                    mode,
-                });
-            }
-        }
-        let too_long = |len: u64| KeyError::Malformed {
-            path: path.to_path_buf(),
-            reason: format!(
-                "{len} bytes long, more than the {MAX_KEY_FILE_BYTES} a key file may be"
-            ),
-        };
-        if meta.len() > MAX_KEY_FILE_BYTES {
-            return Err(too_long(meta.len()));
-        }
-        // The size read is bounded too, should the file grow after the check.
-        let mut bytes = Vec::new();
-        file.take(MAX_KEY_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(io)?;
-        if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
-            return Err(too_long(bytes.len() as u64));
-        }
-        let text = String::from_utf8(bytes).map_err(|_| KeyError::Malformed {
-            path: path.to_path_buf(),
-            reason: "not text".to_string(),
-        })?;
+        let text = read_key_text(path, true)?;
         Key::parse_hex(text.trim()).map_err(|reason| KeyError::Malformed {
             path: path.to_path_buf(),
             reason,
@@ -245,6 +194,64 @@ impl Key {
     pub fn verify(&self, context: &str, data: &[u8], tag: &[u8; 32]) -> bool {
         blake3::Hash::from(self.mac(context, data)) == blake3::Hash::from(*tag)
     }
+}
+
+/// Reads the text of a key file by rule 4, and by rule 3 too when `secret` (a public key, such
+/// as the oracle's Ed25519 verifying key, may be readable by anyone).
+pub fn read_key_text(path: &Path, secret: bool) -> Result<String, KeyError> {
+    let io = |e: std::io::Error| KeyError::Io {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    // Rule 4: open without blocking (opening a FIFO for reading otherwise waits for a
+    // writer), then check what the handle points at before reading a byte.
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(KeyError::NotAFile {
+            path: path.to_path_buf(),
+            kind: file_kind(&meta.file_type()),
+        });
+    }
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Permissions {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    let too_long = |len: u64| KeyError::Malformed {
+        path: path.to_path_buf(),
+        reason: format!("{len} bytes long, more than the {MAX_KEY_FILE_BYTES} a key file may be"),
+    };
+    if meta.len() > MAX_KEY_FILE_BYTES {
+        return Err(too_long(meta.len()));
+    }
+    // The size read is bounded too, should the file grow after the check.
+    let mut bytes = Vec::new();
+    file.take(MAX_KEY_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
+        return Err(too_long(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| KeyError::Malformed {
+        path: path.to_path_buf(),
+        reason: "not text".to_string(),
+    })
 }
 
 /// What a non-regular file is, for [`KeyError::NotAFile`].

@@ -113,6 +113,15 @@ pub enum RunError {
         waits: Vec<crate::exec::VnodeWaits>,
     },
 
+    // --- Stopped on request: resume it. ---
+    /// The caller stopped the run early (a `StopToken`, e.g. on Ctrl-C; rule 7 of
+    /// `exec/mod.rs`): its log is durable and `Runtime::resume` finishes it.
+    #[error("the run was stopped on request after {completed} tasks completed; its log is durable: resume it to finish")]
+    Interrupted {
+        /// Tasks completed (this process's count, resumed ones included).
+        completed: u64,
+    },
+
     // --- A bug in veriflow: please report. ---
     /// An invariant of the runtime broke.
     #[error("internal error on {vnode}: {message} (a veriflow bug: please report it)")]

@@ -57,7 +57,7 @@ pub use codec::Digest;
 pub use error::RunError;
 pub use exec::{
     Control, Forge, ForgeMode, Kill, Member, MemberReport, MemberStatus, ProgressFn, RunReport,
-    Runtime, RuntimeBuilder, Stall, SteppedMember, Timers, TransportFactory, VnodeStats,
+    Runtime, RuntimeBuilder, Stall, SteppedMember, StopToken, Timers, TransportFactory, VnodeStats,
     VnodeWaits,
 };
 pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};

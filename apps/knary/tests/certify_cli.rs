@@ -1,6 +1,7 @@
-//! `knary certify`, `run --certify`, forgery injection and `keygen` from the command line:
-//! verdicts and exit statuses, correction into a new log generation, certificates that verify
-//! and certificates that must not, and usage errors.
+//! `knary certify`, `run --certify`, forgery injection, `keygen` and `public-key` from the
+//! command line: verdicts and exit statuses, correction into a new log generation,
+//! certificates that verify (with the oracle's public key alone) and certificates that must
+//! not, old MAC certificates, and usage errors.
 
 mod common;
 
@@ -265,7 +266,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         &k,
     ])
     .expect_code(1)
-    .stderr_has("MAC does not match");
+    .stderr_has("signature does not verify");
 
     let other = tmp.path().join("other.key");
     knary(&["keygen", s(&other)]).expect_code(0);
@@ -279,7 +280,7 @@ fn tampered_or_foreign_certificates_are_refused() {
         s(&other),
     ])
     .expect_code(1)
-    .stderr_has("MAC does not match");
+    .stderr_has("signed by oracle key");
 
     std::fs::write(&bad, "{not json").unwrap();
     knary(&[
@@ -438,4 +439,184 @@ fn the_default_key_is_created_once_in_the_config_directory() {
     )
     .expect_code(0);
     assert_eq!(std::fs::read(&key).unwrap(), bytes);
+}
+
+/// Issue 18 point 2, end to end: the oracle publishes its public key (`keygen --public`,
+/// `public-key`), and anyone verifies a certificate with it alone: no secret key is read, and
+/// none is made. A wrong key, a changed certificate, or a secret key given as the public key
+/// are refused.
+#[test]
+fn anyone_verifies_a_certificate_with_the_oracle_public_key_alone() {
+    let oracle = tempfile::tempdir().unwrap();
+    let k = oracle.path().join("oracle.key");
+    let pub_file = oracle.path().join("oracle.pub");
+    let out = knary(&["keygen", s(&k), "--public", s(&pub_file)]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("public key ed25519:"), "{out}");
+    let published = std::fs::read_to_string(&pub_file).unwrap();
+    assert!(
+        published.starts_with("ed25519:") && published.len() == 8 + 64 + 1,
+        "{published}"
+    );
+    // `public-key` prints the same key, and writes it again without complaint.
+    let out = knary(&["public-key", "--oracle-key", s(&k)]);
+    out.expect_code(0);
+    assert_eq!(out.stdout, published);
+    knary(&["public-key", "--oracle-key", s(&k), "--out", s(&pub_file)]).expect_code(0);
+
+    let log = oracle.path().join("log");
+    let cert = oracle.path().join("cert.json");
+    let j = logged_run(
+        &log,
+        3,
+        3,
+        2,
+        &["--certify", "--oracle-key", s(&k), "--cert-out", s(&cert)],
+    );
+    let c = &j["certificate"];
+    assert_eq!(c["format"], "veriflow-certificate/2", "{j}");
+    assert_eq!(c["signature_scheme"], "ed25519", "{j}");
+    assert_eq!(
+        format!("ed25519:{}\n", c["public_key"].as_str().unwrap()),
+        published
+    );
+
+    // A stranger: its own config directory, holding no key at all.
+    let stranger = tempfile::tempdir().unwrap();
+    let verify = |cert: &Path, public: &Path| {
+        knary_in(
+            stranger.path(),
+            &[
+                "certify",
+                "--verify",
+                s(cert),
+                "--log-dir",
+                s(&log),
+                "--public-key",
+                s(public),
+            ],
+        )
+    };
+    let out = verify(&cert, &pub_file);
+    out.expect_code(0);
+    assert!(
+        out.stdout.contains("valid (Ed25519 signature by ed25519:"),
+        "{out}"
+    );
+    assert!(
+        std::fs::read_dir(stranger.path()).unwrap().next().is_none(),
+        "verifying with a public key made no key"
+    );
+
+    // Another oracle's public key.
+    let other = stranger.path().join("other.key");
+    let other_pub = stranger.path().join("other.pub");
+    knary(&["keygen", s(&other), "--public", s(&other_pub)]).expect_code(0);
+    verify(&cert, &other_pub)
+        .expect_code(1)
+        .stderr_has("signed by oracle key");
+    // A changed certificate.
+    let bad = stranger.path().join("bad.json");
+    let text = std::fs::read_to_string(&cert).unwrap();
+    std::fs::write(&bad, text.replace("\"ACCEPT\"", "\"REJECT\"")).unwrap();
+    verify(&bad, &pub_file)
+        .expect_code(1)
+        .stderr_has("signature does not verify");
+    // The secret key file where the public key goes.
+    verify(&cert, &k).expect_code(1).stderr_has("secret key");
+    // Usage: --public-key is for --verify, and not with --oracle-key.
+    knary(&[
+        "certify",
+        "--log-dir",
+        s(&log),
+        "--public-key",
+        s(&pub_file),
+    ])
+    .expect_code(2);
+    knary(&[
+        "certify",
+        "--verify",
+        s(&cert),
+        "--log-dir",
+        s(&log),
+        "--public-key",
+        s(&pub_file),
+        "--oracle-key",
+        s(&k),
+    ])
+    .expect_code(2);
+}
+
+/// Issue 18 point 2: a certificate sealed with a keyed-blake3 MAC (format 1, before
+/// signatures) still verifies with the oracle's secret key, and is refused against its public
+/// key with a message naming the format and the way out.
+#[test]
+fn an_old_mac_certificate_verifies_with_the_oracle_key_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = tmp.path().join("oracle.key");
+    let pub_file = tmp.path().join("oracle.pub");
+    knary(&["keygen", s(&k), "--public", s(&pub_file)]).expect_code(0);
+    let log = tmp.path().join("log");
+    let signed = tmp.path().join("signed.json");
+    logged_run(
+        &log,
+        3,
+        2,
+        2,
+        &["--certify", "--oracle-key", s(&k), "--cert-out", s(&signed)],
+    );
+    // Sealed as format 1 was: the same fields without the signature fields, and a keyed blake3
+    // MAC under the context "veriflow certificate mac v1" over the JSON with `mac` empty.
+    let mut c =
+        veriflow::Certificate::from_json(&std::fs::read_to_string(&signed).unwrap()).unwrap();
+    c.format = "veriflow-certificate/1".to_string();
+    c.signature_scheme = None;
+    c.public_key = None;
+    c.signature = None;
+    c.mac = Some(String::new());
+    let key = veriflow_checkpoint::Key::load(&k).unwrap();
+    let mac = key.mac(
+        "veriflow certificate mac v1",
+        &serde_json::to_vec(&c).unwrap(),
+    );
+    c.mac = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+    let old = tmp.path().join("old.json");
+    std::fs::write(&old, c.to_json()).unwrap();
+
+    let out = knary(&[
+        "certify",
+        "--verify",
+        s(&old),
+        "--log-dir",
+        s(&log),
+        "--oracle-key",
+        s(&k),
+    ]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("veriflow-certificate/1 MAC"), "{out}");
+    let out = knary(&[
+        "certify",
+        "--verify",
+        s(&old),
+        "--log-dir",
+        s(&log),
+        "--public-key",
+        s(&pub_file),
+    ]);
+    out.expect_code(1)
+        .stderr_has("veriflow-certificate/1")
+        .stderr_has("--oracle-key");
+    let changed = tmp.path().join("changed.json");
+    std::fs::write(&changed, c.to_json().replace("\"ACCEPT\"", "\"REJECT\"")).unwrap();
+    knary(&[
+        "certify",
+        "--verify",
+        s(&changed),
+        "--log-dir",
+        s(&log),
+        "--oracle-key",
+        s(&k),
+    ])
+    .expect_code(1)
+    .stderr_has("MAC does not match");
 }

@@ -129,12 +129,23 @@ fn run_json_then_inspect_json_text_and_dot() {
         .starts_with("digraph"));
 }
 
+/// With `--keep-log`, the directory made for a run stays, and is a store `inspect` reads (the
+/// one without it goes: see `interrupt_cli.rs`).
 #[test]
 fn run_without_log_dir_prints_the_fresh_directory_it_used() {
     let tmp = tempfile::tempdir().unwrap();
     let out = knary_in(
         tmp.path(),
-        &["run", "--depth", "4", "--fanout", "2", "--threads", "2"],
+        &[
+            "run",
+            "--depth",
+            "4",
+            "--fanout",
+            "2",
+            "--threads",
+            "2",
+            "--keep-log",
+        ],
     );
     out.expect_code(0);
     assert!(out.stdout.contains("result 15 (checked)"), "{out}");
@@ -164,10 +175,19 @@ fn run_without_log_dir_prints_the_fresh_directory_it_used() {
     // The same with --json: log_dir names it.
     let out = knary_in(
         tmp.path(),
-        &["run", "--depth", "3", "--fanout", "2", "--json"],
+        &[
+            "run",
+            "--depth",
+            "3",
+            "--fanout",
+            "2",
+            "--json",
+            "--keep-log",
+        ],
     );
     out.expect_code(0);
     let j = out.json();
+    assert_eq!(j["log_dir_removed"], false, "{j}");
     let d = PathBuf::from(j["log_dir"].as_str().expect("log_dir is a string"));
     assert!(d.is_dir() && d.starts_with(tmp.path()) && d != dir, "{j}");
     assert!(j["events"].as_u64().unwrap() > 0, "{j}");

@@ -21,6 +21,12 @@
 //!    panic in the runtime itself is caught per driver and reported as an internal error.
 //! 6. At the end every vnode's log is synced, so the log holds every event of the run, and the
 //!    manifest records the outcome.
+//! 7. A [`StopToken`] given to the builder stops the run early when stopped: each driver
+//!    finishes the step it is in (at most `STEP_BUDGET` tasks per vnode; a running task is
+//!    never cut) and starts no more; the logs are synced as in rule 6, so their durable
+//!    watermarks cover every event logged; the manifest says `Interrupted`, and the run returns
+//!    [`RunError::Interrupted`]. `Runtime::resume` finishes it from the logs as it would after a
+//!    crash. A token stopped once the run is over changes nothing.
 
 pub(crate) mod core;
 pub(crate) mod forge;
@@ -42,8 +48,8 @@ use self::core::Core;
 pub use self::forge::{Forge, ForgeMode};
 pub use self::member::{Control, Member, MemberReport, MemberStatus, SteppedMember};
 use self::recover::{plant_root, RecoveryContext, RootSetup};
-pub use self::shared::Kill;
 use self::shared::RunShared;
+pub use self::shared::{Kill, StopToken};
 use self::vnode::Vnode;
 pub use self::vnode::{Timers, VnodeStats};
 pub use self::waits::{Stall, VnodeWaits};
@@ -55,7 +61,8 @@ use crate::log::{CommitPolicy, LogWriter, Manifest, RunStatus, DEFAULT_CHECKPOIN
 use crate::task::{InputSet, OutputSet, Registry, Task};
 use crate::transport::{InProcTransport, Transport};
 
-/// Tasks a vnode runs before its driver looks at its other vnodes and the termination test.
+/// Tasks a vnode runs before its driver looks at its other vnodes, the termination test and a
+/// request to stop (rule 7).
 const STEP_BUDGET: usize = 256;
 /// How long an idle driver with one vnode blocks on its inbox before looking again.
 const IDLE_WAIT: Duration = Duration::from_millis(1);
@@ -86,6 +93,7 @@ pub struct RuntimeBuilder {
     forge: Option<Forge>,
     stall: Stall,
     checkpoint_every: u64,
+    stop: Option<StopToken>,
 }
 
 /// Makes the transport of one run for a number of vnodes (each run needs fresh endpoints).
@@ -111,7 +119,15 @@ impl RuntimeBuilder {
             forge: None,
             stall: Stall::default(),
             checkpoint_every: DEFAULT_CHECKPOINT_BYTES,
+            stop: None,
         }
+    }
+
+    /// Lets `token` stop the runs of this runtime early (rule 7): a command line stops on
+    /// Ctrl-C this way, with a log that `resume` finishes.
+    pub fn stop_token(mut self, token: StopToken) -> Self {
+        self.stop = Some(token);
+        self
     }
 
     /// Bytes of log between two recovery checkpoints of a vnode (`log/mod.rs` rule 9; default
@@ -282,6 +298,7 @@ impl RuntimeBuilder {
             forge: self.forge,
             stall: self.stall,
             checkpoint_every: self.checkpoint_every,
+            stop: self.stop,
             pool,
         })
     }
@@ -325,6 +342,7 @@ pub struct Runtime {
     forge: Option<Forge>,
     stall: Stall,
     checkpoint_every: u64,
+    stop: Option<StopToken>,
     pool: rayon::ThreadPool,
 }
 
@@ -485,7 +503,8 @@ impl Runtime {
             None => None,
         };
 
-        let shared = Arc::new(RunShared::new(self.vnodes, self.forge.clone()));
+        let shared =
+            Arc::new(RunShared::new(self.vnodes, self.forge.clone()).with_token(self.stop.clone()));
         let transport: Box<dyn Transport> = match &self.transport {
             Some(make) => make(self.vnodes),
             None => Box::new(InProcTransport::new(self.vnodes)),
@@ -532,6 +551,12 @@ impl Runtime {
         self.drive(&mut vnodes, &shared, &rc);
 
         let mut error = shared.take_error();
+        if error.is_none() && !shared.finished() && shared.stop_requested() {
+            // Rule 7: stopped on request before the end.
+            error = Some(RunError::Interrupted {
+                completed: shared.completed(),
+            });
+        }
         let mut stats = Vec::with_capacity(vnodes.len());
         for v in &mut vnodes {
             // Rule 6, after a failure too: what was logged stays (best effort then).
@@ -565,6 +590,7 @@ impl Runtime {
         if let Some(store) = &self.store {
             manifest.status = match &error {
                 None => RunStatus::Finished,
+                Some(RunError::Interrupted { .. }) => RunStatus::Interrupted,
                 Some(e) => RunStatus::Failed(e.to_string()),
             };
             let stored = manifest.store(&**store);
@@ -685,7 +711,7 @@ fn drive_share(
         }
         if !worked {
             if !shared.distributed() && shared.quiescent() && !shared.kill_due() {
-                shared.stop();
+                shared.finish();
                 return;
             }
             let (done, now) = (

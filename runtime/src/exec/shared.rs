@@ -2,7 +2,7 @@
 //! detection (rule 4 of `exec/mod.rs`), progress counters, the stop flag and the first error.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::forge::Forge;
 use crate::error::RunError;
@@ -30,6 +30,29 @@ pub struct Kill {
     pub retarget: bool,
 }
 
+/// Asks a run to stop early (rule 7 of `exec/mod.rs`): no new task starts, what was logged is
+/// made durable, and the run returns [`RunError::Interrupted`]; `Runtime::resume` finishes it.
+/// Cloneable; [`StopToken::stop`] may be called from any thread (a signal handler's, say).
+#[derive(Clone, Debug, Default)]
+pub struct StopToken(Arc<AtomicBool>);
+
+impl StopToken {
+    /// A token not stopped yet.
+    pub fn new() -> StopToken {
+        StopToken::default()
+    }
+
+    /// Asks the runs holding this token to stop.
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`StopToken::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 pub(crate) struct RunShared {
     work: Vec<Padded<AtomicU64>>,
     /// Current incarnation of each vnode: messages from an older one are dropped.
@@ -38,6 +61,10 @@ pub(crate) struct RunShared {
     kills: Mutex<Vec<Kill>>,
     completed: Vec<Padded<AtomicU64>>,
     stop: AtomicBool,
+    /// Set when the termination test found the run over (rule 4), not merely stopped.
+    finished: AtomicBool,
+    /// The caller's request to stop early (rule 7), if it may make one.
+    token: Option<StopToken>,
     error: Mutex<Option<RunError>>,
     /// Forgery injection, if any (`forge.rs`).
     pub(crate) forge: Option<Forge>,
@@ -58,12 +85,20 @@ impl RunShared {
             kills: Mutex::new(Vec::new()),
             completed: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             stop: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            token: None,
             error: Mutex::new(None),
             forge,
             distributed: AtomicBool::new(false),
             interrupt: AtomicBool::new(false),
             forged: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Lets `token` stop the run (rule 7 of `exec/mod.rs`).
+    pub(crate) fn with_token(mut self, token: Option<StopToken>) -> Self {
+        self.token = token;
+        self
     }
 
     pub(crate) fn set_distributed(&self) {
@@ -216,8 +251,24 @@ impl RunShared {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// The run is over: every task completed (rule 4 of `exec/mod.rs`).
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+        self.stop();
+    }
+
+    pub(crate) fn finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// Whether the run stops: it ended, failed, or its caller asked (rule 7).
     pub(crate) fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        self.stop.load(Ordering::Relaxed) || self.token.as_ref().is_some_and(StopToken::is_stopped)
+    }
+
+    /// Whether the caller's token asked the run to stop (rule 7).
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.token.as_ref().is_some_and(StopToken::is_stopped)
     }
 
     /// Records the first error and stops the run.

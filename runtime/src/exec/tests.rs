@@ -895,3 +895,102 @@ fn a_grant_to_a_thief_already_owing_the_same_value_is_sent_again_after_recovery(
         .any(|e| matches!(&e.event, Event::Adopted { record, .. } if record.task == s2));
     assert!(adopted_s2, "v1 adopted S2 from the grant sent again");
 }
+
+/// `Fib`, except that the first task of argument [`STOP_AT_ARG`] stops the run's token (rule 7
+/// of `exec/mod.rs`): a Ctrl-C at a known point.
+#[derive(Serialize, Deserialize)]
+struct StoppingFib(u32);
+
+const STOP_AT_ARG: u32 = 9;
+static STOP_TOKEN: std::sync::Mutex<Option<crate::StopToken>> = std::sync::Mutex::new(None);
+
+impl Task for StoppingFib {
+    const NAME: &'static str = "stopping-fib";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        if self.0 == STOP_AT_ARG {
+            if let Some(t) = STOP_TOKEN.lock().unwrap().take() {
+                t.stop();
+            }
+        }
+        if self.0 < 2 {
+            ctx.write(out, u64::from(self.0));
+        } else {
+            let (a,) = ctx.spawn(StoppingFib(self.0 - 1), ());
+            let (b,) = ctx.spawn(StoppingFib(self.0 - 2), ());
+            ctx.spawn_delegate(Add, (a, b), (out,));
+        }
+        Ok(())
+    }
+}
+
+/// Rule 7 of `exec/mod.rs` (issue 18 point 4): a run whose token is stopped part way returns
+/// `Interrupted`, its manifest says so, and every event it logged is durable; `resume`
+/// finishes it with each task completed once and the result of an uninterrupted run.
+#[test]
+fn a_run_stopped_by_its_token_is_durable_and_resumes_to_the_same_result() {
+    use crate::log::{Manifest, RunStatus};
+    let registry = || {
+        Registry::new()
+            .with::<StoppingFib>()
+            .unwrap()
+            .with::<Add>()
+            .unwrap()
+    };
+    let n = 20;
+    for vnodes in [1, 3] {
+        let store = Arc::new(MemoryStore::default());
+        let token = crate::StopToken::new();
+        *STOP_TOKEN.lock().unwrap() = Some(token.clone());
+        let rt = |token: Option<crate::StopToken>| {
+            let mut b = Runtime::builder(registry())
+                .program("stopping")
+                .threads(2)
+                .vnodes(vnodes)
+                .seed(3)
+                .store(store.clone());
+            if let Some(t) = token {
+                b = b.stop_token(t);
+            }
+            b.build().unwrap()
+        };
+        let e = rt(Some(token.clone()))
+            .run(StoppingFib(n), ())
+            .expect_err("the run was stopped");
+        let crate::RunError::Interrupted { completed } = e else {
+            panic!("vnodes {vnodes}: expected Interrupted, got {e}");
+        };
+        assert!(token.is_stopped());
+        assert!(
+            completed > 0 && completed < fib_tasks(n),
+            "vnodes {vnodes}: stopped part way ({completed} tasks)"
+        );
+        let manifest = Manifest::load(&*store).unwrap().unwrap();
+        assert_eq!(manifest.status, RunStatus::Interrupted, "vnodes {vnodes}");
+        // Durable: every vnode's watermark covers what it logged (nothing torn, no gap).
+        let logs = LogReader::new(store.clone()).read_all().unwrap();
+        let completed_logged = logs
+            .iter()
+            .flat_map(|v| &v.events)
+            .filter(|e| e.event.kind() == EventKind::Completed)
+            .count() as u64;
+        assert_eq!(completed_logged, completed, "vnodes {vnodes}");
+        for v in &logs {
+            assert!(v.torn.is_none(), "vnodes {vnodes}: {} torn", v.vnode);
+        }
+
+        // The same token stopped already does not hold a resumed run: a fresh one finishes it.
+        let r = rt(None).resume(StoppingFib(n), ()).unwrap();
+        assert_eq!(r.outputs.0, fib(n), "vnodes {vnodes}");
+        assert_eq!(r.tasks, fib_tasks(n), "vnodes {vnodes}");
+        let reused: u64 = r.vnodes.iter().map(|s| s.reused_tasks).sum();
+        assert_eq!(
+            reused, completed,
+            "vnodes {vnodes}: completed tasks are not run again"
+        );
+        assert_each_task_logged_once(&store, fib_tasks(n), &format!("vnodes {vnodes}"));
+        let manifest = Manifest::load(&*store).unwrap().unwrap();
+        assert_eq!(manifest.status, RunStatus::Finished, "vnodes {vnodes}");
+    }
+}

@@ -26,6 +26,9 @@ pub enum RunStatus {
     Finished,
     /// Stopped by an error.
     Failed(String),
+    /// Stopped on request before the end (Ctrl-C): the log is durable, resume finishes it
+    /// (rule 7 of `exec/mod.rs`). Last, so that older manifests read the same.
+    Interrupted,
 }
 
 /// What run a log store holds.
