@@ -556,7 +556,7 @@ fn honest_merge_sorts_and_products_are_certified() {
     }
 }
 
-/// A lying vnode in merge sort: found by full duplication, and corrected into the sorted
+/// Lying vnodes in merge sort: found by full duplication, and corrected into the sorted
 /// vector the honest run gives.
 #[test]
 fn a_forged_merge_sort_is_corrected_to_the_sorted_vector() {
@@ -565,8 +565,11 @@ fn a_forged_merge_sort_is_corrected_to_the_sorted_vector() {
     let mut want = data.clone();
     want.sort();
     let store = Arc::new(MemoryStore::default());
+    // Every vnode lies at the rate: which vnodes run the sort's tasks depends on the threads'
+    // timing (one lying vnode, vnode 1, was left without work on a loaded machine, and nothing
+    // was forged).
     let forge = veriflow::Forge {
-        vnodes: vec![veriflow::VnodeId(1)],
+        vnodes: Vec::new(),
         rate: 0.2,
         seed: 3,
         ..Default::default()
