@@ -663,6 +663,7 @@ fn status_table(s: &ClusterStatus) -> String {
             s.role,
             s.active.as_deref().unwrap_or("unknown")
         );
+        o.truncate(o.trim_end().len());
         return o;
     }
     let _ = writeln!(

@@ -18,7 +18,14 @@ pub fn status(addr: &str, key: &Key) -> Result<ClusterStatus, ClusterError> {
             source: e,
         })?;
     rt.block_on(async {
-        let conn = connect_once(addr, key).await?;
+        let conn = connect_once(addr, key).await.map_err(|e| match e {
+            ClusterError::Refused { .. } => e,
+            e => ClusterError::Unreachable {
+                addr: addr.to_string(),
+                tries: 1,
+                last: e.to_string(),
+            },
+        })?;
         let (mut reader, mut writer) = conn.into_split();
         writer
             .send(&Hello::Status)
