@@ -806,6 +806,21 @@ mod takeover {
     }
 
     #[test]
+    fn a_successors_status_says_it_took_over_and_whom_it_waits_for() {
+        let (_, j) = running_with_keys();
+        let c = successor(j);
+        let s = c.status(ms(5100));
+        assert!(s.took_over && s.recovering, "{s:?}");
+        assert_eq!(s.term, c.config().term);
+        assert_eq!(s.coordinator, "127.0.0.1:2");
+        assert_eq!(s.absent, vec![1, 2, 3]);
+        assert!(s.workers.is_empty());
+        assert_eq!(s.job.as_ref().map(|j| j.state.as_str()), Some("running"));
+        let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+        assert_eq!(map, vec![(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 1, 0)]);
+    }
+
+    #[test]
     fn a_successor_takes_members_back_moves_the_absent_ones_vnodes_and_continues() {
         let (_, j) = running_with_keys();
         let job = j.job.clone().expect("the job is journaled");
