@@ -71,8 +71,9 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
         assert!(w["last_heard_ago_s"].as_f64().unwrap() < 5.0, "{v}");
     }
 
-    // A job long enough to be seen running (about 22 s of work over 3 workers).
-    let run = c.submit(&["--depth", "7", "--fanout", "4", "--grain-us", "1000"]);
+    // A job long enough to be seen running, and still running when a worker is killed
+    // (87381 tasks of 1 ms over 3 workers).
+    let run = c.submit(&["--depth", "8", "--fanout", "4", "--grain-us", "1000"]);
     let v = status_until(&c, "a running job with progress", |v| {
         v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
     });
