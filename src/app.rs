@@ -179,6 +179,8 @@ enum Command<P: Program> {
     Worker(crate::cluster_cli::WorkerArgs),
     /// Run the program on a cluster and print the same summary as `run`.
     Submit(crate::cluster_cli::SubmitArgs<P>),
+    /// Show a coordinator's view of its cluster: the job, workers, vnode map and failures.
+    Status(crate::cluster_cli::StatusArgs),
     /// Start a whole cluster on loopback (checkpoint servers, coordinator, workers), run the
     /// program on it, tear it down, and print the summary.
     Cluster(crate::cluster_cli::ClusterArgs<P>),
@@ -623,6 +625,7 @@ impl<P: Program> App<P> {
                 Ok(()) => crate::cluster_cli::submit_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Invalid(e.0)),
             },
+            Command::Status(args) => crate::cluster_cli::status_cmd(&args),
             Command::Cluster(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Invalid(e.0)),

@@ -17,7 +17,7 @@ use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
 use veriflow_cluster::coordinator::{self, CoordinatorConfig};
-use veriflow_cluster::protocol::{JobSpec, ToSubmit, WorkerReport};
+use veriflow_cluster::protocol::{ClusterStatus, JobSpec, ToSubmit, WorkerReport};
 use veriflow_cluster::worker::{self, JobContext, WorkerConfig};
 
 use crate::app::{registry, CertifyParams, CliError, Program};
@@ -160,6 +160,22 @@ pub(crate) struct SubmitArgs<P: Program> {
     key: PathBuf,
     #[command(flatten)]
     pub(crate) job: JobArgs<P>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The coordinator to ask (a standby says so, and names the active one if it knows it).
+    #[arg(long, value_name = "ADDR")]
+    coordinator: String,
+    /// The cluster's key file.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Print one JSON object (one a line with --watch) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Ask again every second until interrupted.
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Args, Debug)]
@@ -606,6 +622,149 @@ pub(crate) fn submit_cmd<P: Program>(
         b.finish_and_clear();
     }
     summarize(&args.job, &done?, &key)
+}
+
+/// How often `status --watch` asks again.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// `APP status`: the coordinator's snapshot of its cluster, as a table or one JSON object;
+/// with `--watch`, again every [`WATCH_EVERY`] until interrupted or an error.
+pub(crate) fn status_cmd(args: &StatusArgs) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    loop {
+        let s = veriflow_cluster::status(&args.coordinator, &key)?;
+        let text = if args.json {
+            serde_json::to_string(&s)
+                .map_err(|e| CliError::Invalid(format!("cannot print the status: {e}")))?
+        } else {
+            status_table(&s)
+        };
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (`| head`) ends the watch quietly.
+            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() || !args.watch {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(WATCH_EVERY);
+    }
+}
+
+/// The human form of a status snapshot.
+fn status_table(s: &ClusterStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if s.role != "active" {
+        let _ = writeln!(
+            o,
+            "coordinator {} is a {}; the active coordinator is {}",
+            s.coordinator,
+            s.role,
+            s.active.as_deref().unwrap_or("unknown")
+        );
+        o.truncate(o.trim_end().len());
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "coordinator {} (active, term {:#x}{}{}), program {}",
+        s.coordinator,
+        s.term,
+        if s.took_over { ", took over" } else { "" },
+        if s.recovering {
+            ", waiting for members to come back"
+        } else {
+            ""
+        },
+        s.program
+    );
+    if s.coordinators.len() > 1 {
+        let _ = writeln!(o, "coordinators: {}", s.coordinators.join(", "));
+    }
+    if !s.absent.is_empty() {
+        let _ = writeln!(o, "absent members: {:?}", s.absent);
+    }
+    match &s.job {
+        Some(j) => {
+            let _ = writeln!(
+                o,
+                "job {}: {} ({}), {} vnodes, {} tasks completed ({:.0}/s), {:.1} s, {} worker(s) \
+                 lost",
+                j.id,
+                j.state,
+                j.argv.join(" "),
+                j.vnodes,
+                j.tasks_completed,
+                j.tasks_per_s,
+                j.elapsed_s,
+                j.workers_lost
+            );
+        }
+        None => {
+            let _ = writeln!(o, "job: none");
+        }
+    }
+    if s.waiting > 0 {
+        let _ = writeln!(o, "submissions waiting for workers: {}", s.waiting);
+    }
+    let _ = writeln!(o, "workers: {}", s.workers.len());
+    if !s.workers.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:>4}  {:<22} {:>7} {:>5} {:>6} {:>10}  detector",
+            "id", "address", "threads", "spare", "vnodes", "heard"
+        );
+    }
+    for w in &s.workers {
+        let heard = w
+            .last_heard_ago_s
+            .map_or_else(|| "-".to_string(), |a| format!("{a:.1} s ago"));
+        let _ = writeln!(
+            o,
+            "  {:>4}  {:<22} {:>7} {:>5} {:>6} {:>10}  {}",
+            w.id,
+            w.addr,
+            w.threads,
+            if w.spare { "yes" } else { "no" },
+            w.vnodes,
+            heard,
+            w.detector
+        );
+    }
+    if !s.map.is_empty() {
+        let _ = writeln!(o, "vnode map (vnode: worker@epoch):");
+        for row in s.map.chunks(8) {
+            let cells: Vec<String> = row
+                .iter()
+                .map(|v| format!("{:>4}: {}@{}", v.vnode, v.worker, v.epoch))
+                .collect();
+            let _ = writeln!(o, " {}", cells.join("  "));
+        }
+    }
+    let _ = writeln!(o, "failures in this job: {}", s.failures.len());
+    for f in &s.failures {
+        let _ = writeln!(
+            o,
+            "  worker {} lost {:.1} s ago ({} vnode(s) moved): {}",
+            f.worker, f.ago_s, f.moved, f.reason
+        );
+    }
+    if !s.gone.is_empty() {
+        let _ = writeln!(o, "workers lost since start: {:?}", s.gone);
+    }
+    if let Some(l) = &s.last_job {
+        let _ = match &l.error {
+            Some(e) => writeln!(o, "last job {}: failed: {e}", l.id),
+            None => writeln!(
+                o,
+                "last job {}: {}, {} tasks in {:.1} s, {} worker(s) lost",
+                l.id, l.state, l.tasks, l.elapsed_s, l.workers_lost
+            ),
+        };
+    }
+    o.truncate(o.trim_end().len());
+    o
 }
 
 /// A child process killed (SIGKILL) and reaped when dropped.

@@ -12,10 +12,12 @@ pub mod coordinator;
 mod error;
 pub mod protocol;
 pub mod sim;
+mod status;
 mod submit;
 pub mod worker;
 
 pub use error::ClusterError;
+pub use status::status;
 pub use submit::submit;
 
 /// The failure detector's parameters of the unit tests: paper 004's shape in milliseconds.

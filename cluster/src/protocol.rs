@@ -42,6 +42,9 @@ pub enum Hello {
         /// The job's id.
         job: u64,
     },
+    /// A client asks for the cluster's status ([`ToSubmit::Status`]); read-only, the
+    /// connection closes after the answer.
+    Status,
 }
 
 /// A worker's claim when it comes back to a new coordinator (`coordinator` rule 10).
@@ -203,6 +206,115 @@ pub enum ToSubmit {
     },
     /// The job failed.
     Failed { error: String },
+    /// The answer to [`Hello::Status`].
+    Status(Box<ClusterStatus>),
+}
+
+/// A coordinator's view of its cluster (`APP status`): a snapshot, built by
+/// `Coordinator::status` without changing anything. Times are seconds; `*_ago_s` count back
+/// from the snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The coordinator asked.
+    pub coordinator: String,
+    /// `active`, or `standby` (then only `active` is filled in).
+    pub role: String,
+    /// The active coordinator, if known.
+    pub active: Option<String>,
+    /// Every coordinator address known, this one first.
+    pub coordinators: Vec<String>,
+    /// The program (app) the cluster runs.
+    pub program: String,
+    /// This coordinator's term (`journal` rule 1).
+    pub term: u64,
+    /// Whether this coordinator took over from a predecessor's journal (rule 10).
+    pub took_over: bool,
+    /// Whether it still waits for the predecessor's members to come back (rule 10).
+    pub recovering: bool,
+    /// Members of a predecessor that have not come back yet.
+    pub absent: Vec<WorkerId>,
+    /// Submissions waiting for their workers.
+    pub waiting: u32,
+    /// The current job, if any.
+    pub job: Option<JobStatus>,
+    /// The workers admitted and not lost, by id.
+    pub workers: Vec<WorkerStatus>,
+    /// The current job's map: every vnode's host and epoch.
+    pub map: Vec<VnodeStatus>,
+    /// Workers lost so far in the current job (this coordinator's record; the count in `job`
+    /// includes a predecessor's losses).
+    pub failures: Vec<FailureStatus>,
+    /// Ids of every worker lost since the cluster started (never admitted again).
+    pub gone: Vec<WorkerId>,
+    /// How the last job ended, if one did.
+    pub last_job: Option<LastJobStatus>,
+}
+
+/// The current job in a [`ClusterStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub id: u64,
+    /// The submit command line, as typed.
+    pub argv: Vec<String>,
+    /// `checking store`, `running`, `stopping` or `recording`.
+    pub state: String,
+    pub vnodes: u32,
+    pub members: Vec<WorkerId>,
+    /// Tasks completed, as the last probe answers say.
+    pub tasks_completed: u64,
+    pub tasks_per_s: f64,
+    /// Time the job has run, a predecessor's included.
+    pub elapsed_s: f64,
+    /// Workers lost in this job.
+    pub workers_lost: u32,
+}
+
+/// A worker in a [`ClusterStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub id: WorkerId,
+    /// Where its peers reach it.
+    pub addr: String,
+    pub threads: u32,
+    pub spare: bool,
+    /// Vnodes it hosts in the current job.
+    pub vnodes: u32,
+    /// Since the coordinator's detector last heard from it.
+    pub last_heard_ago_s: Option<f64>,
+    /// The coordinator's detector's verdict: `alive`, `unreachable` or `broken`.
+    pub detector: String,
+}
+
+/// A vnode in a [`ClusterStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VnodeStatus {
+    pub vnode: u32,
+    pub worker: WorkerId,
+    pub epoch: u64,
+}
+
+/// A worker lost in the current job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailureStatus {
+    pub worker: WorkerId,
+    pub reason: String,
+    /// When, counted back from the snapshot.
+    pub ago_s: f64,
+    /// Vnodes that moved away from it.
+    pub moved: u32,
+}
+
+/// The end of the last job in a [`ClusterStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastJobStatus {
+    pub id: u64,
+    /// `finished` or `failed`.
+    pub state: String,
+    pub tasks: u64,
+    pub elapsed_s: f64,
+    pub workers_lost: u32,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 /// Another worker as the coordinator introduces it (rule 8 of `coordinator`).

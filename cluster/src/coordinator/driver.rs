@@ -24,7 +24,7 @@ use veriflow_runtime::{Clock, SystemClock};
 use super::journal::{self, JournalError, LeaseParams};
 use super::{Action, ClientId, Config, ConnId, Coordinator, Event, Joining};
 use crate::error::ClusterError;
-use crate::protocol::{Hello, ToCoord, ToSubmit, ToWorker, WorkerId};
+use crate::protocol::{ClusterStatus, Hello, ToCoord, ToSubmit, ToWorker, WorkerId};
 
 /// How a coordinator process runs.
 #[derive(Clone)]
@@ -87,6 +87,8 @@ enum Input {
     },
     /// The lease could not be renewed: this coordinator must stop.
     Deposed(String),
+    /// A status client asks for a snapshot (read-only: no event for the state machine).
+    Status(tokio::sync::oneshot::Sender<ClusterStatus>),
 }
 
 /// Who holds the role, as the connection handlers answer it.
@@ -328,7 +330,7 @@ async fn connection(
             Hello::Worker { .. } | Hello::Rejoin(_) => {
                 writer.send(&ToWorker::Standby { active }).await
             }
-            Hello::Submit { .. } | Hello::Attach { .. } => {
+            Hello::Submit { .. } | Hello::Attach { .. } | Hello::Status => {
                 writer.send(&ToSubmit::Standby { active }).await
             }
         };
@@ -372,6 +374,15 @@ async fn connection(
         }
         Hello::Attach { job } => {
             serve_client(id, Event::Attach { client: id, job }, writer, &events).await;
+            return;
+        }
+        Hello::Status => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if events.send(Input::Status(tx)).is_ok() {
+                if let Ok(status) = rx.await {
+                    let _ = writer.send(&ToSubmit::Status(Box::new(status))).await;
+                }
+            }
             return;
         }
     };
@@ -549,6 +560,10 @@ async fn actor(
             }
             Ok(Some(Input::ClientConn { id, tx })) => {
                 clients.insert(id, tx);
+                continue;
+            }
+            Ok(Some(Input::Status(reply))) => {
+                let _ = reply.send(core.status(clock.now()));
                 continue;
             }
             Ok(Some(Input::FromConn { conn, msg })) => match admitted.get(&conn) {

@@ -82,7 +82,8 @@ pub use driver::{serve, CoordinatorConfig};
 pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
-    rejoin_message, JobSpec, PeerInfo, Rejoin, ToCoord, ToSubmit, ToWorker, WorkerId, WorkerReport,
+    rejoin_message, ClusterStatus, FailureStatus, JobSpec, JobStatus, LastJobStatus, PeerInfo,
+    Rejoin, ToCoord, ToSubmit, ToWorker, VnodeStatus, WorkerId, WorkerReport, WorkerStatus,
 };
 use journal::{JobRecord, MemberRecord};
 
@@ -397,6 +398,8 @@ struct Job {
     /// Time the job ran before `started` (under a predecessor: rule 10).
     carried: Duration,
     lost: u32,
+    /// Workers lost in this job under this coordinator: who, why, when, vnodes moved.
+    failures: Vec<(WorkerId, String, Duration, u32)>,
     last_progress: Duration,
 }
 
@@ -464,6 +467,8 @@ pub struct Coordinator {
     recovery: Option<Recovery>,
     /// The last job's end (rule 10: a client may attach after it).
     last: Option<(u64, ToSubmit)>,
+    /// Whether this coordinator started from a predecessor's journal (rule 10).
+    took_over: bool,
     out: Vec<Action>,
 }
 
@@ -493,6 +498,7 @@ impl Coordinator {
             absent: BTreeMap::new(),
             recovery: None,
             last: None,
+            took_over: false,
             out: Vec::new(),
         }
     }
@@ -506,6 +512,7 @@ impl Coordinator {
         c.gone = journal.gone;
         c.absent = journal.members;
         c.last = journal.last;
+        c.took_over = true;
         for a in journal.coordinators {
             if a != c.cfg.advertise && !c.cfg.coordinators.contains(&a) {
                 c.cfg.coordinators.push(a);
@@ -543,6 +550,7 @@ impl Coordinator {
                 started: now,
                 carried,
                 lost: r.lost,
+                failures: Vec::new(),
                 last_progress: now,
             });
         }
@@ -638,6 +646,135 @@ impl Coordinator {
                 .zip(j.epoch.iter().copied())
                 .collect(),
         )
+    }
+
+    /// The cluster as this coordinator sees it at `now` (`APP status`): read-only, so a client
+    /// asking changes nothing (rule 1 holds: the driver calls it between events).
+    pub fn status(&self, now: Duration) -> ClusterStatus {
+        let ago = |t: Duration| now.saturating_sub(t).as_secs_f64();
+        let job = self.job.as_ref();
+        let hosted = |id: WorkerId| {
+            job.filter(|j| j.running)
+                .map_or(0, |j| j.host.iter().filter(|&&h| h == id).count())
+        };
+        let workers = self
+            .workers
+            .iter()
+            .map(|(&id, w)| WorkerStatus {
+                id,
+                addr: w.peer_addr.clone(),
+                threads: w.threads,
+                spare: w.spare,
+                vnodes: u32::try_from(hosted(id)).unwrap_or(u32::MAX),
+                last_heard_ago_s: self.detector.last_heard(id).map(ago),
+                detector: match self.detector.status(id) {
+                    Some(Status::Alive) => "alive",
+                    Some(Status::Unreachable) => "unreachable",
+                    Some(Status::Broken) => "broken",
+                    None => "unknown",
+                }
+                .to_string(),
+            })
+            .collect();
+        let job_status = job.map(|j| {
+            let tasks_completed: u64 = j.completed.values().sum();
+            let elapsed = j.elapsed(now).as_secs_f64();
+            JobStatus {
+                id: j.id,
+                argv: j.spec.argv.clone(),
+                state: if !j.running {
+                    "checking store"
+                } else if j.recording {
+                    "recording"
+                } else if j.stopping {
+                    "stopping"
+                } else {
+                    "running"
+                }
+                .to_string(),
+                vnodes: u32::try_from(j.host.len()).unwrap_or(u32::MAX),
+                members: j.members.clone(),
+                tasks_completed,
+                tasks_per_s: if elapsed > 0.0 {
+                    // Exact up to 2^53 tasks, far beyond any job.
+                    tasks_completed as f64 / elapsed
+                } else {
+                    0.0
+                },
+                elapsed_s: elapsed,
+                workers_lost: j.lost,
+            }
+        });
+        let map = job
+            .filter(|j| j.running)
+            .map(|j| {
+                j.full_map()
+                    .into_iter()
+                    .map(|(vnode, worker, epoch)| VnodeStatus {
+                        vnode,
+                        worker,
+                        epoch,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let failures = job
+            .map(|j| {
+                j.failures
+                    .iter()
+                    .map(|(worker, reason, at, moved)| FailureStatus {
+                        worker: *worker,
+                        reason: reason.clone(),
+                        ago_s: ago(*at),
+                        moved: *moved,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let last_job = self.last.as_ref().map(|(id, end)| match end {
+            ToSubmit::Finished {
+                tasks,
+                elapsed_s,
+                workers_lost,
+                ..
+            } => LastJobStatus {
+                id: *id,
+                state: "finished".to_string(),
+                tasks: *tasks,
+                elapsed_s: *elapsed_s,
+                workers_lost: *workers_lost,
+                error: None,
+            },
+            ToSubmit::Failed { error } => LastJobStatus {
+                id: *id,
+                state: "failed".to_string(),
+                error: Some(error.clone()),
+                ..LastJobStatus::default()
+            },
+            _ => LastJobStatus {
+                id: *id,
+                state: "unknown".to_string(),
+                ..LastJobStatus::default()
+            },
+        });
+        ClusterStatus {
+            coordinator: self.cfg.advertise.clone(),
+            role: "active".to_string(),
+            active: Some(self.cfg.advertise.clone()).filter(|a| !a.is_empty()),
+            coordinators: self.coordinators(),
+            program: self.cfg.program.clone(),
+            term: self.cfg.term,
+            took_over: self.took_over,
+            recovering: self.recovery.is_some(),
+            absent: self.absent.keys().copied().collect(),
+            waiting: u32::try_from(self.waiting.len()).unwrap_or(u32::MAX),
+            job: job_status,
+            workers,
+            map,
+            failures,
+            gone: self.gone.iter().copied().collect(),
+            last_job,
+        }
     }
 
     /// Handles `event` at `now` and returns what to do, in order (rule 1).
@@ -1273,6 +1410,7 @@ impl Coordinator {
                 started: now,
                 carried: Duration::ZERO,
                 lost: 0,
+                failures: Vec::new(),
                 last_progress: now,
             });
             self.out.push(Action::CheckStore { job: id });
@@ -1606,6 +1744,13 @@ impl Coordinator {
         }
         j.members.retain(|&m| m != id);
         j.lost += 1;
+        let moved_away = j.host.iter().filter(|&&h| h == id).count();
+        j.failures.push((
+            id,
+            reason.clone(),
+            now,
+            u32::try_from(moved_away).unwrap_or(u32::MAX),
+        ));
         if j.members.is_empty() {
             let error = format!("every worker was lost (the last: worker {id}, {reason})");
             self.end_job(now, ToSubmit::Failed { error });

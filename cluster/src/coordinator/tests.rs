@@ -806,6 +806,21 @@ mod takeover {
     }
 
     #[test]
+    fn a_successors_status_says_it_took_over_and_whom_it_waits_for() {
+        let (_, j) = running_with_keys();
+        let c = successor(j);
+        let s = c.status(ms(5100));
+        assert!(s.took_over && s.recovering, "{s:?}");
+        assert_eq!(s.term, c.config().term);
+        assert_eq!(s.coordinator, "127.0.0.1:2");
+        assert_eq!(s.absent, vec![1, 2, 3]);
+        assert!(s.workers.is_empty());
+        assert_eq!(s.job.as_ref().map(|j| j.state.as_str()), Some("running"));
+        let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+        assert_eq!(map, vec![(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 1, 0)]);
+    }
+
+    #[test]
     fn a_successor_takes_members_back_moves_the_absent_ones_vnodes_and_continues() {
         let (_, j) = running_with_keys();
         let job = j.job.clone().expect("the job is journaled");
@@ -1325,4 +1340,145 @@ mod takeover {
             other => panic!("{other:?}"),
         }
     }
+}
+
+#[test]
+fn status_with_no_job_lists_the_workers_and_changes_nothing() {
+    let mut c = coord();
+    for w in 1..=2u64 {
+        let _ = c.on_event(
+            ms(1),
+            Event::Joined {
+                conn: w,
+                hello: hello(2, w == 2),
+            },
+        );
+    }
+    let _ = c.on_event(
+        ms(5),
+        Event::FromWorker {
+            worker: 1,
+            msg: ToCoord::Heartbeat(Heartbeat { interval: ms(100) }),
+        },
+    );
+    let deadline = c.next_deadline();
+    let s = c.status(ms(25));
+    assert_eq!(s, c.status(ms(25)), "a snapshot is a pure function");
+    assert_eq!(c.next_deadline(), deadline, "asking changes nothing");
+    assert_eq!((s.role.as_str(), s.program.as_str()), ("active", "knary"));
+    assert!(!s.took_over && !s.recovering);
+    assert_eq!(s.job, None);
+    assert!(s.map.is_empty() && s.failures.is_empty() && s.last_job.is_none());
+    let w: Vec<_> = s
+        .workers
+        .iter()
+        .map(|w| (w.id, w.threads, w.spare, w.vnodes, w.detector.as_str()))
+        .collect();
+    assert_eq!(w, vec![(1, 2, false, 0, "alive"), (2, 2, true, 0, "alive")]);
+    assert_eq!(s.workers[0].last_heard_ago_s, Some(0.02));
+    assert_eq!(s.workers[1].last_heard_ago_s, Some(0.024));
+}
+
+#[test]
+fn status_of_a_running_job_shows_its_map_progress_and_then_a_lost_worker() {
+    let mut c = running(3, 1, 4);
+    let a = c.on_event(ms(10), Event::Tick);
+    let round = to_worker(&a, 1)
+        .into_iter()
+        .find_map(|m| match m {
+            ToWorker::Probe { round, .. } => Some(round),
+            _ => None,
+        })
+        .expect("a probe");
+    for w in [1u32, 2] {
+        let _ = c.on_event(
+            ms(11),
+            Event::FromWorker {
+                worker: w,
+                msg: ToCoord::Status {
+                    job: 1,
+                    round,
+                    work: vec![(w - 1, 1)],
+                    completed: 30,
+                    started: true,
+                },
+            },
+        );
+    }
+    let s = c.status(ms(103));
+    let j = s.job.as_ref().expect("a job");
+    assert_eq!((j.id, j.state.as_str(), j.vnodes), (1, "running", 4));
+    assert_eq!(j.members, vec![1, 2, 3]);
+    assert_eq!(j.tasks_completed, 60);
+    assert!((j.elapsed_s - 0.1).abs() < 1e-9, "{}", j.elapsed_s);
+    assert!((j.tasks_per_s - 600.0).abs() < 1e-6, "{}", j.tasks_per_s);
+    let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+    assert_eq!(map, vec![(0, 1, 0), (1, 2, 0), (2, 1, 0), (3, 2, 0)]);
+    let hosted: Vec<_> = s.workers.iter().map(|w| (w.id, w.vnodes)).collect();
+    assert_eq!(hosted, vec![(1, 2), (2, 2), (3, 0)]);
+    assert!(s.failures.is_empty());
+
+    let _ = c.on_event(
+        ms(200),
+        Event::Closed {
+            worker: 2,
+            reason: "reset".into(),
+        },
+    );
+    let s = c.status(ms(250));
+    let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+    assert_eq!(map, vec![(0, 1, 0), (1, 3, 1), (2, 1, 0), (3, 3, 1)]);
+    let ids: Vec<_> = s.workers.iter().map(|w| (w.id, w.vnodes)).collect();
+    assert_eq!(ids, vec![(1, 2), (3, 2)]);
+    assert_eq!(s.job.as_ref().map(|j| j.workers_lost), Some(1));
+    assert_eq!(s.gone, vec![2]);
+    match s.failures.as_slice() {
+        [f] => {
+            assert_eq!((f.worker, f.reason.as_str(), f.moved), (2, "reset", 2));
+            assert!((f.ago_s - 0.05).abs() < 1e-9, "{}", f.ago_s);
+        }
+        other => panic!("one failure: {other:?}"),
+    }
+}
+
+#[test]
+fn status_after_a_job_ended_gives_its_summary() {
+    let mut c = running(2, 0, 2);
+    let now = idle_until_stopped(&mut c, ms(10), 4).expect("the run ends");
+    assert_eq!(
+        c.status(now).job.map(|j| j.state),
+        Some("stopping".to_string())
+    );
+    for w in [1, 2] {
+        let _ = c.on_event(
+            now,
+            Event::FromWorker {
+                worker: w,
+                msg: ToCoord::Done {
+                    job: 1,
+                    report: WorkerReport {
+                        outputs: Some(vec![vec![1]]),
+                        tasks: 10,
+                        ..WorkerReport::default()
+                    },
+                },
+            },
+        );
+    }
+    let _ = c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    );
+    let s = c.status(now + ms(10));
+    assert_eq!(s.job, None);
+    assert!(s.map.is_empty());
+    assert_eq!(s.workers.len(), 2);
+    let l = s.last_job.expect("the last job's summary");
+    assert_eq!(
+        (l.id, l.state.as_str(), l.tasks, l.workers_lost, l.error),
+        (1, "finished", 20, 0, None)
+    );
 }

@@ -1865,6 +1865,7 @@ fn client_line(m: &ToSubmit) -> String {
         ToSubmit::Failed { error } => format!("failed: {error}"),
         ToSubmit::Takeover { coordinator } => format!("takeover by {coordinator}"),
         ToSubmit::Standby { .. } => "standby".into(),
+        ToSubmit::Status(_) => "status".into(),
     }
 }
 

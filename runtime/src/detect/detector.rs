@@ -33,6 +33,8 @@ struct Peer {
     sent_at: Duration,
     /// The interval our last heartbeat to it carried; zero before the first (rule 4).
     promised: Duration,
+    /// When we last heard from it (any message), or when it was added; for status reports.
+    last_heard: Duration,
 }
 
 impl Peer {
@@ -52,6 +54,7 @@ impl Peer {
     /// Returns true when an Unreachable peer became Alive.
     #[must_use]
     fn heard(&mut self, now: Duration, promise: Option<Duration>) -> bool {
+        self.last_heard = self.last_heard.max(now);
         match &mut self.watch {
             Watch::Alive {
                 heard,
@@ -216,6 +219,7 @@ impl Detector {
                 },
                 sent_at: now,
                 promised: Duration::ZERO,
+                last_heard: now,
             },
         );
     }
@@ -357,6 +361,12 @@ impl Detector {
     /// How this detector sees `peer`; None if it is not a known peer.
     pub fn status(&self, peer: PeerId) -> Option<Status> {
         self.peers.get(&peer).map(Peer::status)
+    }
+
+    /// When `peer` was last heard from (any message counts, rule 5), or added if never; None
+    /// if it is not a known peer. For status reports only: verdicts follow the watch states.
+    pub fn last_heard(&self, peer: PeerId) -> Option<Duration> {
+        self.peers.get(&peer).map(|p| p.last_heard)
     }
 
     /// Every known peer with its status, in increasing order.

@@ -1225,3 +1225,19 @@ fn wait_for(reports: &mpsc::Receiver<(PeerId, Status)>, peer: PeerId) -> Status 
         }
     }
 }
+
+/// `last_heard` reports when a peer was added or last heard from, for status reports only,
+/// and never goes back in time for a message stamped late.
+#[test]
+fn last_heard_follows_messages_and_ignores_late_stamps() {
+    let mut d = Detector::new(0, FdParams::default(), 1);
+    assert_eq!(d.last_heard(1), None);
+    d.add_peer(1, ms(10));
+    assert_eq!(d.last_heard(1), Some(ms(10)));
+    d.on_message(1, ms(50));
+    assert_eq!(d.last_heard(1), Some(ms(50)));
+    d.on_heartbeat(1, &Heartbeat { interval: ms(200) }, ms(40));
+    assert_eq!(d.last_heard(1), Some(ms(50)));
+    d.remove_peer(1);
+    assert_eq!(d.last_heard(1), None);
+}

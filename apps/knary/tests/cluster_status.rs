@@ -1,0 +1,171 @@
+//! `knary status` against a real cluster: the coordinator's snapshot with no job, with a job
+//! running, after a worker is killed, and after the job; and its errors.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use veriflow_testkit::{wait_json_within, Cluster};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_knary"))
+}
+
+/// `knary status --json` against the cluster's coordinator.
+fn status(c: &Cluster) -> Value {
+    let out = knary(&[
+        "status",
+        "--coordinator",
+        &c.coordinator_addrs[0],
+        "--key",
+        s(&c.key),
+        "--json",
+    ]);
+    out.expect_code(0);
+    out.json()
+}
+
+/// Asks for the status until `ok` holds of it (within a minute), and returns it.
+fn status_until(c: &Cluster, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let v = status(c);
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no status with {what} within a minute; the last: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("an array: {v}"))
+        .iter()
+        .map(|w| w["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
+    let c = Cluster::start(bin(), 3, 0, &[]);
+    // No job yet: the workers as they join.
+    let v = status_until(&c, "3 workers", |v| {
+        v["workers"].as_array().map(Vec::len) == Some(3)
+    });
+    assert_eq!(v["role"], "active", "{v}");
+    assert_eq!(v["program"], "knary", "{v}");
+    assert_eq!(v["job"], Value::Null, "{v}");
+    assert_eq!(v["map"], serde_json::json!([]), "{v}");
+    for w in v["workers"].as_array().unwrap() {
+        assert_eq!(w["threads"], 1, "{v}");
+        assert_eq!(w["spare"], false, "{v}");
+        assert_eq!(w["detector"], "alive", "{v}");
+        assert!(w["addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{v}");
+        assert!(w["last_heard_ago_s"].as_f64().unwrap() < 5.0, "{v}");
+    }
+
+    // A job long enough to be seen running, and still running when a worker is killed
+    // (87381 tasks of 1 ms over 3 workers).
+    let run = c.submit(&["--depth", "8", "--fanout", "4", "--grain-us", "1000"]);
+    let v = status_until(&c, "a running job with progress", |v| {
+        v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
+    });
+    let job = &v["job"];
+    assert_eq!(job["id"], 1, "{v}");
+    assert_eq!(job["argv"][0], "submit", "{v}");
+    assert!(
+        job["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--depth"),
+        "{v}"
+    );
+    assert_eq!(job["vnodes"], 3, "{v}");
+    assert_eq!(job["members"], serde_json::json!([1, 2, 3]), "{v}");
+    assert!(job["tasks_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(job["elapsed_s"].as_f64().unwrap() > 0.0, "{v}");
+    let map = v["map"].as_array().unwrap();
+    assert_eq!(map.len(), 3, "{v}");
+    for (i, m) in map.iter().enumerate() {
+        assert_eq!(m["vnode"], i, "{v}");
+        assert_eq!(m["epoch"], 0, "{v}");
+    }
+    let hosted: u64 = v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["vnodes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(hosted, 3, "{v}");
+    assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+
+    // The table says the same for people.
+    let table = knary(&[
+        "status",
+        "--coordinator",
+        &c.coordinator_addrs[0],
+        "--key",
+        s(&c.key),
+    ]);
+    table.expect_code(0);
+    assert!(table.stdout.contains("job 1: running"), "{table}");
+    assert!(table.stdout.contains("vnode map"), "{table}");
+
+    // A worker killed: the failure shows, its vnode moved at a new epoch.
+    c.workers[1].signal("-KILL");
+    let v = status_until(&c, "a failure", |v| {
+        v["failures"].as_array().map(Vec::len) == Some(1)
+    });
+    let lost = v["failures"][0]["worker"].as_u64().unwrap();
+    assert!(!ids(&v["workers"]).contains(&lost), "{v}");
+    assert_eq!(v["job"]["workers_lost"], 1, "{v}");
+    assert_eq!(v["gone"], serde_json::json!([lost]), "{v}");
+    let map = v["map"].as_array().unwrap();
+    assert!(map.iter().all(|m| m["worker"] != lost), "{v}");
+    assert!(map.iter().any(|m| m["epoch"] == 1), "{v}");
+
+    // After the job: its summary.
+    let (code, done, err) = wait_json_within(run, Duration::from_secs(120), "submit");
+    assert_eq!(code, 0, "{err}");
+    let v = status(&c);
+    assert_eq!(v["job"], Value::Null, "{v}");
+    assert_eq!(v["last_job"]["id"], 1, "{v}");
+    assert_eq!(v["last_job"]["state"], "finished", "{v}");
+    assert_eq!(v["last_job"]["tasks"], done["tasks"], "{v}");
+    assert_eq!(v["last_job"]["workers_lost"], 1, "{v}");
+}
+
+#[test]
+fn status_with_a_wrong_key_or_no_coordinator_fails_with_a_clear_error() {
+    let c = Cluster::start(bin(), 1, 0, &[]);
+    let other = c.dir.path().join("other.key");
+    knary(&["keygen", s(&other)]).expect_code(0);
+    knary(&[
+        "status",
+        "--coordinator",
+        &c.coordinator_addrs[0],
+        "--key",
+        s(&other),
+    ])
+    .expect_code(1)
+    .stderr_has("error");
+    // A port nobody listens on: the listener is dropped before the call.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    knary(&["status", "--coordinator", &free, "--key", s(&c.key)])
+        .expect_code(1)
+        .stderr_has(&free);
+    // Usage errors are clap's.
+    knary(&["status", "--key", s(&c.key)]).expect_code(2);
+}
