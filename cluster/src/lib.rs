@@ -20,6 +20,17 @@ pub use error::ClusterError;
 pub use status::status;
 pub use submit::submit;
 
+/// The one-thread tokio runtime a client (`submit`, `status`) talks to a coordinator on.
+pub(crate) fn client_runtime() -> Result<tokio::runtime::Runtime, ClusterError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ClusterError::Start {
+            what: "the network",
+            source: e,
+        })
+}
+
 /// The failure detector's parameters of the unit tests: paper 004's shape in milliseconds.
 #[cfg(test)]
 pub(crate) fn test_fd() -> veriflow_runtime::detect::FdParams {

@@ -10,13 +10,7 @@ use crate::worker::driver::connect_once;
 /// The status of the cluster as the coordinator at `addr` sees it. A standby answers with
 /// `role` `standby` and the active coordinator in `active`, if it knows it.
 pub fn status(addr: &str, key: &Key) -> Result<ClusterStatus, ClusterError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ClusterError::Start {
-            what: "the network",
-            source: e,
-        })?;
+    let rt = crate::client_runtime()?;
     rt.block_on(async {
         let conn = connect_once(addr, key).await.map_err(|e| match e {
             ClusterError::Refused { .. } => e,

@@ -32,13 +32,7 @@ pub fn submit(
             reason: "no coordinator address given".to_string(),
         });
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ClusterError::Start {
-            what: "the network",
-            source: e,
-        })?;
+    let rt = crate::client_runtime()?;
     rt.block_on(async {
         // The job's id once a coordinator accepted it: after that, the client attaches.
         let mut accepted: Option<u64> = None;

@@ -394,14 +394,21 @@ impl CodeExt for Option<i32> {
     }
 }
 
-/// Runs `bin args` with `TMPDIR` and `XDG_CONFIG_HOME` set to `tmp`, killing it after `limit`.
-pub fn run_limited(bin: &Path, tmp: &Path, args: &[&str], limit: Duration) -> Ran {
-    let mut child = match Command::new(bin)
-        .args(args)
+/// `bin args` with `TMPDIR` and `XDG_CONFIG_HOME` set to `tmp` (its scratch files and config
+/// stay there) and no logging or backtrace settings inherited.
+pub fn isolated(bin: &Path, tmp: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.args(args)
         .env("TMPDIR", tmp)
         .env("XDG_CONFIG_HOME", tmp)
         .env_remove("VERIFLOW_LOG")
-        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_BACKTRACE");
+    c
+}
+
+/// Runs `bin args` with `TMPDIR` and `XDG_CONFIG_HOME` set to `tmp`, killing it after `limit`.
+pub fn run_limited(bin: &Path, tmp: &Path, args: &[&str], limit: Duration) -> Ran {
+    let mut child = match isolated(bin, tmp, args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

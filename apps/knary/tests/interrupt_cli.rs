@@ -8,12 +8,13 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
+use veriflow_testkit::damage::isolated;
 use veriflow_testkit::Proc;
 
 /// A `knary` process whose standard error is read line by line while it runs.
@@ -27,12 +28,7 @@ struct Running {
 impl Running {
     /// Starts `knary args` with `TMPDIR` and the config directory in `tmp` (testkit rule 1).
     fn start(tmp: &Path, args: &[&str]) -> Running {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_knary"))
-            .args(args)
-            .env("TMPDIR", tmp)
-            .env("XDG_CONFIG_HOME", tmp)
-            .env_remove("VERIFLOW_LOG")
-            .env_remove("RUST_BACKTRACE")
+        let mut child = isolated(Path::new(env!("CARGO_BIN_EXE_knary")), tmp, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
