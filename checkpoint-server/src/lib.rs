@@ -54,7 +54,10 @@ pub mod wire;
 
 pub use key::{Key, KeyError};
 pub use protocol::{ServerAnswer, ServerCall, PROTOCOL_VERSION};
-pub use store::{Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
+pub use store::{
+    fill_page, page_start, Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store,
+    StoreError,
+};
 pub use strategy::{
     open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, ServerLink, StoreSpec,
 };

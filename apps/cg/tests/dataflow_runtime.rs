@@ -44,6 +44,18 @@ fn program(matrix: &str, rhs: Rhs, blocks: u32, batch: u32, rtol: f64) -> Cg {
 
 /// Runs `p` on `vnodes` vnodes with `kills`, logged in memory; returns the solution and the
 /// number of vnode failures.
+/// Two kills of any of 4 vnodes anywhere in the first 4000 tasks, drawn from `seed`.
+fn two_kills(seed: u64) -> Vec<Kill> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..2)
+        .map(|_| Kill {
+            vnode: VnodeId(rng.gen_range(0..4)),
+            after: rng.gen_range(1..4000),
+            retarget: false,
+        })
+        .collect()
+}
+
 fn run(p: &Cg, vnodes: u32, kills: Vec<Kill>, seed: u64) -> (Solution, u64) {
     let rt = Runtime::builder(registry())
         .program(Cg::NAME)
@@ -109,14 +121,7 @@ fn killed_vnodes_recover_to_the_same_bits() {
     let (clean, _) = run(&p, 1, vec![], 0);
     // About 14 tasks per iteration, 357 iterations: kills anywhere in the first 4000 tasks.
     for seed in 0..6u64 {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let kills: Vec<Kill> = (0..2)
-            .map(|_| Kill {
-                vnode: VnodeId(rng.gen_range(0..4)),
-                after: rng.gen_range(1..4000),
-                retarget: false,
-            })
-            .collect();
+        let kills = two_kills(seed);
         let (sol, failures) = run(&p, 4, kills.clone(), seed);
         assert!(failures >= 1, "seed {seed}: kills {kills:?} happened");
         assert_eq!(
@@ -149,14 +154,7 @@ fn hunt_the_killed_vnodes_hang() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
     let seed = 3u64;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let kills: Vec<Kill> = (0..2)
-        .map(|_| Kill {
-            vnode: VnodeId(rng.gen_range(0..4)),
-            after: rng.gen_range(1..4000),
-            retarget: false,
-        })
-        .collect();
+    let kills = two_kills(seed);
     for round in 0..rounds {
         let rt = Runtime::builder(registry())
             .program(Cg::NAME)

@@ -108,7 +108,7 @@ pub struct Page {
 
 /// Fills a page from pairs in key order that all start with the prefix and follow `after`
 /// (the shared part of every [`Store::scan_page`]): reads one pair past the page at most.
-pub(crate) fn fill_page(
+pub fn fill_page(
     pairs: impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>,
     limit: PageLimit,
 ) -> Result<Page, StoreError> {
@@ -134,10 +134,7 @@ pub(crate) fn fill_page(
 
 /// Where a page's range starts: keys strictly after `after`, or from `prefix` if `after` sorts
 /// before it.
-pub(crate) fn page_start<'a>(
-    prefix: &'a [u8],
-    after: Option<&'a [u8]>,
-) -> std::ops::Bound<&'a [u8]> {
+pub fn page_start<'a>(prefix: &'a [u8], after: Option<&'a [u8]>) -> std::ops::Bound<&'a [u8]> {
     match after {
         Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
         _ => std::ops::Bound::Included(prefix),

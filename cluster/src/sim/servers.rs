@@ -186,30 +186,16 @@ impl Store for Disk {
         limit: PageLimit,
     ) -> Result<Page, StoreError> {
         let st = self.state();
-        let start = match after {
-            Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
-            _ => std::ops::Bound::Included(prefix),
-        };
-        let mut page = Page::default();
-        let mut bytes = 0u64;
-        for (k, v) in st
-            .map
-            .range::<[u8], _>((start, std::ops::Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            let len = (k.len() + v.len()) as u64;
-            if !page.pairs.is_empty() && bytes + len > limit.max_bytes {
-                page.more = true;
-                break;
-            }
-            bytes += len;
-            page.pairs.push((k.clone(), v.clone()));
-            if page.pairs.len() >= limit.max_keys.max(1) {
-                page.more = true;
-                break;
-            }
-        }
-        Ok(page)
+        veriflow_checkpoint::fill_page(
+            st.map
+                .range::<[u8], _>((
+                    veriflow_checkpoint::page_start(prefix, after),
+                    std::ops::Bound::Unbounded,
+                ))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| Ok((k.clone(), v.clone()))),
+            limit,
+        )
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
