@@ -516,8 +516,6 @@ struct World {
     /// The largest term whose journal write the store accepted.
     journal_term: u64,
     procs: BTreeMap<Pid, Proc>,
-    /// Which process a worker id belongs to (learnt from welcomes).
-    pid_of: BTreeMap<WorkerId, Pid>,
     /// Which process opened a connection.
     conn_pid: BTreeMap<ConnId, Pid>,
     next_pid: Pid,
@@ -654,7 +652,6 @@ impl World {
             successor_due: None,
             journal_term: 0,
             procs: BTreeMap::new(),
-            pid_of: BTreeMap::new(),
             conn_pid: BTreeMap::new(),
             next_pid: 1,
             next_conn: 1,
@@ -1330,7 +1327,6 @@ impl World {
                         p.seeking = None;
                         if p.core.is_none() {
                             p.core = Some(WorkerCore::new(*id, *fd, now));
-                            self.pid_of.insert(*id, pid);
                         } else {
                             self.note(&format!("c{gen} took p{pid} back"));
                             self.worker_event(pid, worker::Event::CoordBack)?;
@@ -1405,7 +1401,12 @@ impl World {
         let mut members: Vec<Pid> = map
             .unwrap_or_default()
             .iter()
-            .filter_map(|(w, _)| self.pid_of.get(w).copied())
+            .filter_map(|(w, _)| {
+                self.procs
+                    .values()
+                    .find(|p| p.worker() == Some(*w))
+                    .map(|p| p.pid)
+            })
             .collect();
         members.sort_unstable();
         members.dedup();
