@@ -181,6 +181,8 @@ enum Command<P: Program> {
     Submit(crate::cluster_cli::SubmitArgs<P>),
     /// Show a coordinator's view of its cluster: the job, workers, vnode map and failures.
     Status(crate::cluster_cli::StatusArgs),
+    /// Run the online oracle: certify a cluster's jobs while they run, have forgers evicted.
+    Oracle(crate::cluster_cli::OracleArgs),
     /// Start a whole cluster on loopback (checkpoint servers, coordinator, workers), run the
     /// program on it, tear it down, and print the summary.
     Cluster(crate::cluster_cli::ClusterArgs<P>),
@@ -243,7 +245,7 @@ pub(crate) struct CertifyParams {
     /// on first use]. Keep it apart from the cluster's --key: workers hold that one, and must
     /// not sign certificates.
     #[arg(long = "oracle-key", value_name = "FILE")]
-    oracle_key: Option<PathBuf>,
+    pub(crate) oracle_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -626,6 +628,7 @@ impl<P: Program> App<P> {
                 Err(e) => Err(CliError::Invalid(e.0)),
             },
             Command::Status(args) => crate::cluster_cli::status_cmd(&args),
+            Command::Oracle(args) => crate::cluster_cli::oracle_cmd::<P>(&args),
             Command::Cluster(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Invalid(e.0)),

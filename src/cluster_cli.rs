@@ -121,6 +121,49 @@ pub(crate) struct WorkerArgs {
     /// Address other workers reach this one at.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     listen: String,
+    /// Tests only (refused unless VERIFLOW_ALLOW_FORGERY=1): each task this worker runs lies
+    /// with probability Q, sending and logging a wrong value (a machine that lies).
+    #[arg(long, value_name = "Q", hide = true)]
+    forge_rate: Option<f64>,
+    /// Tests only: seed of which tasks lie.
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 0,
+        hide = true,
+        requires = "forge_rate"
+    )]
+    forge_seed: u64,
+}
+
+/// The environment variable that allows `worker --forge-rate` (tests and demos only).
+pub(crate) const ALLOW_FORGERY: &str = "VERIFLOW_ALLOW_FORGERY";
+
+#[derive(Args, Debug)]
+pub(crate) struct OracleArgs {
+    /// The coordinators' addresses (the one holding the role answers; after a takeover the
+    /// oracle follows the job on its successor).
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    coordinator: Vec<String>,
+    /// The cluster's key file (the oracle reads the logs from the checkpoint servers).
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    #[command(flatten)]
+    params: CertifyParams,
+    /// The lowest spot-check rate of any worker: each forged task is caught with at least
+    /// this probability, whatever the worker did before.
+    #[arg(long, value_name = "F", default_value_t = 0.02)]
+    spot_floor: f64,
+    /// How often the logs are read, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    poll_ms: u64,
+    /// Save each job's certificate as DIR/job-<id>.json.
+    #[arg(long, value_name = "DIR")]
+    certificates: Option<PathBuf>,
+    /// Stop after the first job certified.
+    #[arg(long)]
+    once: bool,
 }
 
 /// What a job runs: the program and the run options a cluster honours.
@@ -206,6 +249,17 @@ pub(crate) struct ClusterArgs<P: Program> {
     /// --coordinators 2 or more).
     #[arg(long, requires = "coordinators")]
     kill_coordinator: bool,
+    /// Run an online oracle too: it certifies the job while it runs and has workers caught
+    /// forging evicted; the summary shows its certificate.
+    #[arg(long)]
+    oracle: bool,
+    /// Tests only (refused unless VERIFLOW_ALLOW_FORGERY=1): the first N workers lie at
+    /// --forge-rate.
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    forge_workers: u32,
+    /// Tests only: the rate at which the --forge-workers lie.
+    #[arg(long, value_name = "Q", default_value_t = 0.05, hide = true)]
+    forge_rate: f64,
     #[command(flatten)]
     fd: FdArgs,
     #[command(flatten)]
@@ -271,12 +325,74 @@ pub(crate) fn coordinator_cmd(
     served
 }
 
+/// `APP oracle`: follows the cluster's jobs and certifies them (`veriflow_cluster::oracle`).
+pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    let (oracle_key, key_path) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
+    let oracle_key = veriflow_certifier::OracleKey::from(oracle_key);
+    veriflow_certifier::sample::n_eps_q(args.params.epsilon, args.params.q)
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    if !(args.spot_floor > 0.0 && args.spot_floor <= 1.0) {
+        return Err(CliError::Invalid(format!(
+            "--spot-floor must be in (0, 1], not {}",
+            args.spot_floor
+        )));
+    }
+    eprintln!(
+        "oracle: signing with {} (public key {}): `{} public-key` prints it for verifiers",
+        key_path.display(),
+        oracle_key.public().fingerprint(),
+        P::NAME
+    );
+    let cfg = veriflow_cluster::oracle::OracleConfig {
+        coordinators: args.coordinator.clone(),
+        key,
+        oracle_key,
+        registry: Arc::new(registry::<P>()?),
+        epsilon: args.params.epsilon,
+        q: args.params.q,
+        spot_floor: args.spot_floor,
+        poll_every: Duration::from_millis(args.poll_ms),
+        certificates: args.certificates.clone(),
+        once: args.once,
+    };
+    veriflow_cluster::oracle::run_oracle(cfg, &mut |line| {
+        eprintln!("{line}");
+        // For whoever started this process (`cluster --oracle` waits for it).
+        if let Some(addr) = line.strip_prefix("oracle: following the cluster at ") {
+            use std::io::Write as _;
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "oracle following {addr}").and_then(|()| out.flush());
+        }
+    })?;
+    Ok(())
+}
+
 /// `APP worker`: serves the coordinator's jobs until it goes away.
 pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> {
     let key = Key::load(&args.key)?;
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     });
+    let forge = match args.forge_rate {
+        None => None,
+        Some(_) if std::env::var(ALLOW_FORGERY).as_deref() != Ok("1") => {
+            return Err(CliError::Invalid(format!(
+                "--forge-rate makes this worker lie: it is for tests, and refused unless \
+                 {ALLOW_FORGERY}=1"
+            )))
+        }
+        Some(q) if !(0.0..=1.0).contains(&q) => {
+            return Err(CliError::Invalid(format!(
+                "--forge-rate must be between 0 and 1, not {q}"
+            )))
+        }
+        Some(rate) => Some(veriflow_runtime::Forge {
+            rate,
+            seed: args.forge_seed,
+            ..veriflow_runtime::Forge::default()
+        }),
+    };
     let cfg = WorkerConfig {
         program: P::NAME.to_string(),
         join: args.join.clone(),
@@ -286,7 +402,8 @@ pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> 
         threads,
         spare: args.spare,
     };
-    let run_job: worker::RunJob = Arc::new(move |ctx: JobContext| run_job::<P>(ctx, threads));
+    let run_job: worker::RunJob =
+        Arc::new(move |ctx: JobContext| run_job::<P>(ctx, threads, forge.clone()));
     worker::run_worker(cfg, run_job).map_err(CliError::from)
 }
 
@@ -295,7 +412,11 @@ fn parse_job<P: Program>(argv: &[String]) -> Result<JobArgs<P>, String> {
     crate::app::parse_job_args::<P>(argv)
 }
 
-fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, String> {
+fn run_job<P: Program>(
+    ctx: JobContext,
+    threads: u32,
+    forge: Option<veriflow_runtime::Forge>,
+) -> Result<WorkerReport, String> {
     let job = parse_job::<P>(&ctx.spec.argv)?;
     if let Some(it) = job.program.iterative() {
         let out = veriflow_runtime::iterative::run_member(it.config, it.factory, ctx.member)
@@ -312,7 +433,7 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         });
     }
     let registry = registry::<P>().map_err(|e| e.to_string())?;
-    let runtime = Runtime::builder(registry)
+    let mut builder = Runtime::builder(registry)
         .program(P::NAME)
         .threads(threads as usize)
         .vnodes(ctx.vnodes)
@@ -320,9 +441,11 @@ fn run_job<P: Program>(ctx: JobContext, threads: u32) -> Result<WorkerReport, St
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
         .commit_policy(job.commit.policy())
-        .checkpoint_every(job.commit.checkpoint_every())
-        .build()
-        .map_err(|e| e.to_string())?;
+        .checkpoint_every(job.commit.checkpoint_every());
+    if let Some(f) = forge {
+        builder = builder.forge(f);
+    }
+    let runtime = builder.build().map_err(|e| e.to_string())?;
     let (root, inputs) = job.program.root();
     let report = runtime
         .run_member(root, inputs, ctx.member)
@@ -343,6 +466,10 @@ struct Finished {
     store: String,
     states: Vec<(u32, u64, Vec<u8>)>,
     iter_stats: Vec<(u32, veriflow_runtime::iterative::NodeStats)>,
+    /// The online oracle's signed certificate (JSON), if one followed the job.
+    online: Option<String>,
+    /// Why a job an oracle followed ended without its certificate.
+    uncertified: Option<String>,
 }
 
 /// The job spec of a job's command line: an iterative program's vnodes are its blocks.
@@ -403,6 +530,13 @@ fn follow(
             }
         }
         ToSubmit::Progress { completed } => on_progress(*completed),
+        ToSubmit::Oracle { commitment } => {
+            eprintln!(
+                "cluster: an online oracle follows the job (commitment {}…, revealed in its \
+                 certificate)",
+                &commitment[..16.min(commitment.len())]
+            );
+        }
         // On stderr even with --json: a takeover is worth knowing, and stdout stays the JSON.
         ToSubmit::Takeover { coordinator } => {
             eprintln!("cluster: coordinator {coordinator} took the job over");
@@ -434,9 +568,13 @@ fn follow(
             workers_lost,
             states,
             iter_stats,
+            certificate,
+            uncertified,
         } => Ok(Finished {
             states,
             iter_stats,
+            online: certificate,
+            uncertified,
             outputs,
             root,
             tasks,
@@ -464,6 +602,12 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
     let checked = job.program.check(&outputs);
     let recovered: u64 = done.vnodes.iter().map(|s| s.recovered_tasks).sum();
     let reused: u64 = done.vnodes.iter().map(|s| s.reused_tasks).sum();
+    let online = done
+        .online
+        .as_deref()
+        .map(veriflow_certifier::Certificate::from_json)
+        .transpose()
+        .map_err(|e| CliError::Invalid(format!("the online oracle's certificate: {e}")))?;
     let certificate = if job.certify {
         let spec: StoreSpec = done.store.parse()?;
         let store = open_store(&spec, Some(key))?;
@@ -504,6 +648,8 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 "reused_tasks": reused,
                 "per_vnode": done.vnodes,
                 "certificate": certificate.as_ref().map(|(c, _)| c),
+                "online_certificate": online,
+                "uncertified": done.uncertified,
             })
         );
     } else {
@@ -530,17 +676,62 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
             "events: {} logged, all durable; store: {}",
             done.events, done.store
         );
+        if let Some(cert) = &online {
+            print!("{}", online_text(cert));
+        }
+        if let Some(why) = &done.uncertified {
+            println!("online oracle: not certified: {why}");
+        }
         if let Some((cert, key)) = &certificate {
             print!("{}", crate::app::certificate_text(cert, None, key));
         }
     }
     checked.map(drop).map_err(CliError::from)?;
+    if online
+        .as_ref()
+        .is_some_and(|c| c.decision == veriflow_certifier::Decision::Reject)
+    {
+        return Err(CliError::Rejected);
+    }
     match certificate {
         Some((c, _)) if c.decision == veriflow_certifier::Decision::Reject => {
             Err(CliError::Rejected)
         }
         _ => Ok(()),
     }
+}
+
+/// The online oracle's certificate in the summary: its verdict, and what it saw per worker.
+fn online_text(cert: &veriflow_certifier::Certificate) -> String {
+    use std::fmt::Write as _;
+    let mut s =
+        crate::app::certificate_text(cert, None, std::path::Path::new("the online oracle's key"));
+    if let Some(o) = &cert.online {
+        let _ = writeln!(
+            s,
+            "online oracle: {} task(s) checked while the run ran, {} forged; commitment {}…",
+            o.checked,
+            o.detections.len(),
+            cert.commitment
+                .as_deref()
+                .map_or("-", |c| &c[..16.min(c.len())])
+        );
+        for w in &o.workers {
+            let _ = writeln!(
+                s,
+                "  worker {}: {} tasks, {} checked, {} forged{}; its forgery rate < {:.2}% at \
+                 confidence {}%",
+                w.worker,
+                w.tasks,
+                w.checked,
+                w.forged,
+                if w.evicted { ", EVICTED" } else { "" },
+                w.q_hat * 100.0,
+                (1.0 - cert.epsilon) * 100.0
+            );
+        }
+    }
+    s
 }
 
 /// The summary of a finished iterative job: its program's check of every vnode's final state.
@@ -920,6 +1111,39 @@ pub(crate) fn cluster_cmd<P: Program>(
         coordinators.push(proc);
     }
     let caddr = caddrs.join(",");
+    // The online oracle follows the cluster before the job is submitted.
+    let _oracle = if args.oracle {
+        let mut oa = vec![
+            "oracle".to_string(),
+            "--coordinator".into(),
+            caddr.clone(),
+            "--key".into(),
+            kp.clone(),
+            "--once".into(),
+            format!("--epsilon={}", args.job.certify_params.epsilon),
+            format!("--q={}", args.job.certify_params.q),
+        ];
+        if let Some(k) = &args.job.certify_params.oracle_key {
+            oa.push("--oracle-key".into());
+            oa.push(k.display().to_string());
+        }
+        let log = dir.path().join("oracle.log");
+        let mut child = spawn_self(&oa, &log)?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.as_mut() {
+            let _ = BufReader::new(out).read_line(&mut line);
+        }
+        if !line.starts_with("oracle following") {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(CliError::Invalid(format!(
+                "the online oracle did not start: {}",
+                log.trim()
+            )));
+        }
+        Some(Proc(Some(child)))
+    } else {
+        None
+    };
     // The workers.
     let mut workers: Vec<Proc> = Vec::new();
     for i in 0..args.workers + args.spares {
@@ -934,6 +1158,13 @@ pub(crate) fn cluster_cmd<P: Program>(
         ];
         if i >= args.workers {
             wa.push("--spare".into());
+        }
+        if i < args.forge_workers {
+            wa.push(format!("--forge-rate={}", args.forge_rate));
+            wa.push(format!(
+                "--forge-seed={}",
+                args.job.seed.wrapping_add(u64::from(i))
+            ));
         }
         let log = dir.path().join(format!("worker{i}.log"));
         workers.push(Proc(Some(spawn_self(&wa, &log)?)));

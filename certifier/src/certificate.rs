@@ -22,7 +22,16 @@
 //!    says what to do. No new MAC certificate is ever made.
 //! 4. After the seal, verifying recomputes G_S from the log for the certificate's outputs and
 //!    compares Merkle roots (a certificate checked against another log, or a log changed since,
-//!    fails).
+//!    fails). For a certificate of format [`FORMAT`] it also redoes the draw (`draw.rs`) from
+//!    the seed or the revealed secret: the tasks checked must come in draw order, and when the
+//!    generation certified had no detection they must be exactly its first draws. So a
+//!    certifier cannot pick which tasks to check.
+//! 5. An online oracle's certificate carries the commitment it published before the run and
+//!    the secret, revealed; blake3 of the secret must be the commitment. Its `online` record
+//!    (per worker: tasks run, checked, found forged, the bound reached, evicted or not) is
+//!    signed with the rest.
+//! 6. Certificates of [`PREVIOUS_FORMAT`] (signed, drawn by a Fisher-Yates shuffle before
+//!    draws became keyed priorities) verify by rules 1, 2 and 4 without the draw.
 
 use std::sync::Arc;
 
@@ -31,12 +40,16 @@ use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{LogError, LogReader};
 use veriflow_runtime::DataId;
 
+use crate::draw::{DrawKey, Draws};
 use crate::oracle::Detection;
 use crate::signing::{unhex, OracleKey, OraclePublicKey, SCHEME};
-use crate::track::{StructuralError, Track};
+use crate::track::{Ix, StructuralError, Track};
 
-/// The format tag of certificates this version writes: signed with Ed25519 (rule 1).
-pub const FORMAT: &str = "veriflow-certificate/2";
+/// The format tag of certificates this version writes: signed with Ed25519 (rule 1), drawn by
+/// keyed priorities (rule 4).
+pub const FORMAT: &str = "veriflow-certificate/3";
+/// Signed certificates drawn by a shuffle (rule 6).
+pub const PREVIOUS_FORMAT: &str = "veriflow-certificate/2";
 /// The format tag of old certificates, sealed with a keyed-blake3 MAC (rule 3).
 pub const LEGACY_FORMAT: &str = "veriflow-certificate/1";
 /// What a signature signs first (rule 1): a signature made for anything else never verifies a
@@ -90,6 +103,45 @@ pub struct VnodeCount {
     pub detections: u64,
 }
 
+/// One worker, as an online oracle saw it (rule 5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerRecord {
+    /// The worker's id in the cluster.
+    pub worker: u32,
+    /// The vnode incarnations it hosted: (vnode, epoch).
+    pub incarnations: Vec<(u32, u64)>,
+    /// Tasks it completed that the oracle read.
+    pub tasks: u64,
+    /// Of them, checked by the oracle during the run.
+    pub checked: u64,
+    /// Of them, found forged.
+    pub forged: u64,
+    /// Its spot-check rate when the run ended (`online.rs` rule 4).
+    pub spot_rate: f64,
+    /// After its clean checks, its forgery rate is below this at confidence 1 - ε (1 when
+    /// nothing of it was checked).
+    pub q_hat: f64,
+    /// Whether it was evicted from the job for forging.
+    pub evicted: bool,
+}
+
+/// What an online oracle saw while the run ran (rule 5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnlineRecord {
+    /// The cluster's job.
+    pub job: u64,
+    /// Tasks the oracle checked while the run ran.
+    pub checked: u64,
+    /// Forged tasks it found then.
+    pub detections: Vec<Detection>,
+    /// The lowest spot-check rate of any worker (`online.rs` rule 4).
+    pub spot_floor: f64,
+    /// Per worker.
+    pub workers: Vec<WorkerRecord>,
+}
+
 /// The certifier's verdict (DESIGN.md "Certification").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +192,16 @@ pub struct Certificate {
     pub merkle_root: String,
     /// Merkle root over all of G.
     pub log_digest: String,
+    /// Online oracles: blake3 of the secret the draw came from, published before the run
+    /// (rule 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<String>,
+    /// Online oracles: that secret, revealed (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Online oracles: what the oracle saw while the run ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<OnlineRecord>,
     /// How it is signed: "ed25519" (rule 1); absent from format-1 certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature_scheme: Option<String>,
@@ -179,6 +241,9 @@ pub enum VerifyError {
     /// The format-1 MAC fails (rule 3).
     #[error("the certificate's MAC does not match: it was changed after signing, or signed with another key")]
     BadMac,
+    /// The tasks checked are not the draw of the certificate's seed (rule 4).
+    #[error("the certificate's checks are not its own draw: {0}")]
+    WrongDraw(String),
     /// The log is not the one certified.
     #[error("the certificate does not belong to this log: {0}")]
     OtherLog(String),
@@ -234,7 +299,7 @@ impl Certificate {
             serde_json::from_str(text).map_err(|e| VerifyError::Malformed(e.to_string()))?;
         let malformed = |m: String| Err(VerifyError::Malformed(m));
         match c.format.as_str() {
-            FORMAT => {
+            FORMAT | PREVIOUS_FORMAT => {
                 if c.mac.is_some() {
                     return malformed(format!("a {FORMAT} certificate has no MAC"));
                 }
@@ -264,11 +329,31 @@ impl Certificate {
             }
             other => {
                 return malformed(format!(
-                    "format {other:?}, this version reads {FORMAT:?} (and {LEGACY_FORMAT:?})"
+                    "format {other:?}, this version reads {FORMAT:?} (and {PREVIOUS_FORMAT:?}, \
+                     {LEGACY_FORMAT:?})"
                 ))
             }
         }
+        match (&c.commitment, &c.secret) {
+            (None, None) => {}
+            (Some(com), Some(sec)) => {
+                let sec = unhex::<32>(sec)
+                    .map_err(|_| VerifyError::Malformed("a secret of 32 bytes in hex".into()))?;
+                if crate::certificate::hex(&crate::draw::commitment(&sec)) != *com {
+                    return malformed(
+                        "the revealed secret is not the one committed to before the run (rule 5)"
+                            .to_string(),
+                    );
+                }
+            }
+            _ => return malformed("a commitment without its secret, or the reverse".to_string()),
+        }
         Ok(c)
+    }
+
+    /// The secret an online oracle revealed (rule 5), if any.
+    pub fn revealed_secret(&self) -> Option<[u8; 32]> {
+        self.secret.as_deref().and_then(|h| unhex::<32>(h).ok())
     }
 
     /// Whether this is an old MAC certificate (rule 3).
@@ -372,6 +457,40 @@ impl Certificate {
                 "G_S of the log has Merkle root {root}, the certificate says {}",
                 self.merkle_root
             )));
+        }
+        if self.format == FORMAT {
+            self.check_draw(&track, &gs)?;
+        }
+        Ok(())
+    }
+
+    /// Rule 4: the tasks checked are the draw's, in its order.
+    fn check_draw(&self, track: &Track, gs: &[Ix]) -> Result<(), VerifyError> {
+        let key = match self.revealed_secret() {
+            Some(secret) => DrawKey::from_secret(&secret, self.generation),
+            None => DrawKey::from_seed(self.seed, self.generation),
+        };
+        let order: Vec<String> = Draws::of_track(track, gs, &key)
+            .map(|i| format!("{:#}", track.tasks[gs[i] as usize].id))
+            .collect();
+        let wrong = |what: String| Err(VerifyError::WrongDraw(what));
+        if self.detections.is_empty() && self.structural.is_empty() {
+            if order.len() < self.checked.len() || order[..self.checked.len()] != self.checked[..] {
+                return wrong(format!(
+                    "the {} tasks checked are not the first {} the seed draws",
+                    self.checked.len(),
+                    self.checked.len()
+                ));
+            }
+            return Ok(());
+        }
+        // With detections, tasks that fell into G_F are skipped: the checked ones are a
+        // subsequence of the draw.
+        let mut next = order.iter();
+        for t in &self.checked {
+            if !next.any(|o| o == t) {
+                return wrong(format!("task {t} is checked out of the draw's order"));
+            }
         }
         Ok(())
     }

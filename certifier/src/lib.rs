@@ -15,10 +15,11 @@
 //! 1. Only a finished run is certified. G_S is computed for the chosen outputs (all terminal
 //!    outputs by default) and checked structurally first: any structural error is a REJECT
 //!    naming the task and edge (correction does not apply: the logs contradict each other).
-//! 2. The tasks of G_S, sorted by id, are drawn uniformly without replacement by a ChaCha20
-//!    generator. Its seed is the one given, or else derived from the log digest, ε, q and the
-//!    outputs — so no worker can know the draw before its results are in the log — and it is
-//!    recorded in the certificate.
+//! 2. The tasks of G_S are drawn uniformly without replacement, in ascending priority: a keyed
+//!    hash of each task id ([`draw`]). The key comes from the seed given, or else from a seed
+//!    derived from the log digest, ε, q and the outputs — so no worker can know the draw before
+//!    its results are in the log — or from an online oracle's secret ([`online`]); the seed (or
+//!    the revealed secret) is recorded in the certificate, so anyone can redo the draw.
 //! 3. Checks run in parallel batches and are *counted in draw order*, so the outcome does not
 //!    depend on the number of threads. ACCEPT after k = min(⌈f(n)⌉, n) clean checks (k = n with
 //!    `full`).
@@ -29,26 +30,35 @@
 //!    checking of G_C goes on (draws that fall in G_F are skipped). When the count is reached,
 //!    the corrected values are written as a new generation of the log (the original kept) and
 //!    the new generation is certified again, up to [`Options::max_generations`] times.
+//! 6. What an online oracle learned during the run ([`Prior`]) enters the first pass only as
+//!    facts the log itself supports: a task it found clean is not re-run if its content (its
+//!    Merkle leaf) is unchanged; tasks it found forged are detections; tasks it distrusts (run
+//!    by a worker it caught) start G_F with their successors. The draw and the count of rule 3
+//!    are the same as without it, so the ε, q guarantee is unchanged.
 
 pub mod certificate;
 pub mod correct;
+pub mod draw;
+pub mod online;
 pub mod oracle;
 pub mod sample;
 pub mod signing;
 pub mod track;
 
+use std::collections::HashSet;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{write_generation, LogError, LogReader, RunStatus};
-use veriflow_runtime::{DataId, Registry, RunError, VnodeId};
+use veriflow_runtime::{DataId, Registry, RunError, TaskId, VnodeId};
 
-pub use certificate::{Certificate, CorrectionRecord, Decision, VerifyError, VnodeCount};
+pub use certificate::{
+    Certificate, CorrectionRecord, Decision, OnlineRecord, VerifyError, VnodeCount, WorkerRecord,
+};
 pub use correct::CorrectError;
+pub use draw::{DrawKey, Draws};
 pub use oracle::{Detection, Verdict};
 pub use sample::SampleError;
 pub use signing::{OracleKey, OraclePublicKey, PublicKeyError};
@@ -65,9 +75,11 @@ pub struct Options {
     pub q: f64,
     /// Terminal outputs to certify (`None`: all of them).
     pub outputs: Option<Vec<DataId>>,
-    /// Seed of the draw (`None`: derived from the log digest, rule 2). A later generation
-    /// written by a correction is drawn with this seed XOR its generation number.
+    /// Seed of the draw (`None`: derived from the log digest, rule 2). Each generation is drawn
+    /// with a key of this seed and its number (`draw` rule 3).
     pub seed: Option<u64>,
+    /// An online oracle's secret, revealed: the draw's key comes from it instead of a seed.
+    pub secret: Option<[u8; 32]>,
     /// Correct forged tasks (rule 5).
     pub correct: bool,
     /// Re-run every task of G_S.
@@ -83,6 +95,7 @@ impl Default for Options {
             q: 0.01,
             outputs: None,
             seed: None,
+            secret: None,
             correct: false,
             full: false,
             max_generations: 8,
@@ -138,8 +151,35 @@ pub fn certify(
     opts: &Options,
     progress: &dyn Progress,
 ) -> Result<Certificate, CertifyError> {
+    certify_with(store, registry, opts, &Prior::default(), progress)
+}
+
+/// What an online oracle learned while the run ran (rule 6).
+#[derive(Clone, Debug, Default)]
+pub struct Prior {
+    /// Merkle leaves (`Track::leaf`) of the tasks it found clean.
+    pub clean: HashSet<[u8; 32]>,
+    /// Tasks it found forged, with what it found.
+    pub forged: Vec<(TaskId, Detection)>,
+    /// Tasks whose results it does not trust without a re-run (every task a caught worker ran).
+    pub distrusted: Vec<TaskId>,
+}
+
+/// [`certify`] with what an online oracle learned during the run (rule 6).
+pub fn certify_with(
+    store: Arc<dyn Store>,
+    registry: &Registry,
+    opts: &Options,
+    prior: &Prior,
+    progress: &dyn Progress,
+) -> Result<Certificate, CertifyError> {
     let n_eps_q = sample::n_eps_q(opts.epsilon, opts.q)?;
     let mut corrections: Vec<CorrectionRecord> = Vec::new();
+    let later = Prior {
+        clean: prior.clean.clone(),
+        ..Prior::default()
+    };
+    let mut first = true;
     loop {
         let reader = LogReader::latest(store.clone())?;
         let track = Track::load_from(&reader)?;
@@ -164,13 +204,15 @@ pub fn certify(
                 list.clone()
             }
         };
-        let outcome = pass(&track, registry, opts, &outputs, progress)?;
+        // Rule 6: detections and distrust apply to the run's own log; clean verdicts hold
+        // wherever a task's content is unchanged.
+        let this_prior = if first { prior } else { &later };
+        first = false;
+        let outcome = pass(&track, registry, opts, &outputs, this_prior, progress)?;
         let mut cert = outcome.certificate(&track, opts, n_eps_q, &outputs);
         cert.corrections = corrections.clone();
-        let can_correct = opts.correct
-            && cert.structural.is_empty()
-            && !outcome.forged.is_empty()
-            && track.generation < opts.max_generations;
+        let can_correct =
+            opts.correct && cert.structural.is_empty() && track.generation < opts.max_generations;
         if !can_correct {
             return Ok(cert);
         }
@@ -178,6 +220,9 @@ pub fn certify(
             Some(c) => c?,
             None => return Ok(cert),
         };
+        if !in_gf.iter().any(|&b| b) {
+            return Ok(cert);
+        }
         let logs = correct::next_generation(&reader, &track, &in_gf, &redone)?;
         let mut manifest = track.manifest.clone();
         let next = track.generation + 1;
@@ -227,6 +272,7 @@ fn pass(
     registry: &Registry,
     opts: &Options,
     outputs: &[DataId],
+    prior: &Prior,
     progress: &dyn Progress,
 ) -> Result<PassOutcome, CertifyError> {
     let (gs, mut structural) = track.terminal_subgraph(outputs);
@@ -234,16 +280,22 @@ fn pass(
     let leaves = track.leaves();
     let merkle_root = track.merkle_root_of(&gs, &leaves);
     let log_digest = track.log_digest_of(&leaves);
-    drop(leaves);
+    // Rule 6: tasks found clean online are known by their leaves.
+    let leaves = (!prior.clean.is_empty()).then_some(leaves);
     let n = gs.len() as u64;
     let k = if opts.full {
         n
     } else {
         sample::sample_size(opts.epsilon, opts.q, n)?
     };
-    let (seed, seed_source) = match opts.seed {
-        Some(s) => (s ^ u64::from(track.generation), "given"),
-        None => (derive_seed(&log_digest, opts, outputs), "log digest"),
+    let (seed, seed_source) = match (&opts.secret, opts.seed) {
+        (Some(_), _) => (0, "oracle secret"),
+        (None, Some(s)) => (s, "given"),
+        (None, None) => (derive_seed(&log_digest, opts, outputs), "log digest"),
+    };
+    let key = match &opts.secret {
+        Some(secret) => DrawKey::from_secret(secret, track.generation),
+        None => DrawKey::from_seed(seed, track.generation),
     };
     let mut out = PassOutcome {
         gs,
@@ -261,8 +313,33 @@ fn pass(
         return Ok(out);
     }
     progress.pass(track.generation, k);
-    let draws = Draws::new(out.gs.len(), seed);
+    let draws = Draws::of_track(track, &out.gs, &key);
     let (tx, rx) = mpsc::channel::<Vec<bool>>();
+    // Rule 6: the oracle's detections, and G_F from them and from the tasks it distrusts.
+    let mut gf: Option<correct::Closure> = None;
+    for (id, d) in &prior.forged {
+        if let Some(t) = track.index_of(*id) {
+            out.forged.push((t, d.clone()));
+            if opts.correct {
+                gf.get_or_insert_with(|| correct::Closure::new(track))
+                    .add(track, t);
+            }
+        }
+    }
+    if opts.correct {
+        for t in prior.distrusted.iter().filter_map(|id| track.index_of(*id)) {
+            gf.get_or_insert_with(|| correct::Closure::new(track))
+                .add(track, t);
+        }
+    }
+    if let Some(c) = &gf {
+        let _ = tx.send(c.marks().to_vec());
+    }
+    let known = |t: Ix| {
+        leaves
+            .as_ref()
+            .is_some_and(|l| prior.clean.contains(&l[t as usize]))
+    };
     let checking = std::thread::scope(|scope| -> Result<Option<CorrectionResult>, CertifyError> {
         let corrector = opts.correct.then(|| {
             scope.spawn(move || -> CorrectionResult {
@@ -280,7 +357,19 @@ fn pass(
                 last.unwrap_or_else(|| Ok((vec![false; track.len()], Vec::new())))
             })
         });
-        let result = check_loop(track, registry, opts, &mut out, draws, progress, &tx);
+        let result = check_loop(
+            track,
+            registry,
+            opts,
+            &mut out,
+            Checking {
+                draws,
+                gf,
+                known: &known,
+            },
+            progress,
+            &tx,
+        );
         drop(tx);
         let correction = corrector.map(|h| {
             h.join()
@@ -292,17 +381,28 @@ fn pass(
     Ok(out)
 }
 
+/// Where a pass's checking starts: the draw, G_F so far, and which tasks are known clean.
+struct Checking<'a> {
+    draws: Draws,
+    gf: Option<correct::Closure>,
+    known: &'a (dyn Fn(Ix) -> bool + Sync),
+}
+
 fn check_loop(
     track: &Track,
     registry: &Registry,
     opts: &Options,
     out: &mut PassOutcome,
-    mut draws: Draws,
+    start: Checking<'_>,
     progress: &dyn Progress,
     tx: &mpsc::Sender<Vec<bool>>,
 ) -> Result<(), CertifyError> {
     let batch = (rayon::current_num_threads() * 8).max(16);
-    let mut gf: Option<correct::Closure> = None;
+    let Checking {
+        mut draws,
+        mut gf,
+        known,
+    } = start;
     let no_gf = vec![false; track.len()];
     let mut counted: u64 = 0; // clean checks since the last detection (rule 5), or all checks
     'outer: loop {
@@ -320,7 +420,13 @@ fn check_loop(
         }
         let verdicts: Vec<Result<Verdict, RunError>> = picks
             .par_iter()
-            .map(|&t| oracle::check(track, registry, t))
+            .map(|&t| {
+                if known(t) {
+                    Ok(Verdict::Clean)
+                } else {
+                    oracle::check(track, registry, t)
+                }
+            })
             .collect();
         for (t, v) in picks.into_iter().zip(verdicts) {
             if gf.as_ref().is_some_and(|c| c.marks()[t as usize]) {
@@ -390,7 +496,10 @@ impl PassOutcome {
                 c.detections += 1;
             }
         }
-        let clean = self.checked.len() as u64 - self.forged.len() as u64;
+        // Detections an online oracle made (rule 6) were not drawn here: only this pass's
+        // checks count.
+        let forged: HashSet<Ix> = self.forged.iter().map(|(t, _)| *t).collect();
+        let clean = self.checked.iter().filter(|t| !forged.contains(t)).count() as u64;
         Certificate {
             format: certificate::FORMAT.to_string(),
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -419,43 +528,13 @@ impl PassOutcome {
             q_hat: sample::q_hat(opts.epsilon, clean.min(self.k)),
             merkle_root: certificate::hex(&self.merkle_root),
             log_digest: certificate::hex(&self.log_digest),
+            commitment: opts.secret.map(|s| certificate::hex(&draw::commitment(&s))),
+            secret: opts.secret.map(|s| certificate::hex(&s)),
+            online: None,
             signature_scheme: None,
             public_key: None,
             signature: None,
             mac: None,
         }
-    }
-}
-
-/// Uniform draws without replacement from 0..n: a Fisher-Yates shuffle done lazily (rule 2).
-pub struct Draws {
-    order: Vec<u32>,
-    next: usize,
-    rng: ChaCha20Rng,
-}
-
-impl Draws {
-    /// Draws from 0..n with `seed`.
-    pub fn new(n: usize, seed: u64) -> Draws {
-        Draws {
-            order: (0..n as u32).collect(),
-            next: 0,
-            rng: ChaCha20Rng::seed_from_u64(seed),
-        }
-    }
-}
-
-impl Iterator for Draws {
-    type Item = usize;
-    fn next(&mut self) -> Option<usize> {
-        let n = self.order.len();
-        if self.next >= n {
-            return None;
-        }
-        let j = self.rng.gen_range(self.next..n);
-        self.order.swap(self.next, j);
-        let v = self.order[self.next];
-        self.next += 1;
-        Some(v as usize)
     }
 }

@@ -125,16 +125,7 @@ impl Track {
             .into_par_iter()
             .map(|v| reader.read_vnode(v))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut t = Track {
-            manifest,
-            generation: reader.generation(),
-            tasks: Vec::new(),
-            index: IdMap::default(),
-            data: IdMap::default(),
-            conflicts: Vec::new(),
-            torn: Vec::new(),
-            events: 0,
-        };
+        let mut t = Track::live(manifest, reader.generation());
         let total: usize = logs.iter().map(|l| l.events.len()).sum();
         t.tasks.reserve(total / 3);
         t.index.reserve(total / 3);
@@ -144,11 +135,24 @@ impl Track {
             }
             let v = log.vnode;
             for e in log.events {
-                t.events += 1;
                 t.absorb(v, e.event);
             }
         }
         Ok(t)
+    }
+
+    /// An empty track of a run still going on, grown by [`Track::absorb`] (`online.rs`).
+    pub fn live(manifest: Manifest, generation: u32) -> Track {
+        Track {
+            manifest,
+            generation,
+            tasks: Vec::new(),
+            index: IdMap::default(),
+            data: IdMap::default(),
+            conflicts: Vec::new(),
+            torn: Vec::new(),
+            events: 0,
+        }
     }
 
     fn ix(&mut self, id: TaskId) -> Ix {
@@ -186,7 +190,9 @@ impl Track {
         }
     }
 
-    fn absorb(&mut self, v: VnodeId, event: Event) {
+    /// Adds one event that vnode `v` logged (rule 1).
+    pub fn absorb(&mut self, v: VnodeId, event: Event) {
+        self.events += 1;
         match event {
             Event::Declared(d) => self.set_record(v, d, true),
             Event::Adopted {

@@ -312,7 +312,7 @@ fn a_signed_certificate_verifies_with_the_public_key_only() {
     let mut cert = certify(store.clone(), &registry(), &opts(0.1, 0.05), &NoProgress).unwrap();
     cert.sign(&key).unwrap();
     let v: serde_json::Value = serde_json::from_str(&cert.to_json()).unwrap();
-    assert_eq!(v["format"], "veriflow-certificate/2");
+    assert_eq!(v["format"], "veriflow-certificate/3");
     assert_eq!(v["signature_scheme"], "ed25519");
     assert_eq!(v["public_key"], public.to_hex());
     assert_eq!(
@@ -493,4 +493,92 @@ fn the_draw_depends_on_the_seed_only() {
     o.seed = None;
     let d = certify(store, &registry(), &o, &NoProgress).unwrap();
     assert_eq!(d.seed_source, "log digest");
+}
+
+/// Certificate rule 4: a certifier cannot choose what it checks. A certificate whose list of
+/// checked tasks is not its seed's draw is refused, though its signature is good.
+#[test]
+fn a_certificate_that_checked_other_tasks_than_its_draw_is_refused() {
+    let key = oracle(23);
+    let (store, _) = run(4, 2, 3, None);
+    let mut o = opts(0.1, 0.1);
+    o.seed = Some(77);
+    let mut cert = certify(store.clone(), &registry(), &o, &NoProgress).unwrap();
+    assert!(cert.checked.len() >= 2 && (cert.checked.len() as u64) < cert.n);
+    cert.sign(&key).unwrap();
+    cert.verify(&key.public(), store.clone())
+        .expect("its own draw verifies");
+    // Checked in another order, then signed again by the same oracle.
+    let mut swapped = cert.clone();
+    swapped.checked.swap(0, 1);
+    swapped.sign(&key).unwrap();
+    let e = swapped.verify(&key.public(), store.clone()).unwrap_err();
+    assert!(matches!(e, VerifyError::WrongDraw(_)), "{e}");
+    // Another seed claimed for the same checks.
+    let mut reseeded = cert.clone();
+    reseeded.seed = 78;
+    reseeded.sign(&key).unwrap();
+    let e = reseeded.verify(&key.public(), store).unwrap_err();
+    assert!(matches!(e, VerifyError::WrongDraw(_)), "{e}");
+}
+
+/// Certificate rule 5: an online oracle's revealed secret must be the one it committed to.
+#[test]
+fn a_revealed_secret_must_match_its_commitment() {
+    let key = oracle(24);
+    let (store, _) = run(3, 2, 4, None);
+    let mut o = opts(0.1, 0.1);
+    o.secret = Some([9; 32]);
+    let mut cert = certify(store.clone(), &registry(), &o, &NoProgress).unwrap();
+    assert_eq!(cert.seed_source, "oracle secret");
+    assert_eq!(
+        cert.commitment.as_deref(),
+        Some(blake3::hash(&[9; 32]).to_hex().as_str())
+    );
+    cert.sign(&key).unwrap();
+    let back = Certificate::from_json(&cert.to_json()).unwrap();
+    back.verify(&key.public(), store).unwrap();
+    let mut other = cert.clone();
+    other.secret = Some("0a".repeat(32));
+    other.sign(&key).unwrap();
+    let e = Certificate::from_json(&other.to_json()).unwrap_err();
+    assert!(e.to_string().contains("committed"), "{e}");
+}
+
+/// Crate rule 6: what an online oracle learned enters the final certification. Tasks it found
+/// clean are not re-run; tasks of a worker it caught are re-run with their successors, so the
+/// corrected output is the honest one even where the sample would have missed the lie.
+#[test]
+fn an_online_oracles_distrust_corrects_what_the_draw_did_not_check() {
+    let (honest, _) = run(4, 3, 6, None);
+    let victims = writers(&honest);
+    let lie = victims[victims.len() / 3];
+    let (store, report) = run(4, 3, 6, Some(forge_tasks(&[lie])));
+    assert_eq!(report.forged.len(), 1);
+    let track = Track::load(store.clone()).unwrap();
+    let mut prior = veriflow_certifier::Prior::default();
+    // Everything but the lie was found clean during the run.
+    for (i, t) in track.tasks.iter().enumerate() {
+        if t.id != lie {
+            prior.clean.insert(track.leaf(i as u32));
+        }
+    }
+    prior.distrusted.push(lie);
+    let mut o = opts(0.1, 0.1);
+    o.correct = true;
+    o.secret = Some([5; 32]);
+    let counted = std::sync::atomic::AtomicU64::new(0);
+    struct Count<'a>(&'a std::sync::atomic::AtomicU64);
+    impl veriflow_certifier::Progress for Count<'_> {
+        fn corrected(&self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let cert =
+        veriflow_certifier::certify_with(store.clone(), &registry(), &o, &prior, &Count(&counted))
+            .unwrap();
+    assert_eq!(cert.decision, Decision::Accept, "{cert:?}");
+    assert_eq!(cert.generation, 1, "distrust alone starts a correction");
+    assert!(counted.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert_eq!(terminal_value(&store), terminal_value(&honest));
 }

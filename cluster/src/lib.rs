@@ -10,6 +10,7 @@
 
 pub mod coordinator;
 mod error;
+pub mod oracle;
 pub mod protocol;
 pub mod sim;
 mod status;

@@ -45,6 +45,72 @@ pub enum Hello {
     /// A client asks for the cluster's status ([`ToSubmit::Status`]); read-only, the
     /// connection closes after the answer.
     Status,
+    /// The online oracle (`oracle` rules) follows the cluster's jobs.
+    Oracle {
+        /// Its Ed25519 public key, which signs its certificates.
+        public_key: [u8; 32],
+        /// The job it was following when its coordinator was replaced, if any.
+        following: Option<u64>,
+    },
+}
+
+/// A vnode incarnation and its host: (vnode, epoch, worker).
+pub type Hosting = (u32, u64, WorkerId);
+
+/// Coordinator to the online oracle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToOracle {
+    /// Admitted: the store the job logs into, and every coordinator address known.
+    Welcome {
+        store: String,
+        program: String,
+        coordinators: Vec<String>,
+    },
+    /// This coordinator is a standby: try the others (`active` if it knows it).
+    Standby { active: Option<String> },
+    /// The hello was refused; the connection closes next.
+    Refused { reason: String },
+    /// Follow job `job`: every incarnation so far and its host.
+    Follow {
+        job: u64,
+        argv: Vec<String>,
+        vnodes: u32,
+        hosts: Vec<Hosting>,
+    },
+    /// New incarnations (vnodes moved).
+    Hosts { job: u64, hosts: Vec<Hosting> },
+    /// The worker was evicted for forging: its vnodes moved.
+    Evicted { job: u64, worker: WorkerId },
+    /// The run is over and recorded as finished: certify it now.
+    Ended { job: u64 },
+    /// The job's end was sent to its client with the oracle's certificate: it is over.
+    Closed { job: u64 },
+}
+
+/// The online oracle to its coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FromOracle {
+    /// The commitment (blake3 of the secret draw seed) published before any task of `job` is
+    /// checked.
+    Committed { job: u64, commitment: [u8; 32] },
+    /// A completed task of incarnation (vnode, epoch) is forged: evict its worker.
+    Forged {
+        job: u64,
+        vnode: u32,
+        epoch: u64,
+        task: String,
+        reason: String,
+    },
+    /// The certificate of `job` (signed JSON), its decision, and the terminal outputs of the
+    /// generation it certified (corrected if anything was forged).
+    Certified {
+        job: u64,
+        decision: String,
+        certificate: String,
+        outputs: Vec<Vec<u8>>,
+    },
+    /// The oracle could not certify `job`.
+    Failed { job: u64, error: String },
 }
 
 /// A worker's claim when it comes back to a new coordinator (`coordinator` rule 10).
@@ -184,6 +250,9 @@ pub enum ToSubmit {
     Takeover { coordinator: String },
     /// This coordinator is a standby: try the others (`active` if it knows it).
     Standby { active: Option<String> },
+    /// An online oracle follows the job; `commitment` is blake3 of its secret draw seed,
+    /// revealed in the final certificate.
+    Oracle { commitment: String },
     /// A worker was lost; its vnodes moved.
     WorkerLost {
         worker: WorkerId,
@@ -203,6 +272,10 @@ pub enum ToSubmit {
         states: Vec<(u32, u64, Vec<u8>)>,
         /// Iterative runs: per-vnode counters, summed over incarnations.
         iter_stats: Vec<(u32, NodeStats)>,
+        /// The online oracle's signed certificate (JSON), if one followed the job.
+        certificate: Option<String>,
+        /// Why a job an oracle followed ends without its certificate.
+        uncertified: Option<String>,
     },
     /// The job failed.
     Failed { error: String },

@@ -46,7 +46,10 @@ pub fn submit(
                 },
             };
             let (addr, mut reader, _writer, first) =
-                find(addrs, key, &hello, lost.as_deref()).await?;
+                find(addrs, key, &hello, lost.as_deref(), |m: &ToSubmit| {
+                    matches!(m, ToSubmit::Standby { .. })
+                })
+                .await?;
             let mut next = Some(first);
             loop {
                 let msg: ToSubmit = match next.take() {
@@ -75,16 +78,19 @@ pub fn submit(
     })
 }
 
-type Reader = veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>;
-type Writer = veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>;
+pub(crate) type Reader = veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>;
+pub(crate) type Writer = veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>;
 
-/// Says `hello` to each coordinator in turn until one that holds the role takes it.
-async fn find(
+/// Says `hello` to each coordinator in turn until one that holds the role takes it (its first
+/// answer is not a standby's, as `standby` tells); a client lost its coordinator (`lost`) looks
+/// for [`PATIENCE`], a new one for [`FIRST_PATIENCE`].
+pub(crate) async fn find<T: serde::de::DeserializeOwned>(
     addrs: &[String],
     key: &Key,
     hello: &Hello,
     lost: Option<&str>,
-) -> Result<(String, Reader, Writer, ToSubmit), ClusterError> {
+    standby: impl Fn(&T) -> bool,
+) -> Result<(String, Reader, Writer, T), ClusterError> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(50);
     let mut last = String::new();
@@ -105,8 +111,8 @@ async fn find(
                 last = format!("{addr}: {e}");
                 continue;
             }
-            match reader.recv::<ToSubmit>().await {
-                Ok(ToSubmit::Standby { .. }) => last = format!("{addr} is a standby"),
+            match reader.recv::<T>().await {
+                Ok(m) if standby(&m) => last = format!("{addr} is a standby"),
                 // The writer stays open with the reader: the coordinator reads a closed
                 // connection as the client leaving.
                 Ok(first) => return Ok((addr.clone(), reader, writer, first)),

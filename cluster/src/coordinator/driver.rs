@@ -24,7 +24,9 @@ use veriflow_runtime::{Clock, SystemClock};
 use super::journal::{self, JournalError, LeaseParams};
 use super::{Action, ClientId, Config, ConnId, Coordinator, Event, Joining};
 use crate::error::ClusterError;
-use crate::protocol::{ClusterStatus, Hello, ToCoord, ToSubmit, ToWorker, WorkerId};
+use crate::protocol::{
+    ClusterStatus, FromOracle, Hello, ToCoord, ToOracle, ToSubmit, ToWorker, WorkerId,
+};
 
 /// How a coordinator process runs.
 #[derive(Clone)]
@@ -84,6 +86,11 @@ enum Input {
     ClientConn {
         id: ClientId,
         tx: UnboundedSender<ToSubmit>,
+    },
+    /// The online oracle's connection: frames to it go through `tx`.
+    OracleConn {
+        id: ClientId,
+        tx: UnboundedSender<ToOracle>,
     },
     /// The lease could not be renewed: this coordinator must stop.
     Deposed(String),
@@ -333,6 +340,7 @@ async fn connection(
             Hello::Submit { .. } | Hello::Attach { .. } | Hello::Status => {
                 writer.send(&ToSubmit::Standby { active }).await
             }
+            Hello::Oracle { .. } => writer.send(&ToOracle::Standby { active }).await,
         };
         return;
     }
@@ -374,6 +382,13 @@ async fn connection(
         }
         Hello::Attach { job } => {
             serve_client(id, Event::Attach { client: id, job }, writer, &events).await;
+            return;
+        }
+        Hello::Oracle {
+            public_key,
+            following,
+        } => {
+            serve_oracle(id, public_key, following, reader, writer, &events).await;
             return;
         }
         Hello::Status => {
@@ -436,6 +451,51 @@ async fn serve_client(
     }
 }
 
+/// The online oracle's connection (`coordinator` rule 11): its frames become events, the
+/// coordinator's messages to it are written until it is refused or the connection ends.
+async fn serve_oracle(
+    id: ClientId,
+    public_key: [u8; 32],
+    following: Option<u64>,
+    mut reader: veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>,
+    mut writer: veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>,
+    events: &UnboundedSender<Input>,
+) {
+    let (tx, mut rx) = unbounded_channel::<ToOracle>();
+    let _ = events.send(Input::OracleConn { id, tx });
+    let _ = events.send(Input::Event(Event::OracleJoined {
+        client: id,
+        public_key,
+        following,
+    }));
+    let events2 = events.clone();
+    let reading = tokio::spawn(async move {
+        let reason = loop {
+            match reader.recv::<FromOracle>().await {
+                Ok(msg) => {
+                    let e = Event::FromOracle { client: id, msg };
+                    if events2.send(Input::Event(e)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => break e.to_string(),
+            }
+        };
+        let _ = events2.send(Input::Event(Event::OracleClosed { client: id, reason }));
+    });
+    while let Some(m) = rx.recv().await {
+        let last = matches!(m, ToOracle::Refused { .. });
+        if writer.send(&m).await.is_err() || last {
+            break;
+        }
+    }
+    reading.abort();
+    let _ = events.send(Input::Event(Event::OracleClosed {
+        client: id,
+        reason: "its connection was closed".to_string(),
+    }));
+}
+
 /// How long a journal write may keep failing before this coordinator gives up its role.
 const JOURNAL_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -479,6 +539,7 @@ async fn actor(
     let mut workers: HashMap<WorkerId, (ConnId, UnboundedSender<ToWorker>, AbortHandle)> =
         HashMap::new();
     let mut clients: HashMap<ClientId, UnboundedSender<ToSubmit>> = HashMap::new();
+    let mut oracles: HashMap<ClientId, UnboundedSender<ToOracle>> = HashMap::new();
     let mut pending = first;
     loop {
         for action in std::mem::take(&mut pending) {
@@ -547,6 +608,15 @@ async fn actor(
                         let _ = me.send(Input::Event(Event::Recorded { job, result }));
                     });
                 }
+                Action::ToOracle { client, msg } => {
+                    let last = matches!(msg, ToOracle::Refused { .. });
+                    if let Some(tx) = oracles.get(&client) {
+                        let _ = tx.send(msg);
+                    }
+                    if last {
+                        oracles.remove(&client);
+                    }
+                }
                 Action::Note(line) => eprintln!("coordinator: {line}"),
             }
         }
@@ -560,6 +630,10 @@ async fn actor(
             }
             Ok(Some(Input::ClientConn { id, tx })) => {
                 clients.insert(id, tx);
+                continue;
+            }
+            Ok(Some(Input::OracleConn { id, tx })) => {
+                oracles.insert(id, tx);
                 continue;
             }
             Ok(Some(Input::Status(reply))) => {
@@ -578,7 +652,12 @@ async fn actor(
                 }
             }
             Ok(Some(Input::Deposed(why))) => return Err(ClusterError::Deposed(why)),
-            Ok(Some(Input::Event(ev))) => ev,
+            Ok(Some(Input::Event(ev))) => {
+                if let Event::OracleClosed { client, .. } = &ev {
+                    oracles.remove(client);
+                }
+                ev
+            }
             Err(_) => Event::Tick,
         };
         pending = core.on_event(clock.now(), event);

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::{Store, StoreError};
 use veriflow_runtime::codec;
 
-use crate::protocol::{JobSpec, ToSubmit, WorkerId};
+use crate::protocol::{Hosting, JobSpec, ToSubmit, WorkerId};
 
 /// The fence scope of the coordinator's records (rule 1).
 pub const FENCE_SCOPE: &[u8] = b"coord";
@@ -119,6 +119,19 @@ pub struct JobRecord {
     /// successor measures the job's time from it (`elapsed_s` would miss the time between the
     /// last write and the takeover).
     pub started_unix_s: f64,
+    /// The online oracle follows the job (`coordinator` rule 11).
+    pub followed: Option<Followed>,
+}
+
+/// What a job the online oracle follows keeps (`coordinator` rule 11).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Followed {
+    /// The oracle's commitment, once it sent it.
+    pub commitment: Option<[u8; 32]>,
+    /// Every incarnation of the job so far: (vnode, epoch, host).
+    pub hosts: Vec<Hosting>,
+    /// Workers evicted for forging, with their public keys (refused for the rest of the job).
+    pub evicted: Vec<(WorkerId, [u8; 32])>,
 }
 
 /// Everything a successor needs (rule 3).

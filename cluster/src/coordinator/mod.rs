@@ -66,6 +66,20 @@
 //!     still counts may rejoin too (its detector gave up on the coordinator, under load or a
 //!     cut): the new connection replaces the old, whose close then accuses nobody, and the
 //!     worker hears the job's map, its host orders and the stop or probe of the moment again.
+//! 11. **The online oracle** (`crate::oracle`). One oracle connection at a time; another is
+//!     refused while it lasts. A job started while an oracle is connected is *followed* (and
+//!     stays so across takeovers: it is journaled): the oracle hears every incarnation
+//!     (vnode, epoch, host) as the map is made and changed, and the job's end waits for its
+//!     certificate. `Forged` names an incarnation; its host is evicted as a lost worker is
+//!     (rule 5: its vnodes move at new epochs), journaled first, and its public key is refused
+//!     for the rest of the job (its id, as every lost id, for ever); the cluster key stays
+//!     valid. When the run is recorded finished the oracle is told (`Ended`) and the summary
+//!     waits for `Certified`: the outputs become those of the generation it certified
+//!     (corrected, if anything was forged) and the signed certificate goes with the summary.
+//!     An oracle that fails, or is away for `oracle_patience` while the summary waits, lets
+//!     the job end with the members' outputs and `uncertified` saying why. An oracle that
+//!     comes back (`following` the job, after a takeover or a restart) hears `Follow` again,
+//!     and `Ended` if the summary waits.
 
 mod driver;
 pub mod journal;
@@ -82,10 +96,11 @@ pub use driver::{serve, CoordinatorConfig};
 pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
-    rejoin_message, ClusterStatus, FailureStatus, JobSpec, JobStatus, LastJobStatus, PeerInfo,
-    Rejoin, ToCoord, ToSubmit, ToWorker, VnodeStatus, WorkerId, WorkerReport, WorkerStatus,
+    rejoin_message, ClusterStatus, FailureStatus, FromOracle, Hosting, JobSpec, JobStatus,
+    LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus, WorkerId,
+    WorkerReport, WorkerStatus,
 };
-use journal::{JobRecord, MemberRecord};
+use journal::{Followed, JobRecord, MemberRecord};
 
 /// A submitting client's connection, numbered by the driver.
 pub type ClientId = u64;
@@ -159,6 +174,8 @@ pub struct Config {
     /// UNIX time of the driver clock's zero (`Duration::ZERO`: unknown), so that a job's
     /// elapsed time survives a takeover.
     pub wall_zero: Duration,
+    /// How long a followed job's summary waits for an absent oracle (rule 11).
+    pub oracle_patience: Duration,
 }
 
 impl Config {
@@ -181,6 +198,7 @@ impl Config {
             rejoin_patience: Duration::from_secs(10)
                 .max((fd.interval + fd.timeout + fd.insurance + fd.broken) * 3),
             wall_zero: Duration::ZERO,
+            oracle_patience: Duration::from_secs(30),
         }
     }
 }
@@ -270,6 +288,29 @@ pub enum Event {
         /// The run's root task id (empty without a log), or why it could not be recorded.
         result: Result<String, String>,
     },
+    /// The online oracle said hello on connection `client` (rule 11).
+    OracleJoined {
+        /// Its connection.
+        client: ClientId,
+        /// Its certificate-signing public key.
+        public_key: [u8; 32],
+        /// The job it followed before, if any.
+        following: Option<u64>,
+    },
+    /// The online oracle sent a message.
+    FromOracle {
+        /// Its connection.
+        client: ClientId,
+        /// The message.
+        msg: FromOracle,
+    },
+    /// The online oracle's connection closed.
+    OracleClosed {
+        /// Its connection.
+        client: ClientId,
+        /// Why, as the driver saw it.
+        reason: String,
+    },
     /// Time passed: run the timers due (probes, the detector, deadlines).
     Tick,
 }
@@ -328,6 +369,13 @@ pub enum Action {
     RecordFinished {
         /// The job.
         job: u64,
+    },
+    /// Send `msg` to the online oracle on connection `client`; `Refused` is its last.
+    ToOracle {
+        /// Its connection.
+        client: ClientId,
+        /// The message.
+        msg: ToOracle,
     },
     /// A line for the coordinator's log (joins, losses, refusals, job start and end).
     Note(String),
@@ -401,6 +449,11 @@ struct Job {
     /// Workers lost in this job under this coordinator: who, why, when, vnodes moved.
     failures: Vec<(WorkerId, String, Duration, u32)>,
     last_progress: Duration,
+    /// The online oracle follows this job (rule 11).
+    followed: Option<Followed>,
+    /// The summary, waiting for the oracle's certificate (rule 11), and since when no oracle
+    /// is connected to give it.
+    awaiting: Option<(ToSubmit, Option<Duration>)>,
 }
 
 impl Job {
@@ -414,6 +467,7 @@ impl Job {
             stopping: self.stopping,
             lost: self.lost,
             elapsed_s: self.elapsed(now).as_secs_f64(),
+            followed: self.followed.clone(),
             started_unix_s: if wall_zero.is_zero() {
                 0.0
             } else {
@@ -469,6 +523,8 @@ pub struct Coordinator {
     last: Option<(u64, ToSubmit)>,
     /// Whether this coordinator started from a predecessor's journal (rule 10).
     took_over: bool,
+    /// The online oracle's connection and public key (rule 11).
+    oracle: Option<(ClientId, [u8; 32])>,
     out: Vec<Action>,
 }
 
@@ -499,6 +555,7 @@ impl Coordinator {
             recovery: None,
             last: None,
             took_over: false,
+            oracle: None,
             out: Vec::new(),
         }
     }
@@ -552,6 +609,8 @@ impl Coordinator {
                 lost: r.lost,
                 failures: Vec::new(),
                 last_progress: now,
+                followed: r.followed,
+                awaiting: None,
             });
         }
         c.recovery = Some(Recovery {
@@ -627,6 +686,9 @@ impl Coordinator {
         }
         if let Some(r) = &self.recovery {
             due = due.min(r.deadline);
+        }
+        if let Some((_, Some(since))) = self.job.as_ref().and_then(|j| j.awaiting.as_ref()) {
+            due = due.min(*since + self.cfg.oracle_patience);
         }
         due
     }
@@ -801,6 +863,13 @@ impl Coordinator {
             Event::StoreChecked { job, result } => self.on_store_checked(now, job, result),
             Event::OutputsRead { job, result } => self.on_outputs_read(now, job, result),
             Event::Recorded { job, result } => self.on_recorded(now, job, result),
+            Event::OracleJoined {
+                client,
+                public_key,
+                following,
+            } => self.on_oracle_joined(now, client, public_key, following),
+            Event::FromOracle { client, msg } => self.on_oracle(now, client, msg),
+            Event::OracleClosed { client, reason } => self.on_oracle_closed(now, client, reason),
             Event::Tick => {}
         }
         self.timers(now);
@@ -843,6 +912,20 @@ impl Coordinator {
                 hello.peer_addr.len(),
                 l.max_name
             ));
+        }
+        // Rule 11: an evicted worker's key is refused for the rest of the job.
+        if let Some(j) = &self.job {
+            if let Some((w, _)) = j
+                .followed
+                .as_ref()
+                .and_then(|f| f.evicted.iter().find(|(_, k)| *k == hello.public_key))
+            {
+                return Some(format!(
+                    "its key was evicted from job {} for forging (as worker {w}): it may join \
+                     again after the job",
+                    j.id
+                ));
+            }
         }
         None
     }
@@ -1356,6 +1439,21 @@ impl Coordinator {
         self.maybe_recovered(now);
         self.start_waiting(now);
         self.probe(now);
+        let overdue = self
+            .job
+            .as_ref()
+            .and_then(|j| j.awaiting.as_ref())
+            .is_some_and(|(_, since)| since.is_some_and(|s| now >= s + self.cfg.oracle_patience));
+        if overdue {
+            self.end_uncertified(
+                now,
+                format!(
+                    "the online oracle was away for {:?} when the run ended: certify the log \
+                     offline with `certify --store`",
+                    self.cfg.oracle_patience
+                ),
+            );
+        }
     }
 
     /// Submissions whose workers have joined start (or fail at their deadline).
@@ -1412,6 +1510,8 @@ impl Coordinator {
                 lost: 0,
                 failures: Vec::new(),
                 last_progress: now,
+                followed: None,
+                awaiting: None,
             });
             self.out.push(Action::CheckStore { job: id });
         }
@@ -1479,6 +1579,12 @@ impl Coordinator {
         j.started = now;
         j.last_round = now;
         j.last_progress = now;
+        if self.oracle.is_some() {
+            j.followed = Some(Followed {
+                hosts: (0..vnodes).map(|v| (v, 0, j.host[v as usize])).collect(),
+                ..Followed::default()
+            });
+        }
         let (id, spec, client) = (j.id, j.spec.clone(), j.client);
         let map: Vec<(u32, WorkerId, u64)> =
             (0..vnodes).map(|v| (v, j.host[v as usize], 0)).collect();
@@ -1520,6 +1626,7 @@ impl Coordinator {
         self.note(format!(
             "job {id} started: {vnodes} vnodes on {workers} workers ({spares} spare)"
         ));
+        self.follow(now);
     }
 
     /// The peers `me` may talk to, with their link keys (rule 8).
@@ -1701,14 +1808,41 @@ impl Coordinator {
                     workers_lost: j.lost,
                     states: states.into_iter().map(|(v, (n, s))| (v, n, s)).collect(),
                     iter_stats: iter_stats.into_iter().collect(),
+                    certificate: None,
+                    uncertified: None,
                 }
             }
         };
+        // Rule 11: a followed job's summary waits for the oracle's certificate.
+        if j.followed.is_some() && matches!(msg, ToSubmit::Finished { .. }) && !j.spec.iterative {
+            let since = match self.oracle {
+                Some((client, _)) => {
+                    let job = j.id;
+                    self.out.push(Action::ToOracle {
+                        client,
+                        msg: ToOracle::Ended { job },
+                    });
+                    None
+                }
+                None => Some(now),
+            };
+            j.awaiting = Some((msg, since));
+            self.note(format!(
+                "job {job} ended: waiting for the oracle's certificate"
+            ));
+            return;
+        }
         self.end_job(now, msg);
     }
 
     fn end_job(&mut self, now: Duration, msg: ToSubmit) {
         let Some(j) = self.job.take() else { return };
+        if let (Some(_), Some((client, _))) = (&j.followed, self.oracle) {
+            self.out.push(Action::ToOracle {
+                client,
+                msg: ToOracle::Closed { job: j.id },
+            });
+        }
         let elapsed = j.elapsed(now).as_secs_f64();
         self.note(format!("job {} over in {elapsed:.3} s", j.id));
         // Rule 10: a client that reattaches later reads the end from the journal.
@@ -1786,6 +1920,9 @@ impl Coordinator {
             j.epoch[v] += 1;
             moved.push((u32::try_from(v).unwrap_or(u32::MAX), target, j.epoch[v]));
         }
+        if let Some(f) = j.followed.as_mut() {
+            f.hosts.extend(moved.iter().map(|&(v, w, e)| (v, e, w)));
+        }
         // The termination test starts over (rule 5).
         j.round += 1;
         j.outstanding = false;
@@ -1809,6 +1946,16 @@ impl Coordinator {
         for &(vnode, target, epoch) in &moved {
             self.send(target, ToWorker::Host { job, vnode, epoch });
         }
+        if let (Some((oracle, _)), true) = (
+            self.oracle,
+            self.job.as_ref().is_some_and(|j| j.followed.is_some()),
+        ) {
+            let hosts: Vec<Hosting> = moved.iter().map(|&(v, w, e)| (v, e, w)).collect();
+            self.out.push(Action::ToOracle {
+                client: oracle,
+                msg: ToOracle::Hosts { job, hosts },
+            });
+        }
         self.tell_client(
             client,
             ToSubmit::WorkerLost {
@@ -1817,6 +1964,218 @@ impl Coordinator {
                 moved: moved.iter().map(|&(v, t, _)| (v, t)).collect(),
             },
         );
+    }
+}
+
+impl Coordinator {
+    /// Rule 11: tells the connected oracle to follow the running job, if it is followed.
+    fn follow(&mut self, _now: Duration) {
+        let Some((client, _)) = self.oracle else {
+            return;
+        };
+        let Some(j) = self.job.as_ref().filter(|j| j.running) else {
+            return;
+        };
+        let Some(f) = &j.followed else { return };
+        let (job, argv, vnodes, hosts) = (
+            j.id,
+            j.spec.argv.clone(),
+            u32::try_from(j.host.len()).unwrap_or(u32::MAX),
+            f.hosts.clone(),
+        );
+        let waits = j.awaiting.is_some();
+        self.out.push(Action::ToOracle {
+            client,
+            msg: ToOracle::Follow {
+                job,
+                argv,
+                vnodes,
+                hosts,
+            },
+        });
+        if waits {
+            self.out.push(Action::ToOracle {
+                client,
+                msg: ToOracle::Ended { job },
+            });
+        }
+    }
+
+    fn on_oracle_joined(
+        &mut self,
+        now: Duration,
+        client: ClientId,
+        public_key: [u8; 32],
+        following: Option<u64>,
+    ) {
+        if let Some((other, _)) = self.oracle {
+            let reason = format!(
+                "an online oracle already follows this cluster (connection {other}); one at a time"
+            );
+            self.note(format!(
+                "refused an oracle on connection {client}: {reason}"
+            ));
+            self.out.push(Action::ToOracle {
+                client,
+                msg: ToOracle::Refused { reason },
+            });
+            return;
+        }
+        self.oracle = Some((client, public_key));
+        self.note(format!(
+            "online oracle joined on connection {client}{}",
+            following
+                .map(|j| format!(" (it followed job {j})"))
+                .unwrap_or_default()
+        ));
+        self.out.push(Action::ToOracle {
+            client,
+            msg: ToOracle::Welcome {
+                store: self.cfg.store_spec.clone(),
+                program: self.cfg.program.clone(),
+                coordinators: self.coordinators(),
+            },
+        });
+        if let Some(j) = self.job.as_mut() {
+            if let Some((_, since)) = j.awaiting.as_mut() {
+                *since = None;
+            }
+        }
+        self.follow(now);
+    }
+
+    fn on_oracle_closed(&mut self, now: Duration, client: ClientId, reason: String) {
+        if self.oracle.map(|(c, _)| c) != Some(client) {
+            return;
+        }
+        self.oracle = None;
+        self.note(format!("online oracle lost: {reason}"));
+        if let Some((_, since)) = self.job.as_mut().and_then(|j| j.awaiting.as_mut()) {
+            *since = Some(now);
+        }
+    }
+
+    fn on_oracle(&mut self, now: Duration, client: ClientId, msg: FromOracle) {
+        if self.oracle.map(|(c, _)| c) != Some(client) {
+            return;
+        }
+        let current = |job: u64, j: &Option<Job>| {
+            j.as_ref()
+                .is_some_and(|j| j.id == job && j.followed.is_some())
+        };
+        match msg {
+            FromOracle::Committed { job, commitment } => {
+                if !current(job, &self.job) {
+                    return;
+                }
+                let j = self.job.as_mut().expect("checked");
+                if let Some(f) = j.followed.as_mut() {
+                    f.commitment = Some(commitment);
+                }
+                let c = j.client;
+                self.journal(now);
+                let hex: String = commitment.iter().map(|b| format!("{b:02x}")).collect();
+                self.note(format!("job {job}: the oracle committed to {hex}"));
+                self.tell_client(c, ToSubmit::Oracle { commitment: hex });
+            }
+            FromOracle::Forged {
+                job,
+                vnode,
+                epoch,
+                task,
+                reason,
+            } => {
+                if !current(job, &self.job) {
+                    return;
+                }
+                self.evict(now, vnode, epoch, &task, &reason);
+            }
+            FromOracle::Certified {
+                job,
+                decision,
+                certificate,
+                outputs,
+            } => {
+                let Some(j) = self.job.as_mut().filter(|j| j.id == job) else {
+                    return;
+                };
+                let Some((mut msg, _)) = j.awaiting.take() else {
+                    return;
+                };
+                if let ToSubmit::Finished {
+                    outputs: o,
+                    certificate: c,
+                    ..
+                } = &mut msg
+                {
+                    *o = outputs;
+                    *c = Some(certificate);
+                }
+                self.note(format!("job {job} certified online: {decision}"));
+                self.end_job(now, msg);
+            }
+            FromOracle::Failed { job, error } => {
+                if self
+                    .job
+                    .as_ref()
+                    .is_some_and(|j| j.id == job && j.awaiting.is_some())
+                {
+                    self.end_uncertified(now, format!("the online oracle failed: {error}"));
+                } else {
+                    self.note(format!("the online oracle failed on job {job}: {error}"));
+                }
+            }
+        }
+    }
+
+    /// Rule 11: the host of incarnation (vnode, epoch) is evicted.
+    fn evict(&mut self, now: Duration, vnode: u32, epoch: u64, task: &str, why: &str) {
+        let Some(j) = self.job.as_mut() else { return };
+        let Some(f) = j.followed.as_mut() else { return };
+        let Some(&(_, _, w)) = f.hosts.iter().find(|&&(v, e, _)| v == vnode && e == epoch) else {
+            self.note(format!(
+                "the oracle named vnode {vnode} at epoch {epoch}, which this job never had"
+            ));
+            return;
+        };
+        if f.evicted.iter().any(|(e, _)| *e == w) {
+            return;
+        }
+        let key = self
+            .workers
+            .get(&w)
+            .map(|x| x.public_key)
+            .or_else(|| self.absent.get(&w).map(|m| m.public_key))
+            .unwrap_or_default();
+        f.evicted.push((w, key));
+        let job = j.id;
+        let reason = format!("evicted: the online oracle found task {task} forged ({why})");
+        if self.workers.contains_key(&w) {
+            self.lose(now, w, reason);
+        } else {
+            if self.absent.remove(&w).is_some() {
+                self.drop_member(now, w, reason);
+            }
+            self.journal(now);
+        }
+        if let Some((client, _)) = self.oracle {
+            self.out.push(Action::ToOracle {
+                client,
+                msg: ToOracle::Evicted { job, worker: w },
+            });
+        }
+    }
+
+    /// Rule 11: the waiting summary goes out without a certificate.
+    fn end_uncertified(&mut self, now: Duration, why: String) {
+        let Some((mut msg, _)) = self.job.as_mut().and_then(|j| j.awaiting.take()) else {
+            return;
+        };
+        if let ToSubmit::Finished { uncertified, .. } = &mut msg {
+            *uncertified = Some(why.clone());
+        }
+        self.note(format!("job ends uncertified: {why}"));
+        self.end_job(now, msg);
     }
 }
 

@@ -1482,3 +1482,400 @@ fn status_after_a_job_ended_gives_its_summary() {
         (1, "finished", 20, 0, None)
     );
 }
+
+fn to_oracle(actions: &[Action]) -> Vec<ToOracle> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToOracle { msg, .. } => Some(msg.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rule 11: a coordinator with an oracle on connection 50 and `n` workers with distinct public
+/// keys, running a followed job of `vnodes` vnodes.
+fn followed(n: u32, vnodes: u32) -> (Coordinator, Vec<Action>) {
+    let mut c = coord();
+    let a = c.on_event(
+        ms(1),
+        Event::OracleJoined {
+            client: 50,
+            public_key: [9; 32],
+            following: None,
+        },
+    );
+    assert!(matches!(
+        to_oracle(&a).as_slice(),
+        [ToOracle::Welcome { .. }]
+    ));
+    for w in 1..=n {
+        let mut h = hello(1, false);
+        h.public_key = [w as u8; 32];
+        let _ = c.on_event(
+            ms(1),
+            Event::Joined {
+                conn: u64::from(w),
+                hello: h,
+            },
+        );
+    }
+    let _ = c.on_event(
+        ms(2),
+        Event::Submit {
+            client: 100,
+            program: "knary".into(),
+            job: spec(vnodes, n),
+        },
+    );
+    let a = c.on_event(
+        ms(3),
+        Event::StoreChecked {
+            job: 1,
+            result: Ok(false),
+        },
+    );
+    (c, a)
+}
+
+#[test]
+fn an_oracle_follows_the_jobs_started_after_it_joined_with_every_incarnation() {
+    let (mut c, a) = followed(2, 4);
+    match to_oracle(&a).as_slice() {
+        [ToOracle::Follow {
+            job: 1,
+            vnodes: 4,
+            hosts,
+            ..
+        }] => assert_eq!(hosts, &vec![(0, 0, 1), (1, 0, 2), (2, 0, 1), (3, 0, 2)]),
+        other => panic!("{other:?}"),
+    }
+    let a = c.on_event(
+        ms(4),
+        Event::FromOracle {
+            client: 50,
+            msg: FromOracle::Committed {
+                job: 1,
+                commitment: [3; 32],
+            },
+        },
+    );
+    assert!(
+        matches!(to_client(&a).as_slice(), [ToSubmit::Oracle { commitment }] if commitment == &"03".repeat(32)),
+        "the client hears the commitment: {a:?}"
+    );
+    assert!(
+        a.iter().any(|a| matches!(a, Action::Journal(j)
+            if j.job.as_ref().and_then(|r| r.followed.as_ref()).and_then(|f| f.commitment) == Some([3; 32]))),
+        "the commitment is journaled"
+    );
+    // A second oracle is refused while the first is there.
+    let a = c.on_event(
+        ms(5),
+        Event::OracleJoined {
+            client: 51,
+            public_key: [8; 32],
+            following: None,
+        },
+    );
+    assert!(
+        matches!(to_oracle(&a).as_slice(), [ToOracle::Refused { .. }]),
+        "{a:?}"
+    );
+    // A worker lost: the oracle hears the new incarnations.
+    let a = c.on_event(
+        ms(6),
+        Event::Closed {
+            worker: 2,
+            reason: "reset".into(),
+        },
+    );
+    match to_oracle(&a).as_slice() {
+        [ToOracle::Hosts { job: 1, hosts }] => assert_eq!(hosts, &vec![(1, 1, 1), (3, 1, 1)]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_job_started_without_an_oracle_is_not_followed_and_ends_at_once() {
+    let mut c = running(2, 0, 2);
+    let a = c.on_event(
+        ms(5),
+        Event::OracleJoined {
+            client: 50,
+            public_key: [9; 32],
+            following: None,
+        },
+    );
+    assert!(
+        !to_oracle(&a)
+            .iter()
+            .any(|m| matches!(m, ToOracle::Follow { .. })),
+        "{a:?}"
+    );
+    let now = idle_until_stopped(&mut c, ms(10), 4).unwrap();
+    for w in [1u32, 2] {
+        let _ = c.on_event(
+            now,
+            Event::FromWorker {
+                worker: w,
+                msg: ToCoord::Done {
+                    job: 1,
+                    report: WorkerReport {
+                        outputs: (w == 1).then(|| vec![vec![1]]),
+                        ..WorkerReport::default()
+                    },
+                },
+            },
+        );
+    }
+    let a = c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    );
+    assert!(matches!(
+        to_client(&a).as_slice(),
+        [ToSubmit::Finished {
+            certificate: None,
+            uncertified: None,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_forger_named_by_the_oracle_is_evicted_and_its_key_refused_for_the_job() {
+    let (mut c, _) = followed(3, 3);
+    let a = c.on_event(
+        ms(5),
+        Event::FromOracle {
+            client: 50,
+            msg: FromOracle::Forged {
+                job: 1,
+                vnode: 1,
+                epoch: 0,
+                task: "t:1".into(),
+                reason: "output differs".into(),
+            },
+        },
+    );
+    // Journaled before anyone hears of it (rule 9), with the evicted key.
+    let journal = a
+        .iter()
+        .position(|a| matches!(a, Action::Journal(j)
+            if j.job.as_ref().and_then(|r| r.followed.as_ref()).is_some_and(|f| f.evicted == vec![(2, [2; 32])])))
+        .expect("the eviction is journaled");
+    let moved = a
+        .iter()
+        .position(|a| {
+            matches!(
+                a,
+                Action::ToWorker {
+                    msg: ToWorker::Host {
+                        vnode: 1,
+                        epoch: 1,
+                        ..
+                    },
+                    ..
+                }
+            )
+        })
+        .expect("its vnode moves at a new epoch");
+    assert!(journal < moved);
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::Disconnect { worker: 2 })));
+    match to_client(&a).as_slice() {
+        [ToSubmit::WorkerLost {
+            worker: 2, reason, ..
+        }] => {
+            assert!(
+                reason.contains("evicted") && reason.contains("t:1"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(to_oracle(&a)
+        .iter()
+        .any(|m| matches!(m, ToOracle::Evicted { job: 1, worker: 2 })));
+    // Its key comes back as a new worker: refused while the job runs.
+    let mut h = hello(1, false);
+    h.public_key = [2; 32];
+    let a = c.on_event(ms(6), Event::Joined { conn: 77, hello: h });
+    match a.iter().find_map(|a| match a {
+        Action::Refuse {
+            msg: ToWorker::Refused { reason },
+            ..
+        } => Some(reason.clone()),
+        _ => None,
+    }) {
+        Some(r) => assert!(r.contains("evicted from job 1"), "{r}"),
+        None => panic!("not refused: {a:?}"),
+    }
+    // A second report of the same worker changes nothing; an unknown incarnation neither.
+    for (vnode, epoch) in [(1, 0), (0, 7)] {
+        let a = c.on_event(
+            ms(7),
+            Event::FromOracle {
+                client: 50,
+                msg: FromOracle::Forged {
+                    job: 1,
+                    vnode,
+                    epoch,
+                    task: "t:2".into(),
+                    reason: "x".into(),
+                },
+            },
+        );
+        assert!(to_client(&a).is_empty(), "{a:?}");
+    }
+}
+
+/// Rule 11: the end of a followed job waits for the certificate; the certified outputs and the
+/// certificate reach the client.
+fn end_followed(c: &mut Coordinator) -> (Duration, Vec<Action>) {
+    let now = ms(10);
+    let _ = c.on_event(
+        now,
+        Event::FromWorker {
+            worker: 1,
+            msg: ToCoord::Done {
+                job: 1,
+                report: WorkerReport {
+                    outputs: Some(vec![vec![6]]),
+                    ..WorkerReport::default()
+                },
+            },
+        },
+    );
+    let _ = c.on_event(
+        now,
+        Event::FromWorker {
+            worker: 2,
+            msg: ToCoord::Done {
+                job: 1,
+                report: WorkerReport::default(),
+            },
+        },
+    );
+    let a = c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    );
+    (now, a)
+}
+
+#[test]
+fn a_followed_jobs_summary_waits_for_the_certificate_and_carries_it() {
+    let (mut c, _) = followed(2, 2);
+    let (now, a) = end_followed(&mut c);
+    assert!(to_client(&a).is_empty(), "the summary waits: {a:?}");
+    assert!(to_oracle(&a)
+        .iter()
+        .any(|m| matches!(m, ToOracle::Ended { job: 1 })));
+    let a = c.on_event(
+        now + ms(100),
+        Event::FromOracle {
+            client: 50,
+            msg: FromOracle::Certified {
+                job: 1,
+                decision: "ACCEPT".into(),
+                certificate: "{cert}".into(),
+                outputs: vec![vec![7]],
+            },
+        },
+    );
+    match to_client(&a).as_slice() {
+        [ToSubmit::Finished {
+            outputs,
+            certificate: Some(cert),
+            uncertified: None,
+            ..
+        }] => {
+            assert_eq!(
+                outputs,
+                &vec![vec![7u8]],
+                "the certified generation's outputs"
+            );
+            assert_eq!(cert, "{cert}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(to_oracle(&a)
+        .iter()
+        .any(|m| matches!(m, ToOracle::Closed { job: 1 })));
+}
+
+#[test]
+fn a_followed_job_ends_uncertified_when_its_oracle_stays_away() {
+    let (mut c, _) = followed(2, 2);
+    let _ = c.on_event(
+        ms(9),
+        Event::OracleClosed {
+            client: 50,
+            reason: "killed".into(),
+        },
+    );
+    let (now, a) = end_followed(&mut c);
+    assert!(to_client(&a).is_empty());
+    let patience = c.config().oracle_patience;
+    assert!(c.next_deadline() <= now + patience);
+    let a = c.on_event(now + patience - ms(1), Event::Tick);
+    assert!(to_client(&a).is_empty(), "{a:?}");
+    let a = c.on_event(now + patience, Event::Tick);
+    match to_client(&a).as_slice() {
+        [ToSubmit::Finished {
+            outputs,
+            certificate: None,
+            uncertified: Some(why),
+            ..
+        }] => {
+            assert_eq!(outputs, &vec![vec![6u8]], "the members' outputs");
+            assert!(why.contains("oracle"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_oracle_that_comes_back_while_the_summary_waits_is_told_to_certify() {
+    let (mut c, _) = followed(2, 2);
+    let _ = c.on_event(
+        ms(9),
+        Event::OracleClosed {
+            client: 50,
+            reason: "lost".into(),
+        },
+    );
+    let (now, _) = end_followed(&mut c);
+    let a = c.on_event(
+        now + ms(5),
+        Event::OracleJoined {
+            client: 52,
+            public_key: [9; 32],
+            following: Some(1),
+        },
+    );
+    let msgs = to_oracle(&a);
+    assert!(
+        matches!(
+            msgs.as_slice(),
+            [
+                ToOracle::Welcome { .. },
+                ToOracle::Follow { job: 1, .. },
+                ToOracle::Ended { job: 1 }
+            ]
+        ),
+        "{msgs:?}"
+    );
+    // No patience runs while it works.
+    let a = c.on_event(now + c.config().oracle_patience * 2, Event::Tick);
+    assert!(to_client(&a).is_empty(), "{a:?}");
+}

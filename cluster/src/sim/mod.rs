@@ -1086,6 +1086,8 @@ impl World {
                 self.coord_event(gen, coordinator::Event::Recorded { job, result })?;
             }
             coordinator::Action::Note(line) => self.note(&format!("c{gen}: {line}")),
+            // The main simulation runs no online oracle (`sim_oracle` tests model one).
+            coordinator::Action::ToOracle { .. } => {}
         }
         Ok(())
     }
@@ -1867,6 +1869,7 @@ fn client_line(m: &ToSubmit) -> String {
         ToSubmit::Takeover { coordinator } => format!("takeover by {coordinator}"),
         ToSubmit::Standby { .. } => "standby".into(),
         ToSubmit::Status(_) => "status".into(),
+        ToSubmit::Oracle { commitment } => format!("oracle committed to {commitment}"),
     }
 }
 

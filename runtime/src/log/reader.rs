@@ -385,6 +385,14 @@ impl LogReader {
         Ok(())
     }
 
+    /// A follower of `vnode`'s log while the run goes on ([`LogTail`]).
+    pub fn tail(&self, vnode: VnodeId) -> LogTail {
+        LogTail {
+            walk: Walk::new(vnode, None, None),
+            after: None,
+        }
+    }
+
     /// Reads every vnode's log.
     pub fn read_all(&self) -> Result<Vec<VnodeEvents>, LogError> {
         self.vnodes()?
@@ -396,6 +404,68 @@ impl LogReader {
     /// The store read from.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+}
+
+/// Follows one vnode's log as it grows ([`LogReader::tail`]): each [`LogTail::poll`] reads the
+/// segments that became durable since the last one (those its durable watermark covers, rule
+/// 8), checked as [`LogReader::read_vnode`] checks them (rules 1, 4 and 8), and hands their
+/// new events on. A segment past the watermark waits: it may still be written, or be a torn
+/// segment a crash left, which the next incarnation's segments follow. Each poll reads only
+/// what is new (paged scans after the last key read).
+#[derive(Debug)]
+pub struct LogTail {
+    walk: Walk,
+    after: Option<Vec<u8>>,
+}
+
+impl LogTail {
+    /// Reads what became durable since the last poll; returns the number of new events.
+    pub fn poll(
+        &mut self,
+        reader: &LogReader,
+        sink: &mut dyn FnMut(LoggedEvent),
+    ) -> Result<u64, LogError> {
+        let vnode = self.walk.vnode;
+        let Some(covered) = reader.watermark(vnode)?.and_then(|w| w.last) else {
+            return Ok(0);
+        };
+        if self.walk.last_read.is_some_and(|r| r >= covered.segno) {
+            return Ok(0);
+        }
+        self.walk.covered = Some(covered);
+        let prefix = reader.key(&segment::vnode_prefix(vnode));
+        let mut events = 0u64;
+        loop {
+            let page = reader
+                .store
+                .scan_page(&prefix, self.after.as_deref(), TAIL_PAGE)?;
+            let mut reached = false;
+            for (key, value) in &page.pairs {
+                let short = key.get(reader.prefix.len()..).unwrap_or_default();
+                match segment::parse_segment_key(short) {
+                    Some((_, segno)) if segno > covered.segno => {
+                        reached = true;
+                        break;
+                    }
+                    _ => {}
+                }
+                self.walk.segment(short, value, false, &mut |e| {
+                    events += 1;
+                    sink(e);
+                })?;
+                self.after = Some(key.clone());
+            }
+            if reached || !page.more || page.pairs.is_empty() {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    /// The last segment read, if any.
+    pub fn last_segment(&self) -> Option<u64> {
+        self.walk.last_read
     }
 }
 
@@ -469,6 +539,7 @@ pub struct RecoveredLog {
 
 /// Checks segments in key order (rules 1, 4 and 8), from the start of the log or from a
 /// checkpoint.
+#[derive(Debug)]
 struct Walk {
     vnode: VnodeId,
     covered: Option<LastSegment>,

@@ -628,3 +628,77 @@ fn an_earlier_epochs_last_segment_missing_before_a_checkpoint_is_reported() {
         "the count catches it: {err}"
     );
 }
+
+#[test]
+fn a_tail_reads_each_durable_event_once_across_epochs_and_never_past_the_watermark() {
+    let store = Arc::new(MemoryStore::default());
+    let reader = LogReader::new(store.clone());
+    let mut tail = reader.tail(VnodeId(0));
+    let mut seen: Vec<(u64, TaskId)> = Vec::new();
+    let poll = |tail: &mut LogTail, seen: &mut Vec<(u64, TaskId)>| {
+        tail.poll(&reader, &mut |e| {
+            if let Event::Started { task, .. } = e.event {
+                seen.push((e.segment >> segment::EPOCH_SHIFT, task));
+            }
+        })
+        .unwrap()
+    };
+    assert_eq!(poll(&mut tail, &mut seen), 0, "nothing logged yet");
+    let policy = CommitPolicy::default();
+    let first = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut log = first.vnode_log_at(VnodeId(0), 1).unwrap();
+    for i in 0..3 {
+        log.append(&started(i)).unwrap();
+        log.seal().unwrap();
+    }
+    log.sync().unwrap();
+    assert_eq!(poll(&mut tail, &mut seen), 3);
+    assert_eq!(poll(&mut tail, &mut seen), 0, "nothing new");
+    // A segment stored past the durable watermark (written, not yet covered) waits.
+    let next = log.appended();
+    drop(log);
+    first.shutdown().unwrap();
+    let stray_no = (1 << segment::EPOCH_SHIFT) + 3;
+    let mut b = segment::SegmentBuilder::new(64);
+    b.push(&started(9)).unwrap();
+    store
+        .put(
+            &segment_key(VnodeId(0), stray_no),
+            &b.seal(VnodeId(0), stray_no, next),
+        )
+        .unwrap();
+    assert_eq!(poll(&mut tail, &mut seen), 0, "past the watermark");
+    // The next incarnation logs again (and repeats an event: set semantics) at epoch 2.
+    let second = LogWriter::start(store.clone(), 1, policy).unwrap();
+    let mut log = second.vnode_log_at(VnodeId(0), 2).unwrap();
+    log.append(&started(2)).unwrap();
+    log.append(&started(4)).unwrap();
+    log.sync().unwrap();
+    second.shutdown().unwrap();
+    poll(&mut tail, &mut seen);
+    let tasks: Vec<(u64, TaskId)> = seen.clone();
+    assert_eq!(
+        tasks,
+        vec![
+            (1, TaskId(0)),
+            (1, TaskId(1)),
+            (1, TaskId(2)),
+            (1, TaskId(9)),
+            (2, TaskId(4))
+        ]
+    );
+    let whole: Vec<TaskId> = read(&store)
+        .unwrap()
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Started { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        whole,
+        tasks.iter().map(|t| t.1).collect::<Vec<_>>(),
+        "what read_vnode reads"
+    );
+}
