@@ -149,3 +149,36 @@ fn coordinators_fail_and_their_successors_finish_every_job() {
         "too few coordinator faults landed: {total:?}"
     );
 }
+
+/// Issue 20 (sim rule 10): an online oracle follows 200 seeds of crashes, zombies, partitions,
+/// takeovers and server faults. It never names an incarnation of an honest vnode, it names
+/// forging ones in the seeds that have them, and the final certification from what it learned
+/// gives the reference's outputs.
+#[test]
+fn an_online_oracle_never_names_an_honest_worker() {
+    let mut failures = Vec::new();
+    let (mut forging, mut named) = (0u64, 0u64);
+    let seeds = seeds_or(200);
+    let one = seeds.len() == 1;
+    for seed in seeds {
+        let mut cfg = SimConfig::from_seed(seed);
+        cfg.oracle = true;
+        let forges = cfg.forge.is_some();
+        match sim::run(&cfg) {
+            Ok(o) => {
+                forging += u64::from(forges);
+                named += u64::from(o.oracle_named > 0);
+            }
+            Err(e) => failures.push(format!(
+                "(with the online oracle: VERIFLOW_SIM_SEED={seed} cargo test -p \
+                 veriflow-cluster --test sim an_online_oracle)\n{e}"
+            )),
+        }
+    }
+    println!("online oracle: named a forger during the run in {named} of {forging} forging seeds");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        one || (forging >= 20 && named * 2 >= forging),
+        "the oracle named forgers in only {named} of {forging} forging seeds"
+    );
+}

@@ -66,7 +66,9 @@ fn a_forging_worker_is_caught_evicted_and_its_work_corrected_while_the_run_goes_
     assert_eq!(c["seed_source"], "oracle secret");
     assert_eq!(
         c["commitment"].as_str().unwrap(),
-        blake3::hash(&hex(c["secret"].as_str().unwrap())).to_hex().as_str(),
+        blake3::hash(&hex(c["secret"].as_str().unwrap()))
+            .to_hex()
+            .as_str(),
         "the secret revealed is the one committed to"
     );
     let workers = c["online"]["workers"].as_array().unwrap();
@@ -97,7 +99,10 @@ fn an_honest_run_followed_by_the_oracle_evicts_nobody() {
     assert!(online["detections"].as_array().unwrap().is_empty());
     for w in online["workers"].as_array().unwrap() {
         assert_eq!(w["evicted"], false, "{w}");
-        assert!(w["checked"].as_u64().unwrap() >= 1, "every worker is spot-checked: {w}");
+        assert!(
+            w["checked"].as_u64().unwrap() >= 1,
+            "every worker is spot-checked: {w}"
+        );
     }
 }
 
@@ -115,8 +120,7 @@ fn a_worker_cannot_lie_unless_tests_allow_it() {
         "--forge-rate",
         "0.1",
     ]);
-    out.expect_code(1)
-        .stderr_has("VERIFLOW_ALLOW_FORGERY=1");
+    out.expect_code(1).stderr_has("VERIFLOW_ALLOW_FORGERY=1");
 }
 
 fn hex(s: &str) -> Vec<u8> {

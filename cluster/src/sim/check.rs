@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use veriflow_certifier::Prior;
 
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::segment::{decode_segment, parse_segment_key};
@@ -211,26 +212,35 @@ pub(super) fn check(
         }
         checks += 1;
     }
-    if cfg.forge.is_some() {
-        checks += certify_and_correct(shared, reference)?;
+    // With an online oracle, the run's own `run` certifies with what it learned (rule 10).
+    if cfg.forge.is_some() && !cfg.oracle {
+        checks += certify_and_correct(shared, reference, &Prior::default(), None)?;
     }
     Ok(checks)
 }
 
 /// Certifies the run with every task re-run and forged ones corrected (paper 001 Algorithm
-/// 1): the verdict is ACCEPT and the corrected outputs are the reference's.
-fn certify_and_correct(store: Arc<dyn Store>, reference: &[Vec<u8>]) -> Result<u64, Violation> {
+/// 1), starting from what an online oracle learned (`prior`, with its `secret`): the verdict
+/// is ACCEPT and the corrected outputs are the reference's.
+pub(super) fn certify_and_correct(
+    store: Arc<dyn Store>,
+    reference: &[Vec<u8>],
+    prior: &Prior,
+    secret: Option<[u8; 32]>,
+) -> Result<u64, Violation> {
     let registry = program::registry().map_err(|e| Violation::Unreadable(e.to_string()))?;
     let opts = veriflow_certifier::Options {
         full: true,
         correct: true,
         seed: Some(0),
+        secret,
         ..Default::default()
     };
-    let cert = veriflow_certifier::certify(
+    let cert = veriflow_certifier::certify_with(
         store.clone(),
         &registry,
         &opts,
+        prior,
         &veriflow_certifier::NoProgress,
     )
     .map_err(|e| Violation::Certification(e.to_string()))?;

@@ -54,6 +54,14 @@
 //!    steps down at its lease renewal or its first journal write. Every journal write the
 //!    store accepts has a term at least that of every earlier one (checked as it happens).
 //!
+//! 10. The online oracle (issue 20), when [`SimConfig::oracle`] is set: a
+//!     [`Follower`](veriflow_certifier::online::Follower) reads the store every
+//!     [`ORACLE_EVERY`] of simulated time, with the incarnations of the coordinator holding
+//!     the highest term, while crashes, zombies, takeovers and server faults go on. Naming
+//!     any incarnation of a vnode that does not forge fails the seed; after the run, the log
+//!     is certified with what it learned (every task checked, forged ones corrected) and must
+//!     give the reference's outputs.
+//!
 //! Iterative mode (paper 000) has its own world in [`iterative`], over the same fault rates
 //! ([`Faults`]), counts ([`FaultCounts`]) and quantum, with its rules there; it runs and
 //! replays with `VERIFLOW_SIM_SEED=N cargo test -p veriflow-cluster --test sim_iterative`.
@@ -173,6 +181,8 @@ pub struct SimConfig {
     pub store: StoreLayout,
     /// Time the job has to finish after it (rule 5).
     pub liveness: Duration,
+    /// An online oracle follows the run (rule 10).
+    pub oracle: bool,
 }
 
 impl SimConfig {
@@ -203,6 +213,7 @@ impl SimConfig {
                 .then(|| (rng.gen_range(0..vnodes), rng.gen_range(0.02..0.2))),
             liveness: Duration::from_secs(20),
             store: StoreLayout::draw(&mut rng),
+            oracle: false,
         }
     }
 }
@@ -297,6 +308,8 @@ pub struct SimOutcome {
     pub workers_lost: u32,
     /// Invariants checked.
     pub checks: u64,
+    /// Forging incarnations the online oracle named during the run (rule 10).
+    pub oracle_named: u64,
 }
 
 /// Why a seed failed.
@@ -540,6 +553,10 @@ struct World {
     restarts_due: Vec<Duration>,
     /// Lose the next peer frame (rule 4).
     force_loss: bool,
+    /// The online oracle (rule 10), its secret, when it reads next, and whom it named.
+    oracle: Option<(veriflow_certifier::online::Follower, [u8; 32])>,
+    next_follow: Duration,
+    oracle_named: u64,
 }
 
 /// The detector's parameters in the simulation: paper 004's shape, scaled to simulated
@@ -559,6 +576,9 @@ fn sim_fd() -> FdParams {
 /// successor is usually there by the time the workers look for one.
 const LEASE: Duration = Duration::from_millis(30);
 
+/// How often the online oracle reads the store (rule 10).
+pub const ORACLE_EVERY: Duration = Duration::from_millis(5);
+
 /// How long a worker looks for a coordinator before it gives up (`worker` rule 1).
 const WORKER_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -577,7 +597,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
     let outcome = w.run().map_err(fail)?;
     w.restart_servers(None).map_err(fail)?;
     w.faults.server_writes_lost = w.servers.writes_lost();
-    let checks = check::check(
+    let mut checks = check::check(
         cfg,
         &*w.store,
         &w.store.acked.lock().unwrap_or_else(|p| p.into_inner()),
@@ -585,6 +605,12 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
         &outcome,
     )
     .map_err(|v| fail(v.to_string()))?;
+    if let Some((f, secret)) = &w.oracle {
+        // Rule 10: the final certification starts from what the oracle learned.
+        checks +=
+            check::certify_and_correct(w.store.clone(), &reference, &f.prior(), Some(*secret))
+                .map_err(|v| fail(v.to_string()))?;
+    }
     let trace = {
         let mut t = w.trace.clone();
         t.update(&outcome.0.concat());
@@ -598,6 +624,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
         tasks: program::tasks(cfg.depth, cfg.fanout),
         workers_lost: outcome.1,
         checks,
+        oracle_named: w.oracle_named,
     })
 }
 
@@ -676,7 +703,20 @@ impl World {
             trace: blake3::Hasher::new(),
             restarts_due: Vec::new(),
             force_loss: false,
+            oracle: None,
+            next_follow: Duration::ZERO,
+            oracle_named: 0,
         };
+        if cfg.oracle {
+            let secret = *blake3::hash(&cfg.seed.to_le_bytes()).as_bytes();
+            let registry = Arc::new(program::registry().map_err(|e| e.to_string())?);
+            let store: Arc<dyn Store> = w.store.clone();
+            let f = veriflow_certifier::online::Follower::new(
+                store, registry, &secret, 0.05, 0.01, 0.02,
+            )
+            .map_err(|e| e.to_string())?;
+            w.oracle = Some((f, secret));
+        }
         if !w.start_coordinator()? {
             return Err("the first coordinator could not take its role".into());
         }
@@ -684,6 +724,45 @@ impl World {
             w.spawn_proc(i >= cfg.workers);
         }
         Ok(w)
+    }
+
+    /// Rule 10: the online oracle reads what became durable and checks what it drew.
+    fn follow(&mut self) -> Result<(), String> {
+        if self.oracle.is_none() || self.now < self.next_follow {
+            return Ok(());
+        }
+        self.next_follow = self.now + ORACLE_EVERY;
+        let holder = self
+            .coords
+            .iter()
+            .filter(|c| !c.dead && c.paused_until.is_none())
+            .max_by_key(|c| c.core.config().term);
+        let map = holder.and_then(|c| c.core.map()).unwrap_or_default();
+        let Some((f, _)) = self.oracle.as_mut() else {
+            return Ok(());
+        };
+        for (v, (w, e)) in map.into_iter().enumerate() {
+            f.hosted(u32::try_from(v).unwrap_or(u32::MAX), e, w);
+        }
+        // A read the servers cannot answer now (one down) is tried again at the next turn.
+        let Ok(polled) = f.poll() else { return Ok(()) };
+        let forger = self.cfg.forge.map(|(v, _)| v);
+        for finding in polled.findings {
+            let (vnode, epoch) = finding.incarnation;
+            if Some(vnode) != forger {
+                return Err(format!(
+                    "the online oracle named vnode {vnode} at epoch {epoch} (worker {:?}), \
+                     which does not forge: {} {}",
+                    finding.worker, finding.detection.task, finding.detection.reason
+                ));
+            }
+            self.oracle_named += 1;
+            self.note(&format!(
+                "oracle: v{vnode} epoch {epoch} forged {}",
+                finding.detection.task
+            ));
+        }
+        Ok(())
     }
 
     fn note(&mut self, line: &str) {
@@ -1696,6 +1775,7 @@ impl World {
                 }
             }
             self.client_tick();
+            self.follow()?;
             // Workers in an order drawn from the seed.
             let mut pids: Vec<Pid> = self.procs.keys().copied().collect();
             for i in (1..pids.len()).rev() {
