@@ -1224,11 +1224,15 @@ pub(crate) fn certificate_text(
             }
         }
     }
+    let drawn = match &cert.secret {
+        Some(_) => "draw keyed by the online oracle's secret, committed to before the run and \
+                    revealed here"
+            .to_string(),
+        None => format!("seed {} (from the {})", cert.seed, cert.seed_source),
+    };
     let _ = writeln!(
         s,
-        "  seed {} (from the {}), log generation {}, G_S Merkle root {}",
-        cert.seed,
-        cert.seed_source,
+        "  {drawn}, log generation {}, G_S Merkle root {}",
         cert.generation,
         &cert.merkle_root[..16]
     );

@@ -717,17 +717,23 @@ fn online_text(cert: &veriflow_certifier::Certificate) -> String {
                 .map_or("-", |c| &c[..16.min(c.len())])
         );
         for w in &o.workers {
+            let bound = if w.forged > 0 {
+                "caught forging".to_string()
+            } else {
+                format!(
+                    "its forgery rate < {:.2}% at confidence {}%",
+                    w.q_hat * 100.0,
+                    (1.0 - cert.epsilon) * 100.0
+                )
+            };
             let _ = writeln!(
                 s,
-                "  worker {}: {} tasks, {} checked, {} forged{}; its forgery rate < {:.2}% at \
-                 confidence {}%",
+                "  worker {}: {} tasks, {} checked, {} forged{}; {bound}",
                 w.worker,
                 w.tasks,
                 w.checked,
                 w.forged,
                 if w.evicted { ", EVICTED" } else { "" },
-                w.q_hat * 100.0,
-                (1.0 - cert.epsilon) * 100.0
             );
         }
     }

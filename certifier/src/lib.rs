@@ -33,8 +33,9 @@
 //! 6. What an online oracle learned during the run ([`Prior`]) enters the first pass only as
 //!    facts the log itself supports: a task it found clean is not re-run if its content (its
 //!    Merkle leaf) is unchanged; tasks it found forged are detections; tasks it distrusts (run
-//!    by a worker it caught) start G_F with their successors. The draw and the count of rule 3
-//!    are the same as without it, so the ε, q guarantee is unchanged.
+//!    by a worker it caught) are each checked, apart from the draw, and those forged are
+//!    detections too. Detections start G_F with their successors. The draw and the count of
+//!    rule 3 are the same as without it, so the ε, q guarantee is unchanged.
 
 pub mod certificate;
 pub mod correct;
@@ -161,7 +162,7 @@ pub struct Prior {
     pub clean: HashSet<[u8; 32]>,
     /// Tasks it found forged, with what it found.
     pub forged: Vec<(TaskId, Detection)>,
-    /// Tasks whose results it does not trust without a re-run (every task a caught worker ran).
+    /// Tasks to check one by one, apart from the draw (every task a caught worker ran).
     pub distrusted: Vec<TaskId>,
 }
 
@@ -315,19 +316,39 @@ fn pass(
     progress.pass(track.generation, k);
     let draws = Draws::of_track(track, &out.gs, &key);
     let (tx, rx) = mpsc::channel::<Vec<bool>>();
-    // Rule 6: the oracle's detections, and G_F from them and from the tasks it distrusts.
-    let mut gf: Option<correct::Closure> = None;
-    for (id, d) in &prior.forged {
-        if let Some(t) = track.index_of(*id) {
-            out.forged.push((t, d.clone()));
-            if opts.correct {
-                gf.get_or_insert_with(|| correct::Closure::new(track))
-                    .add(track, t);
-            }
+    let known = |t: Ix| {
+        leaves
+            .as_ref()
+            .is_some_and(|l| prior.clean.contains(&l[t as usize]))
+    };
+    // Rule 6: the oracle's detections, and every task it distrusts checked (apart from the
+    // draw); the forged ones start G_F.
+    let mut found: Vec<(Ix, Detection)> = prior
+        .forged
+        .iter()
+        .filter_map(|(id, d)| Some((track.index_of(*id)?, d.clone())))
+        .collect();
+    let mut suspects: Vec<Ix> = prior
+        .distrusted
+        .iter()
+        .filter_map(|id| track.index_of(*id))
+        .filter(|&t| !known(t) && !found.iter().any(|(f, _)| *f == t))
+        .collect();
+    suspects.sort_unstable();
+    suspects.dedup();
+    let verdicts: Vec<(Ix, Result<Verdict, RunError>)> = suspects
+        .par_iter()
+        .map(|&t| (t, oracle::check(track, registry, t)))
+        .collect();
+    for (t, v) in verdicts {
+        if let Verdict::Forged(d) = v.map_err(CertifyError::Program)? {
+            found.push((t, d));
         }
     }
-    if opts.correct {
-        for t in prior.distrusted.iter().filter_map(|id| track.index_of(*id)) {
+    let mut gf: Option<correct::Closure> = None;
+    for (t, d) in found {
+        out.forged.push((t, d));
+        if opts.correct {
             gf.get_or_insert_with(|| correct::Closure::new(track))
                 .add(track, t);
         }
@@ -335,11 +356,6 @@ fn pass(
     if let Some(c) = &gf {
         let _ = tx.send(c.marks().to_vec());
     }
-    let known = |t: Ix| {
-        leaves
-            .as_ref()
-            .is_some_and(|l| prior.clean.contains(&l[t as usize]))
-    };
     let checking = std::thread::scope(|scope| -> Result<Option<CorrectionResult>, CertifyError> {
         let corrector = opts.correct.then(|| {
             scope.spawn(move || -> CorrectionResult {

@@ -28,9 +28,11 @@
 //!    a worker that forges m tasks stays unnoticed with probability at most (1 - f)^m, and it
 //!    gets at most (1 - f)/f forgeries accepted on average before it is caught.
 //! 5. **A forger.** The first forged task found of a worker names it ([`Finding`]), once. Every
-//!    task it completed is then distrusted, caught or not ([`Prior::distrusted`]): at the end,
-//!    G_F starts with them and their successors (crate rule 6), so nothing it computed survives
-//!    into the certified result.
+//!    task it completed is then distrusted, caught or not ([`Prior::distrusted`]): at the end
+//!    each is checked, and those forged start G_F with their successors (crate rule 6), so
+//!    nothing it forged survives into the certified result, and what it computed right is
+//!    kept (re-running all of its tasks' successors would re-run the whole graph whenever it
+//!    held the root).
 //! 6. A log that cannot be read, or a task the registry does not know, is an error, never a
 //!    detection: an honest worker is never named for the oracle's own trouble.
 

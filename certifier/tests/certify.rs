@@ -546,8 +546,10 @@ fn a_revealed_secret_must_match_its_commitment() {
 }
 
 /// Crate rule 6: what an online oracle learned enters the final certification. Tasks it found
-/// clean are not re-run; tasks of a worker it caught are re-run with their successors, so the
-/// corrected output is the honest one even where the sample would have missed the lie.
+/// clean are not re-run; the tasks of a worker it caught are each checked, and the forged ones
+/// corrected with their successors, so the corrected output is the honest one even where the
+/// sample would have missed the lie, while the caught worker's honest tasks (the root among
+/// them here) are kept.
 #[test]
 fn an_online_oracles_distrust_corrects_what_the_draw_did_not_check() {
     let (honest, _) = run(4, 3, 6, None);
@@ -556,14 +558,16 @@ fn an_online_oracles_distrust_corrects_what_the_draw_did_not_check() {
     let (store, report) = run(4, 3, 6, Some(forge_tasks(&[lie])));
     assert_eq!(report.forged.len(), 1);
     let track = Track::load(store.clone()).unwrap();
+    let root = track.manifest.root;
+    let suspects = [lie, root, victims[0]];
     let mut prior = veriflow_certifier::Prior::default();
-    // Everything but the lie was found clean during the run.
+    // Everything else was found clean during the run.
     for (i, t) in track.tasks.iter().enumerate() {
-        if t.id != lie {
+        if !suspects.contains(&t.id) {
             prior.clean.insert(track.leaf(i as u32));
         }
     }
-    prior.distrusted.push(lie);
+    prior.distrusted.extend(suspects);
     let mut o = opts(0.1, 0.1);
     o.correct = true;
     o.secret = Some([5; 32]);
@@ -578,7 +582,16 @@ fn an_online_oracles_distrust_corrects_what_the_draw_did_not_check() {
         veriflow_certifier::certify_with(store.clone(), &registry(), &o, &prior, &Count(&counted))
             .unwrap();
     assert_eq!(cert.decision, Decision::Accept, "{cert:?}");
-    assert_eq!(cert.generation, 1, "distrust alone starts a correction");
+    assert_eq!(
+        cert.generation, 1,
+        "the distrusted lie is found and corrected"
+    );
+    let c = &cert.corrections[0];
+    assert_eq!(c.detected.len(), 1, "{c:?}");
+    assert!(
+        c.invalidated < track.len() as u64 / 2,
+        "the honest root is kept, not re-run with the whole graph: {c:?}"
+    );
     assert!(counted.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     assert_eq!(terminal_value(&store), terminal_value(&honest));
 }
