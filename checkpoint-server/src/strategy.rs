@@ -66,6 +66,12 @@
 //!     fences; a server checks them and writes under one lock. If **any** server refuses with
 //!     `Fenced`, the write is [`StoreError::Fenced`] whatever the others did (the writer is a
 //!     zombie and must stop); otherwise it is acknowledged as in rule 3.
+//! 12. **Paged scans.** [`Store::scan_page`] asks every server for one page after the same
+//!     key (each its share of the byte budget). A server that says more may follow has listed
+//!     its keys completely only up to its last one, so the page ends at the smallest such last
+//!     key; keys up to there are resolved as rule 5-6 read them (and repaired) and the page
+//!     says more may follow. A follower of a growing log reads only what is new: a page costs
+//!     one `Scan` per server, never the whole prefix.
 //!
 //! Why a zombie can never leave a segment readable in the middle of its successor's log
 //! (rules 10-11). The successor raises the fence, then reads the log. Take any value X a
@@ -97,7 +103,7 @@ use crate::client::{Client, ClientConfig, ClientError};
 use crate::erasure::{Codec, ErasureError};
 use crate::key::Key;
 use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot};
-use crate::store::{MemoryStore, Pairs, SledStore, Store, StoreError};
+use crate::store::{MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
 
 /// How many fragments a remote strategy makes, and which code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +405,36 @@ type Keys = BTreeMap<Vec<u8>, Vec<Seen>>;
 
 /// What one server listed in a scan, or why it did not answer.
 type Listing = Result<Vec<(Vec<u8>, Slot)>, String>;
+
+/// What every server holds of each key some server listed: `Absent` where a server that
+/// answered did not list it, `Unreachable` where a server did not answer.
+fn merge_listings(per_server: Vec<Listing>) -> Keys {
+    let mut keys: Keys = BTreeMap::new();
+    for (k, _) in per_server.iter().flatten().flatten() {
+        keys.entry(k.clone()).or_insert_with(|| {
+            per_server
+                .iter()
+                .map(|r| match r {
+                    Ok(_) => Seen::Absent,
+                    Err(e) => Seen::Unreachable(e.clone()),
+                })
+                .collect()
+        });
+    }
+    for (i, r) in per_server.into_iter().enumerate() {
+        if let Ok(list) = r {
+            for (k, s) in list {
+                if let Some(v) = keys.get_mut(&k) {
+                    v[i] = match s {
+                        Slot::Present(b) => Seen::Present(b.into_vec()),
+                        Slot::Corrupt(_) => Seen::Corrupt,
+                    };
+                }
+            }
+        }
+    }
+    keys
+}
 
 /// What reading one key found and did.
 #[derive(Debug, Default)]
@@ -838,31 +874,99 @@ impl RemoteStore {
             .collect();
         self.check_reachable("list keys", &unreachable, self.m())?;
         let answered: Vec<bool> = per_server.iter().map(Result::is_ok).collect();
-        let mut keys: BTreeMap<Vec<u8>, Vec<Seen>> = BTreeMap::new();
-        for (k, _) in per_server.iter().flatten().flatten() {
-            keys.entry(k.clone()).or_insert_with(|| {
-                per_server
-                    .iter()
-                    .map(|r| match r {
-                        Ok(_) => Seen::Absent,
-                        Err(e) => Seen::Unreachable(e.clone()),
-                    })
-                    .collect()
-            });
-        }
-        for (i, r) in per_server.into_iter().enumerate() {
-            if let Ok(list) = r {
-                for (k, s) in list {
-                    if let Some(v) = keys.get_mut(&k) {
-                        v[i] = match s {
-                            Slot::Present(b) => Seen::Present(b.into_vec()),
-                            Slot::Corrupt(_) => Seen::Corrupt,
-                        };
-                    }
-                }
+        Ok((merge_listings(per_server), answered))
+    }
+
+    /// Resolves listed keys in key order (rules 5-6), repairing what it can; absent values
+    /// are left out.
+    fn resolve_all(&self, keys: Keys) -> Result<Pairs, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut repairs = Vec::new();
+        for (key, seen) in keys {
+            let r = self.resolve(&key, seen)?;
+            repairs.extend(r.repairs.into_iter().map(|(s, f)| (s, key.clone(), f)));
+            if let Some(v) = r.value {
+                out.push((key, v));
             }
         }
-        Ok((keys, answered))
+        if !repairs.is_empty() {
+            self.repair(repairs);
+        }
+        Ok(out)
+    }
+
+    /// Rule 12: one `Scan` page from every server after `after`; the keys every answering
+    /// server has listed completely, with what each server holds, and the bound they were
+    /// listed up to if keys may follow it (the smallest last key of a server with more to say).
+    fn gather_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: PageLimit,
+    ) -> Result<(Keys, Option<Vec<u8>>), StoreError> {
+        let n = self.n();
+        // A fragment is about 1/M of its value: ask each server for its share of the page.
+        let frame = (self.client_max_frame() / 2) as u64;
+        let share = (limit.max_bytes / self.m() as u64).clamp(1, frame);
+        let reqs: Vec<(usize, Request)> = (0..n)
+            .map(|i| {
+                (
+                    i,
+                    Request::Scan {
+                        prefix: ByteBuf::from(prefix.to_vec()),
+                        after: after.map(|a| ByteBuf::from(a.to_vec())),
+                        max_bytes: share,
+                    },
+                )
+            })
+            .collect();
+        let mut per_server: Vec<Listing> = (0..n).map(|_| Ok(Vec::new())).collect();
+        let mut bound: Option<Vec<u8>> = None;
+        for (i, r) in self.client.call_all(reqs) {
+            match r {
+                Ok(Response::Page { entries, more: m }) => {
+                    if m {
+                        if let Some((last, _)) = entries.last() {
+                            if bound
+                                .as_ref()
+                                .map_or(true, |b| last.as_slice() < b.as_slice())
+                            {
+                                bound = Some(last.to_vec());
+                            }
+                        }
+                    }
+                    per_server[i] = Ok(entries
+                        .into_iter()
+                        .map(|(k, s)| (k.into_vec(), s))
+                        .collect());
+                }
+                Ok(Response::Failed(why)) => {
+                    per_server[i] = Err(format!("{}: {why}", self.spec.addrs[i]))
+                }
+                Ok(other) => {
+                    return Err(StoreError::Refused(format!(
+                        "checkpoint server {} answered a scan with {other:?}",
+                        self.spec.addrs[i]
+                    )))
+                }
+                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                    return Err(StoreError::Refused(e.to_string()))
+                }
+                Err(e) => per_server[i] = Err(e.to_string()),
+            }
+        }
+        let unreachable: Vec<String> = per_server
+            .iter()
+            .filter_map(|r| r.as_ref().err().cloned())
+            .collect();
+        self.check_reachable("list keys", &unreachable, self.m())?;
+        // Past the bound, a server that stopped short may hold keys it has not listed yet.
+        if let Some(b) = &bound {
+            for list in per_server.iter_mut().flatten() {
+                list.retain(|(k, _)| k.as_slice() <= b.as_slice());
+            }
+        }
+        Ok((merge_listings(per_server), bound))
     }
 
     /// Rule 10: the fence raise and the seal.
@@ -1093,19 +1197,51 @@ impl Store for RemoteStore {
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         let keys = self.gather(prefix)?;
-        let mut out = Vec::with_capacity(keys.len());
-        let mut repairs = Vec::new();
-        for (key, seen) in keys {
-            let r = self.resolve(&key, seen)?;
-            repairs.extend(r.repairs.into_iter().map(|(s, f)| (s, key.clone(), f)));
-            if let Some(v) = r.value {
-                out.push((key, v));
+        self.resolve_all(keys)
+    }
+
+    /// Rule 12: one page, read from one page of every server.
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: PageLimit,
+    ) -> Result<Page, StoreError> {
+        let mut from = after.map(<[u8]>::to_vec);
+        let (mut pairs, more) = loop {
+            let (keys, bound) = self.gather_page(prefix, from.as_deref(), limit)?;
+            let pairs = self.resolve_all(keys)?;
+            match bound {
+                // Every key listed read as absent (leftovers rule 6 ignores): a page is never
+                // empty while keys may follow, so go on after them.
+                Some(b) if pairs.is_empty() => from = Some(b),
+                _ => break (pairs, bound.is_some()),
             }
+        };
+        let max_keys = limit.max_keys.max(1);
+        let mut cut = false;
+        if pairs.len() > max_keys {
+            pairs.truncate(max_keys);
+            cut = true;
         }
-        if !repairs.is_empty() {
-            self.repair(repairs);
+        let mut bytes = 0u64;
+        let mut keep = 0;
+        for (k, v) in &pairs {
+            let len = (k.len() + v.len()) as u64;
+            if keep > 0 && bytes.saturating_add(len) > limit.max_bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            keep += 1;
         }
-        Ok(out)
+        if keep < pairs.len() {
+            pairs.truncate(keep);
+            cut = true;
+        }
+        Ok(Page {
+            pairs,
+            more: more || cut,
+        })
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {

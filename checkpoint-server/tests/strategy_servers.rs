@@ -34,6 +34,40 @@ fn round_trip(store: &dyn Store) {
     assert_eq!(store.get(b"empty").unwrap().as_deref(), Some(&b""[..]));
     assert_eq!(store.get(b"nothing").unwrap(), None);
     assert_eq!(store.scan_prefix(b"seg/").unwrap(), batch);
+    // Paged scans (strategy rule 12) join up to the whole scan, whatever the page.
+    for (max_keys, max_bytes) in [(1, u64::MAX), (2, u64::MAX), (100, 1500), (0, 0)] {
+        let limit = veriflow_checkpoint::PageLimit {
+            max_keys,
+            max_bytes,
+        };
+        let mut got = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = store.scan_page(b"seg/", after.as_deref(), limit).unwrap();
+            assert!(page.pairs.len() <= max_keys.max(1));
+            after = page.pairs.last().map(|(k, _)| k.clone());
+            got.extend(page.pairs);
+            if !page.more || after.is_none() {
+                break;
+            }
+        }
+        assert_eq!(got, batch, "pages of {max_keys} keys, {max_bytes} bytes");
+    }
+    let tail = store
+        .scan_page(
+            b"seg/",
+            Some(b"seg/0002"),
+            veriflow_checkpoint::PageLimit {
+                max_keys: 10,
+                max_bytes: u64::MAX,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        tail.pairs,
+        batch[3..].to_vec(),
+        "a page after a key holds what follows it"
+    );
     store.delete(b"seg/0002").unwrap();
     assert_eq!(store.get(b"seg/0002").unwrap(), None);
     assert_eq!(store.scan_prefix(b"seg/").unwrap().len(), 4);
