@@ -470,6 +470,8 @@ struct Finished {
     online: Option<String>,
     /// Why a job an oracle followed ended without its certificate.
     uncertified: Option<String>,
+    /// Workers the online oracle had evicted, and when (seconds after the job was accepted).
+    evictions: Vec<(u32, f64)>,
 }
 
 /// The job spec of a job's command line: an iterative program's vnodes are its blocks.
@@ -515,6 +517,8 @@ fn follow(
     on_progress: &mut dyn FnMut(u64),
 ) -> Result<Finished, CliError> {
     let (mut workers, mut store) = (0, String::new());
+    let mut accepted: Option<std::time::Instant> = None;
+    let mut evictions: Vec<(u32, f64)> = Vec::new();
     let mut on_event = |m: &ToSubmit| match m {
         ToSubmit::Accepted {
             workers: w,
@@ -525,6 +529,7 @@ fn follow(
         } => {
             workers = *w;
             store = s.clone();
+            accepted.get_or_insert_with(std::time::Instant::now);
             if !json {
                 eprintln!("cluster: {vnodes} vnodes on {w} workers ({spares} spare), logs in {s}");
             }
@@ -545,7 +550,14 @@ fn follow(
             worker,
             reason,
             moved,
-        } if !json => {
+        } => {
+            if reason.starts_with("evicted") {
+                let at = accepted.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                evictions.push((*worker, at));
+            }
+            if json {
+                return;
+            }
             let to: Vec<String> = moved
                 .iter()
                 .map(|(v, w)| format!("v{v}->worker {w}"))
@@ -575,6 +587,7 @@ fn follow(
             iter_stats,
             online: certificate,
             uncertified,
+            evictions,
             outputs,
             root,
             tasks,
@@ -650,6 +663,7 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 "certificate": certificate.as_ref().map(|(c, _)| c),
                 "online_certificate": online,
                 "uncertified": done.uncertified,
+                "evictions": done.evictions.iter().map(|(w, at)| json!({"worker": w, "at_s": at})).collect::<Vec<_>>(),
             })
         );
     } else {

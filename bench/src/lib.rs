@@ -32,6 +32,8 @@ pub mod memory;
 
 pub mod transport;
 
+pub mod online;
+
 pub mod sim;
 
 use std::path::Path;

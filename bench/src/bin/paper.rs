@@ -64,6 +64,9 @@ enum Command {
     /// knary in cluster mode (worker processes): S0, S1 and S2 (one worker SIGKILLed
     /// half-way).
     Cluster(veriflow_bench::cluster::ClusterArgs),
+    /// The online oracle: time to detection against the forgery rate, and the cost of
+    /// following an honest run.
+    Online(veriflow_bench::online::OnlineArgs),
     /// The failure detector: detection latency of crashed and hung processes, heartbeats per
     /// process, and knary's slowdown with the detector on.
     Detector(veriflow_bench::detector::DetectorArgs),
@@ -137,6 +140,7 @@ fn main() -> Result<()> {
         Command::Certify(args) => veriflow_bench::certify::run(&args),
         Command::Storage(args) => veriflow_bench::storage::run(&args),
         Command::Cluster(args) => veriflow_bench::cluster::run(&args),
+        Command::Online(args) => veriflow_bench::online::run(&args),
         Command::Detector(args) => veriflow_bench::detector::run(&args),
         Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
         Command::Cg(args) => veriflow_bench::cg::run(&args),
