@@ -8,6 +8,7 @@
 //! frames, threads and store calls, and the deterministic simulator ([`sim`]) turns them into
 //! deliveries on one thread, in an order and with faults drawn from a seed.
 
+pub mod alloc;
 pub mod coordinator;
 mod error;
 pub mod oracle;
