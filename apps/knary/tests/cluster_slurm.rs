@@ -160,9 +160,7 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
             "1",
         ])
         .stdout(Stdio::piped())
-        .stderr(
-            std::fs::File::create(c.dir.path().join("watch.log")).expect("the watcher's log"),
-        )
+        .stderr(std::fs::File::create(c.dir.path().join("watch.log")).expect("the watcher's log"))
         .spawn()
         .expect("alloc slurm --watch starts");
     let stdout = watch.stdout.take().expect("piped");
@@ -188,7 +186,9 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     let first = allocations(&c);
     assert_eq!(first.len(), 3, "{first:?}");
     assert!(
-        first.iter().all(|a| a["role"] == "worker" && a["state"] == "running"),
+        first
+            .iter()
+            .all(|a| a["role"] == "worker" && a["state"] == "running"),
         "{first:?}"
     );
     assert_eq!(submitted.lock().unwrap().len(), 3, "{:?}", submitted);
@@ -210,7 +210,10 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     assert_eq!(v["correct"], true, "{v}");
     assert_eq!(v["result"], knary::expected_nodes(7, 4).unwrap(), "{v}");
     assert_eq!(v["tasks"], knary::expected_tasks(7, 4).unwrap(), "{v}");
-    assert_eq!(v["failures"], 1, "the cancelled allocation is a lost worker: {v}");
+    assert_eq!(
+        v["failures"], 1,
+        "the cancelled allocation is a lost worker: {v}"
+    );
 
     // The watcher saw the allocation end while the job needed workers, and replaced it.
     let t0 = Instant::now();
@@ -272,8 +275,11 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
 /// A directory holding a fake `NAME` script (for PATH), printing `stderr` and exiting `code`.
 fn fake(dir: &Path, name: &str, stderr: &str, code: i32) {
     let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\necho '{stderr}' >&2\nexit {code}\n"))
-        .expect("a fake command");
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho '{stderr}' >&2\nexit {code}\n"),
+    )
+    .expect("a fake command");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
@@ -333,7 +339,12 @@ fn alloc_says_when_sbatch_is_missing_or_refuses() {
     );
 
     // A watcher that cannot list the pool says so at once.
-    fake(&refusing, "squeue", "squeue: error: slurm_load_jobs error", 1);
+    fake(
+        &refusing,
+        "squeue",
+        "squeue: error: slurm_load_jobs error",
+        1,
+    );
     let (code, err) = alloc_slurm_with_path(tmp.path(), &refusing, &["--watch"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("squeue refused"), "{err}");
@@ -353,9 +364,7 @@ fn alloc_refuses_bad_flags() {
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
-        alloc(tmp.path(), &args)
-            .expect_code(2)
-            .stderr_has(needle);
+        alloc(tmp.path(), &args).expect_code(2).stderr_has(needle);
     }
     // A key that is not one: before anything is submitted.
     let not_key = tmp.path().join("not-a-key");

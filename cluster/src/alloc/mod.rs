@@ -165,7 +165,10 @@ impl Demand {
 /// The allocations of `pool` missing from `allocs` (those that count, rule 3), by role.
 pub fn missing(pool: Pool, allocs: &[Allocation]) -> Pool {
     let have = |role| {
-        let n = allocs.iter().filter(|a| a.role == role && a.counts()).count();
+        let n = allocs
+            .iter()
+            .filter(|a| a.role == role && a.counts())
+            .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     };
     Pool {

@@ -201,7 +201,16 @@ fn time_limits_parse_in_units_or_minutes() {
     assert_eq!(parse_time_limit("1h30m"), Ok(s(5400)));
     assert_eq!(parse_time_limit("2d"), Ok(s(172_800)));
     assert_eq!(parse_time_limit("45"), Ok(s(2700)));
-    for bad in ["", "0", "0h", "1x", "h", "1h30", "-5m", "99999999999999999999d"] {
+    for bad in [
+        "",
+        "0",
+        "0h",
+        "1x",
+        "h",
+        "1h30",
+        "-5m",
+        "99999999999999999999d",
+    ] {
         assert!(parse_time_limit(bad).is_err(), "{bad:?}");
     }
 }
@@ -245,7 +254,10 @@ fn a_task_script_runs_one_worker_of_its_cpus() {
     ] {
         assert!(sc.contains(want), "{want:?} not in\n{sc}");
     }
-    assert!(!sc.contains("--spare") && !sc.contains("--exclusive"), "{sc}");
+    assert!(
+        !sc.contains("--spare") && !sc.contains("--exclusive"),
+        "{sc}"
+    );
 }
 
 #[test]
