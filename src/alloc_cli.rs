@@ -22,7 +22,7 @@ enum AllocCommand {
     /// Submit Slurm allocations, each one worker joining the coordinator; with --watch, keep
     /// them queued or running while the coordinator has work.
     Slurm(SlurmArgs),
-    /// List this program's allocations that Slurm still lists.
+    /// List this program's allocations, ended ones too while Slurm keeps them.
     List(ListArgs),
     /// Cancel allocations by id, or all of this program's.
     Cancel(CancelArgs),
@@ -185,7 +185,8 @@ fn slurm_cmd(args: &SlurmArgs, program: &'static str) -> Result<(), CliError> {
             Step::Submit(need) => submit(&slurm, &spec, need, Some((&mut auto, start)))?,
             Step::Stop(why) => {
                 return Err(CliError::Invalid(format!(
-                    "alloc: stopped keeping the allocations: {why}"
+                    "alloc: stopped keeping the allocations: {why}; their logs are in {}",
+                    spec.log_dir.display()
                 )))
             }
         }
@@ -214,7 +215,7 @@ fn submit(
         match &mut auto {
             Some((a, start)) => {
                 let failed = result.is_err();
-                a.submitted(start.elapsed(), result.map(drop).map_err(|e| e.to_string()));
+                a.submitted(start.elapsed(), result.map_err(|e| e.to_string()));
                 if failed {
                     break;
                 }
@@ -273,8 +274,10 @@ fn list_cmd(args: &ListArgs, program: &'static str) -> Result<(), CliError> {
 
 fn cancel_cmd(args: &CancelArgs, program: &'static str) -> Result<(), CliError> {
     let ids: Vec<String> = if args.all {
+        // Those that still count: scancel refuses an ended one.
         ours(program, args.coordinator.as_deref())?
             .into_iter()
+            .filter(Allocation::counts)
             .map(|a| a.id)
             .collect()
     } else {

@@ -25,9 +25,10 @@ fn bin() -> &'static Path {
 /// Bound of every wait on Slurm or the job: far above their seconds on a loaded machine.
 const LIMIT: Duration = Duration::from_secs(180);
 
-/// The job: 21845 tasks of 2 ms over three 1-thread workers, long enough to still run when a
-/// worker is cancelled and its replacement submitted.
-const PROGRAM: [&str; 6] = ["--depth", "7", "--fanout", "4", "--grain-us", "2000"];
+/// The job: 87381 tasks, 16384 leaves of 2 ms, over three 1-thread workers (about 11 s of
+/// work each), long enough to still run when a worker is cancelled and its replacement
+/// submitted (the watcher looks every second).
+const PROGRAM: [&str; 6] = ["--depth", "8", "--fanout", "4", "--grain-us", "2000"];
 
 /// The detector bound of `cluster_fence.rs` (1.9 s), for the same loaded 2-core machine.
 const FD: [&str; 6] = [
@@ -118,6 +119,15 @@ fn allocations(c: &Cluster) -> Vec<Value> {
     out.json().as_array().cloned().unwrap_or_default()
 }
 
+/// The allocations that still count (queued or running).
+fn live(allocs: &[Value]) -> Vec<Value> {
+    allocs
+        .iter()
+        .filter(|a| a["state"] == "queued" || a["state"] == "running")
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replaced() {
     if let Err(why) = slurm_up() {
@@ -183,7 +193,7 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
         assert_eq!(w["spare"], false, "{v}");
         assert_eq!(w["threads"], 1, "{v}");
     }
-    let first = allocations(&c);
+    let first = live(&allocations(&c));
     assert_eq!(first.len(), 3, "{first:?}");
     assert!(
         first
@@ -199,6 +209,7 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
         v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
     });
     let victim = first[1]["id"].as_str().expect("an id").to_string();
+    let cancelled = Instant::now();
     let out = Command::new("scancel")
         .arg(&victim)
         .output()
@@ -208,11 +219,18 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     let (code, v, err) = wait_json_within(run, LIMIT, "the job on Slurm workers");
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["correct"], true, "{v}");
-    assert_eq!(v["result"], knary::expected_nodes(7, 4).unwrap(), "{v}");
-    assert_eq!(v["tasks"], knary::expected_tasks(7, 4).unwrap(), "{v}");
+    assert_eq!(v["result"], knary::expected_nodes(8, 4).unwrap(), "{v}");
+    assert_eq!(v["tasks"], knary::expected_tasks(8, 4).unwrap(), "{v}");
     assert_eq!(
         v["failures"], 1,
         "the cancelled allocation is a lost worker: {v}"
+    );
+
+    eprintln!(
+        "job: {} s on Slurm workers, {} worker lost; scancel to the job's end: {:.1} s",
+        v["elapsed_s"],
+        v["failures"],
+        cancelled.elapsed().as_secs_f64()
     );
 
     // The watcher saw the allocation end while the job needed workers, and replaced it.
@@ -234,6 +252,10 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
         );
         std::thread::sleep(Duration::from_millis(200));
     };
+    eprintln!(
+        "replacement allocation {replacement} listed {:.1} s after the scancel",
+        cancelled.elapsed().as_secs_f64()
+    );
     assert!(
         submitted
             .lock()
@@ -252,7 +274,7 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     );
     inspect.expect_code(0);
     let i = inspect.json();
-    let want = knary::expected_tasks(7, 4).unwrap();
+    let want = knary::expected_tasks(8, 4).unwrap();
     for k in ["declared", "started", "completed"] {
         assert_eq!(i["tasks"][k], want, "{k}: each task once\n{i}");
     }
@@ -266,10 +288,76 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     out.expect_code(0);
     assert!(out.stdout.contains(&replacement), "{out}");
     let t0 = Instant::now();
-    while allocations(&c).iter().any(|a| a["state"] != "ended") {
+    while !live(&allocations(&c)).is_empty() {
         assert!(t0.elapsed() < LIMIT, "allocations still there after cancel");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Workers that fail at once (they cannot listen on the address given) make a watcher stop
+/// after three allocations rather than submit forever (`alloc` rule 7); their logs say why.
+#[test]
+fn a_watcher_stops_when_its_workers_fail_at_once() {
+    if let Err(why) = slurm_up() {
+        eprintln!("skipped: no Slurm here: {why}");
+        return;
+    }
+    // A coordinator with a submission waiting for workers: the workers are needed.
+    let c = Cluster::start_with(bin(), ClusterOpts::default());
+    let tmp = c.dir.path().join("slurm");
+    let tmp = tmp.as_path();
+    std::fs::create_dir(tmp).unwrap();
+    let coordinator = c.addr.as_str();
+    let key = &c.key;
+    let _cancel = CancelOnDrop {
+        tmp: tmp.to_path_buf(),
+        coordinator: coordinator.to_string(),
+    };
+    let _waiting = Proc(c.submit(&PROGRAM));
+    status_until(&c, "a submission waiting", |v| v["waiting"] == 1);
+    let watch = Command::new(bin())
+        .args([
+            "alloc",
+            "slurm",
+            "--coordinator",
+            coordinator,
+            "--key",
+            s(key),
+            "--workers",
+            "1",
+            // TEST-NET-1 (RFC 5737): no interface here has it, so the worker cannot listen.
+            "--worker-host",
+            "192.0.2.1",
+            "--log-dir",
+            s(tmp),
+            "--watch",
+            "--watch-interval",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("alloc slurm --watch starts");
+    let (code, _, err) = wait_json_within(watch, LIMIT, "a watcher of failing workers");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("3 allocations in a row failed"), "{err}");
+    assert!(err.contains(s(tmp)), "names the logs: {err}");
+    let logs: Vec<String> = std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("veriflow-knary-")
+        })
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert_eq!(logs.len(), 3, "{logs:?}");
+    assert!(
+        logs.iter()
+            .all(|l| l.contains("cannot listen on 192.0.2.1")),
+        "{logs:?}"
+    );
 }
 
 /// A directory holding a fake `NAME` script (for PATH), printing `stderr` and exiting `code`.

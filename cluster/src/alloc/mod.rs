@@ -27,6 +27,13 @@
 //!    next; after [`MAX_FAILURES`] failures in a row the watcher stops with the last error.
 //! 6. A coordinator that cannot be asked gets nothing submitted for it; after
 //!    [`COORDINATOR_PATIENCE`] without an answer the watcher stops (its workers give up too).
+//! 7. Crash loop: an allocation whose worker failed (its script exited non-zero,
+//!    [`AllocState::Failed`]) less than [`MIN_LIFE`] after it was submitted or first seen is
+//!    short-lived (a wrong key or address, a missing binary on the nodes); after
+//!    [`MAX_SHORT_LIVED`] of them in a row the watcher stops rather than submit forever. Any
+//!    other end of an allocation that ran, or lived that long, resets the count (a scancel, a
+//!    time limit, a lost node); one cancelled while queued is neither. An allocation first
+//!    seen already ended (an earlier watcher's) is not counted.
 
 pub mod slurm;
 
@@ -44,6 +51,13 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(60);
 /// Failed submissions in a row before the watcher gives up (rule 5): 1+2+4+8 s of retrying.
 pub const MAX_FAILURES: u32 = 5;
+/// A failed allocation that ended sooner after it was submitted is short-lived (rule 7): a
+/// worker that fails at start (its address, a refused key) does so within seconds of starting;
+/// 20 s leaves room for a slow scheduler and a watch interval.
+pub const MIN_LIFE: Duration = Duration::from_secs(20);
+/// Short-lived allocations in a row before the watcher stops (rule 7): one or two can be
+/// scancels or lost nodes; three in a row with nothing longer between is a pattern.
+pub const MAX_SHORT_LIVED: u32 = 3;
 /// How long the watcher goes on without an answer from the coordinator (rule 6): twice a
 /// worker's default rejoin patience, so a standby's takeover is waited out.
 pub const COORDINATOR_PATIENCE: Duration = Duration::from_secs(60);
@@ -82,8 +96,10 @@ pub enum AllocState {
     Queued,
     /// Its worker runs.
     Running,
-    /// Ending or ended: it no longer counts.
+    /// Ending or ended (cancelled, timed out, its node lost, completed): it no longer counts.
     Ended,
+    /// Ended with its worker failing (rule 7): it no longer counts.
+    Failed,
 }
 
 /// One allocation of a pool, as the resource manager lists it.
@@ -189,7 +205,16 @@ pub enum Step {
     Stop(String),
 }
 
-/// Automatic allocation's decisions (rules 4-6), free of I/O: the driver calls [`tick`]
+/// What [`AutoAlloc`] knows of an allocation it watches (rule 7).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// When it was submitted or first seen.
+    since: Duration,
+    /// Whether it was seen running.
+    ran: bool,
+}
+
+/// Automatic allocation's decisions (rules 4-7), free of I/O: the driver calls [`tick`]
 /// every round with the time, the pool's allocations and the coordinator's demand.
 ///
 /// [`tick`]: AutoAlloc::tick
@@ -201,6 +226,9 @@ pub struct AutoAlloc {
     last_error: String,
     retry_at: Option<Duration>,
     unanswered_since: Option<Duration>,
+    /// Every allocation submitted or seen counting and not ended yet (rule 7).
+    seen: std::collections::BTreeMap<String, Seen>,
+    short_lived: u32,
 }
 
 impl AutoAlloc {
@@ -213,11 +241,57 @@ impl AutoAlloc {
             last_error: String::new(),
             retry_at: None,
             unanswered_since: None,
+            seen: std::collections::BTreeMap::new(),
+            short_lived: 0,
+        }
+    }
+
+    /// Notes which allocations ran and which ended since the last round (rule 7).
+    fn observe(&mut self, now: Duration, allocs: &[Allocation]) {
+        for a in allocs {
+            let seen = match self.seen.get_mut(&a.id) {
+                Some(seen) => seen,
+                // First seen ended: an earlier watcher's, not counted.
+                None if !a.counts() => continue,
+                None => self.seen.entry(a.id.clone()).or_insert(Seen {
+                    since: now,
+                    ran: false,
+                }),
+            };
+            seen.ran |= a.state == AllocState::Running;
+        }
+        let ended: Vec<(String, AllocState)> = self
+            .seen
+            .keys()
+            .filter_map(|id| match allocs.iter().find(|a| &a.id == id) {
+                Some(a) if a.counts() => None,
+                Some(a) => Some((id.clone(), a.state)),
+                None => Some((id.clone(), AllocState::Ended)),
+            })
+            .collect();
+        for (id, state) in ended {
+            let Some(seen) = self.seen.remove(&id) else {
+                continue;
+            };
+            let lived = now.saturating_sub(seen.since);
+            if state == AllocState::Failed && lived < MIN_LIFE {
+                self.short_lived += 1;
+            } else if seen.ran || lived >= MIN_LIFE {
+                self.short_lived = 0;
+            }
         }
     }
 
     /// One round at time `now` (since any fixed start).
     pub fn tick(&mut self, now: Duration, allocs: &[Allocation], demand: Demand) -> Step {
+        self.observe(now, allocs);
+        if self.short_lived >= MAX_SHORT_LIVED {
+            return Step::Stop(format!(
+                "{} allocations in a row failed less than {MIN_LIFE:?} after they were \
+                 submitted: their workers fail at once",
+                self.short_lived
+            ));
+        }
         if self.failures >= MAX_FAILURES {
             return Step::Stop(format!(
                 "{} submissions failed in a row; the last: {}",
@@ -259,12 +333,17 @@ impl AutoAlloc {
         }
     }
 
-    /// The result of one submission of the last [`Step::Submit`] (rule 5).
-    pub fn submitted(&mut self, now: Duration, result: Result<(), String>) {
+    /// The result of one submission of the last [`Step::Submit`]: the allocation's id, or why
+    /// it was refused (rules 5 and 7).
+    pub fn submitted(&mut self, now: Duration, result: Result<String, String>) {
         match result {
-            Ok(()) => {
+            Ok(id) => {
                 self.failures = 0;
                 self.retry_at = None;
+                self.seen.entry(id).or_insert(Seen {
+                    since: now,
+                    ran: false,
+                });
             }
             Err(e) => {
                 self.failures += 1;

@@ -8,8 +8,9 @@
 //!    script's `#SBATCH` lines (sbatch's own precedence).
 //! 2. The script `exec`s the worker (`alloc` rule 1) with absolute paths for the binary, the
 //!    key and the log directory: a compute node sees none of the submitting shell's state.
-//! 3. The pool is listed from `squeue` by job name and comment (`alloc` rule 2); an
-//!    allocation that has left `squeue`'s listing has ended.
+//! 3. The pool is listed from `squeue --states=all` by job name and comment (`alloc` rule 2):
+//!    ended allocations too, with how they ended, while Slurm keeps them (`MinJobAge`); one
+//!    that has left the listing has ended.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -231,7 +232,9 @@ fn state_of(state: &str) -> AllocState {
             AllocState::Queued
         }
         "RUNNING" => AllocState::Running,
-        // COMPLETING, SUSPENDED (its worker is stopped, so lost), and every end state.
+        // The script (the worker) exited non-zero.
+        "FAILED" | "OUT_OF_MEMORY" => AllocState::Failed,
+        // COMPLETING, SUSPENDED (its worker is stopped, so lost), and every other end.
         _ => AllocState::Ended,
     }
 }
@@ -272,6 +275,7 @@ impl Slurm {
     pub fn list(&self, program: &str) -> Result<Vec<Allocation>, AllocError> {
         let out = Command::new("squeue")
             .arg("--noheader")
+            .arg("--states=all")
             .arg(format!("--name={}", job_name(program)))
             .arg(format!("--format={SQUEUE_FORMAT}"))
             .stdin(Stdio::null())

@@ -87,7 +87,7 @@ fn an_ended_allocation_is_resubmitted_while_a_job_needs_workers() {
             spares: 0
         })
     );
-    a.submitted(s(5), Ok(()));
+    a.submitted(s(5), Ok("5".into()));
     // Gone from squeue entirely: the same.
     now.remove(1);
     now.remove(2);
@@ -103,9 +103,9 @@ fn an_ended_allocation_is_resubmitted_while_a_job_needs_workers() {
 #[test]
 fn nothing_is_resubmitted_while_the_coordinator_is_idle() {
     let mut a = settled();
-    assert_eq!(a.tick(s(5), &[], Demand::Idle), Step::Wait);
+    assert_eq!(a.tick(s(30), &[], Demand::Idle), Step::Wait);
     // A submission arrives: the pool is refilled.
-    assert_eq!(a.tick(s(6), &[], Demand::Needed), Step::Submit(POOL));
+    assert_eq!(a.tick(s(31), &[], Demand::Needed), Step::Submit(POOL));
 }
 
 #[test]
@@ -123,7 +123,7 @@ fn queued_and_running_allocations_count_ending_ones_do_not() {
 #[test]
 fn failed_submissions_back_off_doubling_then_stop() {
     let mut a = settled();
-    let mut t = s(10);
+    let mut t = s(30); // the settled pool ended long-lived (rule 7)
     let mut waits = Vec::new();
     for i in 0..MAX_FAILURES {
         assert!(
@@ -153,26 +153,27 @@ fn failed_submissions_back_off_doubling_then_stop() {
 #[test]
 fn a_success_resets_the_back_off() {
     let mut a = settled();
-    a.submitted(s(10), Err("no".into()));
-    a.submitted(s(10), Err("no".into()));
-    a.submitted(s(14), Ok(()));
-    assert_eq!(a.tick(s(14), &[], Demand::Needed), Step::Submit(POOL));
+    a.submitted(s(30), Err("no".into()));
+    a.submitted(s(30), Err("no".into()));
+    a.submitted(s(34), Ok("6".into()));
+    assert_eq!(a.tick(s(34), &[], Demand::Needed), Step::Submit(POOL));
 }
 
 #[test]
 fn a_silent_coordinator_gets_nothing_and_is_given_up_after_the_patience() {
     let mut a = settled();
-    assert_eq!(a.tick(s(10), &[], Demand::Unknown), Step::Wait);
+    // Even with the whole pool gone: nothing is submitted for a coordinator that is not there.
+    assert_eq!(a.tick(s(30), &[], Demand::Unknown), Step::Wait);
     assert_eq!(
-        a.tick(s(10) + COORDINATOR_PATIENCE - s(1), &[], Demand::Unknown),
+        a.tick(s(30) + COORDINATOR_PATIENCE - s(1), &[], Demand::Unknown),
         Step::Wait
     );
     // It answers: the clock starts over.
-    assert_eq!(a.tick(s(69), &full(), Demand::Idle), Step::Wait);
-    assert_eq!(a.tick(s(70), &[], Demand::Unknown), Step::Wait);
-    assert_eq!(a.tick(s(129), &[], Demand::Unknown), Step::Wait);
+    assert_eq!(a.tick(s(89), &full(), Demand::Idle), Step::Wait);
+    assert_eq!(a.tick(s(90), &full(), Demand::Unknown), Step::Wait);
+    assert_eq!(a.tick(s(149), &full(), Demand::Unknown), Step::Wait);
     assert!(matches!(
-        a.tick(s(130), &[], Demand::Unknown),
+        a.tick(s(150), &full(), Demand::Unknown),
         Step::Stop(_)
     ));
 }
@@ -282,9 +283,11 @@ fn squeue_lines_become_the_pools_allocations() {
 14|COMPLETING|veriflow:worker:127.0.0.1:7000|1:02|1:00:00|vm
 15|RUNNING|someone else's job|0:10|UNLIMITED|vm
 16|RUNNING|veriflow:driver:x|0:10|UNLIMITED|vm
+17|FAILED|veriflow:worker:127.0.0.1:7000|0:01|1:00:00|vm
+18|CANCELLED|veriflow:worker:127.0.0.1:7000|0:05|1:00:00|vm
 ";
     let a = parse_squeue(text).unwrap();
-    assert_eq!(a.len(), 3, "{a:?}");
+    assert_eq!(a.len(), 5, "{a:?}");
     assert_eq!(
         (a[0].id.as_str(), a[0].role, a[0].state),
         ("12", Role::Worker, AllocState::Running)
@@ -294,6 +297,9 @@ fn squeue_lines_become_the_pools_allocations() {
     assert_eq!((a[1].role, a[1].state), (Role::Spare, AllocState::Queued));
     assert_eq!(a[1].nodes, "(Resources)");
     assert_eq!(a[2].state, AllocState::Ended);
+    assert_eq!(a[3].state, AllocState::Failed);
+    assert_eq!(a[4].state, AllocState::Ended);
+    assert!(a[..2].iter().all(Allocation::counts) && !a[2..].iter().any(Allocation::counts));
     assert!(parse_squeue("12|RUNNING").is_err());
     assert_eq!(parse_squeue("").unwrap(), vec![]);
 }
@@ -304,4 +310,88 @@ fn sbatch_job_ids_are_read_or_refused() {
     assert_eq!(parse_submitted("42;cluster\n").unwrap(), "42");
     assert!(parse_submitted("Submitted batch job 42\n").is_err());
     assert!(parse_submitted("").is_err());
+}
+
+/// One round of `a` at `t` seconds with `allocs`, a job needing workers.
+fn round(a: &mut AutoAlloc, t: u64, allocs: &[Allocation]) -> Step {
+    a.tick(s(t), allocs, Demand::Needed)
+}
+
+const ONE: Pool = Pool {
+    workers: 1,
+    spares: 0,
+};
+
+#[test]
+fn allocations_whose_workers_fail_at_once_stop_the_watcher() {
+    let mut a = AutoAlloc::new(ONE);
+    for (t, i) in (1..=MAX_SHORT_LIVED).enumerate() {
+        let t = t as u64;
+        assert_eq!(round(&mut a, t, &[]), Step::Submit(ONE), "round {i}");
+        a.submitted(s(t), Ok(i.to_string()));
+        // It ran and failed between two rounds: first seen failed.
+        assert_eq!(
+            round(&mut a, t + 1, &[alloc(i, Role::Worker, AllocState::Failed)]),
+            if i < MAX_SHORT_LIVED {
+                Step::Submit(ONE)
+            } else {
+                Step::Stop(format!(
+                    "3 allocations in a row failed less than {MIN_LIFE:?} after they were \
+                     submitted: their workers fail at once"
+                ))
+            },
+            "round {i}"
+        );
+    }
+}
+
+#[test]
+fn scancels_lost_nodes_and_long_lives_are_no_crash_loop() {
+    let mut a = AutoAlloc::new(ONE);
+    let ended = |i, state| [alloc(i, Role::Worker, state)];
+    let short_failure = |a: &mut AutoAlloc, i: u32, t: u64| {
+        assert_eq!(round(a, t, &[]), Step::Submit(ONE));
+        a.submitted(s(t), Ok(i.to_string()));
+        assert_eq!(
+            round(a, t + 1, &ended(i, AllocState::Failed)),
+            Step::Submit(ONE)
+        );
+    };
+    // Two short failures...
+    short_failure(&mut a, 1, 0);
+    short_failure(&mut a, 2, 2);
+    // ...then one that ran and was scancelled within a second: the count starts over.
+    a.submitted(s(4), Ok("3".into()));
+    assert_eq!(round(&mut a, 5, &ended(3, AllocState::Running)), Step::Wait);
+    assert_eq!(
+        round(&mut a, 6, &ended(3, AllocState::Ended)),
+        Step::Submit(ONE)
+    );
+    short_failure(&mut a, 4, 7);
+    short_failure(&mut a, 5, 9);
+    // One cancelled while queued changes nothing; one that failed after MIN_LIFE resets.
+    a.submitted(s(11), Ok("6".into()));
+    assert_eq!(round(&mut a, 12, &ended(6, AllocState::Queued)), Step::Wait);
+    assert_eq!(round(&mut a, 13, &[]), Step::Submit(ONE));
+    a.submitted(s(13), Ok("7".into()));
+    let later = 13 + MIN_LIFE.as_secs();
+    assert_eq!(
+        round(&mut a, later, &ended(7, AllocState::Failed)),
+        Step::Submit(ONE)
+    );
+    short_failure(&mut a, 8, later + 1);
+    short_failure(&mut a, 9, later + 3);
+}
+
+#[test]
+fn an_earlier_watchers_failed_allocations_are_not_counted() {
+    let mut a = AutoAlloc::new(ONE);
+    let old: Vec<Allocation> = (1..=5)
+        .map(|i| alloc(i, Role::Worker, AllocState::Failed))
+        .collect();
+    assert_eq!(round(&mut a, 0, &old), Step::Submit(ONE));
+    a.submitted(s(0), Ok("6".into()));
+    let mut now = old.clone();
+    now.push(alloc(6, Role::Worker, AllocState::Running));
+    assert_eq!(round(&mut a, 1, &now), Step::Wait);
 }
