@@ -40,8 +40,14 @@ const FD: [&str; 6] = [
     "800",
 ];
 
-/// Starts the test Slurm (`.ci/slurm-up`); `Err` says why it cannot run here.
+/// Starts the test Slurm (`.ci/slurm-up`) once for this file's tests; `Err` says why it
+/// cannot run here.
 fn slurm_up() -> Result<(), String> {
+    static UP: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    UP.get_or_init(start_slurm).clone()
+}
+
+fn start_slurm() -> Result<(), String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/slurm-up");
     let out = Command::new(&script)
         .stdin(Stdio::null())

@@ -21,8 +21,8 @@
 //! 4. Automatic allocation keeps `workers` worker and `spares` spare allocations counted
 //!    (rule 3) while the coordinator has a job or submissions waiting for workers
 //!    ([`Demand::Needed`]); until the pool the user asked for has been complete once, it
-//!    counts as needed whatever the coordinator says.
-//!    With no demand nothing is submitted and nothing is cancelled.
+//!    counts as needed whatever the coordinator says. With no demand nothing is submitted,
+//!    and nothing is ever cancelled.
 //! 5. A failed submission waits [`RETRY_FIRST`], doubling up to [`RETRY_MAX`], before the
 //!    next; after [`MAX_FAILURES`] failures in a row the watcher stops with the last error.
 //! 6. A coordinator that cannot be asked gets nothing submitted for it; after
