@@ -140,6 +140,8 @@ pub(crate) enum CliError {
     Verify { path: PathBuf, source: VerifyError },
     #[error(transparent)]
     Cluster(#[from] veriflow_cluster::ClusterError),
+    #[error(transparent)]
+    Alloc(#[from] veriflow_cluster::alloc::slurm::AllocError),
     #[error("{0}")]
     Invalid(String),
     #[error("certification: REJECT")]
@@ -183,6 +185,9 @@ enum Command<P: Program> {
     Status(crate::cluster_cli::StatusArgs),
     /// Run the online oracle: certify a cluster's jobs while they run, have forgers evicted.
     Oracle(crate::cluster_cli::OracleArgs),
+    /// Get workers from a resource manager (Slurm): submit, list and cancel allocations whose
+    /// jobs run `worker`, and keep them allocated while the coordinator has work.
+    Alloc(crate::alloc_cli::AllocArgs),
     /// Start a whole cluster on loopback (checkpoint servers, coordinator, workers), run the
     /// program on it, tear it down, and print the summary.
     Cluster(crate::cluster_cli::ClusterArgs<P>),
@@ -629,6 +634,7 @@ impl<P: Program> App<P> {
             },
             Command::Status(args) => crate::cluster_cli::status_cmd(&args),
             Command::Oracle(args) => crate::cluster_cli::oracle_cmd::<P>(&args),
+            Command::Alloc(args) => crate::alloc_cli::alloc_cmd(&args, P::NAME),
             Command::Cluster(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Invalid(e.0)),

@@ -8,6 +8,7 @@
 //!
 //! A complete example, that `cargo test` compiles, is in README.md ("Write your own app").
 
+mod alloc_cli;
 mod app;
 mod chaos;
 mod cluster_cli;

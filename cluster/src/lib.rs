@@ -6,8 +6,10 @@
 //! [`worker::WorkerCore`]) that takes events at an explicit time and returns actions; thin
 //! tokio drivers ([`coordinator::serve`], [`worker::run_worker`]) turn the actions into TCP
 //! frames, threads and store calls, and the deterministic simulator ([`sim`]) turns them into
-//! deliveries on one thread, in an order and with faults drawn from a seed.
+//! deliveries on one thread, in an order and with faults drawn from a seed. [`alloc`] gets
+//! workers from a resource manager (Slurm).
 
+pub mod alloc;
 pub mod coordinator;
 mod error;
 pub mod oracle;
