@@ -440,6 +440,7 @@ impl Vnode {
         );
         self.held.push_back((seq, thief, msg));
         self.stats.stolen += 1;
+        crate::metrics::stolen();
         Ok(())
     }
 
