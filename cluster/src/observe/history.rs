@@ -36,6 +36,9 @@ pub(crate) struct Sample {
     pub(crate) tasks_per_s: f64,
     /// Each worker's tasks completed in the current job.
     pub(crate) workers: BTreeMap<WorkerId, u64>,
+    /// Workers that took over vnodes since the sample before: their counts jumped by the
+    /// rebuilt vnodes' tasks, so no rate is drawn for them over this interval.
+    pub(crate) adopted: Vec<WorkerId>,
 }
 
 /// One entry of the timeline.
@@ -169,11 +172,13 @@ impl History {
             }
         }
         // Rule 1: recoveries, a vnode at a higher epoch.
+        let mut adopted = Vec::new();
         for v in &s.map {
             let before = self.epochs.insert(v.vnode, (v.worker, v.epoch));
             if let Some((from, epoch)) = before {
                 if v.epoch > epoch {
                     self.counters.recoveries += 1;
+                    adopted.push(v.worker);
                     event(
                         "recovery",
                         format!(
@@ -205,6 +210,7 @@ impl History {
                 .iter()
                 .map(|w| (w.id, w.tasks_completed))
                 .collect(),
+            adopted,
         };
         self.next += 1;
         // Rule 3.
@@ -300,7 +306,9 @@ mod tests {
         let (_, e) = h.fold(2.0, &obs(st.clone()));
         let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["failure", "recovery"], "{e:?}");
+        assert_eq!(h.samples.back().unwrap().adopted, [1]);
         let (_, e) = h.fold(2.5, &obs(st));
+        assert!(h.samples.back().unwrap().adopted.is_empty());
         assert!(e.is_empty(), "{e:?}");
         assert_eq!(
             h.counters,

@@ -43,7 +43,8 @@
         if (i === 0) return null;
         const p = samples[i - 1];
         const a = p.workers[id], b = s.workers[id];
-        if (a === undefined || b === undefined || s.t <= p.t) return null;
+        // A worker that adopted vnodes counts their rebuilt tasks at once: no rate there.
+        if (a === undefined || b === undefined || s.t <= p.t || s.adopted.includes(id)) return null;
         return Math.max(0, b - a) / (s.t - p.t);
       }));
     }
