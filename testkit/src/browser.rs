@@ -109,7 +109,10 @@ impl Browser {
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{} named no DevTools socket in 60 s", bin.display()));
+                return Err(format!(
+                    "{} named no DevTools socket in 60 s",
+                    bin.display()
+                ));
             }
         };
         let (ws, _) = tungstenite::connect(url.as_str())
@@ -155,7 +158,10 @@ impl Browser {
     pub fn open(&mut self, url: &str) {
         self.session = None;
         let target = self.call("Target.createTarget", json!({ "url": url }));
-        let id = target["targetId"].as_str().expect("a target id").to_string();
+        let id = target["targetId"]
+            .as_str()
+            .expect("a target id")
+            .to_string();
         let attached = self.call(
             "Target.attachToTarget",
             json!({ "targetId": id, "flatten": true }),

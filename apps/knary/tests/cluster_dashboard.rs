@@ -211,7 +211,11 @@ fn the_dashboard_refuses_a_missing_or_wrong_token_and_a_public_address_without_t
     };
     assert_eq!(state["status"]["program"], "knary", "{state}");
     assert_eq!(state["certification"], Value::Null, "{state}");
-    let (code, body) = get(&addr, "/metrics", &format!("Authorization: Bearer {token}\r\n"));
+    let (code, body) = get(
+        &addr,
+        "/metrics",
+        &format!("Authorization: Bearer {token}\r\n"),
+    );
     assert_eq!(code, 200, "{body}");
     // A non-loopback address needs --dashboard-public; a bad one is a clear error.
     let store = format!("--store={}", c.store);
@@ -278,7 +282,13 @@ fn the_page_in_a_browser_shows_the_job_then_a_killed_workers_failure_and_the_new
     assert!(map.as_array().unwrap().iter().all(|m| m[2] == 0), "{map}");
     // A few seconds of throughput first (the screenshot shows the dip).
     let tasks_js = "Number(document.getElementById('c-tasks').textContent)";
-    browser.wait_for("throughput", tasks_js, limit, |v| v.as_u64() > Some(3000), dump);
+    browser.wait_for(
+        "throughput",
+        tasks_js,
+        limit,
+        |v| v.as_u64() > Some(3000),
+        dump,
+    );
     let ids = "Array.from(document.querySelectorAll('#workers tbody tr')).map(r => Number(r.dataset.worker))";
     let before: Vec<u64> = serde_json::from_value(browser.eval(ids)).unwrap();
     assert_eq!(before.len(), 3, "{before:?}");
@@ -332,9 +342,13 @@ fn the_page_in_a_browser_shows_the_job_then_a_killed_workers_failure_and_the_new
     );
     // The recovered job running on for a while, then the picture for the README.
     let seen = browser.eval(tasks_js).as_u64().unwrap();
-    browser.wait_for("progress after the failure", tasks_js, limit, |v| {
-        v.as_u64() > Some(seen + 3000)
-    }, dump);
+    browser.wait_for(
+        "progress after the failure",
+        tasks_js,
+        limit,
+        |v| v.as_u64() > Some(seen + 3000),
+        dump,
+    );
     browser.screenshot(&screenshot_path());
 
     // The job's end.

@@ -736,9 +736,7 @@ impl Coordinator {
                     None => "unknown",
                 }
                 .to_string(),
-                tasks_completed: job
-                    .and_then(|j| j.completed.get(&id).copied())
-                    .unwrap_or(0),
+                tasks_completed: job.and_then(|j| j.completed.get(&id).copied()).unwrap_or(0),
             })
             .collect();
         let job_status = job.map(|j| {

@@ -243,7 +243,9 @@ async fn sample(shared: Arc<Shared>, observer: Observer) {
             let (h, last) = &mut *g;
             let (sample, events) = h.fold(t, &obs);
             *last = obs;
-            message(false, last, h, &[sample], &events).to_string().into()
+            message(false, last, h, &[sample], &events)
+                .to_string()
+                .into()
         };
         // No page open is not an error.
         let _ = shared.updates.send(text);

@@ -63,11 +63,7 @@ impl Collector for Scrape {
                 "Bytes of log segments the workers stored and flushed",
                 sum(|w| w.runtime.log_bytes),
             ),
-            (
-                "worker_failures",
-                "Workers lost during jobs",
-                c.failures,
-            ),
+            ("worker_failures", "Workers lost during jobs", c.failures),
             (
                 "recoveries",
                 "Vnodes rebuilt from their logs on a new host (a new epoch)",
@@ -99,7 +95,11 @@ impl Collector for Scrape {
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
         let gauges: [(&str, &str, f64); 3] = [
-            ("workers", "Workers admitted and not lost", self.workers_alive as f64),
+            (
+                "workers",
+                "Workers admitted and not lost",
+                self.workers_alive as f64,
+            ),
             ("vnodes", "Vnodes of the current job", self.vnodes as f64),
             (
                 "tasks_per_second",
@@ -197,7 +197,10 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
-        assert!(text.contains("veriflow_certification_checks_total "), "{text}");
+        assert!(
+            text.contains("veriflow_certification_checks_total "),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }
