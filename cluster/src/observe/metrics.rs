@@ -94,23 +94,21 @@ impl Collector for Scrape {
             let m = ConstCounter::new(v);
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
-        let gauges: [(&str, &str, f64); 3] = [
-            (
-                "workers",
-                "Workers admitted and not lost",
-                self.workers_alive as f64,
-            ),
-            ("vnodes", "Vnodes of the current job", self.vnodes as f64),
-            (
-                "tasks_per_second",
-                "Tasks completed per second at the last sample",
-                self.tasks_per_s,
-            ),
+        let gauges: [(&str, &str, i64); 2] = [
+            ("workers", "Workers admitted and not lost", self.workers_alive),
+            ("vnodes", "Vnodes of the current job", self.vnodes),
         ];
         for (name, help, v) in gauges {
             let m = ConstGauge::new(v);
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
+        let rate = ConstGauge::new(self.tasks_per_s);
+        rate.encode(enc.encode_descriptor(
+            "tasks_per_second",
+            "Tasks completed per second at the last sample",
+            None,
+            rate.metric_type(),
+        )?)?;
         // The workers' commit-latency buckets, added up (not cumulative; the last is +Inf).
         let mut buckets: Vec<(f64, u64)> = COMMIT_BUCKETS_US
             .iter()
