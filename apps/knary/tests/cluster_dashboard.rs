@@ -346,7 +346,7 @@ fn the_page_in_a_browser_shows_the_job_then_a_killed_workers_failure_and_the_new
         "progress after the failure",
         tasks_js,
         limit,
-        |v| v.as_u64() > Some(seen + 3000),
+        |v| v.as_u64() > Some(seen + 6000),
         dump,
     );
     browser.screenshot(&screenshot_path());

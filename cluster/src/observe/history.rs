@@ -23,6 +23,10 @@ pub(crate) const MAX_SAMPLES: usize = 1200;
 /// Timeline events kept: a cluster losing more than this is read in the coordinator's log.
 pub(crate) const MAX_EVENTS: usize = 500;
 
+/// Samples after a worker adopted vnodes in which its count may still jump (its probe
+/// answers come every few hundred ms, and the rebuild takes its time): 2 s at `SAMPLE_EVERY`.
+pub(crate) const ADOPTING_SAMPLES: u64 = 4;
+
 /// One point of the throughput and load charts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Sample {
@@ -36,8 +40,9 @@ pub(crate) struct Sample {
     pub(crate) tasks_per_s: f64,
     /// Each worker's tasks completed in the current job.
     pub(crate) workers: BTreeMap<WorkerId, u64>,
-    /// Workers that took over vnodes since the sample before: their counts jumped by the
-    /// rebuilt vnodes' tasks, so no rate is drawn for them over this interval.
+    /// Workers that took over vnodes within the last [`ADOPTING_SAMPLES`] samples: their
+    /// counts jump by the rebuilt vnodes' tasks when their next probe answers come, so no rate
+    /// is drawn for them over these intervals.
     pub(crate) adopted: Vec<WorkerId>,
 }
 
@@ -76,6 +81,8 @@ pub(crate) struct History {
     detector: BTreeMap<WorkerId, String>,
     epochs: BTreeMap<u32, (WorkerId, u64)>,
     terms_seen: BTreeSet<u64>,
+    /// Workers that adopted vnodes, until which sample.
+    adopting: BTreeMap<WorkerId, u64>,
     last_end: Option<u64>,
 }
 
@@ -175,13 +182,12 @@ impl History {
             }
         }
         // Rule 1: recoveries, a vnode at a higher epoch.
-        let mut adopted = Vec::new();
         for v in &s.map {
             let before = self.epochs.insert(v.vnode, (v.worker, v.epoch));
             if let Some((from, epoch)) = before {
                 if v.epoch > epoch {
                     self.counters.recoveries += 1;
-                    adopted.push(v.worker);
+                    self.adopting.insert(v.worker, self.next + ADOPTING_SAMPLES);
                     event(
                         "recovery",
                         format!(
@@ -195,6 +201,9 @@ impl History {
         if s.map.is_empty() {
             self.epochs.clear();
         }
+        let n = self.next;
+        self.adopting.retain(|_, until| *until >= n);
+        let adopted = self.adopting.keys().copied().collect();
         let dt = self.samples.back().map_or(0.0, |p| t - p.t);
         let prev = self.samples.back().map_or(0, |p| p.tasks);
         self.counters.tasks = tasks;
@@ -310,8 +319,14 @@ mod tests {
         let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["failure", "recovery"], "{e:?}");
         assert_eq!(h.samples.back().unwrap().adopted, [1]);
-        let (_, e) = h.fold(2.5, &obs(st));
-        assert!(h.samples.back().unwrap().adopted.is_empty());
+        for i in 0..ADOPTING_SAMPLES {
+            let (s, e) = h.fold(2.5 + i as f64, &obs(st.clone()));
+            assert!(e.is_empty(), "{e:?}");
+            assert_eq!(s.adopted, [1]);
+        }
+        let (s, _) = h.fold(9.0, &obs(st.clone()));
+        assert!(s.adopted.is_empty());
+        let (_, e) = h.fold(9.5, &obs(st));
         assert!(e.is_empty(), "{e:?}");
         assert_eq!(
             h.counters,

@@ -95,7 +95,11 @@ impl Collector for Scrape {
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
         let gauges: [(&str, &str, i64); 2] = [
-            ("workers", "Workers admitted and not lost", self.workers_alive),
+            (
+                "workers",
+                "Workers admitted and not lost",
+                self.workers_alive,
+            ),
             ("vnodes", "Vnodes of the current job", self.vnodes),
         ];
         for (name, help, v) in gauges {
