@@ -652,7 +652,17 @@ impl<P: Program> App<P> {
 }
 
 fn init_tracing() {
+    // sled's own debug lines would drown veriflow's: they stay at warn unless VERIFLOW_LOG
+    // names sled.
+    let asked = std::env::var("VERIFLOW_LOG").unwrap_or_default();
     let filter = tracing_subscriber::EnvFilter::try_from_env("VERIFLOW_LOG")
+        .map(|f| {
+            if asked.contains("sled") {
+                f
+            } else {
+                f.add_directive("sled=warn".parse().expect("a valid directive"))
+            }
+        })
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -652,7 +652,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         return false;
     }
     shared.in_flight.fetch_sub(batch_bytes, Ordering::AcqRel);
-    crate::metrics::committed(batch_bytes, started.elapsed());
+    let took = started.elapsed();
+    crate::metrics::committed(batch_bytes, took);
+    tracing::debug!(
+        bytes = batch_bytes,
+        segments = marks.len(),
+        took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        "group commit flushed"
+    );
     for (v, seq) in marks {
         shared.durable[v.0 as usize]
             .0
