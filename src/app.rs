@@ -1430,6 +1430,28 @@ pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar
     Some(bar)
 }
 
+/// Moves `bar` to `n` tasks, never back: a cluster's count drops for a moment when a worker
+/// is lost (its vnodes' tasks are counted again once their new host reports them), and a bar
+/// that jumped back would also show a rate of 0/s.
+pub(crate) fn advance(bar: &ProgressBar, n: u64) {
+    if n > bar.position() {
+        bar.set_position(n);
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    #[test]
+    fn a_bar_never_moves_back() {
+        let bar = indicatif::ProgressBar::hidden();
+        super::advance(&bar, 10);
+        super::advance(&bar, 4);
+        assert_eq!(bar.position(), 10);
+        super::advance(&bar, 12);
+        assert_eq!(bar.position(), 12);
+    }
+}
+
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
     let store = args.store.open_existing(false)?;

@@ -822,7 +822,7 @@ pub(crate) fn submit_cmd<P: Program>(
     let bar = crate::app::progress_bar(args.job.json, args.job.program.expected_tasks());
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
-            b.set_position(n);
+            crate::app::advance(b, n);
         }
     };
     let done = follow(
@@ -1214,7 +1214,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         .then(|| kills.first().map_or(0.33, |k| (k.0 + 0.05).min(0.8)));
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
-            b.set_position(n);
+            crate::app::advance(b, n);
         }
         let frac = match expected {
             Some(t) if t > 0 => n as f64 / t as f64,
