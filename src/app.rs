@@ -1439,19 +1439,6 @@ pub(crate) fn advance(bar: &ProgressBar, n: u64) {
     }
 }
 
-#[cfg(test)]
-mod progress_tests {
-    #[test]
-    fn a_bar_never_moves_back() {
-        let bar = indicatif::ProgressBar::hidden();
-        super::advance(&bar, 10);
-        super::advance(&bar, 4);
-        assert_eq!(bar.position(), 10);
-        super::advance(&bar, 12);
-        assert_eq!(bar.position(), 12);
-    }
-}
-
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
     let store = args.store.open_existing(false)?;
@@ -1472,4 +1459,17 @@ fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod progress_tests {
+    #[test]
+    fn a_bar_never_moves_back() {
+        let bar = indicatif::ProgressBar::hidden();
+        super::advance(&bar, 10);
+        super::advance(&bar, 4);
+        assert_eq!(bar.position(), 10);
+        super::advance(&bar, 12);
+        assert_eq!(bar.position(), 12);
+    }
 }
