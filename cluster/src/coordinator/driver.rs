@@ -24,7 +24,7 @@ use veriflow_runtime::{Clock, SystemClock};
 use super::journal::{self, JournalError, LeaseParams};
 use super::{Action, ClientId, Config, ConnId, Coordinator, Event, Joining};
 use crate::error::ClusterError;
-use crate::observe::{Dashboard, Observation, WorkerCounters};
+use crate::observe::{Dashboard, Observation, OracleNews, WorkerCounters};
 use crate::protocol::{
     ClusterStatus, FromOracle, Hello, ToCoord, ToOracle, ToSubmit, ToWorker, WorkerId,
 };
@@ -594,6 +594,8 @@ async fn actor(
     let mut oracles: HashMap<ClientId, UnboundedSender<ToOracle>> = HashMap::new();
     // `observe` rule 2: each worker's last counters, lost workers' kept.
     let mut counters: BTreeMap<WorkerId, WorkerCounters> = BTreeMap::new();
+    // And what the admitted oracle reported (`observe` rule 1).
+    let mut oracle_news = OracleNews::default();
     let mut pending = first;
     loop {
         for action in std::mem::take(&mut pending) {
@@ -698,6 +700,7 @@ async fn actor(
                 let _ = reply.send(Observation {
                     status: core.status(clock.now()),
                     workers: counters.clone(),
+                    oracle: oracle_news.clone(),
                 });
                 continue;
             }
@@ -721,6 +724,11 @@ async fn actor(
             Ok(Some(Input::Event(ev))) => {
                 if let Event::OracleClosed { client, .. } = &ev {
                     oracles.remove(client);
+                }
+                if let Event::FromOracle { client, msg } = &ev {
+                    if oracles.contains_key(client) {
+                        oracle_news.note(msg);
+                    }
                 }
                 ev
             }

@@ -223,9 +223,10 @@ fn message(
         "samples": samples,
         "events": events,
         "worker_counters": workers,
-        // The certification verdict of the last job, once the online oracle gives one
-        // (`observe/metrics.rs` rule 3); null until then.
-        "certification": Value::Null,
+        // The online oracle's last verdict, null without one.
+        "certification": obs.oracle.certified.as_ref().map(|(job, decision)| {
+            json!({ "job": job, "decision": decision })
+        }),
     })
 }
 

@@ -9,7 +9,10 @@
 //!    `took_over` under a term not seen before.
 //! 2. Tasks completed over the cluster's life are the finished jobs' tasks plus the current
 //!    job's, each job counted once, at the most it was seen at.
-//! 3. Rings hold [`MAX_SAMPLES`] samples and [`MAX_EVENTS`] events; the oldest go first.
+//! 3. The online oracle's reports: a forgery is one event each (counted by the oracle's
+//!    total, so one never shown on the page still counts); a certification or a failed one
+//!    is an event when it differs from the last.
+//! 4. Rings hold [`MAX_SAMPLES`] samples and [`MAX_EVENTS`] events; the oldest go first.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -56,7 +59,7 @@ pub(crate) struct TimelineEvent {
     pub(crate) text: String,
 }
 
-/// Counters over the dashboard's life (rule 1); they only grow.
+/// Counters over the dashboard's life (rules 1 and 3); they only grow.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub(crate) struct Counters {
     pub(crate) tasks: u64,
@@ -64,6 +67,7 @@ pub(crate) struct Counters {
     pub(crate) recoveries: u64,
     pub(crate) suspicions: u64,
     pub(crate) takeovers: u64,
+    pub(crate) forgeries: u64,
 }
 
 /// The rings, the counters, and what the last observation held.
@@ -81,6 +85,8 @@ pub(crate) struct History {
     detector: BTreeMap<WorkerId, String>,
     epochs: BTreeMap<u32, (WorkerId, u64)>,
     terms_seen: BTreeSet<u64>,
+    certified_seen: Option<(u64, String)>,
+    failed_seen: Option<(u64, String)>,
     /// Workers that adopted vnodes, until which sample.
     adopting: BTreeMap<WorkerId, u64>,
     last_end: Option<u64>,
@@ -179,6 +185,32 @@ impl History {
                 );
             } else if !was_alive && w.detector == "alive" {
                 event("cleared", format!("worker {} is heard again", w.id));
+            }
+        }
+        // Rule 3: the oracle's reports.
+        let o = &obs.oracle;
+        let new_forged = o.forged_total.saturating_sub(self.counters.forgeries);
+        let shown = usize::try_from(new_forged).map_or(o.forged.len(), |n| n.min(o.forged.len()));
+        for line in o.forged.iter().skip(o.forged.len() - shown) {
+            event("forged", line.clone());
+        }
+        self.counters.forgeries = self.counters.forgeries.max(o.forged_total);
+        if o.certified.is_some() && o.certified != self.certified_seen {
+            self.certified_seen.clone_from(&o.certified);
+            if let Some((job, decision)) = &o.certified {
+                event(
+                    "certified",
+                    format!("job {job} certified by the online oracle: {decision}"),
+                );
+            }
+        }
+        if o.failed.is_some() && o.failed != self.failed_seen {
+            self.failed_seen.clone_from(&o.failed);
+            if let Some((job, error)) = &o.failed {
+                event(
+                    "uncertified",
+                    format!("the online oracle could not certify job {job}: {error}"),
+                );
             }
         }
         // Rule 1: recoveries, a vnode at a higher epoch.
@@ -335,7 +367,8 @@ mod tests {
                 failures: 1,
                 recoveries: 1,
                 suspicions: 1,
-                takeovers: 0
+                takeovers: 0,
+                forgeries: 0,
             }
         );
     }
@@ -367,6 +400,43 @@ mod tests {
         next.last_job = ended.last_job.take();
         let (s, _) = h.fold(3.0, &obs(next));
         assert!(s.tasks >= 105, "{s:?}");
+    }
+
+    #[test]
+    fn the_oracles_forgeries_and_verdict_are_events_once() {
+        use crate::protocol::FromOracle;
+        let mut h = History::default();
+        let mut o = Observation {
+            status: running(10, &[(0, 1, 0)]),
+            ..Observation::default()
+        };
+        h.fold(0.0, &o);
+        let forged = |task: &str| FromOracle::Forged {
+            job: 1,
+            vnode: 0,
+            epoch: 0,
+            task: task.into(),
+            reason: "wrong output".into(),
+        };
+        o.oracle.note(&forged("t:1"));
+        o.oracle.note(&forged("t:2"));
+        let (_, e) = h.fold(0.5, &o);
+        let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ["forged", "forged"], "{e:?}");
+        assert!(e[1].text.contains("t:2"), "{e:?}");
+        o.oracle.note(&FromOracle::Certified {
+            job: 1,
+            decision: "ACCEPT".into(),
+            certificate: String::new(),
+            outputs: Vec::new(),
+        });
+        let (_, e) = h.fold(1.0, &o);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].kind, "certified");
+        assert!(e[0].text.ends_with("ACCEPT"), "{e:?}");
+        let (_, e) = h.fold(1.5, &o);
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(h.counters.forgeries, 2);
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sum = |f: fn(&WorkerCounters) -> u64| self.workers.values().map(f).sum::<u64>();
         let c = &self.counters;
-        let counters: [(&str, &str, u64); 9] = [
+        let counters: [(&str, &str, u64); 10] = [
             (
                 "tasks_completed",
                 "Tasks completed in the cluster's jobs",
@@ -83,6 +83,11 @@ impl Collector for Scrape {
                 "certification_checks",
                 "Checks made by the online certification oracle (0 without one)",
                 CERTIFICATION_CHECKS.load(Ordering::Relaxed),
+            ),
+            (
+                "forgeries",
+                "Forged tasks the online oracle reported",
+                c.forgeries,
             ),
             (
                 "log_commits",
@@ -176,6 +181,7 @@ mod tests {
                 recoveries: 2,
                 suspicions: 3,
                 takeovers: 0,
+                forgeries: 0,
             },
             workers: [(1, w(5, 2)), (2, w(7, 3))].into(),
             workers_alive: 1,

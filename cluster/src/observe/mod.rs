@@ -24,14 +24,14 @@ pub(crate) mod history;
 pub(crate) mod metrics;
 mod status;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 pub use dashboard::{Dashboard, DashboardError};
 pub use metrics::certification_checked;
 pub use status::status;
 
-use crate::protocol::{ClusterStatus, WorkerId};
+use crate::protocol::{ClusterStatus, FromOracle, WorkerId};
 use veriflow_runtime::metrics::RuntimeMetrics;
 
 /// How often the dashboard asks the coordinator for a snapshot: often enough that a lost
@@ -46,9 +46,56 @@ pub(crate) struct WorkerCounters {
     pub(crate) runtime: RuntimeMetrics,
 }
 
-/// What the driver hands an observer: a snapshot and the workers' counters (rule 1).
+/// What the driver hands an observer: a snapshot, the workers' counters and what the online
+/// oracle reported (rule 1).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Observation {
     pub(crate) status: ClusterStatus,
     pub(crate) workers: BTreeMap<WorkerId, WorkerCounters>,
+    pub(crate) oracle: OracleNews,
+}
+
+/// Forgeries remembered for the page (the count goes on past it).
+const MAX_FORGED: usize = 100;
+
+/// What the coordinator's online oracle reported, as the driver passed it on (the admitted
+/// oracle's messages only).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct OracleNews {
+    /// The last job certified and the decision (`ACCEPT`, `REJECT`, ...).
+    pub(crate) certified: Option<(u64, String)>,
+    /// The last certification that failed: job and why.
+    pub(crate) failed: Option<(u64, String)>,
+    /// Forgeries reported, the newest last (at most [`MAX_FORGED`]), as lines.
+    pub(crate) forged: VecDeque<String>,
+    /// Forgeries reported in all.
+    pub(crate) forged_total: u64,
+}
+
+impl OracleNews {
+    /// Notes one message of the oracle.
+    pub(crate) fn note(&mut self, msg: &FromOracle) {
+        match msg {
+            FromOracle::Certified { job, decision, .. } => {
+                self.certified = Some((*job, decision.clone()));
+            }
+            FromOracle::Failed { job, error } => self.failed = Some((*job, error.clone())),
+            FromOracle::Forged {
+                job,
+                vnode,
+                epoch,
+                task,
+                reason,
+            } => {
+                if self.forged.len() == MAX_FORGED {
+                    self.forged.pop_front();
+                }
+                self.forged.push_back(format!(
+                    "job {job}: task {task} of vnode {vnode} at epoch {epoch} forged: {reason}"
+                ));
+                self.forged_total += 1;
+            }
+            FromOracle::Committed { .. } => {}
+        }
+    }
 }

@@ -75,7 +75,7 @@
     $("c-tasks").textContent = c.tasks || 0;
     const last = samples[samples.length - 1];
     $("c-rate").textContent = last ? Math.round(last.tasks_per_s) : 0;
-    for (const k of ["failures", "recoveries", "suspicions", "takeovers"]) $("c-" + k).textContent = c[k] || 0;
+    for (const k of ["failures", "recoveries", "suspicions", "takeovers", "forgeries"]) $("c-" + k).textContent = c[k] || 0;
     const wc = m.worker_counters || {};
     $("c-steals").textContent = Object.values(wc).reduce((a, w) => a + w.steals, 0);
 
@@ -98,7 +98,8 @@
         `job ${lj.id} ${lj.state}: ${lj.tasks} tasks in ${lj.elapsed_s.toFixed(2)} s, ${lj.workers_lost} workers lost`;
     }
     const cert = m.certification;
-    $("certification").textContent = cert == null ? "none (no online oracle)" : (cert.verdict || JSON.stringify(cert));
+    $("certification").textContent = cert == null ? "none (no online oracle)" : `job ${cert.job}: ${cert.decision}`;
+    $("certification").dataset.decision = cert == null ? "" : cert.decision;
   }
 
   function addEvents(events) {
