@@ -658,7 +658,17 @@ impl<P: Program> App<P> {
 }
 
 fn init_tracing() {
+    // sled's own debug lines would drown veriflow's: they stay at warn unless VERIFLOW_LOG
+    // names sled.
+    let asked = std::env::var("VERIFLOW_LOG").unwrap_or_default();
     let filter = tracing_subscriber::EnvFilter::try_from_env("VERIFLOW_LOG")
+        .map(|f| {
+            if asked.contains("sled") {
+                f
+            } else {
+                f.add_directive("sled=warn".parse().expect("a valid directive"))
+            }
+        })
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -1426,6 +1436,15 @@ pub(crate) fn progress_bar(json: bool, total: Option<u64>) -> Option<ProgressBar
     Some(bar)
 }
 
+/// Moves `bar` to `n` tasks, never back: a cluster's count drops for a moment when a worker
+/// is lost (its vnodes' tasks are counted again once their new host reports them), and a bar
+/// that jumped back would also show a rate of 0/s.
+pub(crate) fn advance(bar: &ProgressBar, n: u64) {
+    if n > bar.position() {
+        bar.set_position(n);
+    }
+}
+
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
     let store = args.store.open_existing(false)?;
@@ -1446,4 +1465,17 @@ fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod progress_tests {
+    #[test]
+    fn a_bar_never_moves_back() {
+        let bar = indicatif::ProgressBar::hidden();
+        super::advance(&bar, 10);
+        super::advance(&bar, 4);
+        assert_eq!(bar.position(), 10);
+        super::advance(&bar, 12);
+        assert_eq!(bar.position(), 12);
+    }
 }

@@ -96,6 +96,14 @@ pub(crate) struct CoordinatorArgs {
     #[arg(long, value_name = "MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(40..=600_000))]
     lease_ms: u64,
+    /// Serve the read-only web dashboard and Prometheus /metrics on ADDR [default address:
+    /// 127.0.0.1:0, any free port]; its address and access token are printed at start.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
+    dashboard: Option<String>,
+    /// Allow --dashboard on an address that is not loopback (anyone who reaches it and has the
+    /// token sees the whole cluster).
+    #[arg(long, requires = "dashboard")]
+    dashboard_public: bool,
     #[command(flatten)]
     fd: FdArgs,
 }
@@ -281,6 +289,12 @@ pub(crate) fn coordinator_cmd(
             args.store
         )));
     }
+    let dashboard = args
+        .dashboard
+        .as_deref()
+        .map(|addr| veriflow_cluster::observe::Dashboard::bind(addr, args.dashboard_public))
+        .transpose()
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
     let store = open_store(&args.store, Some(&key))?;
     let cfg = CoordinatorConfig {
         program: program.to_string(),
@@ -312,7 +326,11 @@ pub(crate) fn coordinator_cmd(
             let _ = writeln!(out, "{line}").and_then(|()| out.flush());
         };
         say(format!("coordinator listening on {addr}"));
-        coordinator::serve(listener, cfg, || {
+        if let Some(d) = &dashboard {
+            // On stderr: stdout's first lines are what `cluster` and scripts read.
+            eprintln!("coordinator: dashboard at {}", d.url());
+        }
+        coordinator::serve_observed(listener, cfg, dashboard, || {
             say(format!("coordinator active at {addr}"))
         })
         .await
@@ -818,7 +836,7 @@ pub(crate) fn submit_cmd<P: Program>(
     let bar = crate::app::progress_bar(args.job.json, args.job.program.expected_tasks());
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
-            b.set_position(n);
+            crate::app::advance(b, n);
         }
     };
     let done = follow(
@@ -1210,7 +1228,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         .then(|| kills.first().map_or(0.33, |k| (k.0 + 0.05).min(0.8)));
     let mut progress = |n: u64| {
         if let Some(b) = &bar {
-            b.set_position(n);
+            crate::app::advance(b, n);
         }
         let frac = match expected {
             Some(t) if t > 0 => n as f64 / t as f64,

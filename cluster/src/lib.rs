@@ -12,15 +12,15 @@
 pub mod alloc;
 pub mod coordinator;
 mod error;
+pub mod observe;
 pub mod oracle;
 pub mod protocol;
 pub mod sim;
-mod status;
 mod submit;
 pub mod worker;
 
 pub use error::ClusterError;
-pub use status::status;
+pub use observe::status;
 pub use submit::submit;
 
 /// The one-thread tokio runtime a client (`submit`, `status`) talks to a coordinator on.

@@ -218,6 +218,9 @@ pub enum ToCoord {
     Heartbeat(Heartbeat),
     /// The worker's failure detector declared another worker broken.
     Broken { worker: WorkerId },
+    /// The worker's runtime counters (`veriflow_runtime::metrics`), sent after each probe
+    /// answer; only the driver's observers read them (`observe` rule 2).
+    Metrics(veriflow_runtime::metrics::RuntimeMetrics),
 }
 
 /// What a worker did in a job.
@@ -356,6 +359,9 @@ pub struct WorkerStatus {
     pub last_heard_ago_s: Option<f64>,
     /// The coordinator's detector's verdict: `alive`, `unreachable` or `broken`.
     pub detector: String,
+    /// Tasks it completed in the current job, as its last probe answer says.
+    #[serde(default)]
+    pub tasks_completed: u64,
 }
 
 /// A vnode in a [`ClusterStatus`].

@@ -47,6 +47,7 @@ pub mod graph;
 mod ids;
 pub mod iterative;
 pub mod log;
+pub mod metrics;
 pub mod replay;
 pub mod task;
 pub mod transport;

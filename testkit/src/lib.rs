@@ -13,6 +13,7 @@
 //! 3. Every process started is SIGKILLed and reaped when its handle is dropped, so a failed
 //!    test leaves nothing running.
 
+pub mod browser;
 pub mod damage;
 
 use std::io::{BufRead, BufReader};

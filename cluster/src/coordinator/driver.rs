@@ -7,7 +7,7 @@
 //! any other takes over at once on a store without a lease, waits one expiry on a store whose
 //! lease holder died, and refuses to start while another holds a live lease.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use veriflow_runtime::{Clock, SystemClock};
 use super::journal::{self, JournalError, LeaseParams};
 use super::{Action, ClientId, Config, ConnId, Coordinator, Event, Joining};
 use crate::error::ClusterError;
+use crate::observe::{Dashboard, Observation, OracleNews, WorkerCounters};
 use crate::protocol::{
     ClusterStatus, FromOracle, Hello, ToCoord, ToOracle, ToSubmit, ToWorker, WorkerId,
 };
@@ -96,6 +97,39 @@ enum Input {
     Deposed(String),
     /// A status client asks for a snapshot (read-only: no event for the state machine).
     Status(tokio::sync::oneshot::Sender<ClusterStatus>),
+    /// The dashboard asks for a snapshot and the workers' counters (`observe` rule 1).
+    Observe(tokio::sync::oneshot::Sender<Observation>),
+}
+
+/// The dashboard's way to ask the actor for an [`Observation`] (`observe` rule 1).
+#[derive(Clone)]
+pub(crate) struct Observer {
+    tx: UnboundedSender<Input>,
+    role: Arc<Role>,
+    me: String,
+}
+
+impl Observer {
+    /// The cluster now; a coordinator that does not hold the role yet says it stands by.
+    pub(crate) async fn observe(&self) -> Observation {
+        let standby = || Observation {
+            status: ClusterStatus {
+                coordinator: self.me.clone(),
+                role: "standby".to_string(),
+                active: self.role.holder(),
+                ..ClusterStatus::default()
+            },
+            ..Observation::default()
+        };
+        if !self.role.active.load(Ordering::SeqCst) {
+            return standby();
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.tx.send(Input::Observe(tx)).is_err() {
+            return standby();
+        }
+        rx.await.unwrap_or_else(|_| standby())
+    }
 }
 
 /// Who holds the role, as the connection handlers answer it.
@@ -122,6 +156,17 @@ pub async fn serve(
     cfg: CoordinatorConfig,
     on_active: impl FnOnce(),
 ) -> Result<(), ClusterError> {
+    serve_observed(listener, cfg, None, on_active).await
+}
+
+/// [`serve`], and the `dashboard` if one is given, from the start (a standby's page says it
+/// stands by until it takes the role).
+pub async fn serve_observed(
+    listener: TcpListener,
+    cfg: CoordinatorConfig,
+    dashboard: Option<Dashboard>,
+    on_active: impl FnOnce(),
+) -> Result<(), ClusterError> {
     let advertise = listener
         .local_addr()
         .map_err(|e| ClusterError::Listen {
@@ -132,6 +177,13 @@ pub async fn serve(
     let (tx, rx) = unbounded_channel();
     let role = Arc::new(Role::default());
     tokio::spawn(accept(listener, cfg.key.clone(), tx.clone(), role.clone()));
+    if let Some(d) = dashboard {
+        tokio::spawn(d.run(Observer {
+            tx: tx.clone(),
+            role: role.clone(),
+            me: advertise.clone(),
+        }));
+    }
     let clock = SystemClock::default();
     let (term, found) = acquire(&cfg, &advertise, &role).await?;
     let mut secret = [0u8; 32];
@@ -540,6 +592,10 @@ async fn actor(
         HashMap::new();
     let mut clients: HashMap<ClientId, UnboundedSender<ToSubmit>> = HashMap::new();
     let mut oracles: HashMap<ClientId, UnboundedSender<ToOracle>> = HashMap::new();
+    // `observe` rule 2: each worker's last counters, lost workers' kept.
+    let mut counters: BTreeMap<WorkerId, WorkerCounters> = BTreeMap::new();
+    // And what the admitted oracle reported (`observe` rule 1).
+    let mut oracle_news = OracleNews::default();
     let mut pending = first;
     loop {
         for action in std::mem::take(&mut pending) {
@@ -640,8 +696,21 @@ async fn actor(
                 let _ = reply.send(core.status(clock.now()));
                 continue;
             }
+            Ok(Some(Input::Observe(reply))) => {
+                let _ = reply.send(Observation {
+                    status: core.status(clock.now()),
+                    workers: counters.clone(),
+                    oracle: oracle_news.clone(),
+                });
+                continue;
+            }
             Ok(Some(Input::FromConn { conn, msg })) => match admitted.get(&conn) {
-                Some(&worker) => Event::FromWorker { worker, msg },
+                Some(&worker) => {
+                    if let ToCoord::Metrics(m) = &msg {
+                        counters.insert(worker, WorkerCounters { runtime: m.clone() });
+                    }
+                    Event::FromWorker { worker, msg }
+                }
                 None => continue,
             },
             Ok(Some(Input::ConnClosed { conn, reason })) => {
@@ -655,6 +724,11 @@ async fn actor(
             Ok(Some(Input::Event(ev))) => {
                 if let Event::OracleClosed { client, .. } = &ev {
                     oracles.remove(client);
+                }
+                if let Event::FromOracle { client, msg } = &ev {
+                    if oracles.contains_key(client) {
+                        oracle_news.note(msg);
+                    }
                 }
                 ev
             }

@@ -81,7 +81,7 @@
 //!     comes back (`following` the job, after a takeover or a restart) hears `Follow` again,
 //!     and `Ended` if the summary waits.
 
-mod driver;
+pub(crate) mod driver;
 pub mod journal;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,7 +92,7 @@ use veriflow_runtime::exec::MAX_VNODES;
 use veriflow_runtime::iterative::NodeStats;
 
 pub(crate) use driver::{read_outputs, record_finished};
-pub use driver::{serve, CoordinatorConfig};
+pub use driver::{serve, serve_observed, CoordinatorConfig};
 pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
@@ -736,6 +736,7 @@ impl Coordinator {
                     None => "unknown",
                 }
                 .to_string(),
+                tasks_completed: job.and_then(|j| j.completed.get(&id).copied()).unwrap_or(0),
             })
             .collect();
         let job_status = job.map(|j| {
@@ -1237,6 +1238,8 @@ impl Coordinator {
         match msg {
             ToCoord::Heartbeat(_) => {}
             ToCoord::Broken { worker } => self.on_suspicion(now, id, worker),
+            // For the driver's observers only (`observe` rule 2).
+            ToCoord::Metrics(_) => {}
             ToCoord::Status {
                 job,
                 round,

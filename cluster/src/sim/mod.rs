@@ -1960,6 +1960,7 @@ fn coord_line(m: &ToCoord) -> String {
         ToCoord::Failed { error, .. } => format!("failed: {error}"),
         ToCoord::Heartbeat(_) => "heartbeat".into(),
         ToCoord::Broken { worker } => format!("broken w{worker}"),
+        ToCoord::Metrics(_) => "metrics".into(),
     }
 }
 

@@ -146,6 +146,9 @@ impl Driver {
             Action::AnswerProbe { job, round } => {
                 let status = st.job.as_ref().filter(|j| j.id == job).map(|j| &*j.status);
                 let _ = self.to_coord.send(ToCoord::status(job, round, status));
+                let _ = self
+                    .to_coord
+                    .send(ToCoord::Metrics(veriflow_runtime::metrics::snapshot()));
             }
             Action::Exit(reason) => {
                 if st.exit.is_none() {

@@ -177,6 +177,14 @@ impl Vnode {
         self.stats.recovery_log_events += read.tail_events;
         let read_time = read.read_time;
         let out = self.rebuild(registry, read.state, root)?;
+        tracing::info!(
+            vnode = %v,
+            epoch = self.core.shared.epoch(v),
+            reused = out.reused,
+            restarted = out.restarted,
+            from_checkpoint = read.checkpoint.is_some(),
+            "vnode rebuilt from its log"
+        );
         self.stats.tasks = out.reused;
         self.core.shared.set_completed(v, out.reused);
         self.core.completed = out.reused;

@@ -303,6 +303,7 @@ impl Vnode {
             id, body, outputs, ..
         } = spec;
         let name = body.name();
+        tracing::trace!(vnode = %self.id(), task = %id, name, "task started");
         if self.core.logging() {
             self.core.append(&Event::Started {
                 task: id,
@@ -331,6 +332,7 @@ impl Vnode {
         } = ctx;
         self.core
             .complete(id, name, &outputs, writes, children, &created)?;
+        tracing::trace!(vnode = %self.id(), task = %id, name, "task completed");
         self.stats.tasks += 1;
         Ok(())
     }
@@ -440,6 +442,8 @@ impl Vnode {
         );
         self.held.push_back((seq, thief, msg));
         self.stats.stolen += 1;
+        crate::metrics::stolen();
+        tracing::debug!(victim = %me, thief = %thief, task = %spec.id, "steal granted");
         Ok(())
     }
 
@@ -522,6 +526,7 @@ impl Vnode {
         self.held
             .push_back((seq, victim, Message::AdoptAck { task }));
         self.stats.adopted += 1;
+        tracing::debug!(thief = %self.id(), victim = %victim, task = %task, "task adopted");
         Ok(())
     }
 

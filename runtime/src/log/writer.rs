@@ -567,6 +567,7 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
 /// Stores one batch of sealed segments and flushes, then raises the durable marks (rule 2).
 /// Returns false, with the error kept in `shared`, if the store failed (rule 5).
 fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
+    let started = std::time::Instant::now();
     let batch_bytes: u64 = batch.iter().map(|s| s.bytes.len() as u64).sum();
     let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
     let mut fences: Vec<(VnodeId, u64)> = Vec::new();
@@ -651,6 +652,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         return false;
     }
     shared.in_flight.fetch_sub(batch_bytes, Ordering::AcqRel);
+    let took = started.elapsed();
+    crate::metrics::committed(batch_bytes, took);
+    tracing::debug!(
+        bytes = batch_bytes,
+        segments = marks.len(),
+        took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        "group commit flushed"
+    );
     for (v, seq) in marks {
         shared.durable[v.0 as usize]
             .0
