@@ -237,9 +237,15 @@ fn the_dashboard_refuses_a_missing_or_wrong_token_and_a_public_address_without_t
     }
 }
 
-/// The screenshot the README shows.
+/// Where the screenshot goes: the one the README shows (bench/results/dashboard.png) when
+/// `VERIFLOW_SAVE_SCREENSHOT=1`, else the temporary directory, so that a test run leaves the
+/// tree as it was.
 fn screenshot_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/dashboard.png")
+    if std::env::var("VERIFLOW_SAVE_SCREENSHOT").as_deref() == Ok("1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/dashboard.png")
+    } else {
+        std::env::temp_dir().join(format!("veriflow-dashboard-{}.png", std::process::id()))
+    }
 }
 
 #[test]
