@@ -110,6 +110,8 @@ pub struct Follower {
     epsilon: f64,
     floor: f64,
     hosts: BTreeMap<Incarnation, u32>,
+    /// The incarnations of each worker (the reverse of `hosts`).
+    incarnations: BTreeMap<u32, Vec<Incarnation>>,
     done_in: HashMap<TaskId, Incarnation>,
     completed: u64,
     pending: BTreeSet<Ix>,
@@ -157,6 +159,7 @@ impl Follower {
             epsilon,
             floor,
             hosts: BTreeMap::new(),
+            incarnations: BTreeMap::new(),
             done_in: HashMap::new(),
             completed: 0,
             pending: BTreeSet::new(),
@@ -171,7 +174,12 @@ impl Follower {
 
     /// The coordinator says `worker` hosts (hosted) `vnode` at `epoch` (rule 1).
     pub fn hosted(&mut self, vnode: u32, epoch: u64, worker: u32) {
-        self.hosts.insert((vnode, epoch), worker);
+        if self.hosts.insert((vnode, epoch), worker).is_none() {
+            self.incarnations
+                .entry(worker)
+                .or_default()
+                .push((vnode, epoch));
+        }
     }
 
     /// Tasks completed so far (as read).
@@ -189,15 +197,20 @@ impl Follower {
         &self.caught
     }
 
+    /// A worker's counts: the sum over its own incarnations (a few), not over every one.
     fn worker_counts(&self, w: u32) -> Counts {
         let mut c = Counts::default();
-        for (inc, n) in &self.by_inc {
-            if self.hosts.get(inc) == Some(&w) {
-                c.tasks += n.tasks;
-                c.checked += n.checked;
-                c.clean += n.clean;
-                c.forged += n.forged;
-            }
+        for n in self
+            .incarnations
+            .get(&w)
+            .into_iter()
+            .flatten()
+            .filter_map(|inc| self.by_inc.get(inc))
+        {
+            c.tasks += n.tasks;
+            c.checked += n.checked;
+            c.clean += n.clean;
+            c.forged += n.forged;
         }
         c
     }
@@ -217,9 +230,7 @@ impl Follower {
         let mut polled = Polled::default();
         if self.track.is_none() {
             // The run's first member writes the manifest; until then there is nothing to read.
-            let Some(m) = veriflow_runtime::log::Manifest::load(&**self.reader.store())
-                .map_err(LogError::from)?
-            else {
+            let Some(m) = veriflow_runtime::log::Manifest::load(&**self.reader.store())? else {
                 return Ok(polled);
             };
             self.tails = (0..m.vnodes)
