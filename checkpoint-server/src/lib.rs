@@ -55,7 +55,7 @@ pub mod wire;
 pub use key::{Key, KeyError};
 pub use protocol::{ServerAnswer, ServerCall, PROTOCOL_VERSION};
 pub use store::{
-    fill_page, page_start, Fences, MemoryStore, Page, PageLimit, Pairs, SledStore, Store,
+    fill_page, page_start, Fences, MemoryStore, Page, PageLimit, Pair, Pairs, SledStore, Store,
     StoreError,
 };
 pub use strategy::{

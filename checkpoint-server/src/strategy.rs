@@ -54,6 +54,15 @@
 //!    version that can be rebuilt (and read repair rewrites it everywhere). Found by `chaos`: a
 //!    worker SIGKILLed while it rewrote a watermark record left `wm/...` with one fragment of
 //!    the new version and five of the old, and the next host of its vnode could not start.
+//!    This is best effort, not a guarantee: the overwrite replaced the old version on the
+//!    servers it reached, so the old one is left on at least M only if it was on at least M
+//!    plus those. With M > K + 1 (ida:4,2) a cut at M - 1 servers leaves K + 1 < M of a version
+//!    written everywhere, and fewer of one acknowledged at a quorum while a server was behind
+//!    (`chaos` again: ida:4,2 at a quorum of 5, one server restarted behind, a paused writer's
+//!    overwrite on two servers: the acknowledged watermark on three, and no version readable,
+//!    [`StoreError::Unrecoverable`]). A value that must survive its writer's crash is never
+//!    overwritten: it is written once under a new key, and old keys are deleted only after
+//!    newer ones are acknowledged (the log's watermarks, `runtime/src/log/watermark.rs`).
 //! 10. **Fence raise** (`store/fence.rs`; each server keeps its fences durably, protocol rule
 //!     7). [`Store::raise_fence`] sends the raise to every server, then *seals* the scope: it
 //!     lists the scope's keys on every server and deletes, on the servers that took the raise,
@@ -83,9 +92,13 @@
 //! the seal deleted it on the sealed servers, and the at most M - 1 fragments that can exist
 //! later can never be decoded (erasure rule 5), while the K + 1 sealed servers answer that
 //! they do not hold X, so readers take it as absent (rule 6) or report too few servers,
-//! never its bytes. A key the zombie overwrites outside the scope (the log's watermark record,
-//! written in the same batch) can at worst get a newer version on those M - 1 servers, which
-//! more than K answering servers lack: it reads as the version before it (rule 9).
+//! never its bytes. This needs every key under the scope to be written once (a zombie's
+//! fragments overwriting a key its successor wrote would destroy it, rule 9): the log's
+//! segments are. A key the zombie writes outside the scope in the same batch (the log's
+//! watermarks, each written once under a key of its own) is refused with it by every sealed
+//! server, so it is never more readable than the segments beside it were, except that the
+//! seal does not delete its undecodable leftovers: at worst a watermark naming a segment
+//! the seal deleted, which readers report as a log short of its watermark, never as data.
 //! Why not fewer than K + 1: with replication, one copy on a server that missed the raise
 //! would be readable. Why not more: a takeover must go on while up to K servers are down
 //! (with `quorum`); with `ack=all` every write needs every server anyway.
@@ -103,7 +116,7 @@ use crate::client::{Client, ClientConfig, ClientError};
 use crate::erasure::{Codec, ErasureError};
 use crate::key::Key;
 use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot};
-use crate::store::{MemoryStore, Page, PageLimit, Pairs, SledStore, Store, StoreError};
+use crate::store::{MemoryStore, Page, PageLimit, Pair, Pairs, SledStore, Store, StoreError};
 
 /// How many fragments a remote strategy makes, and which code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1244,6 +1257,24 @@ impl Store for RemoteStore {
         })
     }
 
+    fn last_under(&self, prefix: &[u8]) -> Result<Option<Pair>, StoreError> {
+        for (key, seen) in self.gather(prefix)?.into_iter().rev() {
+            let r = self.resolve(&key, seen)?;
+            if !r.repairs.is_empty() {
+                self.repair(
+                    r.repairs
+                        .into_iter()
+                        .map(|(s, f)| (s, key.clone(), f))
+                        .collect(),
+                );
+            }
+            if let Some(v) = r.value {
+                return Ok(Some((key, v)));
+            }
+        }
+        Ok(None)
+    }
+
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         let reqs = (0..self.n())
             .map(|i| {
@@ -1447,6 +1478,57 @@ mod tests {
                 assert_eq!(got.as_deref(), Some(&b"a stale segment"[..]), "unsealed");
             }
         }
+    }
+
+    /// Rule 9's limit, as `chaos` met it (ida:4,2 at a quorum): "b" acknowledged by five
+    /// servers while server 3 was behind, then an overwrite cut short on servers 0 and 1. No
+    /// version is on four servers: the read is `Unrecoverable`, never the older "a" (server
+    /// 3's) and never the unacknowledged "c". Hence values that must survive are never
+    /// overwritten (the log's watermarks).
+    #[test]
+    fn an_overwrite_cut_short_can_leave_no_version_and_never_an_older_one() {
+        let (store, links) = linked(Layout::Ida { m: 4, k: 2 }, Ack::Quorum);
+        let down = |which: &[usize], yes: bool| {
+            for &i in which {
+                links[i].down.store(yes, Ordering::SeqCst);
+            }
+        };
+        store.put(b"wm/0", b"a").unwrap();
+        down(&[3], true);
+        store.put(b"wm/0", b"b").unwrap();
+        down(&[3], false);
+        down(&[2, 3, 4, 5], true);
+        store
+            .put(b"wm/0", b"c")
+            .expect_err("two servers of five needed");
+        down(&[2, 3, 4, 5], false);
+        let err = store.get(b"wm/0").expect_err("no version on four servers");
+        assert!(matches!(err, StoreError::Unrecoverable { .. }), "{err}");
+    }
+
+    /// `last_under` decodes from the greatest key down and stops at the first that reads:
+    /// an older key left on one server (a delete's leftover) while another server is down
+    /// fails a whole scan, but not the newest key's read.
+    #[test]
+    fn last_under_reads_the_newest_key_and_passes_over_older_undecidable_ones() {
+        let layout = Layout::Ida { m: 2, k: 1 };
+        let (store, links) = linked(layout, Ack::Quorum);
+        store.put(b"w/2", b"newest").unwrap();
+        let frags = layout.codec().unwrap().encode(b"old", 5);
+        links[0].store.put(b"w/1", &frags[0]).unwrap(); // a delete's leftover
+        assert_eq!(
+            store.last_under(b"w/").unwrap(),
+            Some((b"w/2".to_vec(), b"newest".to_vec()))
+        );
+        links[2].down.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            store.scan_prefix(b"w/"),
+            Err(StoreError::Unavailable { .. })
+        ));
+        assert_eq!(
+            store.last_under(b"w/").unwrap(),
+            Some((b"w/2".to_vec(), b"newest".to_vec()))
+        );
     }
 
     /// Rules 10-11 through links: a raise needs K + 1 servers; a write refused by one server

@@ -84,7 +84,9 @@ impl From<sled::Error> for StoreError {
 }
 
 /// Key-value pairs, as returned by [`Store::scan_prefix`].
-pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Pairs = Vec<Pair>;
+/// One key and its value.
+pub type Pair = (Vec<u8>, Vec<u8>);
 
 /// How much one page of [`Store::scan_page`] may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +189,14 @@ pub trait Store: Send + Sync + 'static {
             },
         )?;
         Ok((page.pairs.into_iter().map(|(k, _)| k).collect(), page.more))
+    }
+    /// The pair with the greatest key under `prefix` that reads (a key that reads as absent
+    /// is passed over), if any. The default takes the last pair of [`Store::scan_prefix`]; a
+    /// store that decodes each value ([`crate::RemoteStore`]) decodes from the greatest key
+    /// down and stops at the first that reads, so an older key it cannot read now (too few of
+    /// its servers reachable) is no error.
+    fn last_under(&self, prefix: &[u8]) -> Result<Option<Pair>, StoreError> {
+        Ok(self.scan_prefix(prefix)?.pop())
     }
     /// Removes `key`; durable after [`Store::flush`].
     fn delete(&self, key: &[u8]) -> Result<(), StoreError>;

@@ -484,6 +484,9 @@ impl Store for ProcStore {
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         self.inner.scan_prefix(prefix)
     }
+    fn last_under(&self, prefix: &[u8]) -> Result<Option<veriflow_checkpoint::Pair>, StoreError> {
+        self.inner.last_under(prefix)
+    }
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         let old = self.inner.get(key)?;
         self.inner.delete(key)?;

@@ -445,7 +445,7 @@ struct Recording {
     inner: Arc<dyn Store>,
     fences: bool,
     pending: Mutex<Vec<Vec<u8>>>,
-    acked: Mutex<Vec<Vec<u8>>>,
+    acked: Mutex<std::collections::BTreeSet<Vec<u8>>>,
 }
 
 impl Store for Recording {
@@ -475,8 +475,24 @@ impl Store for Recording {
     ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
         self.inner.scan_prefix(prefix)
     }
+    fn last_under(
+        &self,
+        prefix: &[u8],
+    ) -> Result<Option<veriflow_checkpoint::Pair>, veriflow_checkpoint::StoreError> {
+        self.inner.last_under(prefix)
+    }
     fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.delete(key)
+        self.inner.delete(key)?;
+        // A key deleted on purpose (the log's old watermarks) is no longer owed.
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k| k != key);
+        self.acked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        Ok(())
     }
     fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
         self.inner.flush()?;
@@ -600,7 +616,13 @@ pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
     let mut checks = check::check(
         cfg,
         &*w.store,
-        &w.store.acked.lock().unwrap_or_else(|p| p.into_inner()),
+        &w.store
+            .acked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>(),
         &reference,
         &outcome,
     )

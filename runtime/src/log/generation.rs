@@ -14,7 +14,7 @@
 use veriflow_checkpoint::Store;
 
 use super::segment::{self, SegmentBuilder};
-use super::watermark::{watermark_key, LastSegment, Watermark};
+use super::watermark::{LastSegment, Watermark};
 use super::{Event, LogError, Manifest};
 use crate::ids::VnodeId;
 
@@ -67,16 +67,13 @@ pub fn write_generation(
             });
         }
         // Rule 8 of `log/mod.rs`: the generation's watermark of every vnode, even an empty one.
+        let wm = Watermark {
+            vnode: *vnode,
+            last,
+        };
         let mut key = prefix.clone();
-        key.extend_from_slice(&watermark_key(*vnode));
-        batch.push((
-            key,
-            Watermark {
-                vnode: *vnode,
-                last,
-            }
-            .encode()?,
-        ));
+        key.extend_from_slice(&wm.key());
+        batch.push((key, wm.encode()?));
         store.put_batch(&batch)?;
     }
     store.flush()?;

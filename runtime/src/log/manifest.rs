@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
 
-use super::watermark::{watermark_key, Watermark};
+use super::watermark::{watermark_prefix, Watermark};
 use super::LogError;
 use crate::codec;
 use crate::ids::{DataId, TaskId, VnodeId};
@@ -74,13 +74,12 @@ impl Manifest {
     pub fn store_new(&self, store: &dyn Store) -> Result<(), LogError> {
         let mut batch = Vec::new();
         for v in 0..self.vnodes {
-            let key = watermark_key(VnodeId(v));
-            if store.get(&key)?.is_none() {
+            if store.last_under(&watermark_prefix(VnodeId(v)))?.is_none() {
                 let wm = Watermark {
                     vnode: VnodeId(v),
                     last: None,
                 };
-                batch.push((key, wm.encode()?));
+                batch.push((wm.key(), wm.encode()?));
             }
             // Bounded batches (a checkpoint server takes one frame each).
             if batch.len() >= WATERMARKS_PER_BATCH {

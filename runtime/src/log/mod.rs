@@ -35,7 +35,10 @@
 //!    (or below it: overlapping events are duplicates, not a gap). To notice a lost *tail*,
 //!    each vnode has a *durable watermark* record (`watermark.rs`): the writer puts it in the
 //!    same store batch as the segments it covers (last segment number and sequence end), so it
-//!    costs one small record per vnode per flush, not per task. A new run writes an empty one
+//!    costs one small record per vnode per flush, not per task. Each watermark is written
+//!    once under a key of its own (`wm/<vnode><last segment + 1>`), never overwritten: the
+//!    newest readable one counts, and the writer deletes all but the newest two once they are
+//!    acknowledged (an erasure-coded overwrite cut short can leave no version readable). A new run writes an empty one
 //!    for every vnode the manifest lists ([`Manifest::store_new`]). A reader reports as
 //!    [`LogError::Missing`], naming vnode and segment: a missing segment number or sequence
 //!    range, a log that stops short of its watermark, a torn segment the watermark covers (it
@@ -49,7 +52,9 @@
 //!    same store batch as the last segment it covers and that segment's watermark (so rules 7
 //!    and 8 hold for it too). Recovery ([`LogReader::recover_vnode`]) reads the checkpoint and
 //!    only the segments after it, checked by rules 4 and 8; a damaged checkpoint, or one ahead
-//!    of the watermark, is not used: the whole log is read instead, never a wrong state.
+//!    of the watermark, is not used: the whole log is read instead, never a wrong state. So is
+//!    one the store cannot rebuild (`StoreError::Unrecoverable`: it is overwritten in place,
+//!    and a write of it cut short can leave no version whole).
 //!
 //! ```
 //! use std::sync::Arc;

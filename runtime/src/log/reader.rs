@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use veriflow_checkpoint::Store;
+use veriflow_checkpoint::{Store, StoreError};
 
 use veriflow_checkpoint::PageLimit;
 
@@ -12,7 +12,7 @@ use super::checkpoint::{checkpoint_key, Checkpoint};
 use super::segment::{self, SegmentError};
 use super::state::LogState;
 use super::watermark::{
-    parse_watermark_key, watermark_key, LastSegment, Watermark, WATERMARK_PREFIX,
+    parse_watermark_key, watermark_prefix, LastSegment, Watermark, WATERMARK_PREFIX,
 };
 use super::{Event, EventKey, LogError, Manifest};
 use crate::codec::FrameError;
@@ -129,6 +129,9 @@ impl LogReader {
                 })
             })
             .collect::<Result<_, _>>()?;
+        // Keys sort by vnode first: a vnode's watermarks are adjacent.
+        let mut marked = marked;
+        marked.dedup();
         match Manifest::load(&*self.store)? {
             None => Ok(marked),
             Some(m) => {
@@ -156,12 +159,26 @@ impl LogReader {
         }
     }
 
-    /// The durable watermark of `vnode` (rule 8), if it has one.
+    /// The durable watermark of `vnode` (rule 8), if it has one: the newest readable one
+    /// (`watermark.rs`); an error if it is damaged or stored under another key than its own.
     pub fn watermark(&self, vnode: VnodeId) -> Result<Option<Watermark>, LogError> {
-        match self.store.get(&self.key(&watermark_key(vnode)))? {
-            Some(bytes) => Watermark::decode(vnode, &bytes).map(Some),
-            None => Ok(None),
+        let Some((key, bytes)) = self.store.last_under(&self.key(&watermark_prefix(vnode)))? else {
+            return Ok(None);
+        };
+        let key = key.get(self.prefix.len()..).unwrap_or_default();
+        let wm = Watermark::decode(vnode, &bytes)?;
+        if wm.key() != key {
+            return Err(LogError::Missing {
+                vnode,
+                segment: None,
+                what: format!(
+                    "its durable watermark record is damaged (stored under {key:02x?}, it \
+                     names {:?})",
+                    wm.last
+                ),
+            });
         }
+        Ok(Some(wm))
     }
 
     /// The durable watermark of `vnode` as rule 8 requires it: the last durable segment, or
@@ -234,7 +251,18 @@ impl LogReader {
         let prefix = self.key(&segment::vnode_prefix(vnode));
         let first = self.store.scan_page(&prefix, None, ONE_KEY)?;
         let covered = self.covered(vnode, !first.pairs.is_empty())?;
-        let checkpoint = match self.store.get(&self.key(&checkpoint_key(vnode)))? {
+        // Rule 9: a checkpoint is overwritten in place, so a write of it that was interrupted
+        // can leave no version rebuildable; the log holds everything it does.
+        let stored = match self.store.get(&self.key(&checkpoint_key(vnode))) {
+            Err(e @ StoreError::Unrecoverable { .. }) => {
+                tracing::warn!(
+                    "log of {vnode}: checkpoint unreadable ({e}); reading the whole log"
+                );
+                None
+            }
+            other => other?,
+        };
+        let checkpoint = match stored {
             None => None,
             Some(bytes) => match Checkpoint::decode(vnode, &bytes) {
                 Ok(ck)

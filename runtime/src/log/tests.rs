@@ -479,7 +479,7 @@ fn a_vnode_the_manifest_lists_without_its_segments_is_corruption() {
 #[test]
 fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     use super::checkpoint::checkpoint_key;
-    use super::watermark::watermark_key;
+    use super::watermark::watermark_prefix;
     let store = Arc::new(MemoryStore::default());
     // A manual writer stores what was sealed when pumped: one checkpoint after 300 tasks
     // (~37 KiB of segments), none for the ~12 KiB after it.
@@ -523,7 +523,10 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
     let r = reader.recover_vnode(VnodeId(0)).unwrap();
     assert_eq!((r.checkpoint, &r.state), (None, &whole));
     store.put(&checkpoint_key(VnodeId(0)), &good).unwrap();
-    let wm = store.get(&watermark_key(VnodeId(0))).unwrap().unwrap();
+    let wms = store.scan_prefix(&watermark_prefix(VnodeId(0))).unwrap();
+    for (k, _) in &wms {
+        store.delete(k).unwrap();
+    }
     let older = watermark::Watermark {
         vnode: VnodeId(0),
         last: Some(watermark::LastSegment {
@@ -531,12 +534,13 @@ fn recovery_reads_the_newest_sound_checkpoint_and_the_log_after_it() {
             end_seq: 1,
         }),
     };
-    store
-        .put(&watermark_key(VnodeId(0)), &older.encode().unwrap())
-        .unwrap();
+    store.put(&older.key(), &older.encode().unwrap()).unwrap();
     let r = reader.recover_vnode(VnodeId(0)).unwrap();
     assert_eq!((r.checkpoint, &r.state), (None, &whole));
-    store.put(&watermark_key(VnodeId(0)), &wm).unwrap();
+    store.delete(&older.key()).unwrap();
+    for (k, v) in &wms {
+        store.put(k, v).unwrap();
+    }
 
     // A segment lost after the checkpoint is reported; one lost before it too (issue 13: a
     // resume from a checkpoint noticed nothing), by its key alone, as every full reader
@@ -701,4 +705,85 @@ fn a_tail_reads_each_durable_event_once_across_epochs_and_never_past_the_waterma
         tasks.iter().map(|t| t.1).collect::<Vec<_>>(),
         "what read_vnode reads"
     );
+}
+
+/// An in-process checkpoint server for a [`veriflow_checkpoint::RemoteStore`]: a memory store
+/// behind the server's own request handler, which can be down.
+#[derive(Debug, Default)]
+struct Server {
+    store: MemoryStore,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl veriflow_checkpoint::ServerLink for Server {
+    fn call(
+        &self,
+        call: veriflow_checkpoint::ServerCall,
+    ) -> Result<veriflow_checkpoint::ServerAnswer, veriflow_checkpoint::client::ClientError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(veriflow_checkpoint::client::ClientError::Unreachable {
+                addr: "test".into(),
+                reason: "down".into(),
+            });
+        }
+        Ok(veriflow_checkpoint::server::serve(&self.store, call))
+    }
+}
+
+/// Found by `chaos` (ida:4,2 at a quorum of 5): one checkpoint server restarted behind (it
+/// missed the last flush), then the vnode's host was paused mid-flush and its write reached
+/// two servers only. The watermark was one record overwritten in place, so the acknowledged
+/// version was left on 3 servers, the unacknowledged one on 2 and an older one on 1: no
+/// version could be rebuilt, and the vnode's next host failed ("value under wm/... cannot be
+/// rebuilt"). Rule 8's watermarks are written once each, so the acknowledged one survives.
+#[test]
+fn an_interrupted_flush_never_loses_the_acknowledged_watermark() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use veriflow_checkpoint::{Ack, Layout, RemoteStore, ServerLink};
+    let servers: Vec<Arc<Server>> = (0..6).map(|_| Arc::new(Server::default())).collect();
+    let links = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("cs{i}"), s.clone() as Arc<dyn ServerLink>))
+        .collect();
+    let layout = Layout::Ida { m: 4, k: 2 };
+    let store = Arc::new(RemoteStore::with_links(layout, Ack::Quorum, links).unwrap());
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    let mut log = writer.vnode_log_at(VnodeId(0), 0).unwrap();
+    let flush = |log: &mut VnodeLog, from: u128| {
+        for i in from..from + 10 {
+            log.append(&declared(i)).unwrap();
+        }
+        log.sync()
+    };
+    flush(&mut log, 0).unwrap(); // on all six servers
+    servers[3].down.store(true, SeqCst);
+    flush(&mut log, 10).unwrap(); // acknowledged by five: server 3 is behind
+    servers[3].down.store(false, SeqCst);
+    for s in &servers[2..] {
+        s.down.store(true, SeqCst);
+    }
+    flush(&mut log, 20).expect_err("reached two servers: not acknowledged");
+    drop(log);
+    drop(writer);
+    for s in &servers {
+        s.down.store(false, SeqCst);
+    }
+    let next = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    let mut log = next.vnode_log_at(VnodeId(0), 1).unwrap();
+    let recovered = log.take_recovery().unwrap();
+    assert_eq!(recovered.state.tasks.len(), 20, "both acknowledged flushes");
+    for from in [20, 30, 40] {
+        flush(&mut log, from).unwrap();
+    }
+    next.shutdown().unwrap();
+    let read = LogReader::new(store.clone())
+        .read_vnode(VnodeId(0))
+        .unwrap();
+    assert_eq!(read.events.len(), 50);
+    // Older watermarks are deleted once two newer ones are acknowledged.
+    let kept = store
+        .scan_prefix(&watermark::watermark_prefix(VnodeId(0)))
+        .unwrap();
+    assert_eq!(kept.len(), 2, "{kept:02x?}");
 }

@@ -13,7 +13,7 @@ use super::checkpoint::{checkpoint_key, Checkpoint};
 use super::reader::{LogReader, RecoveredLog};
 use super::segment::{self, SegmentBuilder};
 use super::state::LogState;
-use super::watermark::{watermark_key, LastSegment, Watermark};
+use super::watermark::{watermark_prefix, LastSegment, Watermark};
 use super::{Event, EventKey, LogError};
 use crate::ids::{DataId, IdHasher, IdMap, VnodeId};
 use crate::util::Padded;
@@ -80,7 +80,18 @@ struct Shared {
     /// [`MAX_IN_FLIGHT_BYTES`] (rule 2), so a writer slower than its vnodes holds a bounded
     /// backlog in memory instead of one that grows with the run.
     in_flight: AtomicU64,
+    /// Rule 8: the store keys of each vnode's watermarks, oldest first, that the writer has
+    /// not deleted yet (`watermark.rs`: each is written once; all but the newest two go).
+    watermarks: Mutex<IdMap<VnodeId, Vec<Vec<u8>>>>,
 }
+
+/// Watermarks of a vnode kept when older ones are deleted: the newest, and the one before it
+/// in case the newest names segments that are gone. A deposed incarnation deletes too
+/// (deletes carry no fence): of its writes at most one can be acknowledged and have its
+/// segments sealed away by its successor (the one in flight at the successor's fence raise;
+/// strategy rule 10 of the checkpoint crate), so the watermark before it still names segments
+/// that are there.
+const WATERMARKS_KEPT: usize = 2;
 
 /// Most bytes of sealed segments waiting for the writer before vnodes that seal wait too: one
 /// full writer batch ([`MAX_SEGMENTS_PER_FLUSH`] segments of the default 64 KiB).
@@ -227,6 +238,7 @@ impl Shared {
             closed: std::sync::atomic::AtomicBool::new(false),
             manual: manual.map(Mutex::new),
             compactors: Mutex::new(IdMap::default()),
+            watermarks: Mutex::new(IdMap::default()),
             checkpoint_every: AtomicU64::new(DEFAULT_CHECKPOINT_BYTES),
             in_flight: AtomicU64::new(0),
         }
@@ -348,6 +360,7 @@ impl LogWriter {
         // A new incarnation raises its log's fence before reading it: from now on a zombie of
         // an older one cannot add a segment this one would not have seen (rule 7).
         let prefix = segment::vnode_prefix(vnode);
+        let wm_prefix = watermark_prefix(vnode);
         self.store.raise_fence(&prefix, epoch)?;
         // Rule 9: what recovery needs, read once here (from the newest checkpoint on) and
         // handed to it by `VnodeLog::take_recovery`; the writer folds on from the same state.
@@ -396,6 +409,22 @@ impl LogWriter {
                 self.store.raise_fence(&prefix, epoch)?;
             }
         }
+        // Rule 8: the watermarks there, to delete once this log has written newer ones (when
+        // an older one cannot be read now, the newest: the others stay).
+        let existing = match self.store.scan_prefix(&wm_prefix) {
+            Ok(pairs) => pairs.into_iter().map(|(k, _)| k).collect(),
+            Err(_) => self
+                .store
+                .last_under(&wm_prefix)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect(),
+        };
+        self.shared
+            .watermarks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(vnode, existing);
         next_segno = next_segno.max(epoch << segment::EPOCH_SHIFT);
         slot.0.fetch_max(next_seq, Ordering::Release);
         let tx = self
@@ -424,13 +453,12 @@ impl LogWriter {
         let existing = self.store.scan_prefix(prefix)?;
         // Rule 8: a torn segment the watermark covers was flushed whole, so it is damage, not
         // a crash's leftover: it is kept for readers to report, never dropped here.
-        let covered = match self.store.get(&watermark_key(vnode))? {
-            Some(bytes) => Watermark::decode(vnode, &bytes)
-                .ok()
-                .and_then(|wm| wm.last)
-                .map(|l| l.segno),
-            None => None,
-        };
+        let covered = LogReader::new(self.store.clone())
+            .watermark(vnode)
+            .ok()
+            .flatten()
+            .and_then(|wm| wm.last)
+            .map(|l| l.segno);
         let mut next_segno = 0;
         let mut next_seq = 0;
         for (i, (key, value)) in existing.iter().enumerate() {
@@ -627,13 +655,17 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
                 }
             }
         }
+        let mut written = Vec::with_capacity(last.len());
         for (vnode, mark) in last {
             let wm = Watermark {
                 vnode,
                 last: Some(mark),
             };
             match wm.encode() {
-                Ok(bytes) => chunk.push((watermark_key(vnode), bytes)),
+                Ok(bytes) => {
+                    written.push((vnode, wm.key()));
+                    chunk.push((wm.key(), bytes));
+                }
                 Err(e) => {
                     result = Err(veriflow_checkpoint::StoreError::Io(e.to_string()));
                     break;
@@ -642,6 +674,9 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         }
         if result.is_ok() {
             result = store.put_batch_fenced(&fences, &chunk);
+        }
+        if result.is_ok() {
+            forget_watermarks(store, shared, written);
         }
     }
     drop(compactors);
@@ -668,6 +703,29 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     shared.flushed_cv.notify_all();
     true
+}
+
+/// Rule 8: after `written` (vnode, watermark key) were acknowledged, deletes each vnode's
+/// watermarks older than its newest [`WATERMARKS_KEPT`]. A failed delete is retried after the
+/// next write: an old watermark left over is never read while a newer one is there.
+fn forget_watermarks(store: &dyn Store, shared: &Shared, written: Vec<(VnodeId, Vec<u8>)>) {
+    let mut all = shared.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+    for (vnode, key) in written {
+        let keys = all.entry(vnode).or_default();
+        if keys.last() != Some(&key) {
+            keys.push(key);
+        }
+        let old = keys.len().saturating_sub(WATERMARKS_KEPT);
+        let mut kept = Vec::new();
+        for key in keys.drain(..old) {
+            if let Err(e) = store.delete(&key) {
+                tracing::warn!("log of {vnode}: an old watermark stays for now: {e}");
+                kept.push(key);
+            }
+        }
+        kept.append(keys);
+        *keys = kept;
+    }
 }
 
 /// Most bytes of segments handed to the store in one `put_batch` (a remote store sends a
