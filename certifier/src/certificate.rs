@@ -252,7 +252,8 @@ pub enum VerifyError {
     Log(#[from] LogError),
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes` (keys, digests and signatures in certificates and messages).
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -849,11 +849,11 @@ impl RemoteStore {
                 break;
             }
             for (i, r) in self.client.call_all(reqs) {
-                match r {
-                    Ok(Response::Page { entries, more }) => {
-                        let last = entries.last().map(|(k, _)| k.clone());
+                match self.scan_answer(i, r)? {
+                    Ok((entries, more)) => {
+                        let last = entries.last().map(|(k, _)| ByteBuf::from(k.clone()));
                         if let Ok(list) = per_server[i].as_mut() {
-                            list.extend(entries.into_iter().map(|(k, s)| (k.into_vec(), s)));
+                            list.extend(entries);
                         }
                         cursor[i] = if more && last.is_some() {
                             Some(last)
@@ -861,21 +861,8 @@ impl RemoteStore {
                             None
                         };
                     }
-                    Ok(Response::Failed(why)) => {
-                        per_server[i] = Err(format!("{}: {why}", self.spec.addrs[i]));
-                        cursor[i] = None;
-                    }
-                    Ok(other) => {
-                        return Err(StoreError::Refused(format!(
-                            "checkpoint server {} answered a scan with {other:?}",
-                            self.spec.addrs[i]
-                        )))
-                    }
-                    Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                        return Err(StoreError::Refused(e.to_string()))
-                    }
-                    Err(e) => {
-                        per_server[i] = Err(e.to_string());
+                    Err(why) => {
+                        per_server[i] = Err(why);
                         cursor[i] = None;
                     }
                 }
@@ -908,6 +895,34 @@ impl RemoteStore {
         Ok(out)
     }
 
+    /// Server `i`'s answer to a `Scan`: its page and whether more may follow, or why it did not
+    /// answer (it counts as unreachable); a wrong key or a protocol violation fails the scan.
+    #[allow(clippy::type_complexity)]
+    fn scan_answer(
+        &self,
+        i: usize,
+        r: Result<Response, ClientError>,
+    ) -> Result<Result<(Vec<(Vec<u8>, Slot)>, bool), String>, StoreError> {
+        match r {
+            Ok(Response::Page { entries, more }) => Ok(Ok((
+                entries
+                    .into_iter()
+                    .map(|(k, s)| (k.into_vec(), s))
+                    .collect(),
+                more,
+            ))),
+            Ok(Response::Failed(why)) => Ok(Err(format!("{}: {why}", self.spec.addrs[i]))),
+            Ok(other) => Err(StoreError::Refused(format!(
+                "checkpoint server {} answered a scan with {other:?}",
+                self.spec.addrs[i]
+            ))),
+            Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
+                Err(StoreError::Refused(e.to_string()))
+            }
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    }
+
     /// Rule 12: one `Scan` page from every server after `after`; the keys every answering
     /// server has listed completely, with what each server holds, and the bound they were
     /// listed up to if keys may follow it (the smallest last key of a server with more to say).
@@ -936,37 +951,16 @@ impl RemoteStore {
         let mut per_server: Vec<Listing> = (0..n).map(|_| Ok(Vec::new())).collect();
         let mut bound: Option<Vec<u8>> = None;
         for (i, r) in self.client.call_all(reqs) {
-            match r {
-                Ok(Response::Page { entries, more: m }) => {
-                    if m {
-                        if let Some((last, _)) = entries.last() {
-                            if bound
-                                .as_ref()
-                                .map_or(true, |b| last.as_slice() < b.as_slice())
-                            {
-                                bound = Some(last.to_vec());
-                            }
+            per_server[i] = self.scan_answer(i, r)?.map(|(entries, more)| {
+                if more {
+                    if let Some((last, _)) = entries.last() {
+                        if bound.as_ref().map_or(true, |b| last < b) {
+                            bound = Some(last.clone());
                         }
                     }
-                    per_server[i] = Ok(entries
-                        .into_iter()
-                        .map(|(k, s)| (k.into_vec(), s))
-                        .collect());
                 }
-                Ok(Response::Failed(why)) => {
-                    per_server[i] = Err(format!("{}: {why}", self.spec.addrs[i]))
-                }
-                Ok(other) => {
-                    return Err(StoreError::Refused(format!(
-                        "checkpoint server {} answered a scan with {other:?}",
-                        self.spec.addrs[i]
-                    )))
-                }
-                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                    return Err(StoreError::Refused(e.to_string()))
-                }
-                Err(e) => per_server[i] = Err(e.to_string()),
-            }
+                entries
+            });
         }
         let unreachable: Vec<String> = per_server
             .iter()

@@ -2077,7 +2077,7 @@ impl Coordinator {
                 }
                 let c = j.client;
                 self.journal(now);
-                let hex: String = commitment.iter().map(|b| format!("{b:02x}")).collect();
+                let hex = veriflow_certifier::certificate::hex(&commitment);
                 self.note(format!("job {job}: the oracle committed to {hex}"));
                 self.tell_client(c, ToSubmit::Oracle { commitment: hex });
             }
