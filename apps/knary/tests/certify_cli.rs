@@ -474,7 +474,7 @@ fn anyone_verifies_a_certificate_with_the_oracle_public_key_alone() {
         &["--certify", "--oracle-key", s(&k), "--cert-out", s(&cert)],
     );
     let c = &j["certificate"];
-    assert_eq!(c["format"], "veriflow-certificate/2", "{j}");
+    assert_eq!(c["format"], "veriflow-certificate/3", "{j}");
     assert_eq!(c["signature_scheme"], "ed25519", "{j}");
     assert_eq!(
         format!("ed25519:{}\n", c["public_key"].as_str().unwrap()),
