@@ -316,6 +316,19 @@ impl Certificate {
                 if c.public_key.is_none() || c.signature.is_none() {
                     return malformed("no public_key or no signature".to_string());
                 }
+                // One spelling only: an upper-case digit would decode to the same signature,
+                // so a certificate changed that way would still verify (a property test found
+                // it).
+                let lower_hex = |h: &Option<String>| {
+                    h.as_deref().is_some_and(|h| {
+                        h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                    })
+                };
+                if !lower_hex(&c.public_key) || !lower_hex(&c.signature) {
+                    return malformed(
+                        "public_key and signature must be lower-case hex".to_string(),
+                    );
+                }
             }
             LEGACY_FORMAT => {
                 if c.mac.is_none()
