@@ -321,7 +321,8 @@ impl Certificate {
                 // it).
                 let lower_hex = |h: &Option<String>| {
                     h.as_deref().is_some_and(|h| {
-                        h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                        h.bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
                     })
                 };
                 if !lower_hex(&c.public_key) || !lower_hex(&c.signature) {

@@ -65,6 +65,19 @@ fn read(store: &Arc<MemoryStore>) -> Result<VnodeEvents, LogError> {
     LogReader::new(store.clone()).read_vnode(VnodeId(0))
 }
 
+/// The tasks whose `Started` vnode 0's log holds, in log order.
+fn started_tasks(store: &Arc<MemoryStore>) -> Vec<TaskId> {
+    read(store)
+        .unwrap()
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Started { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect()
+}
+
 fn segments(store: &MemoryStore) -> Vec<(Vec<u8>, Vec<u8>)> {
     store.scan_prefix(&vnode_prefix(VnodeId(0))).unwrap()
 }
@@ -246,15 +259,7 @@ fn a_zombie_is_fenced_and_a_resume_continues_at_the_newest_epoch() {
     log.append(&started(4)).unwrap();
     log.sync().unwrap();
     resumed.shutdown().unwrap();
-    let tasks: Vec<TaskId> = read(&store)
-        .unwrap()
-        .events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::Started { task, .. } => Some(*task),
-            _ => None,
-        })
-        .collect();
+    let tasks: Vec<TaskId> = started_tasks(&store);
     assert_eq!(tasks, vec![TaskId(1), TaskId(2), TaskId(4)]);
 }
 
@@ -691,15 +696,7 @@ fn a_tail_reads_each_durable_event_once_across_epochs_and_never_past_the_waterma
             (2, TaskId(4))
         ]
     );
-    let whole: Vec<TaskId> = read(&store)
-        .unwrap()
-        .events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::Started { task, .. } => Some(*task),
-            _ => None,
-        })
-        .collect();
+    let whole: Vec<TaskId> = started_tasks(&store);
     assert_eq!(
         whole,
         tasks.iter().map(|t| t.1).collect::<Vec<_>>(),
