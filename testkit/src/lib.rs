@@ -126,6 +126,19 @@ fn program_name(bin: &Path) -> String {
         .map_or_else(|| bin.display().to_string(), |f| f.to_string_lossy().into())
 }
 
+/// Failure-detector flags of cluster tests on a loaded 2-core machine: a bound of 300 + 800 +
+/// 800 ms = 1.9 s. The full suite on 2 cores once starved all three workers past a bound of 1 s
+/// (every worker declared broken, the job failed): that bound was too tight for the machine, not
+/// the system wrong.
+pub const LOADED_FD: [&str; 6] = [
+    "--fd-interval-ms",
+    "300",
+    "--fd-timeout-ms",
+    "800",
+    "--fd-broken-ms",
+    "800",
+];
+
 /// A path as `&str` (test paths are UTF-8).
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")

@@ -24,18 +24,6 @@ const JOB_LIMIT: Duration = Duration::from_secs(180);
 /// Bound of the wait for the zombie to show its refusal after the job.
 const ZOMBIE_LIMIT: Duration = Duration::from_secs(30);
 
-/// Detector bound: 300 + 800 + 800 ms = 1.9 s. The full suite on 2 cores starved all three
-/// workers past a bound of 1 s once (every worker declared broken, the job failed): the test's
-/// bound was too tight for the machine, not the system wrong. The stop below is well past it.
-const FD: [&str; 6] = [
-    "--fd-interval-ms",
-    "300",
-    "--fd-timeout-ms",
-    "800",
-    "--fd-broken-ms",
-    "800",
-];
-
 /// What the zombie did once continued: its job failed on a refused write, or it left.
 fn zombie_outcome(c: &mut Cluster, who: usize) -> String {
     let log = c.dir.path().join(format!("w{who}.log"));
@@ -66,7 +54,10 @@ fn sigstop_past_the_bound_on(strategy: &str) {
         bin(),
         ClusterOpts {
             workers: 3,
-            coordinator_args: FD.iter().map(|a| a.to_string()).collect(),
+            coordinator_args: veriflow_testkit::LOADED_FD
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
             strategy: Some(strategy.to_string()),
             ..ClusterOpts::default()
         },

@@ -30,16 +30,6 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// submitted (the watcher looks every second).
 const PROGRAM: [&str; 6] = ["--depth", "8", "--fanout", "4", "--grain-us", "2000"];
 
-/// The detector bound of `cluster_fence.rs` (1.9 s), for the same loaded 2-core machine.
-const FD: [&str; 6] = [
-    "--fd-interval-ms",
-    "300",
-    "--fd-timeout-ms",
-    "800",
-    "--fd-broken-ms",
-    "800",
-];
-
 /// Starts the test Slurm (`.ci/slurm-up`) once for this file's tests; `Err` says why it
 /// cannot run here.
 fn slurm_up() -> Result<(), String> {
@@ -144,7 +134,10 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
         bin(),
         ClusterOpts {
             workers: 0,
-            coordinator_args: FD.iter().map(|a| a.to_string()).collect(),
+            coordinator_args: veriflow_testkit::LOADED_FD
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
             ..ClusterOpts::default()
         },
     );

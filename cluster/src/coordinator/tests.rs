@@ -61,13 +61,26 @@ fn to_client(actions: &[Action]) -> Vec<ToSubmit> {
 /// A coordinator with `n` workers (the last `spares` of them spare) running a job of
 /// `vnodes` vnodes, at time 10 ms.
 fn running(n: u32, spares: u32, vnodes: u32) -> Coordinator {
-    let mut c = coord();
+    start_job(coord(), n, spares, vnodes, |_| [0; 32]).0
+}
+
+/// `c` with `n` workers joined (worker `w` with public key `key(w)`, the last `spares` spare)
+/// and a job of `vnodes` vnodes started; the actions of its start.
+fn start_job(
+    mut c: Coordinator,
+    n: u32,
+    spares: u32,
+    vnodes: u32,
+    key: impl Fn(u32) -> [u8; 32],
+) -> (Coordinator, Vec<Action>) {
     for w in 1..=n {
+        let mut h = hello(1, w > n - spares);
+        h.public_key = key(w);
         let _ = c.on_event(
             ms(1),
             Event::Joined {
                 conn: u64::from(w),
-                hello: hello(1, w > n - spares),
+                hello: h,
             },
         );
     }
@@ -94,7 +107,7 @@ fn running(n: u32, spares: u32, vnodes: u32) -> Coordinator {
         to_client(&a).first(),
         Some(ToSubmit::Accepted { .. })
     ));
-    c
+    (c, a)
 }
 
 fn beat_all(c: &mut Coordinator, now: Duration) {
@@ -1509,33 +1522,7 @@ fn followed(n: u32, vnodes: u32) -> (Coordinator, Vec<Action>) {
         to_oracle(&a).as_slice(),
         [ToOracle::Welcome { .. }]
     ));
-    for w in 1..=n {
-        let mut h = hello(1, false);
-        h.public_key = [w as u8; 32];
-        let _ = c.on_event(
-            ms(1),
-            Event::Joined {
-                conn: u64::from(w),
-                hello: h,
-            },
-        );
-    }
-    let _ = c.on_event(
-        ms(2),
-        Event::Submit {
-            client: 100,
-            program: "knary".into(),
-            job: spec(vnodes, n),
-        },
-    );
-    let a = c.on_event(
-        ms(3),
-        Event::StoreChecked {
-            job: 1,
-            result: Ok(false),
-        },
-    );
-    (c, a)
+    start_job(c, n, 0, vnodes, |w| [w as u8; 32])
 }
 
 #[test]
