@@ -169,7 +169,7 @@ pub(crate) struct OracleArgs {
     /// Save each job's certificate as DIR/job-<id>.json.
     #[arg(long, value_name = "DIR")]
     certificates: Option<PathBuf>,
-    /// Stop after the first job certified.
+    /// Stop after the first job followed is over (certified or not).
     #[arg(long)]
     once: bool,
 }

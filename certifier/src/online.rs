@@ -291,9 +291,15 @@ impl Follower {
     /// Rule 3: whether everything the check of `t` reads is in the logs read.
     fn ready(track: &Track, t: Ix) -> bool {
         let rec = &track.tasks[t as usize];
-        rec.record.is_some()
-            && rec.wrote.is_some()
-            && track.input_values(t).is_some()
+        let Some(record) = &rec.record else {
+            return false;
+        };
+        // Presence only: the values are copied once, by the check itself.
+        rec.wrote.is_some()
+            && record
+                .inputs
+                .iter()
+                .all(|d| track.data.get(d).is_some_and(|r| r.value.is_some()))
             && rec.children.iter().all(|c| {
                 track
                     .index_of(*c)

@@ -58,7 +58,7 @@ pub struct OracleConfig {
     pub poll_every: Duration,
     /// Where certificates are saved (`job-<id>.json`), if anywhere.
     pub certificates: Option<PathBuf>,
-    /// Stop after the first job certified.
+    /// Stop after the first job followed is over (certified or not).
     pub once: bool,
 }
 
@@ -90,8 +90,8 @@ enum Said {
     Note(String),
 }
 
-/// Runs an oracle (rules 1-5) until it certified one job (`once`) or fails; `say` gets its
-/// log lines. Returns the number of jobs certified.
+/// Runs an oracle (rules 1-5) until its first job is over (`once`) or it fails; `say` gets its
+/// log lines. Returns the number of jobs it followed to their end.
 pub fn run_oracle(cfg: OracleConfig, say: &mut dyn FnMut(&str)) -> Result<u64, ClusterError> {
     let rt = crate::client_runtime()?;
     let (cmd_tx, cmd_rx) = std_mpsc::channel::<Cmd>();
@@ -110,7 +110,7 @@ pub fn run_oracle(cfg: OracleConfig, say: &mut dyn FnMut(&str)) -> Result<u64, C
         let mut following: Option<u64> = None;
         let mut store_spec = String::new();
         let mut lost: Option<String> = None;
-        let mut certified = 0u64;
+        let mut ended = 0u64;
         loop {
             let hello = Hello::Oracle {
                 public_key,
@@ -204,10 +204,10 @@ pub fn run_oracle(cfg: OracleConfig, say: &mut dyn FnMut(&str)) -> Result<u64, C
                     ToOracle::Closed { job } => {
                         following = None;
                         let _ = cmd_tx.send(Cmd::Closed(job));
-                        certified += 1;
+                        ended += 1;
                         if once {
                             reading.abort();
-                            return Ok(certified);
+                            return Ok(ended);
                         }
                     }
                 }
