@@ -13,7 +13,9 @@
 //! 2. A job maps its V vnodes round-robin onto the non-spare workers; every worker, spares
 //!    too, is a member of the job. The host of vnode 0 starts the run (manifest and root).
 //!    Before it starts, the store is checked ([`Action::CheckStore`]): a store holding a run
-//!    already is refused.
+//!    already is refused. A worker that joins while a job runs (not stopping, no takeover under
+//!    way) becomes a member hosting nothing: it is started with an empty share, probed from the
+//!    round under way, and is a candidate when a lost member's vnodes move (rule 5).
 //! 3. Termination: the coordinator probes every member for the work words of the vnodes it
 //!    hosts; when two complete rounds in a row cover all V vnodes, every word has no work
 //!    outstanding and no word changed, the run is over (the two-scan test of the runtime's
@@ -952,6 +954,17 @@ impl Coordinator {
             hello.threads,
             if hello.spare { ", spare" } else { "" }
         ));
+        // Rule 2: a worker that joins a running job becomes one of its members, hosting
+        // nothing until a lost member's vnodes move to it (rule 5). Journaled with its
+        // admission, before it hears of the job (rule 9).
+        let joins_job = self.recovery.is_none()
+            && self.job.as_mut().is_some_and(|j| {
+                let joins = j.running && !j.stopping;
+                if joins {
+                    j.members.push(id);
+                }
+                joins
+            });
         self.admit(
             now,
             conn,
@@ -963,6 +976,10 @@ impl Coordinator {
                 public_key: hello.public_key,
             },
         );
+        if joins_job {
+            self.note(format!("worker {id} joins the running job, hosting nothing yet"));
+            self.catch_up(id, &[], true);
+        }
     }
 
     /// Admits connection `conn` as worker `id`, journaled before it is welcomed (rule 9).

@@ -621,6 +621,80 @@ fn a_lost_workers_vnodes_move_to_an_idle_spare_at_a_new_epoch_and_it_is_never_re
     assert!(!c.workers().contains(&2));
 }
 
+/// Found by the chaos run (issue 15): workers that joined after the job started never became
+/// its members, so once its first members were lost the job failed with "every worker was
+/// lost" while live workers stood by; and a newcomer that joined mid-round must hear that
+/// round's probe, or the round never completes.
+#[test]
+fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_members_are_lost() {
+    let mut c = running(2, 0, 2);
+    let a = c.on_event(ms(500), Event::Tick);
+    let round = to_worker(&a, 1)
+        .into_iter()
+        .find_map(|m| match m {
+            ToWorker::Probe { round, .. } => Some(round),
+            _ => None,
+        })
+        .expect("a probe round is under way");
+    let a = c.on_event(
+        ms(501),
+        Event::Joined {
+            conn: 3,
+            hello: hello(1, false),
+        },
+    );
+    let journaled = a
+        .iter()
+        .position(|a| matches!(a, Action::Journal(j) if j.job.as_ref().is_some_and(|r| r.members.contains(&3))))
+        .expect("its membership is journaled");
+    let told = a
+        .iter()
+        .position(|a| matches!(a, Action::ToWorker { worker: 3, msg: ToWorker::Start { .. } }))
+        .expect("the newcomer is started");
+    assert!(journaled < told, "journaled before it hears of the job: {a:?}");
+    let msgs = to_worker(&a, 3);
+    assert!(
+        matches!(msgs.as_slice(), [ToWorker::Welcome { .. }, ToWorker::Start { hosted, starts: false, map, .. }, ToWorker::Probe { round: r, .. }, ..]
+            if hosted.is_empty() && map.len() == 2 && *r == round),
+        "welcomed, started hosting nothing, probed in the round under way: {msgs:?}"
+    );
+    // The round completes only with the newcomer's answer.
+    for w in [1u32, 2, 3] {
+        let work = if w == 3 { vec![] } else { vec![(w - 1, 0)] };
+        let _ = c.on_event(
+            ms(502),
+            Event::FromWorker {
+                worker: w,
+                msg: ToCoord::Status {
+                    job: 1,
+                    round,
+                    work,
+                    completed: 0,
+                    started: true,
+                },
+            },
+        );
+        assert_eq!(c.job.as_ref().unwrap().outstanding, w < 3, "after worker {w}");
+    }
+    // Both first members lost: the job goes on, on the newcomer.
+    for w in [1, 2] {
+        let a = c.on_event(
+            ms(510),
+            Event::Closed {
+                worker: w,
+                reason: "reset".into(),
+            },
+        );
+        assert!(
+            !to_client(&a)
+                .iter()
+                .any(|m| matches!(m, ToSubmit::Failed { .. })),
+            "{a:?}"
+        );
+    }
+    assert_eq!(c.map().unwrap(), vec![(3, 1), (3, 1)]);
+}
+
 #[test]
 fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
     let mut c = running(2, 0, 2);
