@@ -555,7 +555,7 @@ impl<P: Program> App<P> {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        init_tracing();
+        veriflow_checkpoint::logging::init_tracing();
         let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
         // The command line as typed, to print the command that resumes a stopped run.
         let typed = args.clone();
@@ -655,25 +655,6 @@ impl<P: Program> App<P> {
             }
         }
     }
-}
-
-fn init_tracing() {
-    // sled's own debug lines would drown veriflow's: they stay at warn unless VERIFLOW_LOG
-    // names sled.
-    let asked = std::env::var("VERIFLOW_LOG").unwrap_or_default();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VERIFLOW_LOG")
-        .map(|f| {
-            if asked.contains("sled") {
-                f
-            } else {
-                f.add_directive("sled=warn".parse().expect("a valid directive"))
-            }
-        })
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 pub(crate) fn registry<P: Program>() -> Result<Registry, RegistryError> {

@@ -183,7 +183,14 @@ pub fn certify_with(
     let mut first = true;
     loop {
         let reader = LogReader::latest(store.clone())?;
+        let loading = std::time::Instant::now();
         let track = Track::load_from(&reader)?;
+        tracing::info!(
+            generation = track.generation,
+            tasks = track.len(),
+            elapsed_s = loading.elapsed().as_secs_f64(),
+            "certify: log loaded"
+        );
         match &track.manifest.status {
             RunStatus::Finished => {}
             RunStatus::Running => {
@@ -228,6 +235,12 @@ pub fn certify_with(
         let mut manifest = track.manifest.clone();
         let next = track.generation + 1;
         write_generation(&*store, &mut manifest, next, &logs)?;
+        tracing::info!(
+            generation = next,
+            invalidated = in_gf.iter().filter(|&&b| b).count(),
+            re_executed = redone.len(),
+            "certify: corrected generation written"
+        );
         corrections.push(CorrectionRecord {
             generation: next,
             detected: cert.detections.clone(),
@@ -276,11 +289,19 @@ fn pass(
     prior: &Prior,
     progress: &dyn Progress,
 ) -> Result<PassOutcome, CertifyError> {
+    let phase = std::time::Instant::now();
     let (gs, mut structural) = track.terminal_subgraph(outputs);
     structural.extend(track.structural_check(&gs));
     let leaves = track.leaves();
     let merkle_root = track.merkle_root_of(&gs, &leaves);
     let log_digest = track.log_digest_of(&leaves);
+    tracing::info!(
+        generation = track.generation,
+        terminal_subgraph = gs.len(),
+        structural_errors = structural.len(),
+        elapsed_s = phase.elapsed().as_secs_f64(),
+        "certify: terminal subgraph, structural check and Merkle root"
+    );
     // Rule 6: tasks found clean online are known by their leaves.
     let leaves = (!prior.clean.is_empty()).then_some(leaves);
     let n = gs.len() as u64;
@@ -394,6 +415,14 @@ fn pass(
         result.map(|()| correction)
     })?;
     out.correction = checking;
+    tracing::info!(
+        generation = track.generation,
+        drawn = k,
+        checked = out.checked.len(),
+        forged = out.forged.len(),
+        elapsed_s = phase.elapsed().as_secs_f64(),
+        "certify: re-executions done"
+    );
     Ok(out)
 }
 

@@ -46,6 +46,7 @@ pub mod erasure;
 pub mod fuzzing;
 pub mod key;
 pub mod launch;
+pub mod logging;
 mod protocol;
 pub mod server;
 mod store;

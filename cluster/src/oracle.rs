@@ -306,6 +306,15 @@ fn follow_thread(cfg: OracleConfig, cmds: std_mpsc::Receiver<Cmd>, said: Unbound
                 };
                 match j.follower.poll() {
                     Ok(p) => {
+                        if p.checked > 0 || !p.findings.is_empty() {
+                            tracing::debug!(
+                                job = j.id,
+                                events = p.events,
+                                checked = p.checked,
+                                forged = p.findings.len(),
+                                "oracle: followed the logs"
+                            );
+                        }
                         for Finding {
                             incarnation: (vnode, epoch),
                             detection,

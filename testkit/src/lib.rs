@@ -224,7 +224,8 @@ pub struct Cluster {
     /// The store every member logs into.
     pub store: String,
     worker_args: Vec<String>,
-    _servers: Vec<veriflow_checkpoint::launch::ServerProcess>,
+    /// The checkpoint servers (kill and restart them to take the store away for a while).
+    pub servers: Vec<veriflow_checkpoint::launch::ServerProcess>,
 }
 
 impl Cluster {
@@ -284,7 +285,7 @@ impl Cluster {
             workers: Vec::new(),
             store,
             worker_args: opts.worker_args.clone(),
-            _servers: servers,
+            servers,
         };
         for i in 0..opts.coordinators.max(1) {
             let mut args = opts.coordinator_args.clone();

@@ -328,6 +328,55 @@ fn a_coordinator_paused_past_its_lease_is_deposed_when_it_wakes() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
+/// Found by the chaos run: a standby that could not read the store for a moment (checkpoint
+/// servers killed and paused beyond what `ida:4,2` tolerates) exited with the store's error,
+/// and the job was lost with the next coordinator kill. A standby rides the outage out, and
+/// the cluster runs a job once the store is back.
+#[test]
+fn a_standby_waits_out_a_store_it_cannot_read_and_the_cluster_runs_after() {
+    let mut c = Cluster::start_with(
+        bin(),
+        ClusterOpts {
+            workers: 2,
+            coordinators: 2,
+            coordinator_args: vec!["--lease-ms".into(), "500".into()],
+            worker_args: vec!["--rejoin-patience".into(), "60".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    settle();
+    c.servers[0].kill();
+    let log = c.dir.path().join("coord1.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("standby cannot read the store")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby never said it cannot read the store: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        c.coordinators[1].0.try_wait().unwrap().is_none(),
+        "the standby exited during the outage: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    c.servers[0]
+        .restart()
+        .expect("the checkpoint server restarts");
+    let run = c.submit(&PROGRAM);
+    let (code, v, err) = wait_json(run);
+    assert_eq!(code, 0, "{err}");
+    expect_right(&v, "after a store outage");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log.contains("the store answers again"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
 /// Issue 15 point 5: SIGKILL of the only coordinator while workers are idle made every worker
 /// panic ("Cannot drop a runtime in a context where blocking is not allowed"). They look for
 /// a successor for their patience, then exit 1 with a message.

@@ -1,5 +1,7 @@
 //! `VERIFLOW_LOG` says what veriflow does (issue 19.4): steals, group commits and, at trace
-//! level, each task's start and end; sled's internals stay out unless asked for.
+//! level, each task's start and end; the certifier's phases at info; sled's internals stay
+//! out unless asked for. (The cluster's failures, epochs and takeovers are checked on the
+//! coordinator's state machine, in `veriflow-cluster`.)
 
 use std::path::Path;
 use std::process::Command;
@@ -50,4 +52,39 @@ fn debug_logs_steals_and_group_commits_and_trace_logs_tasks_but_not_sleds_intern
     let trace = run_logged("veriflow_runtime=trace", tmp.path());
     assert!(trace.contains("task started"), "{trace}");
     assert!(trace.contains("task completed"), "{trace}");
+}
+
+#[test]
+fn info_logs_the_certifiers_phases() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _ = run_logged("warn", tmp.path());
+    let key = tmp.path().join("oracle.key");
+    let keygen = Command::new(env!("CARGO_BIN_EXE_knary"))
+        .arg("keygen")
+        .arg(&key)
+        .output()
+        .expect("keygen runs");
+    assert!(keygen.status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_knary"))
+        .args(["certify", "--log-dir"])
+        .arg(tmp.path().join("log"))
+        .arg("--oracle-key")
+        .arg(&key)
+        .env("VERIFLOW_LOG", "info")
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("certify runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for phase in [
+        "certify: log loaded",
+        "certify: terminal subgraph, structural check and Merkle root",
+        "certify: re-executions done",
+    ] {
+        assert!(stderr.contains(phase), "{phase}: {stderr}");
+    }
+    assert!(
+        stderr.contains("certify: log loaded generation=0 tasks="),
+        "plain text, with the loaded log's size: {stderr}"
+    );
 }

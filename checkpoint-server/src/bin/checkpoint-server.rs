@@ -69,6 +69,7 @@ enum Command {
 }
 
 fn main() {
+    veriflow_checkpoint::logging::init_tracing();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

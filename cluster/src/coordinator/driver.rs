@@ -219,59 +219,95 @@ pub async fn serve_observed(
 }
 
 /// Becomes the active coordinator (module docs): the term taken and the predecessor's journal.
+///
+/// A standby rides out a store it cannot read (checkpoint servers down or paused beyond what
+/// the strategy tolerates, for a while): it says so once per outage and tries again every
+/// renewal period, since the coordinator it stands by for may need it at any moment. A
+/// damaged record, and any error of a candidate that is not a standby, stops it with the
+/// error: a coordinator started on a store it cannot reach is a mistake to show at once.
 async fn acquire(
     cfg: &CoordinatorConfig,
     me: &str,
     role: &Role,
 ) -> Result<(u64, Option<journal::Journal>), ClusterError> {
-    let store = cfg.store.clone();
     let mut seen: Option<(journal::Lease, Instant)> = None;
+    let mut outage: Option<Instant> = None;
     loop {
-        let s = store.clone();
-        let lease = blocking(move || journal::read_lease(&*s)).await?;
-        let now = Instant::now();
-        let expired = match (&lease, &seen) {
-            // A standby waits for an active coordinator to appear, then for its lease to end.
-            (None, _) => !cfg.standby,
-            (Some(l), Some((old, since))) if l == old => {
-                now.duration_since(*since) >= cfg.lease.expiry
-            }
-            (Some(l), _) => {
-                if seen.is_some() && !cfg.standby {
-                    return Err(ClusterError::Refused {
-                        addr: l.holder.clone(),
-                        reason: format!(
-                            "coordinator {} holds the lease of this store (term {:#x}) and is \
-                             alive: start this one with --standby",
-                            l.holder, l.term
-                        ),
-                    });
+        match try_acquire(cfg, me, role, &mut seen).await {
+            Ok(Some(taken)) => return Ok(taken),
+            Ok(None) => {
+                if let Some(since) = outage.take() {
+                    eprintln!(
+                        "coordinator: the store answers again (after {:.1} s); standing by",
+                        since.elapsed().as_secs_f64()
+                    );
                 }
-                *role.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(l.holder.clone());
-                seen = Some((l.clone(), now));
-                false
             }
-        };
-        if expired {
-            let s = store.clone();
-            let found = blocking(move || journal::read_journal(&*s)).await?;
-            let seen_term = lease
-                .as_ref()
-                .map_or(0, |l| l.term)
-                .max(found.as_ref().map_or(0, |j| j.term));
-            let term = journal::next_term(seen_term, me);
-            let (s, who) = (store.clone(), me.to_string());
-            if blocking(move || journal::take_over(&*s, term, &who)).await? {
-                // Rule 2: the journal read again under the lease (a predecessor's last write
-                // may have landed between the first read and the fence).
-                let s = store.clone();
-                let found = blocking(move || journal::read_journal(&*s)).await?;
-                return Ok((term, found));
+            Err(ClusterError::Journal(e @ JournalError::Store(_))) if cfg.standby => {
+                if outage.is_none() {
+                    eprintln!("coordinator: standby cannot read the store ({e}); retrying");
+                    outage = Some(Instant::now());
+                }
+                // What was seen of the lease is stale after an outage: watch it anew.
+                seen = None;
             }
-            seen = None;
+            Err(e) => return Err(e),
         }
         tokio::time::sleep(cfg.lease.renew).await;
     }
+}
+
+/// One look at the lease ([`acquire`]): the term and journal when this candidate took over.
+async fn try_acquire(
+    cfg: &CoordinatorConfig,
+    me: &str,
+    role: &Role,
+    seen: &mut Option<(journal::Lease, Instant)>,
+) -> Result<Option<(u64, Option<journal::Journal>)>, ClusterError> {
+    let store = cfg.store.clone();
+    let s = store.clone();
+    let lease = blocking(move || journal::read_lease(&*s)).await?;
+    let now = Instant::now();
+    let expired = match (&lease, &*seen) {
+        // A standby waits for an active coordinator to appear, then for its lease to end.
+        (None, _) => !cfg.standby,
+        (Some(l), Some((old, since))) if l == old => now.duration_since(*since) >= cfg.lease.expiry,
+        (Some(l), _) => {
+            if seen.is_some() && !cfg.standby {
+                return Err(ClusterError::Refused {
+                    addr: l.holder.clone(),
+                    reason: format!(
+                        "coordinator {} holds the lease of this store (term {:#x}) and is \
+                         alive: start this one with --standby",
+                        l.holder, l.term
+                    ),
+                });
+            }
+            *role.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(l.holder.clone());
+            *seen = Some((l.clone(), now));
+            false
+        }
+    };
+    if !expired {
+        return Ok(None);
+    }
+    let s = store.clone();
+    let found = blocking(move || journal::read_journal(&*s)).await?;
+    let seen_term = lease
+        .as_ref()
+        .map_or(0, |l| l.term)
+        .max(found.as_ref().map_or(0, |j| j.term));
+    let term = journal::next_term(seen_term, me);
+    let (s, who) = (store.clone(), me.to_string());
+    if blocking(move || journal::take_over(&*s, term, &who)).await? {
+        // Rule 2: the journal read again under the lease (a predecessor's last write may
+        // have landed between the first read and the fence).
+        let s = store.clone();
+        let found = blocking(move || journal::read_journal(&*s)).await?;
+        return Ok(Some((term, found)));
+    }
+    *seen = None;
+    Ok(None)
 }
 
 /// Runs a journal or lease call on a blocking thread.

@@ -620,6 +620,12 @@ impl Coordinator {
             hosted: BTreeMap::new(),
             unstarted: BTreeSet::new(),
         });
+        tracing::info!(
+            term = c.cfg.term,
+            members = c.absent.len(),
+            job = c.job.as_ref().map(|j| j.id),
+            "takeover: waiting for the predecessor's members"
+        );
         c.note(format!(
             "took over at term {:#x}: {} member(s) to come back{}",
             c.cfg.term,
@@ -977,7 +983,9 @@ impl Coordinator {
             },
         );
         if joins_job {
-            self.note(format!("worker {id} joins the running job, hosting nothing yet"));
+            self.note(format!(
+                "worker {id} joins the running job, hosting nothing yet"
+            ));
             self.catch_up(id, &[], true);
         }
     }
@@ -1185,6 +1193,11 @@ impl Coordinator {
             .copied()
             .filter(|id| members.contains(id))
             .collect();
+        tracing::info!(
+            term = self.cfg.term,
+            lost = absent.len(),
+            "takeover: recovery ended"
+        );
         for id in absent {
             self.absent.remove(&id);
             let reason = format!(
@@ -1211,6 +1224,12 @@ impl Coordinator {
             }
             self.stop_all(now);
         }
+        tracing::info!(
+            term = self.cfg.term,
+            job,
+            members = members.len(),
+            "takeover: the job continues"
+        );
         self.note(format!(
             "recovered job {job}: {} member(s), {vnodes} vnodes",
             members.len()
@@ -1313,6 +1332,14 @@ impl Coordinator {
         let others = self.workers.len().saturating_sub(1).max(1);
         let quorum = self.cfg.fd.k.clamp(1, others);
         let here = self.detector.status(suspect);
+        tracing::info!(
+            reporter,
+            suspect,
+            reporters,
+            quorum,
+            here = ?here,
+            "suspicion reported"
+        );
         if here != Some(Status::Alive) {
             let reason = format!(
                 "declared broken by worker {reporter}'s failure detector, and silent here too"
@@ -1643,6 +1670,7 @@ impl Coordinator {
                 store: self.cfg.store_spec.clone(),
             },
         );
+        tracing::info!(job = id, vnodes, workers, spares, "job started");
         self.note(format!(
             "job {id} started: {vnodes} vnodes on {workers} workers ({spares} spare)"
         ));
@@ -1864,6 +1892,12 @@ impl Coordinator {
             });
         }
         let elapsed = j.elapsed(now).as_secs_f64();
+        tracing::info!(
+            job = j.id,
+            elapsed_s = elapsed,
+            failed = matches!(msg, ToSubmit::Failed { .. }),
+            "job over"
+        );
         self.note(format!("job {} over in {elapsed:.3} s", j.id));
         // Rule 10: a client that reattaches later reads the end from the journal.
         self.last = Some((j.id, msg.clone()));
@@ -1878,6 +1912,7 @@ impl Coordinator {
         }
         self.detector.remove_peer(id);
         self.out.push(Action::Disconnect { worker: id });
+        tracing::info!(worker = id, %reason, "worker lost");
         self.note(format!("worker {id} lost: {reason}"));
         self.drop_member(now, id, reason);
     }
@@ -1938,6 +1973,14 @@ impl Coordinator {
             };
             j.host[v] = target;
             j.epoch[v] += 1;
+            tracing::info!(
+                job = j.id,
+                vnode = v,
+                epoch = j.epoch[v],
+                from = id,
+                to = target,
+                "vnode moved to a new epoch"
+            );
             moved.push((u32::try_from(v).unwrap_or(u32::MAX), target, j.epoch[v]));
         }
         if let Some(f) = j.followed.as_mut() {
@@ -2169,6 +2212,15 @@ impl Coordinator {
             .unwrap_or_default();
         f.evicted.push((w, key));
         let job = j.id;
+        tracing::warn!(
+            job,
+            worker = w,
+            vnode,
+            epoch,
+            task,
+            why,
+            "worker evicted: the oracle caught it forging"
+        );
         let reason = format!("evicted: the online oracle found task {task} forged ({why})");
         if self.workers.contains_key(&w) {
             self.lose(now, w, reason);

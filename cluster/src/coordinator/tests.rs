@@ -649,9 +649,20 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
         .expect("its membership is journaled");
     let told = a
         .iter()
-        .position(|a| matches!(a, Action::ToWorker { worker: 3, msg: ToWorker::Start { .. } }))
+        .position(|a| {
+            matches!(
+                a,
+                Action::ToWorker {
+                    worker: 3,
+                    msg: ToWorker::Start { .. }
+                }
+            )
+        })
         .expect("the newcomer is started");
-    assert!(journaled < told, "journaled before it hears of the job: {a:?}");
+    assert!(
+        journaled < told,
+        "journaled before it hears of the job: {a:?}"
+    );
     let msgs = to_worker(&a, 3);
     assert!(
         matches!(msgs.as_slice(), [ToWorker::Welcome { .. }, ToWorker::Start { hosted, starts: false, map, .. }, ToWorker::Probe { round: r, .. }, ..]
@@ -674,7 +685,11 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
                 },
             },
         );
-        assert_eq!(c.job.as_ref().unwrap().outstanding, w < 3, "after worker {w}");
+        assert_eq!(
+            c.job.as_ref().unwrap().outstanding,
+            w < 3,
+            "after worker {w}"
+        );
     }
     // Both first members lost: the job goes on, on the newcomer.
     for w in [1, 2] {
@@ -693,6 +708,81 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
         );
     }
     assert_eq!(c.map().unwrap(), vec![(3, 1), (3, 1)]);
+}
+
+/// What `f` logs through `tracing` at info and above (issue 19.4), as text.
+fn traced<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
+#[test]
+fn failures_epochs_suspicions_and_takeovers_are_traced() {
+    let (c, log) = traced(|| {
+        let mut c = running(3, 1, 4);
+        let _ = c.on_event(
+            ms(20),
+            Event::FromWorker {
+                worker: 1,
+                msg: ToCoord::Broken { worker: 2 },
+            },
+        );
+        let a = c.on_event(
+            ms(21),
+            Event::Closed {
+                worker: 2,
+                reason: "reset".into(),
+            },
+        );
+        let journal = a.into_iter().rev().find_map(|a| match a {
+            Action::Journal(j) => Some(*j),
+            _ => None,
+        });
+        (c, journal.expect("the move is journaled"))
+    });
+    let (c, journal) = c;
+    for line in [
+        "job started job=1 vnodes=4 workers=2 spares=1",
+        "suspicion reported reporter=1 suspect=2",
+        "worker lost worker=2 reason=reset",
+        "vnode moved to a new epoch job=1 vnode=1 epoch=1 from=2 to=3",
+        "vnode moved to a new epoch job=1 vnode=3 epoch=1 from=2 to=3",
+    ] {
+        assert!(log.contains(line), "{line}: {log}");
+    }
+    let (_, log) = traced(|| {
+        let mut s = Coordinator::recover(c.config().clone(), journal, ms(30));
+        let _ = s.on_event(ms(30) + s.config().rejoin_patience, Event::Tick);
+    });
+    assert!(
+        log.contains("takeover: waiting for the predecessor's members"),
+        "{log}"
+    );
+    // Nobody came back within the patience: both members are lost, the job with them.
+    assert!(
+        log.contains("takeover: recovery ended term=0 lost=2"),
+        "{log}"
+    );
+    assert!(log.contains("job over job=1"), "{log}");
 }
 
 #[test]

@@ -399,6 +399,14 @@ impl WorkerCore {
                 self.remap(now, &map, peers);
                 if self.job == Some(job) {
                     for &(v, host, e) in &map {
+                        tracing::debug!(
+                            me = self.me,
+                            job,
+                            vnode = v,
+                            epoch = e,
+                            host,
+                            "vnode epoch"
+                        );
                         if host == self.me {
                             if let Some(he) = self.hosted.get_mut(&v) {
                                 *he = (*he).max(e);
@@ -413,6 +421,7 @@ impl WorkerCore {
             }
             ToWorker::Host { job, vnode, epoch } => {
                 if self.job == Some(job) {
+                    tracing::info!(me = self.me, job, vnode, epoch, "ordered to host a vnode");
                     self.map.insert(vnode, self.me);
                     self.hosted.insert(vnode, epoch);
                     self.out.push(Action::Control {
