@@ -26,7 +26,8 @@
 //! the coordinator measures it). Every run is checked as in `paper cluster`: right result,
 //! `tasks` = `knary::expected_tasks` (no completed task ran twice), S0 logs nothing, S1 and S2
 //! log, exactly the S2 runs lose one worker. Results: `netns.json`, `netns.md`, `netns.svg`
-//! (+ `.png`: the medians against the latency) in `--out` (`netns-quick.*` with `--quick`).
+//! (+ `.png`: the medians against the latency) in `--out` (`netns-quick.*` with `--quick`,
+//! `netns-TAG.*` with `--tag TAG`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -76,6 +77,13 @@ pub struct NetnsArgs {
     #[arg(long, default_value_t = crate::cluster::DEFAULT_GRAIN_US,
           value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub grain_us: u64,
+    /// One more option of the coordinator, e.g. `--coordinator-arg=--fd-broken-ms=2000` (the
+    /// failure detector's bounds for a WAN); repeatable.
+    #[arg(long = "coordinator-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub coordinator_args: Vec<String>,
+    /// Writes `netns-TAG.*` instead of `netns.*` (another setting beside the first).
+    #[arg(long, value_name = "TAG")]
+    pub tag: Option<String>,
     /// Small tree, one latency (5 ms) and 1 run: a smoke run (writes netns-quick.*).
     #[arg(long)]
     pub quick: bool,
@@ -109,7 +117,7 @@ struct Run {
 }
 
 /// All runs at one latency.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 struct AtLatency {
     latency_ms: u64,
     /// Runs of S0, S1, S2.
@@ -140,6 +148,11 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
     }
     if let Some(l) = args.latencies.iter().find(|&&l| l > 100) {
         bail!("--latencies: {l} ms is above 100 ms");
+    }
+    if let Some(t) = &args.tag {
+        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            bail!("--tag {t:?}: letters, digits, - and _ only");
+        }
     }
     let out = out_dir(args.out.as_deref())?;
     let knary = knary_binary(args.knary_bin.as_deref())?;
@@ -208,7 +221,12 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
         });
     }
     let total = started.elapsed();
-    let stem = if args.quick { "netns-quick" } else { "netns" };
+    let stem = match (&args.tag, args.quick) {
+        (Some(t), _) => format!("netns-{t}"),
+        (None, true) => "netns-quick".to_string(),
+        (None, false) => "netns".to_string(),
+    };
+    let stem = stem.as_str();
     let report = Report {
         args: args.clone(),
         shape,
@@ -238,6 +256,7 @@ fn one_run(
             net: Some(net.clone()),
             workers: args.workers as usize,
             spares: args.spares as usize,
+            coordinator_args: args.coordinator_args.clone(),
             ..ClusterOpts::default()
         },
     );
@@ -387,7 +406,7 @@ impl Report {
              `elapsed_s` (`submit --json`). S0 = `--no-checkpoint`; S1 = events logged to the \
              checkpoint server on host 0; S2 = S1 + worker {VICTIM} SIGKILLed at the first \
              status poll (every {} ms, in all settings) showing {:.1} % of the tasks done, its \
-             vnode rebuilt on the spare from its log.\n",
+             vnode rebuilt on the spare from its log. Coordinator options: {}.\n",
             s.depth,
             s.fanout,
             s.serial,
@@ -399,6 +418,11 @@ impl Report {
             self.runs,
             POLL.as_millis(),
             KILL_AT * 100.0,
+            if a.coordinator_args.is_empty() {
+                "the defaults".to_string()
+            } else {
+                format!("`{}`", a.coordinator_args.join(" "))
+            },
         );
         md.push_str(
             "| one-way latency | S0 median (s) | S1 median (s) | S2 median (s) | S1/S0 | S2/S0 | \
@@ -460,6 +484,7 @@ impl Report {
                 "spares": a.spares,
                 "threads_per_worker": 1,
                 "loss": a.loss,
+                "coordinator_args": a.coordinator_args,
                 "placement": "host 0: checkpoint server + client; host 1: coordinator; \
                               hosts 2..: one worker each, spares last",
                 "latency": "one-way delay of every packet between two hosts (RTT = 2 x)",
