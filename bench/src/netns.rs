@@ -123,7 +123,6 @@ struct AtLatency {
     /// Runs of S0, S1, S2.
     runs: [Vec<Run>; 3],
     /// Medians (s) of S0, S1, S2.
-    #[serde(skip)]
     time: [Stats; 3],
     wire: Option<WireStats>,
     network: String,
