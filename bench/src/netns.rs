@@ -56,7 +56,12 @@ pub struct NetnsArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
     /// One-way latencies between hosts, in ms (0 to 100).
-    #[arg(long, value_name = "MS,...", value_delimiter = ',', default_value = "0,5,20")]
+    #[arg(
+        long,
+        value_name = "MS,...",
+        value_delimiter = ',',
+        default_value = "0,5,20"
+    )]
     pub latencies: Vec<u64>,
     /// Probability that a packet between two hosts is lost (0 to 0.05).
     #[arg(long, default_value_t = 0.0)]
@@ -79,7 +84,11 @@ pub struct NetnsArgs {
     pub grain_us: u64,
     /// One more option of the coordinator, e.g. `--coordinator-arg=--fd-broken-ms=2000` (the
     /// failure detector's bounds for a WAN); repeatable.
-    #[arg(long = "coordinator-arg", value_name = "ARG", allow_hyphen_values = true)]
+    #[arg(
+        long = "coordinator-arg",
+        value_name = "ARG",
+        allow_hyphen_values = true
+    )]
     pub coordinator_args: Vec<String>,
     /// Writes `netns-TAG.*` instead of `netns.*` (another setting beside the first).
     #[arg(long, value_name = "TAG")]
@@ -149,7 +158,11 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
         bail!("--latencies: {l} ms is above 100 ms");
     }
     if let Some(t) = &args.tag {
-        if t.is_empty() || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        if t.is_empty()
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
             bail!("--tag {t:?}: letters, digits, - and _ only");
         }
     }
@@ -201,7 +214,10 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
         let mut kept: [Vec<Run>; 3] = Default::default();
         for i in 0..runs {
             let mut line = format!("  {latency_ms} ms, run {}/{runs}:", i + 1);
-            for (k, setting) in [Setting::S0, Setting::S1, Setting::S2].into_iter().enumerate() {
+            for (k, setting) in [Setting::S0, Setting::S1, Setting::S2]
+                .into_iter()
+                .enumerate()
+            {
                 let r = job(setting)?;
                 let _ = write!(line, " {setting:?} {:.3} s,", r.run.elapsed_s);
                 kept[k].push(r);
@@ -330,7 +346,10 @@ fn one_run(
         foreign_cpu_s: None,
     };
     if setting == Setting::S2 && killed_at.is_none() {
-        bail!("S2: the job ended before {:.1} % of its tasks were seen done", KILL_AT * 100.0);
+        bail!(
+            "S2: the job ended before {:.1} % of its tasks were seen done",
+            KILL_AT * 100.0
+        );
     }
     run.check(shape, setting)?;
     Ok(Run { run, killed_at })
@@ -388,13 +407,7 @@ impl Report {
     fn markdown(&self, plots: &Plots) -> String {
         let a = &self.args;
         let s = self.shape;
-        let mut md = header(
-            &self.date,
-            &self.machine,
-            self.total,
-            &self.load,
-            a.quick,
-        );
+        let mut md = header(&self.date, &self.machine, self.total, &self.load, a.quick);
         let _ = writeln!(
             md,
             "knary depth {} fanout {} serial {} grain {} µs ({} tasks) in cluster mode across \
@@ -430,8 +443,13 @@ impl Report {
         );
         for r in &self.results {
             let med = |f: fn(&ClusterRun) -> u64| {
-                Stats::of(&r.runs[2].iter().map(|x| f(&x.run) as f64).collect::<Vec<_>>())
-                    .map_or(0.0, |s| s.median)
+                Stats::of(
+                    &r.runs[2]
+                        .iter()
+                        .map(|x| f(&x.run) as f64)
+                        .collect::<Vec<_>>(),
+                )
+                .map_or(0.0, |s| s.median)
             };
             let _ = writeln!(
                 md,
@@ -522,7 +540,13 @@ impl Report {
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let xmax = r.results.iter().map(|x| x.latency_ms).max().unwrap_or(1).max(1) as f64;
+    let xmax = r
+        .results
+        .iter()
+        .map(|x| x.latency_ms)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
     let ymax = r
         .results
         .iter()
@@ -569,9 +593,9 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
         chart
             .draw_series(r.results.iter().flat_map(|x| {
-                x.runs[k]
-                    .iter()
-                    .map(move |y| Circle::new((x.latency_ms as f64, y.run.elapsed_s), 3, c.filled()))
+                x.runs[k].iter().map(move |y| {
+                    Circle::new((x.latency_ms as f64, y.run.elapsed_s), 3, c.filled())
+                })
             }))
             .map_err(e)?;
     }

@@ -271,7 +271,10 @@ impl Cluster {
         let n = veriflow_checkpoint::StoreSpec::servers_for(strategy)
             .unwrap_or_else(|e| panic!("strategy {strategy}: {e}"));
         if let Some(net) = &opts.net {
-            assert!(net.hosts().len() >= 3, "a cluster on a network needs 3 hosts");
+            assert!(
+                net.hosts().len() >= 3,
+                "a cluster on a network needs 3 hosts"
+            );
         }
         let host = |h: usize| opts.net.as_ref().map(|net| net.addr(h));
         let launcher: Vec<String> = opts.net.as_ref().map_or_else(Vec::new, |net| {
@@ -438,7 +441,12 @@ impl Cluster {
     /// [`run_bin`] of the app binary on the clients' host (rule 4), in the cluster's directory:
     /// `status`, `inspect` and the like reach the members from there.
     pub fn run(&self, args: &[&str]) -> Out {
-        run_command(|| self.command(CLIENT_HOST), &self.bin, self.dir.path(), args)
+        run_command(
+            || self.command(CLIENT_HOST),
+            &self.bin,
+            self.dir.path(),
+            args,
+        )
     }
 }
 

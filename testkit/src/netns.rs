@@ -99,28 +99,30 @@ impl Emulation {
     /// namespace), else the wire; `VERIFLOW_NETNS_EMULATION=wire|netem` decides instead.
     pub fn detect() -> Emulation {
         static E: OnceLock<Emulation> = OnceLock::new();
-        *E.get_or_init(|| match std::env::var("VERIFLOW_NETNS_EMULATION").as_deref() {
-            Ok("wire") => Emulation::Wire,
-            Ok("netem") => Emulation::Netem,
-            _ => {
-                let probe = format!("{PREFIX}{}-probe", std::process::id());
-                let has = ip(&["netns", "add", &probe]).is_ok()
-                    && run(
-                        "tc",
-                        &[
-                            "-n", &probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay",
-                            "1ms",
-                        ],
-                    )
-                    .is_ok();
-                let _ = ip(&["netns", "del", &probe]);
-                if has {
-                    Emulation::Netem
-                } else {
-                    Emulation::Wire
+        *E.get_or_init(
+            || match std::env::var("VERIFLOW_NETNS_EMULATION").as_deref() {
+                Ok("wire") => Emulation::Wire,
+                Ok("netem") => Emulation::Netem,
+                _ => {
+                    let probe = format!("{PREFIX}{}-probe", std::process::id());
+                    let has = ip(&["netns", "add", &probe]).is_ok()
+                        && run(
+                            "tc",
+                            &[
+                                "-n", &probe, "qdisc", "add", "dev", "lo", "root", "netem",
+                                "delay", "1ms",
+                            ],
+                        )
+                        .is_ok();
+                    let _ = ip(&["netns", "del", &probe]);
+                    if has {
+                        Emulation::Netem
+                    } else {
+                        Emulation::Wire
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 }
 
@@ -259,7 +261,15 @@ impl Network {
                 &h.ns,
             ])?;
             ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
-            ip(&["-n", &h.ns, "addr", "add", &format!("{}/24", h.addr), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                &h.ns,
+                "addr",
+                "add",
+                &format!("{}/24", h.addr),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", &h.ns, "link", "set", "eth0", "up"])?;
             run(
                 "tc",
@@ -282,7 +292,15 @@ impl Network {
                 .map_err(|e| ctx(e, "a TUN device"))?;
             ip(&["link", "set", iface.name(), "netns", &h.ns])?;
             ip(&["-n", &h.ns, "link", "set", iface.name(), "name", "wire0"])?;
-            ip(&["-n", &h.ns, "addr", "add", &format!("{}/24", h.addr), "dev", "wire0"])?;
+            ip(&[
+                "-n",
+                &h.ns,
+                "addr",
+                "add",
+                &format!("{}/24", h.addr),
+                "dev",
+                "wire0",
+            ])?;
             ip(&["-n", &h.ns, "link", "set", "wire0", "up"])?;
             ifaces.push(Arc::new(iface));
         }
@@ -537,7 +555,11 @@ impl Wire {
                     match q.flight.front() {
                         None => q = shared.ready.wait(q).expect("wire queue"),
                         Some(&(due, _, _)) if due > now => {
-                            q = shared.ready.wait_timeout(q, due - now).expect("wire queue").0;
+                            q = shared
+                                .ready
+                                .wait_timeout(q, due - now)
+                                .expect("wire queue")
+                                .0;
                         }
                         Some(_) => {
                             let (_, to, packet) = q.flight.pop_front().expect("a packet");
@@ -624,8 +646,20 @@ mod tests {
             seed: 0,
         };
         for (bad, needle) in [
-            (NetConfig { hosts: 1, ..ok.clone() }, "hosts"),
-            (NetConfig { hosts: 251, ..ok.clone() }, "hosts"),
+            (
+                NetConfig {
+                    hosts: 1,
+                    ..ok.clone()
+                },
+                "hosts",
+            ),
+            (
+                NetConfig {
+                    hosts: 251,
+                    ..ok.clone()
+                },
+                "hosts",
+            ),
             (
                 NetConfig {
                     latency: Duration::from_secs(2),
@@ -633,8 +667,20 @@ mod tests {
                 },
                 "latency",
             ),
-            (NetConfig { loss: 0.6, ..ok.clone() }, "loss"),
-            (NetConfig { loss: f64::NAN, ..ok.clone() }, "loss"),
+            (
+                NetConfig {
+                    loss: 0.6,
+                    ..ok.clone()
+                },
+                "loss",
+            ),
+            (
+                NetConfig {
+                    loss: f64::NAN,
+                    ..ok.clone()
+                },
+                "loss",
+            ),
         ] {
             let e = Network::create(&bad).err().expect("refused");
             assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);

@@ -68,7 +68,10 @@ fn hosts_reach_each_other_with_the_latency_asked_and_drop_removes_everything() {
     .expect("a network");
     eprintln!("{}", net.describe());
     let prefix = net.hosts()[0].ns.trim_end_matches("h0").to_string();
-    assert_eq!(namespaces(&prefix).len(), 3 + usize::from(net.emulation() == Emulation::Netem));
+    assert_eq!(
+        namespaces(&prefix).len(),
+        3 + usize::from(net.emulation() == Emulation::Netem)
+    );
     assert_eq!(net.addr(1), "198.18.0.2");
 
     let (server, t) = echo_server(&net, 1);
@@ -93,12 +96,18 @@ fn hosts_reach_each_other_with_the_latency_asked_and_drop_removes_everything() {
     eprintln!("round trips at one-way {latency:?}: {rtts:?}");
     // A lower bound only (a packet cannot arrive before its delay): one way each direction.
     for r in &rtts {
-        assert!(*r >= 2 * latency, "a round trip of {r:?} under 2 x {latency:?}");
+        assert!(
+            *r >= 2 * latency,
+            "a round trip of {r:?} under 2 x {latency:?}"
+        );
     }
     // Host 0 cannot reach an address of no host.
     let stray = net
         .in_host(0, || {
-            TcpStream::connect_timeout(&"198.18.0.99:9".parse().unwrap(), Duration::from_millis(300))
+            TcpStream::connect_timeout(
+                &"198.18.0.99:9".parse().unwrap(),
+                Duration::from_millis(300),
+            )
         })
         .unwrap()
         .join();
@@ -183,7 +192,10 @@ fn leftovers_of_dead_runs_are_swept_and_live_ones_kept() {
     // This process is alive: its name is another network's, which the sweep must not touch.
     let live = format!("{PREFIX}{}-999999-h0", std::process::id());
     for ns in [&dead, &live] {
-        let ok = Command::new("ip").args(["netns", "add", ns]).status().unwrap();
+        let ok = Command::new("ip")
+            .args(["netns", "add", ns])
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
     let net = Network::create(&NetConfig {
@@ -193,7 +205,10 @@ fn leftovers_of_dead_runs_are_swept_and_live_ones_kept() {
         seed: 0,
     })
     .unwrap();
-    assert!(namespaces(&dead).is_empty(), "a dead run's namespace stayed");
+    assert!(
+        namespaces(&dead).is_empty(),
+        "a dead run's namespace stayed"
+    );
     assert_eq!(namespaces(&live), vec![live.clone()]);
     let _ = Command::new("ip").args(["netns", "del", &live]).status();
     drop(net);

@@ -127,7 +127,10 @@ fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
     }
     eprintln!("network: {}", net.describe());
     if let Some(w) = net.wire_stats() {
-        assert!(w.forwarded > 1000, "the members talked over the wire: {w:?}");
+        assert!(
+            w.forwarded > 1000,
+            "the members talked over the wire: {w:?}"
+        );
         assert!(w.dropped > 0, "1 % of the packets lost: {w:?}");
     }
 }

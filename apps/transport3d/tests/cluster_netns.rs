@@ -1,10 +1,16 @@
 //! Issue 16.3: transport3d `--mode async` (paper 000's asynchronous iterations) across hosts
-//! with a real network. Five network namespaces, each a host with its own address
+//! with a real network. Seven network namespaces, each a host with its own address
 //! (`veriflow_testkit::netns`), 5 ms one-way latency and 1 % packet loss between any two: the
-//! checkpoint server and the client on host 0, the coordinator on host 1, two workers and a
-//! spare on hosts 2-4. A worker is SIGKILLed during the iterations; its blocks restart on the
-//! spare from their neighbours' backups and the answer is the sequential one. Root only: skips,
-//! saying why, when namespaces cannot be made here.
+//! checkpoint server and the client on host 0, the coordinator on host 1, four workers (one
+//! block each, as paper 000's grid ran one per machine) and a spare on hosts 2-6. A worker is
+//! SIGKILLed during the iterations; its block restarts on the spare from its neighbours'
+//! backups and the answer is the sequential one. Root only: skips, saying why, when namespaces
+//! cannot be made here.
+//!
+//! One block per worker matters: with two workers of two adjacent blocks each, the end block
+//! v3 has its only backup neighbour v2 on the same worker, and losing that worker loses both
+//! (a run here failed so, with the runtime's error naming v3 and saying to keep the backups on
+//! a store: rule 6 of `veriflow::runtime::iterative`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -65,18 +71,18 @@ fn transport3d_async_across_hosts_with_latency_and_loss_survives_a_killed_worker
 
     let net = Arc::new(
         Network::create(&NetConfig {
-            hosts: 5,
+            hosts: 7,
             latency: Duration::from_millis(5),
             loss: 0.01,
             seed: 3,
         })
-        .expect("a network of 5 hosts"),
+        .expect("a network of 7 hosts"),
     );
     let c = Cluster::start_with(
         bin(),
         ClusterOpts {
             net: Some(net.clone()),
-            workers: 2,
+            workers: 4,
             spares: 1,
             coordinator_args: LOADED_FD.iter().map(|a| a.to_string()).collect(),
             ..ClusterOpts::default()
