@@ -682,7 +682,7 @@ mod tests {
                 "loss",
             ),
         ] {
-            let e = Network::create(&bad).err().expect("refused");
+            let e = Network::create(&bad).expect_err("refused");
             assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
             assert!(e.to_string().contains(needle), "{e}");
         }
