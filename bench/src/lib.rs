@@ -19,6 +19,7 @@ pub mod certify;
 pub mod machine;
 
 pub mod cluster;
+pub mod netns;
 
 pub mod detector;
 

@@ -34,6 +34,7 @@ pub fn server_binary() -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct ServerProcess {
     child: Option<Child>,
+    launcher: Vec<String>,
     binary: PathBuf,
     /// The address it listens on.
     pub addr: String,
@@ -51,7 +52,27 @@ impl ServerProcess {
         data: Option<&Path>,
         key: &Path,
     ) -> std::io::Result<ServerProcess> {
-        let mut cmd = Command::new(binary);
+        ServerProcess::start_via(&[], binary, listen, data, key)
+    }
+
+    /// [`ServerProcess::start`] through a launcher: `launcher[0] launcher[1..] binary ...`
+    /// (for instance `ip netns exec NS`, which execs the binary: the child is the server).
+    /// An empty launcher starts the binary itself.
+    pub fn start_via(
+        launcher: &[String],
+        binary: &Path,
+        listen: &str,
+        data: Option<&Path>,
+        key: &Path,
+    ) -> std::io::Result<ServerProcess> {
+        let mut cmd = match launcher.split_first() {
+            None => Command::new(binary),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary);
+                c
+            }
+        };
         cmd.args(["--listen", listen, "--key"]).arg(key);
         match data {
             Some(d) => cmd.arg("--data").arg(d),
@@ -81,6 +102,7 @@ impl ServerProcess {
         Ok(ServerProcess {
             addr: addr.to_string(),
             child: Some(child),
+            launcher: launcher.to_vec(),
             binary: binary.to_path_buf(),
             data: data.map(Path::to_path_buf),
             key: key.to_path_buf(),
@@ -98,8 +120,13 @@ impl ServerProcess {
     /// Starts it again on the same address and data.
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.kill();
-        let again =
-            ServerProcess::start(&self.binary, &self.addr, self.data.as_deref(), &self.key)?;
+        let again = ServerProcess::start_via(
+            &self.launcher,
+            &self.binary,
+            &self.addr,
+            self.data.as_deref(),
+            &self.key,
+        )?;
         *self = again;
         Ok(())
     }

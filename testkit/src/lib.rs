@@ -12,13 +12,19 @@
 //!    the test expects.
 //! 3. Every process started is SIGKILLed and reaped when its handle is dropped, so a failed
 //!    test leaves nothing running.
+//! 4. A [`Cluster`] on a [`netns::Network`] (`ClusterOpts::net`) puts its members on hosts:
+//!    the checkpoint servers and the clients (`submit`, [`Cluster::run`]) on host 0, the
+//!    coordinators on host 1, worker `i` on host `2 + i mod (hosts - 2)`; each listens on its
+//!    host's address. Without one, everything is on 127.0.0.1.
 
 pub mod browser;
 pub mod damage;
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -89,9 +95,14 @@ pub const LOCK_PATIENCE: Duration = Duration::from_secs(30);
 /// An invocation that fails on sled's lock is retried (see [`LOCK_PATIENCE`]), so it cannot
 /// pass for the error a test expects.
 pub fn run_bin(bin: &Path, tmp: &Path, args: &[&str]) -> Out {
+    run_command(|| Command::new(bin), bin, tmp, args)
+}
+
+/// [`run_bin`] of the command `make` returns (the binary `bin`, maybe through a launcher).
+fn run_command(make: impl Fn() -> Command, bin: &Path, tmp: &Path, args: &[&str]) -> Out {
     let t0 = Instant::now();
     let out = loop {
-        let out = Command::new(bin)
+        let out = make()
             .args(args)
             .env("TMPDIR", tmp)
             .env("XDG_CONFIG_HOME", tmp)
@@ -188,6 +199,8 @@ pub fn checkpoint_server_binary() -> PathBuf {
 /// How [`Cluster::start_with`] starts a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterOpts {
+    /// The hosts to start the members on (rule 4; at least 3), `None`: all on 127.0.0.1.
+    pub net: Option<Arc<netns::Network>>,
     /// Workers of one thread each.
     pub workers: usize,
     /// Spares, after the workers.
@@ -223,10 +236,16 @@ pub struct Cluster {
     pub workers: Vec<Proc>,
     /// The store every member logs into.
     pub store: String,
+    /// The hosts the members are on (rule 4).
+    pub net: Option<Arc<netns::Network>>,
     worker_args: Vec<String>,
     /// The checkpoint servers (kill and restart them to take the store away for a while).
     pub servers: Vec<veriflow_checkpoint::launch::ServerProcess>,
 }
+
+/// Rule 4: where each kind of member runs.
+const CLIENT_HOST: usize = 0;
+const COORDINATOR_HOST: usize = 1;
 
 impl Cluster {
     /// Starts a checkpoint server, a coordinator (`fd`: its failure-detector options) and
@@ -239,8 +258,7 @@ impl Cluster {
                 spares,
                 coordinators: 1,
                 coordinator_args: fd.iter().map(|a| a.to_string()).collect(),
-                worker_args: Vec::new(),
-                strategy: None,
+                ..ClusterOpts::default()
             },
         )
     }
@@ -253,6 +271,17 @@ impl Cluster {
         let strategy = opts.strategy.as_deref().unwrap_or("central");
         let n = veriflow_checkpoint::StoreSpec::servers_for(strategy)
             .unwrap_or_else(|e| panic!("strategy {strategy}: {e}"));
+        if let Some(net) = &opts.net {
+            assert!(
+                net.hosts().len() >= 3,
+                "a cluster on a network needs 3 hosts"
+            );
+        }
+        let host = |h: usize| opts.net.as_ref().map(|net| net.addr(h));
+        let launcher: Vec<String> = opts.net.as_ref().map_or_else(Vec::new, |net| {
+            let ns = net.hosts()[CLIENT_HOST].ns.clone();
+            vec!["ip".into(), "netns".into(), "exec".into(), ns]
+        });
         let servers: Vec<veriflow_checkpoint::launch::ServerProcess> = (0..n)
             .map(|i| {
                 let data = if i == 0 {
@@ -260,9 +289,10 @@ impl Cluster {
                 } else {
                     dir.path().join(format!("cs{i}"))
                 };
-                veriflow_checkpoint::launch::ServerProcess::start(
+                veriflow_checkpoint::launch::ServerProcess::start_via(
+                    &launcher,
                     &checkpoint_server_binary(),
-                    "127.0.0.1:0",
+                    &listen_on(host(CLIENT_HOST)),
                     Some(&data),
                     &key,
                 )
@@ -284,6 +314,7 @@ impl Cluster {
             coordinators: Vec::new(),
             workers: Vec::new(),
             store,
+            net: opts.net.clone(),
             worker_args: opts.worker_args.clone(),
             servers,
         };
@@ -292,7 +323,8 @@ impl Cluster {
             if i > 0 {
                 args.push("--standby".into());
             }
-            let (proc, addr) = cl.start_coordinator("127.0.0.1:0", &args, i == 0);
+            let listen = listen_on(host(COORDINATOR_HOST));
+            let (proc, addr) = cl.start_coordinator(&listen, &args, i == 0);
             cl.coordinators.push(proc);
             cl.coordinator_addrs.push(addr);
         }
@@ -315,7 +347,7 @@ impl Cluster {
             .unwrap_or(0);
         let log = std::fs::File::create(self.dir.path().join(format!("coord{n}.log")))
             .expect("a coordinator log");
-        let mut c = Command::new(&self.bin);
+        let mut c = self.command(COORDINATOR_HOST);
         c.args([
             "coordinator",
             "--listen",
@@ -352,7 +384,9 @@ impl Cluster {
 
     /// Starts one more worker of one thread (a spare if `spare`).
     pub fn add_worker(&mut self, spare: bool) {
-        let mut c = Command::new(&self.bin);
+        let i = self.workers.len();
+        let host = self.net.as_ref().map(|net| 2 + i % (net.hosts().len() - 2));
+        let mut c = self.command(host.unwrap_or(0));
         c.args([
             "worker",
             "--join",
@@ -361,6 +395,8 @@ impl Cluster {
             s(&self.key),
             "--threads",
             "1",
+            "--listen",
+            &listen_on(host.and_then(|h| self.net.as_ref().map(|net| net.addr(h)))),
         ])
         .args(&self.worker_args);
         if spare {
@@ -379,7 +415,7 @@ impl Cluster {
 
     /// `<bin> submit ... --json <program>` as a child process (see [`wait_json`]).
     pub fn submit(&self, program: &[&str]) -> Child {
-        Command::new(&self.bin)
+        self.command(CLIENT_HOST)
             .args([
                 "submit",
                 "--coordinator",
@@ -394,6 +430,30 @@ impl Cluster {
             .spawn()
             .expect("submit starts")
     }
+
+    /// The app binary on `host` of the network (rule 4), or here without one.
+    pub fn command(&self, host: usize) -> Command {
+        match &self.net {
+            Some(net) => net.command(host, &self.bin),
+            None => Command::new(&self.bin),
+        }
+    }
+
+    /// [`run_bin`] of the app binary on the clients' host (rule 4), in the cluster's directory:
+    /// `status`, `inspect` and the like reach the members from there.
+    pub fn run(&self, args: &[&str]) -> Out {
+        run_command(
+            || self.command(CLIENT_HOST),
+            &self.bin,
+            self.dir.path(),
+            args,
+        )
+    }
+}
+
+/// `ADDR:0` on a host's address, or on 127.0.0.1.
+fn listen_on(host: Option<String>) -> String {
+    format!("{}:0", host.as_deref().unwrap_or("127.0.0.1"))
 }
 
 /// Waits for a `--json` child: (exit status, its JSON summary or null, its stderr). A panic

@@ -64,6 +64,9 @@ enum Command {
     /// knary in cluster mode (worker processes): S0, S1 and S2 (one worker SIGKILLed
     /// half-way).
     Cluster(veriflow_bench::cluster::ClusterArgs),
+    /// knary in cluster mode across hosts (network namespaces with latency and loss): S0, S1
+    /// and S2 against the one-way latency (root only).
+    Netns(veriflow_bench::netns::NetnsArgs),
     /// The online oracle: time to detection against the forgery rate, and the cost of
     /// following an honest run.
     Online(veriflow_bench::online::OnlineArgs),
@@ -140,6 +143,7 @@ fn main() -> Result<()> {
         Command::Certify(args) => veriflow_bench::certify::run(&args),
         Command::Storage(args) => veriflow_bench::storage::run(&args),
         Command::Cluster(args) => veriflow_bench::cluster::run(&args),
+        Command::Netns(args) => veriflow_bench::netns::run(&args),
         Command::Online(args) => veriflow_bench::online::run(&args),
         Command::Detector(args) => veriflow_bench::detector::run(&args),
         Command::Nqueens(args) => veriflow_bench::nqueens::run(&args),
