@@ -283,7 +283,7 @@ fn cancel_cmd(args: &CancelArgs, program: &'static str) -> Result<(), CliError> 
     } else {
         for id in &args.ids {
             if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit() || c == '_') {
-                return Err(CliError::Invalid(format!(
+                return Err(CliError::Usage(format!(
                     "{id:?} is not a Slurm job id (see `{program} alloc list`)"
                 )));
             }

@@ -54,6 +54,8 @@ use crate::inspect;
 pub trait Program: Args + Clone + Send + Sync + 'static {
     /// Program name: the binary's name and part of the root task's id.
     const NAME: &'static str;
+    /// One line saying what the program computes: the first line of `--help`.
+    const ABOUT: &'static str = "A veriflow program";
     /// The root task.
     type Root: Task;
     /// Registers every task type the program spawns.
@@ -144,6 +146,10 @@ pub(crate) enum CliError {
     Alloc(#[from] veriflow_cluster::alloc::slurm::AllocError),
     #[error("{0}")]
     Invalid(String),
+    /// The command line asks for something that cannot be done as asked: exit 2, as clap's
+    /// own usage errors.
+    #[error("{0}")]
+    Usage(String),
     #[error("certification: REJECT")]
     Rejected,
     /// Stopped by a signal (`interrupt.rs` rule 2): exits with 128 + `signal`.
@@ -196,12 +202,21 @@ enum Command<P: Program> {
     Chaos(crate::chaos::ChaosArgs),
 }
 
+/// The command line of program `P`: its name, its one-line description, the version.
+fn command<P: Program>() -> clap::Command {
+    Cli::<P>::command()
+        .name(P::NAME)
+        .bin_name(P::NAME)
+        .about(P::ABOUT)
+        .version(env!("CARGO_PKG_VERSION"))
+}
+
 /// Parses a job's command line (`submit ...` or `cluster ...`, as typed) for its job
 /// arguments: every worker reads the program's options the way the client did.
 pub(crate) fn parse_job_args<P: Program>(
     argv: &[String],
 ) -> Result<crate::cluster_cli::JobArgs<P>, String> {
-    let cmd = Cli::<P>::command().name(P::NAME).bin_name(P::NAME);
+    let cmd = command::<P>();
     let all = std::iter::once(P::NAME.to_string()).chain(argv.iter().cloned());
     let m = cmd.try_get_matches_from(all).map_err(|e| e.to_string())?;
     match Cli::<P>::from_arg_matches(&m)
@@ -363,6 +378,9 @@ impl StoreArgs {
     fn key(&self, spec: &StoreSpec) -> Result<Option<Key>, CliError> {
         match (spec, &self.key) {
             (StoreSpec::Remote(_), Some(k)) => Ok(Some(Key::load(k)?)),
+            (StoreSpec::Remote(_), None) => Err(CliError::Usage(format!(
+                "--store {spec} is on checkpoint servers: give their key with --key FILE"
+            ))),
             _ => Ok(None),
         }
     }
@@ -380,12 +398,12 @@ impl StoreArgs {
         match self.spec() {
             Some(StoreSpec::Local(dir)) if write => Ok(Arc::new(SledStore::open_existing(&dir)?)),
             Some(StoreSpec::Local(dir)) => Ok(Arc::new(SledStore::open_read_only(&dir)?)),
-            Some(StoreSpec::Memory) => Err(CliError::Invalid(
+            Some(StoreSpec::Memory) => Err(CliError::Usage(
                 "--store memory holds nothing once its run has ended: give the run's store"
                     .to_string(),
             )),
             Some(spec) => self.open(&spec),
-            None => Err(CliError::Invalid(
+            None => Err(CliError::Usage(
                 "give --log-dir DIR or --store SPEC".to_string(),
             )),
         }
@@ -565,7 +583,7 @@ impl<P: Program> App<P> {
             .skip(1)
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let mut cmd = Cli::<P>::command().name(P::NAME).bin_name(P::NAME);
+        let mut cmd = command::<P>();
         let cli = match cmd
             .try_get_matches_from_mut(args)
             .and_then(|m| Cli::<P>::from_arg_matches(&m))
@@ -630,14 +648,14 @@ impl<P: Program> App<P> {
             Command::Worker(args) => crate::cluster_cli::worker_cmd::<P>(&args),
             Command::Submit(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::submit_cmd::<P>(&args, argv),
-                Err(e) => Err(CliError::Invalid(e.0)),
+                Err(e) => Err(CliError::Usage(e.0)),
             },
             Command::Status(args) => crate::cluster_cli::status_cmd(&args),
             Command::Oracle(args) => crate::cluster_cli::oracle_cmd::<P>(&args),
             Command::Alloc(args) => crate::alloc_cli::alloc_cmd(&args, P::NAME),
             Command::Cluster(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::cluster_cmd::<P>(&args, argv),
-                Err(e) => Err(CliError::Invalid(e.0)),
+                Err(e) => Err(CliError::Usage(e.0)),
             },
             Command::Chaos(args) => crate::chaos::chaos_cmd(&args, P::NAME),
             Command::Keygen(args) => keygen_cmd(&args),
@@ -648,6 +666,15 @@ impl<P: Program> App<P> {
             // Rule 2 of interrupt.rs: the message and the resume command are printed already.
             Err(CliError::Interrupted { signal }) => {
                 ExitCode::from(crate::interrupt::exit_status(signal))
+            }
+            // A run's configuration the runtime refused (a log directory that holds a run
+            // already, a thread count of 0) is a usage error too.
+            Err(e @ (CliError::Usage(_) | CliError::Run(RunError::Config(_)))) => {
+                eprintln!(
+                    "{}: error: {e}\n\nFor more information, try '--help'.",
+                    P::NAME
+                );
+                ExitCode::from(2)
             }
             Err(e) => {
                 eprintln!("{}: error: {e}", P::NAME);
@@ -671,7 +698,7 @@ fn run<P: Program>(
 ) -> Result<(), CliError> {
     let (program, rt) = (&args.program, &args.runtime);
     if rt.resume && rt.store.spec().is_none() {
-        return Err(CliError::Invalid(
+        return Err(CliError::Usage(
             "--resume needs the run's logs: give --log-dir DIR or --store SPEC".to_string(),
         ));
     }
@@ -714,7 +741,7 @@ fn run<P: Program>(
         // Resuming needs the run's logs: a missing directory is an error, not a fresh store.
         Some(_) if rt.resume => Some(rt.store.open_existing(true).map_err(|e| match e {
             CliError::Store(e @ StoreError::Open { .. }) => {
-                CliError::Invalid(format!("no run to resume: {e}"))
+                CliError::Usage(format!("no run to resume: {e}"))
             }
             other => other,
         })?),
@@ -1039,7 +1066,7 @@ impl ForgeArgs {
         writers.sort_unstable();
         let n = usize::try_from(n).unwrap_or(usize::MAX);
         if n > writers.len() {
-            return Err(CliError::Invalid(format!(
+            return Err(CliError::Usage(format!(
                 "--forge-tasks {n}: the run has only {} tasks that write a value",
                 writers.len()
             )));
@@ -1268,7 +1295,7 @@ fn certify_cmd<P: Program>(args: &CertifyArgs) -> Result<(), CliError> {
                 .split(',')
                 .map(|s| s.trim().parse::<DataId>())
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| CliError::Invalid(format!("--outputs: {e}")))?,
+                .map_err(|e| CliError::Usage(format!("--outputs: {e}")))?,
         )
     };
     let opts = veriflow_certifier::Options {

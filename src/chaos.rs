@@ -383,7 +383,7 @@ pub(crate) fn chaos_cmd(args: &ChaosArgs, own: &str) -> Result<(), CliError> {
     let (lo, hi) = match args.fault_every.as_slice() {
         [lo, hi] if *lo > 0.0 && lo <= hi => (*lo, *hi),
         _ => {
-            return Err(CliError::Invalid(
+            return Err(CliError::Usage(
                 "--fault-every MIN,MAX: 0 < MIN <= MAX seconds".into(),
             ))
         }

@@ -58,7 +58,7 @@ impl FdArgs {
             k: usize::try_from(self.k).unwrap_or(usize::MAX),
         };
         p.validate()
-            .map_err(|e| CliError::Invalid(format!("failure detector: {e}")))?;
+            .map_err(|e| CliError::Usage(format!("failure detector: {e}")))?;
         Ok(p)
     }
 
@@ -283,7 +283,7 @@ pub(crate) fn coordinator_cmd(
     if matches!(args.store, StoreSpec::Local(_) | StoreSpec::Memory) {
         // Issue 13: a local directory or this process's memory is one process's only; the
         // workers could never reach it.
-        return Err(CliError::Invalid(format!(
+        return Err(CliError::Usage(format!(
             "--store {}: a coordinator needs checkpoint servers every worker reaches \
              (central:, replicate:, parity: or ida:)",
             args.store
@@ -349,9 +349,9 @@ pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> 
     let (oracle_key, key_path) = Key::load_or_default(args.params.oracle_key.as_deref(), "oracle")?;
     let oracle_key = veriflow_certifier::OracleKey::from(oracle_key);
     veriflow_certifier::sample::n_eps_q(args.params.epsilon, args.params.q)
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     if !(args.spot_floor > 0.0 && args.spot_floor <= 1.0) {
-        return Err(CliError::Invalid(format!(
+        return Err(CliError::Usage(format!(
             "--spot-floor must be in (0, 1], not {}",
             args.spot_floor
         )));
@@ -395,13 +395,13 @@ pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> 
     let forge = match args.forge_rate {
         None => None,
         Some(_) if std::env::var(ALLOW_FORGERY).as_deref() != Ok("1") => {
-            return Err(CliError::Invalid(format!(
+            return Err(CliError::Usage(format!(
                 "--forge-rate makes this worker lie: it is for tests, and refused unless \
                  {ALLOW_FORGERY}=1"
             )))
         }
         Some(q) if !(0.0..=1.0).contains(&q) => {
-            return Err(CliError::Invalid(format!(
+            return Err(CliError::Usage(format!(
                 "--forge-rate must be between 0 and 1, not {q}"
             )))
         }
@@ -507,12 +507,12 @@ fn job_spec<P: Program>(
     if let Some(it) = job.program.iterative() {
         let n = u32::try_from(it.config.neighbours.len()).unwrap_or(u32::MAX);
         if job.vnodes.is_some_and(|v| v != n) {
-            return Err(CliError::Invalid(format!(
+            return Err(CliError::Usage(format!(
                 "this iterative run has {n} blocks, one per vnode: --vnodes must be {n} or left out"
             )));
         }
         if job.certify {
-            return Err(CliError::Invalid(
+            return Err(CliError::Usage(
                 "an iterative run keeps no task log: --certify needs a data-flow run".into(),
             ));
         }
@@ -1091,7 +1091,7 @@ pub(crate) fn cluster_cmd<P: Program>(
     let needed = u32::try_from(StoreSpec::servers_for(&strategy)?).unwrap_or(u32::MAX);
     let servers = args.checkpoint_servers.unwrap_or(needed);
     if servers != needed {
-        return Err(CliError::Invalid(format!(
+        return Err(CliError::Usage(format!(
             "--store-strategy {strategy} needs {needed} checkpoint servers, --checkpoint-servers says {servers}"
         )));
     }

@@ -130,7 +130,9 @@ fn replicate_survives_losing_a_copy() {
     assert!(e.to_string().contains(&servers[0].addr), "{e}");
 }
 
-fn scrub(spec: &str, key: &std::path::Path) -> (bool, serde_json::Value) {
+/// `scrub`'s exit status and JSON report: 0 whole, 3 degraded (every value readable, fragments
+/// missing or servers unreachable), 1 a value lost.
+fn scrub(spec: &str, key: &std::path::Path) -> (Option<i32>, serde_json::Value) {
     let out = Command::new(env!("CARGO_BIN_EXE_checkpoint-server"))
         .args(["scrub", "--json", "--store", spec, "--key"])
         .arg(key)
@@ -143,7 +145,7 @@ fn scrub(spec: &str, key: &std::path::Path) -> (bool, serde_json::Value) {
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    (out.status.success(), report)
+    (out.status.code(), report)
 }
 
 #[test]
@@ -208,8 +210,8 @@ fn ida_4_2_survives_two_sigkills_refuses_a_third_and_scrub_repairs() {
     servers[0].restart(&s.key_path);
     servers[2].restart(&s.key_path);
     let spec = format!("ida:4,2:{all}");
-    let (ok, r) = scrub(&spec, &s.key_path);
-    assert!(ok, "{r}");
+    let (code, r) = scrub(&spec, &s.key_path);
+    assert_eq!(code, Some(3), "degraded while server 1 is down: {r}");
     assert_eq!(r["keys"], 26, "{r}");
     assert_eq!(r["fragments_repaired"], 8, "{r}");
     assert_eq!(r["fragments_missing"], 26, "{r}");
@@ -223,12 +225,19 @@ fn ida_4_2_survives_two_sigkills_refuses_a_third_and_scrub_repairs() {
 
     // A second scrub finds nothing more to repair; server 0's fragments now carry the load:
     // with servers 1 and 4 down every value still reads.
-    let (ok, r) = scrub(&spec, &s.key_path);
-    assert!(ok);
+    let (code, r) = scrub(&spec, &s.key_path);
+    assert_eq!(code, Some(3), "{r}");
     assert_eq!(r["fragments_repaired"], 0, "{r}");
     servers[4].kill();
     let reader = open(&spec, &s.key);
     assert_eq!(reader.scan_prefix(b"seg/").unwrap(), want);
+    // Servers 1 and 4 back: scrub completes them, and the strategy is whole again (exit 0).
+    servers[1].restart(&s.key_path);
+    servers[4].restart(&s.key_path);
+    let (code, r) = scrub(&spec, &s.key_path);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["fragments_missing"], 0, "{r}");
+    assert!(r["fragments_repaired"].as_u64().unwrap() > 0, "{r}");
     for srv in servers.iter_mut() {
         if srv.is_running() {
             srv.kill();

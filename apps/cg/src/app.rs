@@ -131,6 +131,7 @@ impl Cg {
 
 impl Program for Cg {
     const NAME: &'static str = "cg";
+    const ABOUT: &'static str = env!("CARGO_PKG_DESCRIPTION");
     type Root = Start;
 
     fn register(registry: &mut Registry) -> Result<(), RegistryError> {

@@ -139,6 +139,7 @@ pub struct Knary {
 
 impl Program for Knary {
     const NAME: &'static str = "knary";
+    const ABOUT: &'static str = env!("CARGO_PKG_DESCRIPTION");
     type Root = Node;
 
     fn register(registry: &mut Registry) -> Result<(), RegistryError> {

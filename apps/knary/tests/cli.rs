@@ -355,7 +355,7 @@ fn a_second_run_into_the_same_log_dir_is_refused_and_leaves_the_first_intact() {
     let dir = tmp.path().join("log");
     logged_run(&dir, 3, 2, 2, &[]);
     let out = knary(&["run", "--depth", "4", "--fanout", "3", "--log-dir", s(&dir)]);
-    out.expect_code(1)
+    out.expect_code(2)
         .stderr_has("already holds a run")
         .stderr_has(s(&dir));
     let out = knary(&[
@@ -368,7 +368,7 @@ fn a_second_run_into_the_same_log_dir_is_refused_and_leaves_the_first_intact() {
         "--log-dir",
         s(&dir),
     ]);
-    out.expect_code(1).stderr_has("already holds a run");
+    out.expect_code(2).stderr_has("already holds a run");
     let (out, j) = inspect_json(&dir);
     out.expect_code(0);
     let j = j.unwrap();
@@ -847,13 +847,13 @@ fn a_run_killed_with_sigkill_resumes_from_its_logs() {
         assert_eq!(ins["tasks"][k], tasks, "{k}: {ins}");
     }
     // A finished run is not resumed again; a fresh directory has nothing to resume.
-    knary(&resumed).expect_code(1);
+    knary(&resumed).expect_code(2);
     let fresh = tmp.path().join("fresh");
     let mut none = args.to_vec();
     none[13] = s(&fresh);
     none.push("--resume");
     let out = knary(&none);
-    out.expect_code(1);
+    out.expect_code(2);
     assert!(out.stderr.contains("no run to resume"), "{out}");
 }
 
@@ -914,4 +914,64 @@ fn a_run_resumes_after_its_log_tail_was_torn() {
     for k in ["declared", "started", "completed"] {
         assert_eq!(ins["tasks"][k], tasks, "{k}: {ins}");
     }
+}
+
+/// Issue 18.6: every binary says its version and what it is; a command line that cannot be run
+/// as asked exits 2 (as clap's own usage errors), whoever finds the fault.
+#[test]
+fn every_binary_has_a_version_and_usage_errors_exit_2() {
+    let out = knary(&["--version"]);
+    out.expect_code(0);
+    assert!(out.stdout.starts_with("knary "), "{out}");
+    let help = knary(&["--help"]);
+    assert!(
+        help.stdout
+            .starts_with("Cilk's knary benchmark on veriflow"),
+        "{help}"
+    );
+    let server = std::process::Command::new(veriflow_testkit::checkpoint_server_binary())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(server.status.success());
+    assert!(String::from_utf8_lossy(&server.stdout).starts_with("checkpoint-server "));
+    // A remote store without its key; --resume without logs; a coordinator on a local store;
+    // a test-only flag without its permission.
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("k");
+    knary(&["keygen", s(&key)]).expect_code(0);
+    knary(&["inspect", "--store", "central:127.0.0.1:9"])
+        .expect_code(2)
+        .stderr_has("--key FILE");
+    knary(&["run", "--depth", "2", "--fanout", "2", "--resume"])
+        .expect_code(2)
+        .stderr_has("--resume needs the run's logs");
+    knary(&[
+        "coordinator",
+        "--key",
+        s(&key),
+        "--store",
+        &format!("local:{}", s(&tmp.path().join("local"))),
+    ])
+    .expect_code(2)
+    .stderr_has("checkpoint servers");
+    knary(&[
+        "worker",
+        "--join",
+        "127.0.0.1:9",
+        "--key",
+        s(&key),
+        "--forge-rate",
+        "0.5",
+    ])
+    .expect_code(2)
+    .stderr_has("VERIFLOW_ALLOW_FORGERY");
+    // The checkpoint server's own usage errors.
+    let server = std::process::Command::new(veriflow_testkit::checkpoint_server_binary())
+        .args(["--listen", "127.0.0.1:0", "--key"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert_eq!(server.status.code(), Some(2), "{server:?}");
+    assert!(String::from_utf8_lossy(&server.stderr).contains("--data DIR is required"));
 }

@@ -181,7 +181,7 @@ fn every_strategy_carries_a_run() {
         knary(&[&["certify", "--oracle-key", s(&okey)][..], &k[..]].concat()).expect_code(0);
         // A second run into the same store is refused; the first is intact.
         knary(&[&["run", "--depth", "4", "--fanout", "3"][..], &k[..]].concat())
-            .expect_code(1)
+            .expect_code(2)
             .stderr_has("already holds a run");
         knary(&[&["inspect"][..], &k[..]].concat()).expect_code(0);
     }

@@ -420,6 +420,7 @@ impl NQueens {
 
 impl Program for NQueens {
     const NAME: &'static str = "nqueens";
+    const ABOUT: &'static str = env!("CARGO_PKG_DESCRIPTION");
     type Root = Queens;
 
     fn register(registry: &mut Registry) -> Result<(), RegistryError> {

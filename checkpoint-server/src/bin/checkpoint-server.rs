@@ -6,6 +6,12 @@
 //! checkpoint-server keygen FILE
 //! checkpoint-server scrub --store SPEC --key FILE [--json]
 //! ```
+//!
+//! Exit status: 0 done; 1 an error (a key file that cannot be read, a server that cannot bind,
+//! a store that cannot be reached; for `scrub`, a value that can no longer be rebuilt); 2 bad
+//! usage (clap's own errors, and options that contradict each other); 3 `scrub` found the
+//! strategy degraded but whole: every value can be read, yet fragments are missing or servers
+//! unreachable (scrub again once they are back).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use veriflow_checkpoint::{Key, MemoryStore, SledStore, Store, StoreSpec};
 #[derive(Parser, Debug)]
 #[command(
     name = "checkpoint-server",
+    version,
     about = "veriflow checkpoint server: stores fragments of logs and blobs"
 )]
 struct Cli {
@@ -68,11 +75,47 @@ enum Command {
     },
 }
 
+/// A command line that cannot be served as asked: exit 2.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// `scrub` found fragments missing or servers unreachable, every value still readable: exit 3.
+#[derive(Debug)]
+struct Degraded(String);
+
+impl std::fmt::Display for Degraded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Degraded {}
+
+fn usage(why: impl Into<String>) -> anyhow::Error {
+    Usage(why.into()).into()
+}
+
 fn main() {
     veriflow_checkpoint::logging::init_tracing();
     if let Err(e) = run() {
+        if e.downcast_ref::<Usage>().is_some() {
+            eprintln!("error: {e:#}\n\nFor more information, try '--help'.");
+            std::process::exit(2);
+        }
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(if e.downcast_ref::<Degraded>().is_some() {
+            3
+        } else {
+            1
+        });
     }
 }
 
@@ -90,8 +133,12 @@ fn run() -> Result<()> {
 }
 
 fn serve(cli: Cli) -> Result<()> {
-    let listen = cli.listen.context("--listen ADDR is required to serve")?;
-    let key_path = cli.key.context("--key FILE is required to serve")?;
+    let listen = cli
+        .listen
+        .ok_or_else(|| usage("--listen ADDR is required to serve"))?;
+    let key_path = cli
+        .key
+        .ok_or_else(|| usage("--key FILE is required to serve"))?;
     let key =
         Key::load(&key_path).with_context(|| format!("loading key {}", key_path.display()))?;
     let config = ServerConfig {
@@ -100,14 +147,20 @@ fn serve(cli: Cli) -> Result<()> {
         memory_budget: cli.memory_budget_mib.saturating_mul(1 << 20),
         ..ServerConfig::default()
     };
-    config.validate().context("checking the limits")?;
+    config
+        .validate()
+        .map_err(|e| usage(format!("checking the limits: {e}")))?;
     let store: Arc<dyn Store> = match (cli.memory, cli.data) {
         (true, None) => Arc::new(MemoryStore::default()),
-        (true, Some(_)) => bail!("--memory keeps fragments in RAM: drop --data, or drop --memory"),
+        (true, Some(_)) => {
+            return Err(usage(
+                "--memory keeps fragments in RAM: drop --data, or drop --memory",
+            ))
+        }
         (false, Some(dir)) => Arc::new(
             SledStore::open(&dir).with_context(|| format!("opening data dir {}", dir.display()))?,
         ),
-        (false, None) => bail!("--data DIR is required (or --memory for RAM only)"),
+        (false, None) => return Err(usage("--data DIR is required (or --memory for RAM only)")),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -127,9 +180,12 @@ fn serve(cli: Cli) -> Result<()> {
 
 fn scrub(spec: &str, key_path: &std::path::Path, json: bool) -> Result<()> {
     let key = Key::load(key_path).with_context(|| format!("loading key {}", key_path.display()))?;
-    let spec: StoreSpec = spec.parse()?;
+    let spec: StoreSpec = spec.parse().map_err(|e| usage(format!("--store: {e}")))?;
     let StoreSpec::Remote(remote) = spec else {
-        bail!("scrub checks fragments on checkpoint servers; {spec} has none (use central:, replicate:, parity: or ida:)");
+        return Err(usage(format!(
+            "scrub checks fragments on checkpoint servers; {spec} has none (use central:, \
+             replicate:, parity: or ida:)"
+        )));
     };
     let store = RemoteStore::open(remote, key, Default::default())?;
     let report = store.scrub()?;
@@ -152,6 +208,15 @@ fn scrub(spec: &str, key_path: &std::path::Path, json: bool) -> Result<()> {
     }
     if !report.is_healthy() {
         bail!("{} keys cannot be rebuilt", report.unrecoverable.len());
+    }
+    if report.fragments_missing > 0 || !report.unreachable.is_empty() {
+        return Err(Degraded(format!(
+            "degraded: every value can be read, but {} fragments are missing and {} servers \
+             unreachable; scrub again once they are back",
+            report.fragments_missing,
+            report.unreachable.len()
+        ))
+        .into());
     }
     Ok(())
 }
