@@ -738,16 +738,6 @@ impl RunsFigure {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Every run's time per setting (dots), with the medians (bars). The time axis starts at 0, so
 /// that the bars' heights compare as ratios (issue 18 point 8: a truncated axis made a 9 %
 /// difference look like a factor of 3).
@@ -803,7 +793,7 @@ pub(crate) fn draw_runs<DB: DrawingBackend>(
                 Circle::new((pos, x), 5, c.filled())
             }))
             .map_err(e)?;
-        let m = median(runs);
+        let m = Stats::of(runs).map_or(f64::NAN, |s| s.median);
         chart
             .draw_series(LineSeries::new(
                 [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],

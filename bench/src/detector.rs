@@ -1636,7 +1636,6 @@ impl LatencyFigure {
 
     /// The figure of a `detector.json` (`paper replot`).
     pub(crate) fn from_json(j: &Value) -> anyhow::Result<LatencyFigure> {
-        use anyhow::Context as _;
         let mut out = Vec::new();
         for size in j["latency"]["sizes"]
             .as_array()

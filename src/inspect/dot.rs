@@ -7,12 +7,12 @@
 //!    vnode; data objects are small ellipses. Data edges (a task reads a datum, writes a
 //!    datum) are solid black; spawn edges (parent → child) are dashed blue with an open head,
 //!    so the two never look alike.
-//! 2. **Marks.** A task that never completed is dashed; one re-run after a recovery has a
+//! 2. **Marks.** A task that never completed is dashed; one recovered by a new incarnation has a
 //!    thick orange border; with a certificate, a task the oracle re-ran (checked) has a double
 //!    border, and a forged one (a detection) a red border and label. The vnode colours, edge
 //!    styles and marks are explained in a legend cluster.
 //! 3. **Beyond [`DOT_MAX_TASKS`], a summary**: one box per (vnode, spawn depth) holding the
-//!    count of its tasks (and of those re-run, checked, forged), one dashed edge per pair of
+//!    count of its tasks (and of those recovered, checked, forged), one dashed edge per pair of
 //!    boxes a spawn links (labelled with the number of spawns) and one solid edge per pair a
 //!    datum links (writer's box → reader's box, labelled with the number of data). Its size
 //!    grows with vnodes × depth, not with tasks: graphviz draws it on one screen where the
@@ -74,14 +74,14 @@ impl CertMarks {
     }
 }
 
-/// Per task: the vnode that ran it, whether it was re-run after a recovery.
+/// Per task: the vnode that ran it, whether it was recovered by a new incarnation.
 pub(crate) fn task_facts(ins: &Inspection) -> (IdMap<TaskId, VnodeId>, IdSet<TaskId>) {
     let restarted = ins
         .timeline
         .vnodes
         .iter()
         .flat_map(|r| r.spans.iter())
-        .filter(|s| s.restarts > 0)
+        .filter(|s| s.recovered)
         .map(|s| s.task)
         .collect();
     (ins.timeline.ran_on.clone(), restarted)
@@ -120,7 +120,7 @@ fn legend(out: &mut String, vnodes: &[VnodeId], cert: bool) {
     out.push_str("    legend_w -> legend_d [label=\"writes / reads\"];\n");
     out.push_str(
         "    legend_r [shape=box, style=\"filled,bold\", penwidth=3, color=\"#dd6b20\", \
-         fillcolor=white, label=\"re-run after a recovery\"];\n",
+         fillcolor=white, label=\"recovered by a new incarnation\"];\n",
     );
     out.push_str(
         "    legend_i [shape=box, style=dashed, label=\"started, never completed\"];\n",
@@ -308,7 +308,7 @@ fn summary(ins: &Inspection, marks: &CertMarks, max_tasks: usize) -> String {
     for (&(v, d), c) in &cells {
         let mut label = format!("{v} · depth {d}\\n{} tasks", c.tasks);
         if c.restarted > 0 {
-            let _ = write!(label, "\\n{} re-run after a recovery", c.restarted);
+            let _ = write!(label, "\\n{} recovered by a new incarnation", c.restarted);
         }
         if c.checked > 0 {
             let _ = write!(label, "\\n{} checked by the oracle", c.checked);

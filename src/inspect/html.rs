@@ -7,13 +7,13 @@
 //! 2. **Task stream** (Dask's): one row per vnode, its clock the place of events in its own log
 //!    (`timeline.rs` rule 1: the log records no clock time). Up to [`HtmlLimits::bars`] tasks, one
 //!    bar per task from its `Started` to its `Completed` event, in lanes where bars overlap;
-//!    stolen tasks (run by their thief), tasks re-run after a recovery and tasks that never
+//!    stolen tasks (run by their thief), tasks recovered by a new incarnation and tasks that never
 //!    completed have colours of their own, explained in a legend; steals, restarts, new
 //!    incarnations and a torn tail are marks on the row.
 //! 3. **Large runs are binned**, so the page stays small whatever the run: above
 //!    [`HtmlLimits::bars`] tasks each row is cut into bins (at most [`HtmlLimits::cells`] bins over
 //!    all rows), a bin's shade is the number of tasks that started in it, with a stripe for
-//!    stolen and one for re-run tasks. At most 3 SVG elements of ≤ 150 bytes per bin, and the
+//!    stolen and one for recovered tasks. At most 3 SVG elements of ≤ 150 bytes per bin, and the
 //!    failure list is capped at [`MAX_LISTED`] entries: with the default limits the page is
 //!    under 5 MB for any number of tasks (measured: see the report's tests).
 //! 4. **Failures and recovery**: the restarts, incarnations, torn tails and tasks that never
@@ -27,6 +27,7 @@
 //!    checked and what it found. The page does not verify the signature (`certify --verify`
 //!    does) and says so.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use petgraph::visit::EdgeRef;
@@ -58,14 +59,14 @@ pub const HTML_LIMITS: HtmlLimits = HtmlLimits {
 };
 
 /// Most failure points listed one by one (rule 3).
-pub const MAX_LISTED: usize = 200;
+pub(crate) const MAX_LISTED: usize = 200;
 
 /// Most lanes a row splits into where bars overlap; more overlapping bars share the last.
 const MAX_LANES: usize = 6;
 
 const STREAM_LEFT: f64 = 70.0;
 const STREAM_WIDTH: f64 = 1000.0;
-const LANE: f64 = 8.0;
+const LANE: f64 = 11.0;
 
 const COLOUR_TASK: &str = "#3b82c4";
 const COLOUR_STOLEN: &str = "#8b5cf6";
@@ -171,10 +172,13 @@ fn summary(out: &mut String, ins: &Inspection) {
         ),
         ("events", format!("{events} in {segments} segments")),
         ("stolen tasks", c.stolen.to_string()),
-        ("tasks re-run after a recovery", c.restarted.to_string()),
+        (
+            "tasks recovered from the log (run by a new incarnation)",
+            c.recovered.to_string(),
+        ),
         ("events logged again (dropped)", dups.to_string()),
         ("tasks started, never completed", c.incomplete.to_string()),
-        ("new incarnations (cluster)", c.incarnations.to_string()),
+        ("new incarnations (recoveries)", c.incarnations.to_string()),
         ("torn log tails", torn.to_string()),
         ("vnodes with a log", ins.vnodes.len().to_string()),
         (
@@ -219,11 +223,11 @@ fn lanes(spans: &[Span], events: u64) -> (Vec<usize>, usize) {
 }
 
 fn legend(out: &mut String) {
-    out.push_str("<svg id=\"stream-legend\" width=\"1080\" height=\"22\">");
+    out.push_str("<svg id=\"stream-legend\" width=\"1110\" height=\"22\">");
     let items = [
         (COLOUR_TASK, "task (Started → Completed)"),
         (COLOUR_STOLEN, "stolen: run by its thief"),
-        (COLOUR_REDONE, "re-run after a recovery"),
+        (COLOUR_REDONE, "recovered: run by a new incarnation"),
         (COLOUR_OPEN, "started, never completed"),
     ];
     let mut x = 4.0;
@@ -234,7 +238,7 @@ fn legend(out: &mut String) {
              <text x=\"{}\" y=\"14\">{label}</text>",
             x + 18.0
         );
-        x += 205.0;
+        x += 30.0 + 6.2 * label.chars().count() as f64;
     }
     let _ = write!(
         out,
@@ -276,10 +280,10 @@ fn stream(out: &mut String, ins: &Inspection, limits: &HtmlLimits) {
         y += h + 6.0;
     }
     let height = y + 4.0;
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "<svg id=\"stream-svg\" width=\"{}\" height=\"{height}\" data-mode=\"{}\">\n",
-        STREAM_LEFT + STREAM_WIDTH + 10.0,
+        "<svg id=\"stream-svg\" width=\"{}\" height=\"{height}\" data-mode=\"{}\">",
+        STREAM_LEFT + STREAM_WIDTH + 40.0,
         if binned { "bins" } else { "bars" }
     );
     for k in 0..=4u64 {
@@ -298,7 +302,7 @@ fn stream(out: &mut String, ins: &Inspection, limits: &HtmlLimits) {
 fn span_class(s: &Span) -> (&'static str, &'static str) {
     if s.end.is_none() {
         ("task open", COLOUR_OPEN)
-    } else if s.restarts > 0 {
+    } else if s.recovered {
         ("task redone", COLOUR_REDONE)
     } else if s.adopted {
         ("task stolen", COLOUR_STOLEN)
@@ -307,13 +311,13 @@ fn span_class(s: &Span) -> (&'static str, &'static str) {
     }
 }
 
-fn row_head(out: &mut String, row: &VnodeTimeline, y: f64, h: f64) {
+fn row_head(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, h: f64) {
     let _ = write!(
         out,
         "<g class=\"row\" data-vnode=\"{}\"><rect x=\"{STREAM_LEFT}\" y=\"{y}\" width=\"{}\" \
          height=\"{h}\" fill=\"{}\" fill-opacity=\"0.18\"/><text x=\"4\" y=\"{}\">{}</text>\n",
         row.vnode,
-        x_of(row.events, row.events.max(1)) - STREAM_LEFT,
+        (x_of(row.events, max) - STREAM_LEFT).max(1.0),
         vnode_colour(row.vnode),
         y + h / 2.0 + 4.0,
         row.vnode
@@ -323,7 +327,7 @@ fn row_head(out: &mut String, row: &VnodeTimeline, y: f64, h: f64) {
 fn bar_row(out: &mut String, row: &VnodeTimeline, max: u64, y: f64) -> f64 {
     let (lane, n) = lanes(&row.spans, row.events);
     let h = n as f64 * LANE + 4.0;
-    row_head(out, row, y, h);
+    row_head(out, row, max, y, h);
     for (s, &l) in row.spans.iter().zip(&lane) {
         let (class, fill) = span_class(s);
         let end = s.end.unwrap_or(row.events);
@@ -341,10 +345,10 @@ fn bar_row(out: &mut String, row: &VnodeTimeline, max: u64, y: f64) -> f64 {
             s.start,
             s.end.map_or("never completed".to_string(), |e| e.to_string()),
             if s.adopted { ", stolen" } else { "" },
-            if s.restarts > 0 {
-                format!(", started {} times (recovery)", s.restarts + 1)
-            } else {
-                String::new()
+            match (s.recovered, s.restarts) {
+                (_, r) if r > 0 => format!(", started {} times (recovered)", r + 1),
+                (true, _) => ", recovered from the log by a new incarnation".to_string(),
+                _ => String::new(),
             },
         );
     }
@@ -411,29 +415,26 @@ fn marks(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, h: f64, each: 
 fn binned_row(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, bins: usize) -> f64 {
     let bins = bins.clamp(1, 400) as u64;
     let h = 3.0 * LANE;
-    row_head(out, row, y, h);
+    row_head(out, row, max, y, h);
     let width = max.div_ceil(bins).max(1);
-    // per bin: started, stolen, re-run, never completed
-    let mut count: IdMap<u64, [u64; 4]> = IdMap::default();
+    // per bin: started, stolen, recovered, never completed
+    let mut count: BTreeMap<u64, [u64; 4]> = BTreeMap::new();
     for s in &row.spans {
         let c = count.entry(s.start / width).or_default();
         c[0] += 1;
         c[1] += u64::from(s.adopted);
-        c[2] += u64::from(s.restarts > 0);
+        c[2] += u64::from(s.recovered);
         c[3] += u64::from(s.end.is_none());
     }
     let top = count.values().map(|c| c[0]).max().unwrap_or(1).max(1);
-    let mut keys: Vec<u64> = count.keys().copied().collect();
-    keys.sort_unstable();
-    for b in keys {
-        let c = count[&b];
+    for (&b, c) in &count {
         let x = x_of(b * width, max);
         let w = (x_of((b + 1) * width, max) - x).max(1.0);
         let _ = write!(
             out,
             "<rect class=\"bin\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{h}\" \
              fill=\"{COLOUR_TASK}\" fill-opacity=\"{:.2}\"><title>events {}–{}: {} started, {} \
-             stolen, {} re-run, {} never completed</title></rect>",
+             stolen, {} recovered, {} never completed</title></rect>",
             y,
             0.15 + 0.85 * c[0] as f64 / top as f64,
             b * width,
@@ -487,7 +488,7 @@ fn failures(out: &mut String, ins: &Inspection) {
                 )),
                 MarkKind::Incarnation { epoch } => push(format!(
                     "<li class=\"epoch\">{}: incarnation at epoch {epoch} writes from event {} \
-                     on (its previous host was lost)</li>",
+                     on (the previous one was lost)</li>",
                     row.vnode, m.at
                 )),
                 MarkKind::Torn => push(format!(
@@ -511,7 +512,7 @@ fn failures(out: &mut String, ins: &Inspection) {
     out.push_str("<section id=\"failures\"><h2>Failures and recovery</h2>\n");
     if items.is_empty() {
         out.push_str(
-            "<p>None in the log: no task was re-run, every task that started completed, no log \
+            "<p>None in the log: no vnode was recovered, every task that started completed, no log \
              was torn.</p>\n",
         );
     } else {
@@ -541,13 +542,15 @@ fn graph(out: &mut String, ins: &Inspection, cert: Option<&Certificate>, limits:
         );
     } else {
         let marks = CertMarks::of(cert);
-        match std::panic::catch_unwind(|| layout_svg(ins, &marks)) {
+        let laid_out =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| layout_svg(ins, &marks)));
+        match laid_out {
             Ok(svg) => {
                 let _ = writeln!(
                     out,
                     "<p class=\"note\">{n} tasks, coloured by the vnode that ran them; dashed \
                      blue: spawns (parent → child); black: data (writer → reader); orange \
-                     border: re-run after a recovery; red border: forged; thick black: checked \
+                     border: recovered by a new incarnation; red border: forged; thick black: checked \
                      by the oracle.</p><div id=\"graph-box\">{svg}</div>"
                 );
             }
@@ -578,7 +581,8 @@ fn layout_svg(ins: &Inspection, marks: &CertMarks) -> String {
     let mut vg = VisualGraph::new(dir);
     let mut handles = IdMap::default();
     let colour = |hex: &str| {
-        Color::new(u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap_or(0xcccccc) << 8 | 0xff)
+        let rgb = u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap_or(0xcc_cccc);
+        Color::new((rgb << 8) | 0xff)
     };
     for i in g.node_indices() {
         if let Vertex::Task { id, name, vnode, .. } = &g[i] {
@@ -738,6 +742,7 @@ mod tests {
             end,
             adopted: false,
             restarts: 0,
+            recovered: false,
         }
     }
 

@@ -23,8 +23,8 @@ mod html;
 pub mod timeline;
 
 pub use dot::DOT_MAX_TASKS;
-pub use html::{HtmlLimits, HTML_LIMITS, MAX_LISTED};
-pub use timeline::Timeline;
+pub use html::{HtmlLimits, HTML_LIMITS};
+use timeline::Timeline;
 
 /// One vnode's log, summarised.
 #[derive(Clone, Debug, Serialize)]
@@ -249,9 +249,9 @@ impl Inspection {
         let c = self.timeline.counts();
         let _ = writeln!(
             s,
-            "stolen: {}  re-run after a recovery: {}  started, never completed: {}  new \
+            "stolen: {}  recovered by a new incarnation: {}  started, never completed: {}  new \
              incarnations: {}",
-            c.stolen, c.restarted, c.incomplete, c.incarnations
+            c.stolen, c.recovered, c.incomplete, c.incarnations
         );
         let _ = writeln!(
             s,

@@ -8,11 +8,13 @@
 //!    it; places on two vnodes are not comparable instants.
 //! 2. **A stolen task** is drawn on its thief, which logged `Adopted` then ran it
 //!    ([`Span::adopted`]); the victim's `Stolen` event is a [`MarkKind::Stolen`] mark.
-//! 3. **A recovery** shows as events logged again (`log/reader.rs`, [`Repeat`]): a task whose
-//!    `Started` is logged a second time was re-run after its vnode was lost
-//!    ([`Span::restarts`], a [`MarkKind::Restart`] mark where it happened). A cluster
-//!    incarnation's first segment (`e << 40`) is a [`MarkKind::Incarnation`] mark, a torn last
-//!    segment a [`MarkKind::Torn`] mark at the end of the log.
+//! 3. **A recovery** starts a new incarnation of the vnode, whose log goes on at a new epoch
+//!    (segments from `e << 40`, in cluster mode and after an embedded vnode failed,
+//!    `exec/recover.rs` rule 1): its first event is a [`MarkKind::Incarnation`] mark. A task
+//!    declared (or adopted) by an older incarnation and started by a newer one was *recovered*
+//!    from the log ([`Span::recovered`]); so was a task whose `Started` is logged twice
+//!    (`log/reader.rs`, [`Repeat`]: [`Span::restarts`], a [`MarkKind::Restart`] mark where it
+//!    happened). A torn last segment is a [`MarkKind::Torn`] mark at the end of the log.
 //! 4. **Failure points**: a task that started and never completed in the log is a span
 //!    without an end ([`Span::end`] `None`): its vnode stopped while it ran and no later
 //!    incarnation finished it.
@@ -39,6 +41,8 @@ pub struct Span {
     pub adopted: bool,
     /// Times its `Started` was logged again: re-runs after a recovery (rule 3).
     pub restarts: u32,
+    /// Run by a later incarnation than the one that declared it, or started again (rule 3).
+    pub recovered: bool,
 }
 
 /// What a mark on a vnode's row says.
@@ -93,8 +97,8 @@ pub struct TimelineCounts {
     pub incomplete: u64,
     /// Spans run by a thief (rule 2).
     pub stolen: u64,
-    /// Spans that were re-run after a recovery (rule 3).
-    pub restarted: u64,
+    /// Spans recovered from the log by a new incarnation (rule 3).
+    pub recovered: u64,
     /// Cluster incarnations after the first, over all vnodes.
     pub incarnations: u64,
 }
@@ -137,7 +141,7 @@ impl Timeline {
                 c.started += 1;
                 c.incomplete += u64::from(s.end.is_none());
                 c.stolen += u64::from(s.adopted);
-                c.restarted += u64::from(s.restarts > 0);
+                c.recovered += u64::from(s.recovered);
             }
             for m in &row.marks {
                 if let MarkKind::Incarnation { .. } = m.kind {
@@ -158,6 +162,8 @@ fn row(
     let mut index: IdMap<TaskId, usize> = IdMap::default();
     let mut names: IdMap<TaskId, String> = IdMap::default();
     let mut adopted: veriflow_runtime::IdSet<TaskId> = Default::default();
+    // The epoch whose incarnation declared (or adopted) each task.
+    let mut declared_in: IdMap<TaskId, u64> = IdMap::default();
     let mut marks = Vec::new();
     let mut epoch = None;
     for (at, e) in log.events.iter().enumerate() {
@@ -174,6 +180,7 @@ fn row(
         match &e.event {
             Event::Declared(d) => {
                 names.insert(d.task, d.name.to_string());
+                declared_in.insert(d.task, e_epoch);
                 if let Some(p) = d.parent {
                     if declared.insert(d.task) {
                         spawns.push((p, d.task));
@@ -182,6 +189,7 @@ fn row(
             }
             Event::Adopted { record, .. } => {
                 names.insert(record.task, record.name.to_string());
+                declared_in.insert(record.task, e_epoch);
                 adopted.insert(record.task);
             }
             Event::Started { task, .. } => {
@@ -193,6 +201,7 @@ fn row(
                     end: None,
                     adopted: adopted.contains(task),
                     restarts: 0,
+                    recovered: declared_in.get(task).is_some_and(|&d| d < e_epoch),
                 });
             }
             Event::Completed { task, .. } => match index.get(task) {
@@ -207,6 +216,7 @@ fn row(
                         end: Some(at),
                         adopted: adopted.contains(task),
                         restarts: 0,
+                        recovered: declared_in.get(task).is_some_and(|&d| d < e_epoch),
                     });
                 }
             },
@@ -223,6 +233,7 @@ fn row(
             let task = TaskId(r.key.0);
             if let Some(&i) = index.get(&task) {
                 spans[i].restarts += 1;
+                spans[i].recovered = true;
             }
             marks.push(Mark {
                 at: r.at,
