@@ -2,6 +2,7 @@
 //! stream with one bar per task, then binned for a large run within its size bound; the dot
 //! graph with spawn edges and vnode colours, then summarised past its task bound.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use knary::{expected_tasks, Knary};
@@ -61,10 +62,12 @@ fn a_small_run_has_one_row_per_vnode_one_bar_per_task_and_its_graph() {
     assert_eq!(count(&html, "class=\"mark stolen\""), c.stolen as usize);
     // The graph, laid out, one box per task.
     assert_eq!(count(&html, "class=\"gtask\""), tasks);
-    // Self-contained: nothing to fetch (the SVG namespace is a name, never fetched).
-    for fetch in ["src=", "href=", "https://", "@import", "url(http"] {
+    // Self-contained: nothing to fetch (the SVG namespace is a name, never fetched; a link
+    // inside the page starts with '#').
+    for fetch in ["src=", "https://", "@import", "url(http"] {
         assert!(!html.contains(fetch), "{fetch} in the page");
     }
+    assert_eq!(count(&html, "href=\""), count(&html, "href=\"#"));
     assert_eq!(
         count(&html, "http://"),
         count(&html, "http://www.w3.org/2000/svg")
@@ -115,19 +118,32 @@ fn the_dot_graph_draws_spawn_edges_apart_and_colours_by_vnode() {
     // Every task but the root has a parent: one dashed spawn edge each (plus the legend's).
     let spawn = "style=dashed, color=\"#2b6cb0\", arrowhead=empty";
     assert_eq!(count(&dot, spawn), tasks - 1 + 1);
-    // Task boxes filled with their vnode's colour: three vnodes, three colours used.
+    // Task boxes filled with the colour of the vnode that ran them: one colour per vnode.
     let boxes: Vec<&str> = dot
         .lines()
         .filter(|l| l.trim_start().starts_with('n') && l.contains("shape=box"))
         .collect();
     assert_eq!(boxes.len(), tasks);
-    let mut colours: Vec<&str> = boxes
-        .iter()
-        .map(|l| l.split("fillcolor=\"").nth(1).unwrap().split('"').next().unwrap())
-        .collect();
-    colours.sort_unstable();
-    colours.dedup();
-    assert!(colours.len() > 1 && colours.len() <= 3, "{colours:?}");
+    let mut colour_of: BTreeMap<&str, &str> = BTreeMap::new();
+    for l in &boxes {
+        let fill = l.split("fillcolor=\"").nth(1).unwrap().split('"').next().unwrap();
+        let label = l.split("label=\"").nth(1).unwrap();
+        let mut parts = label.trim_end_matches("\"];").split("\\n");
+        let (_, id, vnode) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+        let task = ins
+            .timeline
+            .vnodes
+            .iter()
+            .flat_map(|r| r.spans.iter().map(move |s| (s, r.vnode)))
+            .find(|(s, _)| s.task.to_string() == id)
+            .unwrap_or_else(|| panic!("{id} ran somewhere"));
+        assert_eq!(vnode, task.1.to_string(), "{l}");
+        assert_eq!(*colour_of.entry(vnode).or_insert(fill), fill, "{l}");
+    }
+    let mut fills: Vec<&str> = colour_of.values().copied().collect();
+    fills.sort_unstable();
+    fills.dedup();
+    assert_eq!(fills.len(), colour_of.len(), "one colour per vnode: {colour_of:?}");
     assert!(dot.contains("subgraph cluster_legend"));
 }
 
