@@ -26,6 +26,8 @@ fn recovered_run(dir: &Path) -> (PathBuf, PathBuf, Value, Value) {
         4,
         4,
         &[
+            "--grain-us",
+            "100",
             "--kill-vnode",
             "0",
             "--kill-after",
@@ -74,14 +76,30 @@ fn the_report_of_a_recovered_run_shows_every_vnode_task_and_recovery() {
     // One row per vnode, one bar per task.
     assert_eq!(count(&html, "<g class=\"row\""), 4);
     assert_eq!(count(&html, "<rect class=\"task"), started);
-    // The recovered vnodes re-ran the tasks they had started: marked in their own colour,
-    // with a mark where each restart was logged and a line in the failure list.
-    let restarted = tl["restarted"].as_u64().unwrap() as usize;
-    assert!(restarted > 0, "two vnodes were killed mid-run: {ins}");
-    assert_eq!(count(&html, "<rect class=\"task redone\""), restarted);
-    let restarts = count(&html, "<line class=\"mark restart\"");
-    assert!(restarts >= restarted, "{restarts} marks, {restarted} tasks");
-    assert_eq!(count(&html, "<li class=\"restart\">"), restarts.min(200));
+    // Each failed vnode came back as a new incarnation (a mark on its row and a line in the
+    // failure list), which ran the tasks it recovered from the log: marked in their own colour.
+    // (A vnode that logs nothing after its recovery shows none: vnode 3 may find no work.)
+    let incarnations = tl["incarnations"].as_u64().unwrap() as usize;
+    assert!(
+        (1..=2).contains(&incarnations),
+        "two vnodes were killed mid-run: {ins}"
+    );
+    assert_eq!(count(&html, "<line class=\"mark epoch\""), incarnations);
+    assert_eq!(count(&html, "<li class=\"epoch\">"), incarnations);
+    let recovered = tl["recovered"].as_u64().unwrap() as usize;
+    let restarted: u64 = run["per_vnode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["recovered_tasks"].as_u64().unwrap())
+        .sum();
+    // A kill may find the vnode between tasks: then nothing is restarted, and nothing is
+    // drawn as recovered (the grain makes tasks in flight likely).
+    assert!(
+        (recovered > 0) == (restarted > 0) && recovered as u64 <= restarted,
+        "{recovered} recovered, the run restarted {restarted}: {ins}"
+    );
+    assert_eq!(count(&html, "<rect class=\"task redone\""), recovered);
     assert_eq!(
         count(&html, "<rect class=\"task stolen\""),
         tl["stolen"].as_u64().unwrap() as usize
@@ -98,7 +116,7 @@ fn the_report_of_a_recovered_run_shows_every_vnode_task_and_recovery() {
 }
 
 #[test]
-fn the_dot_graph_marks_what_the_oracle_checked_and_what_was_re_run() {
+fn the_dot_graph_marks_what_the_oracle_checked_and_what_was_recovered() {
     let tmp = tempfile::tempdir().unwrap();
     let (log, cert, _, ins) = recovered_run(tmp.path());
     let dot = tmp.path().join("g.dot");
@@ -117,9 +135,9 @@ fn the_dot_graph_marks_what_the_oracle_checked_and_what_was_re_run() {
     let checked = c["checked"].as_array().unwrap().len();
     // One double border per checked task, plus the legend's.
     assert_eq!(count(&text, "peripheries=2"), checked + 1);
-    let restarted = ins["timeline"]["restarted"].as_u64().unwrap() as usize;
-    // Re-run tasks have the orange border (the legend's has it too).
-    assert_eq!(count(&text, "penwidth=3, color=\"#dd6b20\""), restarted + 1);
+    let recovered = ins["timeline"]["recovered"].as_u64().unwrap() as usize;
+    // Recovered tasks have the orange border (the legend's has it too).
+    assert_eq!(count(&text, "penwidth=3, color=\"#dd6b20\""), recovered + 1);
     let tasks = ins["graph"]["tasks"].as_u64().unwrap() as usize;
     assert_eq!(
         count(&text, "arrowhead=empty]"),
