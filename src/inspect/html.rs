@@ -587,8 +587,10 @@ fn layout_svg(ins: &Inspection, marks: &CertMarks) -> String {
     for i in g.node_indices() {
         if let Vertex::Task { id, name, vnode, .. } = &g[i] {
             let ran = ran_on.get(id).copied().unwrap_or(*vnode);
+            // The name without its program prefix, and the short id.
             let short = format!("{id}");
-            let label = format!("{name} {}", short.trim_start_matches("t:"));
+            let name = name.rsplit('.').next().unwrap_or(name);
+            let label = format!("{name} {}", &short.trim_start_matches("t:")[..6.min(short.len() - 2)]);
             let shape = ShapeKind::new_box(&label);
             let (line, width) = if marks.forged.contains(id) {
                 ("#e53e3e", 3)
@@ -651,11 +653,24 @@ fn layout_svg(ins: &Inspection, marks: &CertMarks) -> String {
     let mut svg = SVGWriter::new();
     vg.do_it(false, false, false, &mut svg);
     let text = svg.finalize();
-    // Inline: without the XML declaration.
-    match text.find("<svg") {
-        Some(i) => text[i..].replacen("<svg ", "<svg id=\"graph-svg\" ", 1),
-        None => text,
-    }
+    // Inline: without the XML declaration; drawn to fit the page's width, but never below 60 %
+    // of its size, where the labels would no longer read (the box scrolls instead).
+    let text = text.find("<svg").map_or(text.as_str(), |i| &text[i..]);
+    let attr = |name: &str| -> Option<f64> {
+        let from = text.find(&format!(" {name}=\""))? + name.len() + 3;
+        text[from..].split('"').next()?.parse().ok()
+    };
+    let scaled = match (attr("width"), attr("height")) {
+        (Some(w), Some(h)) if w > 0.0 => {
+            let k = (1100.0 / w).clamp(0.6, 1.0);
+            format!("width=\"{:.0}\" height=\"{:.0}\"", w * k, h * k)
+        }
+        _ => String::new(),
+    };
+    let rest = text
+        .find(" viewBox=")
+        .map_or(text.trim_start_matches("<svg"), |i| &text[i..]);
+    format!("<svg id=\"graph-svg\" {scaled}{rest}")
 }
 
 fn certificate(out: &mut String, cert: Option<(&Certificate, &str)>) {

@@ -209,7 +209,8 @@ fn the_report_renders_in_a_browser_without_errors_or_fetches() {
         }
     };
     let tmp = tempfile::tempdir().unwrap();
-    // A small run (its graph is drawn) with a recovered vnode.
+    // A small run (its graph is drawn) whose vnode 0 (it holds the root: it has work) fails
+    // and is recovered.
     let key = tmp.path().join("oracle.key");
     knary(&["keygen", s(&key)]).expect_code(0);
     let log = tmp.path().join("log");
@@ -220,8 +221,10 @@ fn the_report_renders_in_a_browser_without_errors_or_fetches() {
         4,
         3,
         &[
+            "--grain-us",
+            "300",
             "--kill-vnode",
-            "1",
+            "0",
             "--kill-after",
             "40",
             "--certify",
