@@ -126,7 +126,13 @@ fn the_dot_graph_draws_spawn_edges_apart_and_colours_by_vnode() {
     assert_eq!(boxes.len(), tasks);
     let mut colour_of: BTreeMap<&str, &str> = BTreeMap::new();
     for l in &boxes {
-        let fill = l.split("fillcolor=\"").nth(1).unwrap().split('"').next().unwrap();
+        let fill = l
+            .split("fillcolor=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
         let label = l.split("label=\"").nth(1).unwrap();
         let mut parts = label.trim_end_matches("\"];").split("\\n");
         let (_, id, vnode) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
@@ -143,7 +149,11 @@ fn the_dot_graph_draws_spawn_edges_apart_and_colours_by_vnode() {
     let mut fills: Vec<&str> = colour_of.values().copied().collect();
     fills.sort_unstable();
     fills.dedup();
-    assert_eq!(fills.len(), colour_of.len(), "one colour per vnode: {colour_of:?}");
+    assert_eq!(
+        fills.len(),
+        colour_of.len(),
+        "one colour per vnode: {colour_of:?}"
+    );
     assert!(dot.contains("subgraph cluster_legend"));
 }
 
@@ -158,7 +168,11 @@ fn a_large_dot_graph_is_summarised_per_vnode_and_depth() {
         .lines()
         .filter(|l| l.trim_start().starts_with('c') && l.contains("shape=box"))
         .collect();
-    assert!(!boxes.is_empty() && boxes.len() <= 3 * 7, "{} boxes", boxes.len());
+    assert!(
+        !boxes.is_empty() && boxes.len() <= 3 * 7,
+        "{} boxes",
+        boxes.len()
+    );
     let sum: u64 = boxes
         .iter()
         .map(|l| {

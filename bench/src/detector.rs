@@ -1667,7 +1667,10 @@ pub(crate) fn draw_latency<DB: DrawingBackend>(
     f: &LatencyFigure,
 ) -> std::result::Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let all = f.series.iter().flat_map(|(_, v)| v.iter().flatten().copied());
+    let all = f
+        .series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied());
     let lo = all.clone().fold(f64::INFINITY, f64::min).clamp(1e-5, 0.1) / 2.0;
     // Room right of the hang target for its label.
     let hi = (all.fold(0.0, f64::max) * 1.3).max(TARGET_STOP_S * 4.5);

@@ -73,13 +73,13 @@ pub fn run(args: &ReplotArgs) -> Result<()> {
     let mut transports: Vec<String> = std::fs::read_dir(&dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| {
-            n.starts_with("transport") && n.ends_with(".json") && !n.contains("quick")
-        })
+        .filter(|n| n.starts_with("transport") && n.ends_with(".json") && !n.contains("quick"))
         .collect();
     transports.sort();
     for file in transports {
-        let Some(j) = load(&dir, &file)? else { continue };
+        let Some(j) = load(&dir, &file)? else {
+            continue;
+        };
         let f = crate::transport::TransportFigure::from_json(&j).context(file.clone())?;
         let stem = file.trim_end_matches(".json");
         report(&plots(

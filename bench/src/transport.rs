@@ -722,7 +722,9 @@ pub(crate) fn draw<DB: DrawingBackend>(
             .draw_series(LineSeries::new(medians.clone(), color.stroke_width(2)))
             .map_err(e)?
             .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(medians.iter().map(|&p| Circle::new(p, 5, color.filled())))
             .map_err(e)?;

@@ -116,15 +116,15 @@ fn legend(out: &mut String, vnodes: &[VnodeId], cert: bool) {
         out,
         "    legend_a -> legend_b [{SPAWN_STYLE}, label=\"spawns\"];"
     );
-    out.push_str("    legend_w [shape=box, label=\"writer\"]; legend_d [shape=ellipse, label=\"datum\"];\n");
+    out.push_str(
+        "    legend_w [shape=box, label=\"writer\"]; legend_d [shape=ellipse, label=\"datum\"];\n",
+    );
     out.push_str("    legend_w -> legend_d [label=\"writes / reads\"];\n");
     out.push_str(
         "    legend_r [shape=box, style=\"filled,bold\", penwidth=3, color=\"#dd6b20\", \
          fillcolor=white, label=\"recovered by a new incarnation\"];\n",
     );
-    out.push_str(
-        "    legend_i [shape=box, style=dashed, label=\"started, never completed\"];\n",
-    );
+    out.push_str("    legend_i [shape=box, style=dashed, label=\"started, never completed\"];\n");
     if cert {
         out.push_str(
             "    legend_c [shape=box, peripheries=2, label=\"re-run by the oracle (checked)\"];\n",
@@ -186,12 +186,7 @@ fn full(ins: &Inspection, marks: &CertMarks) -> String {
         };
     }
     for e in g.edge_references() {
-        let _ = writeln!(
-            out,
-            "  n{} -> n{};",
-            e.source().index(),
-            e.target().index()
-        );
+        let _ = writeln!(out, "  n{} -> n{};", e.source().index(), e.target().index());
     }
     for &(parent, child) in &ins.timeline.spawns {
         if let (Some(p), Some(c)) = (ins.graph.task_index(parent), ins.graph.task_index(child)) {

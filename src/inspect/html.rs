@@ -185,7 +185,13 @@ fn summary(out: &mut String, ins: &Inspection) {
             "terminal outputs",
             ins.terminal
                 .iter()
-                .map(|t| format!("{} = {}", t.id, t.value.as_deref().unwrap_or("(not logged)")))
+                .map(|t| {
+                    format!(
+                        "{} = {}",
+                        t.id,
+                        t.value.as_deref().unwrap_or("(not logged)")
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("; "),
         ),
@@ -343,7 +349,8 @@ fn bar_row(out: &mut String, row: &VnodeTimeline, max: u64, y: f64) -> f64 {
             s.task,
             row.vnode,
             s.start,
-            s.end.map_or("never completed".to_string(), |e| e.to_string()),
+            s.end
+                .map_or("never completed".to_string(), |e| e.to_string()),
             if s.adopted { ", stolen" } else { "" },
             match (s.recovered, s.restarts) {
                 (_, r) if r > 0 => format!(", started {} times (recovered)", r + 1),
@@ -585,12 +592,18 @@ fn layout_svg(ins: &Inspection, marks: &CertMarks) -> String {
         Color::new((rgb << 8) | 0xff)
     };
     for i in g.node_indices() {
-        if let Vertex::Task { id, name, vnode, .. } = &g[i] {
+        if let Vertex::Task {
+            id, name, vnode, ..
+        } = &g[i]
+        {
             let ran = ran_on.get(id).copied().unwrap_or(*vnode);
             // The name without its program prefix, and the short id.
             let short = format!("{id}");
             let name = name.rsplit('.').next().unwrap_or(name);
-            let label = format!("{name} {}", &short.trim_start_matches("t:")[..6.min(short.len() - 2)]);
+            let label = format!(
+                "{name} {}",
+                &short.trim_start_matches("t:")[..6.min(short.len() - 2)]
+            );
             let shape = ShapeKind::new_box(&label);
             let (line, width) = if marks.forged.contains(id) {
                 ("#e53e3e", 3)
@@ -727,7 +740,11 @@ fn certificate(out: &mut String, cert: Option<(&Certificate, &str)>) {
             );
         }
         for s in &c.structural {
-            let _ = writeln!(out, "<li class=\"structural\">{}</li>", esc(&format!("{s:?}")));
+            let _ = writeln!(
+                out,
+                "<li class=\"structural\">{}</li>",
+                esc(&format!("{s:?}"))
+            );
         }
         out.push_str("</ul>\n");
     }
@@ -763,7 +780,12 @@ mod tests {
 
     #[test]
     fn overlapping_bars_get_lanes_and_disjoint_ones_share() {
-        let spans = [span(0, Some(10)), span(2, Some(4)), span(5, Some(9)), span(11, Some(12))];
+        let spans = [
+            span(0, Some(10)),
+            span(2, Some(4)),
+            span(5, Some(9)),
+            span(11, Some(12)),
+        ];
         let (l, n) = lanes(&spans, 20);
         assert_eq!(l, vec![0, 1, 1, 0]);
         assert_eq!(n, 2);
@@ -779,6 +801,9 @@ mod tests {
 
     #[test]
     fn text_is_escaped() {
-        assert_eq!(esc("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
     }
 }

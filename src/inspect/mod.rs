@@ -220,7 +220,11 @@ impl Inspection {
     /// A self-contained HTML report: the task stream per vnode, failures and recoveries, the
     /// graph of a small run and `certificate` (with the file it came from) if given
     /// (`inspect/html.rs`; `inspect --html` uses [`HTML_LIMITS`]).
-    pub fn to_html(&self, certificate: Option<(&Certificate, &str)>, limits: &HtmlLimits) -> String {
+    pub fn to_html(
+        &self,
+        certificate: Option<(&Certificate, &str)>,
+        limits: &HtmlLimits,
+    ) -> String {
         html::to_html(self, certificate, limits)
     }
 
