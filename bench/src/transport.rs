@@ -552,13 +552,16 @@ impl Report<'_> {
     }
 }
 
+/// One mode's points: per x position (0: no crash, i + 1: kill period i), the runs' times.
+type ModePoints = Vec<(usize, Vec<f64>)>;
+
 /// What `transport.png` shows: per mode, every run's time at each kill period.
 pub(crate) struct TransportFigure {
     caption: String,
     /// "no crash", then one label per kill period.
     labels: Vec<String>,
     /// Per mode: its name and, per x position (0: no crash, i + 1: period i), the runs' times.
-    series: Vec<(String, Vec<(usize, Vec<f64>)>)>,
+    series: Vec<(String, ModePoints)>,
 }
 
 impl TransportFigure {
@@ -614,7 +617,7 @@ impl TransportFigure {
             num(&j["problem"]["nx"], "problem.nx")?,
             num(&j["problem"]["blocks"], "problem.blocks")?,
         );
-        let mut series: Vec<(String, Vec<(usize, Vec<f64>)>)> = Vec::new();
+        let mut series: Vec<(String, ModePoints)> = Vec::new();
         for s in j["settings"].as_array().context("no settings")? {
             let mode = s["mode"].as_str().context("a setting without a mode")?;
             let x = match s["kill_every_s"].as_f64() {

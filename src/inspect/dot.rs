@@ -228,6 +228,9 @@ pub(crate) fn depths(spawns: &[(TaskId, TaskId)]) -> IdMap<TaskId, u32> {
     depth
 }
 
+/// A summary box: (vnode, spawn depth).
+type CellKey = (VnodeId, u32);
+
 #[derive(Default)]
 struct Cell {
     tasks: u64,
@@ -263,14 +266,14 @@ fn summary(ins: &Inspection, marks: &CertMarks, max_tasks: usize) -> String {
             Vertex::Data { .. } => None,
         }
     };
-    let mut spawn_edges: BTreeMap<((VnodeId, u32), (VnodeId, u32)), u64> = BTreeMap::new();
+    let mut spawn_edges: BTreeMap<(CellKey, CellKey), u64> = BTreeMap::new();
     for &(p, c) in &ins.timeline.spawns {
         if let (Some(a), Some(b)) = (cell_of(p), cell_of(c)) {
             *spawn_edges.entry((a, b)).or_default() += 1;
         }
     }
     // Data edges: writer's cell → each reader's cell, per datum.
-    let mut data_edges: BTreeMap<((VnodeId, u32), (VnodeId, u32)), u64> = BTreeMap::new();
+    let mut data_edges: BTreeMap<(CellKey, CellKey), u64> = BTreeMap::new();
     for d in g.node_indices() {
         if !matches!(g[d], Vertex::Data { .. }) {
             continue;

@@ -295,10 +295,10 @@ fn stream(out: &mut String, ins: &Inspection, limits: &HtmlLimits) {
     for k in 0..=4u64 {
         let at = max * k / 4;
         let x = x_of(at, max);
-        let _ = write!(
+        let _ = writeln!(
             out,
             "<line x1=\"{x}\" y1=\"16\" x2=\"{x}\" y2=\"{height}\" stroke=\"#eee\"/>\
-             <text x=\"{x}\" y=\"12\" text-anchor=\"middle\">event {at}</text>\n"
+             <text x=\"{x}\" y=\"12\" text-anchor=\"middle\">event {at}</text>"
         );
     }
     out.push_str(&body);
@@ -318,10 +318,10 @@ fn span_class(s: &Span) -> (&'static str, &'static str) {
 }
 
 fn row_head(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, h: f64) {
-    let _ = write!(
+    let _ = writeln!(
         out,
         "<g class=\"row\" data-vnode=\"{}\"><rect x=\"{STREAM_LEFT}\" y=\"{y}\" width=\"{}\" \
-         height=\"{h}\" fill=\"{}\" fill-opacity=\"0.18\"/><text x=\"4\" y=\"{}\">{}</text>\n",
+         height=\"{h}\" fill=\"{}\" fill-opacity=\"0.18\"/><text x=\"4\" y=\"{}\">{}</text>",
         row.vnode,
         (x_of(row.events, max) - STREAM_LEFT).max(1.0),
         vnode_colour(row.vnode),
@@ -339,10 +339,10 @@ fn bar_row(out: &mut String, row: &VnodeTimeline, max: u64, y: f64) -> f64 {
         let end = s.end.unwrap_or(row.events);
         let x = x_of(s.start, max);
         let w = (x_of(end, max) - x).max(1.5);
-        let _ = write!(
+        let _ = writeln!(
             out,
             "<rect class=\"{class}\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{w:.1}\" height=\"{}\" \
-             fill=\"{fill}\"><title>{} {} on {}: events {}–{}{}{}</title></rect>\n",
+             fill=\"{fill}\"><title>{} {} on {}: events {}–{}{}{}</title></rect>",
             y + 2.0 + l as f64 * LANE,
             LANE - 1.0,
             esc(&s.name),
@@ -369,33 +369,33 @@ fn marks(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, h: f64, each: 
         let x = x_of(m.at, max);
         match m.kind {
             MarkKind::Stolen { thief } if each => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     "<path class=\"mark stolen\" d=\"M{:.1} {y} l3 5 l3 -5z\" fill=\"#555\">\
-                     <title>{} stolen by {thief} (event {})</title></path>\n",
+                     <title>{} stolen by {thief} (event {})</title></path>",
                     x - 3.0,
                     m.task.map_or(String::new(), |t| t.to_string()),
                     m.at
                 );
             }
             MarkKind::Restart if each => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     "<line class=\"mark restart\" x1=\"{x:.1}\" y1=\"{y}\" x2=\"{x:.1}\" \
                      y2=\"{}\" stroke=\"{COLOUR_REDONE}\" stroke-width=\"2\"><title>{} started \
-                     again after a recovery (event {})</title></line>\n",
+                     again after a recovery (event {})</title></line>",
                     y + h,
                     m.task.map_or(String::new(), |t| t.to_string()),
                     m.at
                 );
             }
             MarkKind::Incarnation { epoch } => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     "<line class=\"mark epoch\" x1=\"{x:.1}\" y1=\"{}\" x2=\"{x:.1}\" y2=\"{}\" \
                      stroke=\"#000\" stroke-dasharray=\"3 2\"><title>incarnation at epoch \
                      {epoch} begins (event {})</title></line>\
-                     <text x=\"{:.1}\" y=\"{}\" font-size=\"9\">e{epoch}</text>\n",
+                     <text x=\"{:.1}\" y=\"{}\" font-size=\"9\">e{epoch}</text>",
                     y - 2.0,
                     y + h + 2.0,
                     m.at,
@@ -404,11 +404,11 @@ fn marks(out: &mut String, row: &VnodeTimeline, max: u64, y: f64, h: f64, each: 
                 );
             }
             MarkKind::Torn => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     "<path class=\"mark torn\" d=\"M{:.1} {:.1} l8 8 m0 -8 l-8 8\" \
                      stroke=\"{COLOUR_OPEN}\" stroke-width=\"2\"><title>torn last segment \
-                     (event {})</title></path>\n",
+                     (event {})</title></path>",
                     x - 4.0,
                     y + h / 2.0 - 4.0,
                     m.at
