@@ -4,7 +4,8 @@
 //! APP run [program options] [--threads T] [--vnodes V] [--log-dir DIR | --store SPEC
 //!         --key FILE | --no-checkpoint | --keep-log] [--resume] [--seed S] [--json]
 //!         [fault and forgery injection] [--certify [--epsilon E] [--q Q]]
-//! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE]
+//! APP inspect (--log-dir DIR | --store SPEC --key FILE) [--json] [--dot FILE] [--html FILE]
+//!         [--certificate CERT]
 //! APP certify (--log-dir DIR | --store SPEC --key FILE) [--epsilon E] [--q Q] [--outputs all|ID,..] [--seed S] [--correct]
 //!         [--full] [--out FILE] [--json] [--oracle-key FILE]
 //! APP certify --verify CERT (--log-dir DIR | --store SPEC --key FILE)
@@ -552,9 +553,18 @@ struct InspectArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Write the data-flow graph in graphviz dot to FILE.
+    /// Write the data-flow graph in graphviz dot to FILE: spawn edges dashed, tasks coloured
+    /// by the vnode that ran them; summarised per vnode and spawn depth above 2,000 tasks.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
+    /// Write a self-contained HTML report to FILE: the task stream per vnode, failures and
+    /// recoveries, the graph (small runs) and the certificate (--certificate).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// A certificate of this run (`certify --out CERT`) to show in --html and --dot: its
+    /// verdict, and the tasks the oracle checked or found forged.
+    #[arg(long, value_name = "CERT")]
+    certificate: Option<PathBuf>,
 }
 
 /// The command line of an application (see the module docs).
@@ -1455,14 +1465,45 @@ pub(crate) fn advance(bar: &ProgressBar, n: u64) {
 
 fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
     let registry = registry::<P>()?;
+    let cert = match &args.certificate {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+                what: "cannot read",
+                path: path.clone(),
+                source,
+            })?;
+            let cert = Certificate::from_json(&text).map_err(|source| CliError::Verify {
+                path: path.clone(),
+                source,
+            })?;
+            Some((cert, path.display().to_string()))
+        }
+        None => None,
+    };
     let store = args.store.open_existing(false)?;
     let report = inspect::inspect(store, &registry)?;
-    if let Some(path) = &args.dot {
-        std::fs::write(path, report.graph.to_dot()).map_err(|source| CliError::Io {
+    if let Some((c, path)) = &cert {
+        if c.program != report.manifest.program {
+            return Err(CliError::Invalid(format!(
+                "certificate {path} is for program {}, this log is of {}",
+                c.program, report.manifest.program
+            )));
+        }
+    }
+    let write = |path: &PathBuf, text: String| {
+        std::fs::write(path, text).map_err(|source| CliError::Io {
             what: "cannot write",
             path: path.clone(),
             source,
-        })?;
+        })
+    };
+    if let Some(path) = &args.dot {
+        let c = cert.as_ref().map(|c| &c.0);
+        write(path, report.to_dot(c, inspect::DOT_MAX_TASKS))?;
+    }
+    if let Some(path) = &args.html {
+        let c = cert.as_ref().map(|(c, p)| (c, p.as_str()));
+        write(path, report.to_html(c, &inspect::HTML_LIMITS))?;
     }
     if args.json {
         println!("{}", report.to_json());
@@ -1470,6 +1511,9 @@ fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
         print!("{}", report.to_text());
         if let Some(path) = &args.dot {
             println!("graph written to {}", path.display());
+        }
+        if let Some(path) = &args.html {
+            println!("report written to {}", path.display());
         }
     }
     Ok(())

@@ -17,7 +17,10 @@ mod interrupt;
 mod iterative_cli;
 
 pub use app::{checked_note, App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
-pub use inspect::{inspect, Inspection, TerminalValue, VnodeSummary};
+pub use inspect::{
+    inspect, timeline, HtmlLimits, Inspection, TerminalValue, VnodeSummary, DOT_MAX_TASKS,
+    HTML_LIMITS,
+};
 
 pub use veriflow_checkpoint::{MemoryStore, SledStore, Store, StoreError};
 pub use veriflow_runtime::graph::FlowGraph;

@@ -443,11 +443,12 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
     } else {
         "cluster"
     };
+    let figure = RunsFigure::of(&report);
     let plots = plots(
         &out,
         stem,
-        |a| draw_runs(a, &report),
-        |a| draw_runs(a, &report),
+        |a| draw_runs(a, &figure),
+        |a| draw_runs(a, &figure),
     );
     let md = report.markdown(&plots);
     write_report(&out, stem, &report.json(&plots), &md)
@@ -675,37 +676,98 @@ fn elapsed(runs: &[ClusterRun]) -> Vec<f64> {
     runs.iter().map(|r| r.elapsed_s).collect()
 }
 
-/// Every run's time per setting (dots), with the medians (bars).
-fn draw_runs<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let all = r.kept.iter().flatten().map(|x| x.elapsed_s);
-    let top = all.clone().fold(0.0, f64::max) * 1.05;
-    let bottom = all.fold(f64::INFINITY, f64::min) * 0.95;
-    let (bottom, top) = if bottom < top {
-        (bottom, top)
-    } else {
-        (0.0, 1.0)
-    };
-    root.fill(&WHITE).map_err(e)?;
-    let labels = ["S0 (no log)", "S1 (log)", "S2 (log + 1 kill)"];
-    let s = r.plan.shape;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "knary d{} k{} {} µs in cluster mode, {} workers: runs (dots), medians (bars)",
-                s.depth, s.fanout, s.grain_us, r.plan.workers
-            ),
-            ("sans-serif", 20),
+/// What `cluster.png` shows: every run's time per setting, and the medians.
+pub(crate) struct RunsFigure {
+    caption: String,
+    /// Per setting: its label and every kept run's time (s).
+    settings: Vec<(String, Vec<f64>)>,
+}
+
+const SETTING_LABELS: [&str; 3] = ["S0 (no log)", "S1 (log)", "S2 (log + 1 kill)"];
+
+impl RunsFigure {
+    fn caption(depth: u64, fanout: u64, grain_us: u64, workers: u64) -> String {
+        format!(
+            "knary d{depth} k{fanout} {grain_us} µs in cluster mode, {workers} workers: runs \
+             (dots), medians (bars)"
         )
+    }
+
+    fn of(r: &Report) -> RunsFigure {
+        let s = r.plan.shape;
+        RunsFigure {
+            caption: Self::caption(
+                u64::from(s.depth),
+                u64::from(s.fanout),
+                s.grain_us,
+                u64::from(r.plan.workers),
+            ),
+            settings: SETTING_LABELS
+                .iter()
+                .zip(&r.kept)
+                .map(|(l, runs)| (l.to_string(), elapsed(runs)))
+                .collect(),
+        }
+    }
+
+    /// The figure of a `cluster.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> Result<RunsFigure> {
+        let p = &j["parameters"];
+        let num = |v: &Value, what: &str| v.as_u64().with_context(|| format!("no {what}"));
+        let tree = &p["tree"];
+        let caption = Self::caption(
+            num(&tree["depth"], "parameters.tree.depth")?,
+            num(&tree["fanout"], "parameters.tree.fanout")?,
+            num(&tree["grain_us"], "parameters.tree.grain_us")?,
+            num(&p["workers"], "parameters.workers")?,
+        );
+        let settings = ["s0", "s1", "s2"]
+            .iter()
+            .zip(SETTING_LABELS)
+            .map(|(k, l)| {
+                let runs = j[*k]["elapsed_s"]
+                    .as_array()
+                    .with_context(|| format!("no {k}.elapsed_s"))?
+                    .iter()
+                    .filter_map(Value::as_f64)
+                    .collect();
+                Ok((l.to_string(), runs))
+            })
+            .collect::<Result<_>>()?;
+        Ok(RunsFigure { caption, settings })
+    }
+}
+
+/// Every run's time per setting (dots), with the medians (bars). The time axis starts at 0, so
+/// that the bars' heights compare as ratios (issue 18 point 8: a truncated axis made a 9 %
+/// difference look like a factor of 3).
+pub(crate) fn draw_runs<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    f: &RunsFigure,
+) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let top = f
+        .settings
+        .iter()
+        .flat_map(|(_, r)| r.iter().copied())
+        .fold(0.0, f64::max)
+        * 1.1;
+    let top = if top > 0.0 { top } else { 1.0 };
+    root.fill(&WHITE).map_err(e)?;
+    let n = f.settings.len().max(1);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&f.caption, ("sans-serif", 20))
         .margin(15)
+        .margin_left(20)
         .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..3.0, bottom..top)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..n as f64, 0.0..top)
         .map_err(e)?;
+    let labels: Vec<&str> = f.settings.iter().map(|(l, _)| l.as_str()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(7)
+        .x_labels(2 * n + 1)
         .x_label_formatter(&|x: &f64| {
             let i = x.floor();
             if (x - i - 0.5).abs() < 1e-6 && i >= 0.0 {
@@ -716,24 +778,34 @@ fn draw_runs<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Re
                 String::new()
             }
         })
+        .x_label_style(("sans-serif", 15))
+        .y_label_style(("sans-serif", 14))
         .y_desc("job time (s)")
+        .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(e)?;
-    for (i, runs) in r.kept.iter().enumerate() {
+    for (i, (_, runs)) in f.settings.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
-        let n = runs.len().max(1) as f64;
+        let k = runs.len().max(1) as f64;
         chart
-            .draw_series(runs.iter().enumerate().map(|(j, x)| {
-                let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / n;
-                Circle::new((pos, x.elapsed_s), 5, c.filled())
+            .draw_series(runs.iter().enumerate().map(|(j, &x)| {
+                let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / k;
+                Circle::new((pos, x), 5, c.filled())
             }))
             .map_err(e)?;
-        let m = r.time[i].median;
+        let m = Stats::of(runs).map_or(f64::NAN, |s| s.median);
         chart
             .draw_series(LineSeries::new(
                 [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],
                 c.stroke_width(3),
             ))
+            .map_err(e)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{m:.2} s"),
+                (i as f64 + 0.4, m + top * 0.04),
+                ("sans-serif", 15).into_font().color(&c),
+            )))
             .map_err(e)?;
     }
     root.present().map_err(e)

@@ -66,6 +66,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::{json, Value};
 use veriflow::runtime::detect::{Action, Detector, FdParams, FdStats, Heartbeat, PeerId};
 
@@ -281,11 +282,12 @@ pub fn run(args: &DetectorArgs) -> Result<()> {
         Vec::new()
     } else {
         let name = format!("{stem}_latency");
+        let figure = LatencyFigure::of(&report.latency);
         plots(
             &out,
             &name,
-            |a| draw_latency(a, &report.latency),
-            |a| draw_latency(a, &report.latency),
+            |a| draw_latency(a, &figure),
+            |a| draw_latency(a, &figure),
         )
     };
     let md = report.markdown(&plots);
@@ -1611,18 +1613,67 @@ fn reasons(trials: &[Trial]) -> String {
         .join("; ")
 }
 
-/// The latencies' distribution functions, on a log time axis.
-fn draw_latency<DB: DrawingBackend>(
+/// What `detector_latency.png` shows: per series, its trials' latencies (`None`: undetected).
+pub(crate) struct LatencyFigure {
+    series: Vec<(String, Vec<Option<f64>>)>,
+}
+
+impl LatencyFigure {
+    fn of(series: &[LatencySeries]) -> LatencyFigure {
+        let mut out = Vec::new();
+        for s in series {
+            for (signal, trials) in [(Signal::Sigkill, &s.kill), (Signal::Sigstop, &s.stop)] {
+                if !trials.is_empty() {
+                    out.push((
+                        format!("{}, {} processes", signal.name(), s.processes),
+                        trials.iter().map(|t| t.latency_s).collect(),
+                    ));
+                }
+            }
+        }
+        LatencyFigure { series: out }
+    }
+
+    /// The figure of a `detector.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> anyhow::Result<LatencyFigure> {
+        let mut out = Vec::new();
+        for size in j["latency"]["sizes"]
+            .as_array()
+            .context("no latency.sizes")?
+        {
+            let processes = size["processes"].as_u64().context("no processes")?;
+            for (signal, key) in [(Signal::Sigkill, "sigkill"), (Signal::Sigstop, "sigstop")] {
+                let Some(trials) = size[key]["trials"].as_array() else {
+                    continue;
+                };
+                if !trials.is_empty() {
+                    out.push((
+                        format!("{}, {processes} processes", signal.name()),
+                        trials.iter().map(|t| t["latency_s"].as_f64()).collect(),
+                    ));
+                }
+            }
+        }
+        Ok(LatencyFigure { series: out })
+    }
+}
+
+/// The latencies' distribution functions, on a log time axis. The legend sits in the empty
+/// middle of the plot (between the crash and the hang curves), and the two targets are drawn
+/// in colours of their own and labelled where they stand (issue 18 point 8: one grey for both,
+/// and a legend over the crash curves).
+pub(crate) fn draw_latency<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
-    series: &[LatencySeries],
+    f: &LatencyFigure,
 ) -> std::result::Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let all = series
+    let all = f
+        .series
         .iter()
-        .flat_map(|s| s.kill.iter().chain(&s.stop))
-        .filter_map(|t| t.latency_s);
+        .flat_map(|(_, v)| v.iter().flatten().copied());
     let lo = all.clone().fold(f64::INFINITY, f64::min).clamp(1e-5, 0.1) / 2.0;
-    let hi = all.fold(0.0, f64::max).max(TARGET_STOP_S) * 1.3;
+    // Room right of the hang target for its label.
+    let hi = (all.fold(0.0, f64::max) * 1.3).max(TARGET_STOP_S * 4.5);
     root.fill(&WHITE).map_err(e)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -1640,51 +1691,70 @@ fn draw_latency<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("seconds from the signal (log scale)")
         .y_desc("fraction of the trials detected")
+        .axis_desc_style(("sans-serif", 15))
         .draw()
         .map_err(e)?;
-    let mut c = 0;
-    for s in series {
-        for (signal, trials) in [(Signal::Sigkill, &s.kill), (Signal::Sigstop, &s.stop)] {
-            if trials.is_empty() {
-                continue;
-            }
-            let mut v: Vec<f64> = trials.iter().filter_map(|t| t.latency_s).collect();
-            v.sort_by(f64::total_cmp);
-            let n = trials.len() as f64;
-            let color = COLORS[c % COLORS.len()];
-            c += 1;
-            let mut points = Vec::new();
-            for (i, &x) in v.iter().enumerate() {
-                points.push((x, i as f64 / n));
-                points.push((x, (i + 1) as f64 / n));
-            }
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(e)?
-                .label(format!("{}, {} processes", signal.name(), s.processes))
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+    for (c, (label, latencies)) in f.series.iter().enumerate() {
+        let mut v: Vec<f64> = latencies.iter().flatten().copied().collect();
+        v.sort_by(f64::total_cmp);
+        let n = latencies.len() as f64;
+        let color = COLORS[c % COLORS.len()];
+        let mut points = Vec::new();
+        for (i, &x) in v.iter().enumerate() {
+            points.push((x, i as f64 / n));
+            points.push((x, (i + 1) as f64 / n));
         }
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(e)?
+            .label(label.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    let grey = BLACK.mix(0.5);
-    for (x, label) in [
+    let crash = (issue_params().broken + TARGET_KILL_SLACK).as_secs_f64();
+    for (x, label, color, right) in [
         (
-            (issue_params().broken + TARGET_KILL_SLACK).as_secs_f64(),
-            "target, crash: 1.1 s",
+            crash,
+            format!("crash target {crash:.1} s"),
+            RGBColor(128, 0, 0),
+            false,
         ),
-        (TARGET_STOP_S, "target, hang: 3.5 s"),
+        (
+            TARGET_STOP_S,
+            format!("hang target {TARGET_STOP_S:.1} s"),
+            RGBColor(90, 60, 150),
+            true,
+        ),
     ] {
         chart
-            .draw_series(LineSeries::new([(x, 0.0), (x, 1.0)], grey.stroke_width(1)))
+            .draw_series(DashedLineSeries::new(
+                [(x, 0.0), (x, 1.0)],
+                8,
+                5,
+                color.stroke_width(2),
+            ))
             .map_err(e)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], grey.stroke_width(1)));
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        // The label beside its line: left of the crash target, right of the hang target.
+        let style = ("sans-serif", 14).into_font().color(&color);
+        let (at, anchor) = if right {
+            (x * 1.04, Pos::new(HPos::Left, VPos::Center))
+        } else {
+            (x / 1.04, Pos::new(HPos::Right, VPos::Center))
+        };
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label,
+                (at, 0.5),
+                style.pos(anchor),
+            )))
+            .map_err(e)?;
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperMiddle)
-        .background_style(WHITE.mix(0.9))
+        .position(SeriesLabelPosition::MiddleMiddle)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.95))
         .border_style(BLACK)
         .draw()
         .map_err(e)?;

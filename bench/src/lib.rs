@@ -37,6 +37,8 @@ pub mod online;
 
 pub mod sim;
 
+pub mod replot;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

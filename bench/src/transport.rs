@@ -347,11 +347,12 @@ pub fn run(a: &TransportArgs) -> Result<()> {
         (false, Some(n)) => format!("transport-backup{n}"),
     };
     let stem = stem.as_str();
+    let figure = TransportFigure::of(&report);
     let drawn = plots(
         &out,
         stem,
-        |root| draw(root, &report),
-        |root| draw(root, &report),
+        |root| draw(root, &figure),
+        |root| draw(root, &figure),
     );
     let md = header(
         &date,
@@ -551,75 +552,191 @@ impl Report<'_> {
     }
 }
 
-/// Median time against the kill period (crash-free at the left), one line per mode.
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
+/// One mode's points: per x position (0: no crash, i + 1: kill period i), the runs' times.
+type ModePoints = Vec<(usize, Vec<f64>)>;
+
+/// What `transport.png` shows: per mode, every run's time at each kill period.
+pub(crate) struct TransportFigure {
+    caption: String,
+    /// "no crash", then one label per kill period.
+    labels: Vec<String>,
+    /// Per mode: its name and, per x position (0: no crash, i + 1: period i), the runs' times.
+    series: Vec<(String, ModePoints)>,
+}
+
+impl TransportFigure {
+    fn caption(nx: u64, blocks: u64) -> String {
+        format!(
+            "transport3d {nx}^3, {blocks} vnodes: time with a vnode killed every n s \
+             (median, min-max bar, every run)"
+        )
+    }
+
+    fn labels(periods: &[f64]) -> Vec<String> {
+        std::iter::once("no crash".to_string())
+            .chain(periods.iter().map(|s| format!("every {s:.2} s")))
+            .collect()
+    }
+
+    fn of(r: &Report) -> TransportFigure {
+        let series = [RunMode::Async, RunMode::Sync, RunMode::Dataflow]
+            .into_iter()
+            .map(|mode| {
+                let points = r
+                    .settings
+                    .iter()
+                    .zip(r.runs)
+                    .filter(|(s, _)| s.mode == mode)
+                    .map(|(s, runs)| {
+                        (
+                            s.period.map_or(0, |p| p + 1),
+                            runs.iter().map(|x| x.seconds).collect(),
+                        )
+                    })
+                    .collect();
+                (format!("{mode:?}").to_lowercase(), points)
+            })
+            .collect();
+        TransportFigure {
+            caption: Self::caption(r.p.nx as u64, r.p.blocks as u64),
+            labels: Self::labels(r.periods),
+            series,
+        }
+    }
+
+    /// The figure of a `transport.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> Result<TransportFigure> {
+        let periods: Vec<f64> = j["method"]["kill_periods_s"]
+            .as_array()
+            .context("no method.kill_periods_s")?
+            .iter()
+            .filter_map(Value::as_f64)
+            .collect();
+        let num = |v: &Value, what: &str| v.as_u64().with_context(|| format!("no {what}"));
+        let caption = Self::caption(
+            num(&j["problem"]["nx"], "problem.nx")?,
+            num(&j["problem"]["blocks"], "problem.blocks")?,
+        );
+        let mut series: Vec<(String, ModePoints)> = Vec::new();
+        for s in j["settings"].as_array().context("no settings")? {
+            let mode = s["mode"].as_str().context("a setting without a mode")?;
+            let x = match s["kill_every_s"].as_f64() {
+                None => 0,
+                Some(p) => {
+                    periods
+                        .iter()
+                        .position(|q| (q - p).abs() < 1e-9)
+                        .context("a kill period not in method.kill_periods_s")?
+                        + 1
+                }
+            };
+            let runs = s["runs"]
+                .as_array()
+                .context("a setting without runs")?
+                .iter()
+                .filter_map(|r| r["seconds"].as_f64())
+                .collect();
+            let name = mode.to_lowercase();
+            match series.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pts)) => pts.push((x, runs)),
+                None => series.push((name, vec![(x, runs)])),
+            }
+        }
+        Ok(TransportFigure {
+            caption,
+            labels: Self::labels(&periods),
+            series,
+        })
+    }
+}
+
+/// Time against the kill period (crash-free at the left), one line per mode through the
+/// medians, a min-max bar and every run as a small hollow dot (issue 18 point 8: medians alone
+/// hid a spread of up to 1.5 s).
+pub(crate) fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    f: &TransportFigure,
+) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let n = r.periods.len();
-    let top = r
-        .runs
+    let n = f.labels.len();
+    let top = f
+        .series
         .iter()
-        .flatten()
-        .map(|x| x.seconds)
+        .flat_map(|(_, pts)| pts.iter().flat_map(|(_, r)| r.iter().copied()))
         .fold(0.0, f64::max)
         * 1.1;
-    let labels: Vec<String> = std::iter::once("no crash".to_string())
-        .chain(r.periods.iter().map(|s| format!("every {s:.2} s")))
-        .collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "transport3d {}^3, {} vnodes: median time with a vnode killed every n s",
-                r.p.nx, r.p.blocks
-            ),
-            ("sans-serif", 20),
-        )
+        .caption(&f.caption, ("sans-serif", 19))
         .margin(15)
+        .margin_left(20)
         .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5..(n as f64 + 0.5), 0.0..top.max(1e-3))
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..top.max(1e-3))
         .map_err(e)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n + 1)
+        .x_labels(n)
         .x_label_formatter(&|x: &f64| {
             let i = x.round();
             if (x - i).abs() < 1e-6 && i >= 0.0 {
-                labels
+                f.labels
                     .get(i as usize)
                     .map_or_else(String::new, |s| s.clone())
             } else {
                 String::new()
             }
         })
+        .x_label_style(("sans-serif", 15))
         .y_desc("time (s)")
+        .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(e)?;
-    for (c, mode) in [RunMode::Async, RunMode::Sync, RunMode::Dataflow]
-        .into_iter()
-        .enumerate()
-    {
+    let k = f.series.len().max(1) as f64;
+    for (c, (name, pts)) in f.series.iter().enumerate() {
         let color = COLORS[c % COLORS.len()];
-        let pts: Vec<(f64, f64)> = std::iter::once(None)
-            .chain((0..n).map(Some))
-            .enumerate()
-            .map(|(x, p)| (x as f64, r.time(mode, p)))
-            .filter(|(_, t)| t.is_finite())
-            .collect();
-        let name = format!("{mode:?}").to_lowercase();
+        // Modes side by side around each x, so that their bars do not hide each other.
+        let dx = (c as f64 - (k - 1.0) / 2.0) * 0.08;
+        let mut medians: Vec<(f64, f64)> = Vec::new();
+        for (x, runs) in pts {
+            let Some(st) = Stats::of(runs) else { continue };
+            let x = *x as f64 + dx;
+            medians.push((x, st.median));
+            chart
+                .draw_series(std::iter::once(ErrorBar::new_vertical(
+                    x,
+                    st.min,
+                    st.median,
+                    st.max,
+                    color.stroke_width(2),
+                    10,
+                )))
+                .map_err(e)?;
+            chart
+                .draw_series(
+                    runs.iter()
+                        .map(|&t| Circle::new((x + 0.03, t), 3, color.stroke_width(1))),
+                )
+                .map_err(e)?;
+        }
+        medians.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(medians.clone(), color.stroke_width(2)))
             .map_err(e)?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 5, color.filled())))
+            .draw_series(medians.iter().map(|&p| Circle::new(p, 5, color.filled())))
             .map_err(e)?;
     }
     chart
         .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
         .map_err(e)?;

@@ -6,7 +6,9 @@
 //!    it had received but not handled. What its log made durable survives (segments it had
 //!    sealed reach the store first: the writer's barrier). Its epoch goes up, so messages its
 //!    old incarnation sent and that are still in flight are dropped; messages addressed to the
-//!    vnode wait in its inbox and go to the new incarnation.
+//!    vnode wait in its inbox and go to the new incarnation. Its log goes on at a new epoch
+//!    (`LogWriter::vnode_log_next_incarnation`), as a cluster member's does, so the log shows
+//!    where the old incarnation stopped.
 //! 2. The new incarnation reads SC_v (from its newest checkpoint on: `log/mod.rs` rule 9, the
 //!    same state either way, `log/state.rs`) and, per task, restarts from the last registered state of
 //!    the automaton: a `Completed` task is never run again (no domino effect) and its outputs
@@ -145,7 +147,7 @@ impl Vnode {
         self.core = Core::new(
             v,
             registry.clone(),
-            Some(writer.vnode_log(v)?),
+            Some(writer.vnode_log_next_incarnation(v)?),
             shared.clone(),
         );
         let out = self.recover(&registry, rc.root)?;

@@ -38,6 +38,19 @@ pub struct TornTail {
     pub reason: FrameError,
 }
 
+/// An event read a second time and dropped (rule 1): the vnode logged again what it had logged
+/// before, as a recovered vnode does when it re-runs a task that had started but not completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repeat {
+    /// How many distinct events of the log come before it (its place among
+    /// [`VnodeEvents::events`]).
+    pub at: u64,
+    /// The segment it was found in.
+    pub segment: u64,
+    /// Its key.
+    pub key: EventKey,
+}
+
 /// Everything durable in one vnode's log.
 #[derive(Clone, Debug)]
 pub struct VnodeEvents {
@@ -51,9 +64,15 @@ pub struct VnodeEvents {
     pub durable_seq: u64,
     /// Duplicate events dropped.
     pub duplicates: u64,
+    /// Where the duplicates were, in log order (at most [`MAX_REPEATS`] of them).
+    pub repeats: Vec<Repeat>,
     /// A torn last segment, if the writer was cut off mid-write.
     pub torn: Option<TornTail>,
 }
+
+/// The most [`Repeat`]s one [`VnodeEvents`] keeps: a zombie's whole overlapping log is counted
+/// in [`VnodeEvents::duplicates`] but not listed event by event (16 bytes each: 16 MiB).
+pub const MAX_REPEATS: usize = 1 << 20;
 
 /// Reads logs from a store, in one generation (`segment::generation_prefix`).
 #[derive(Clone)]
@@ -234,6 +253,7 @@ impl LogReader {
             segments: walk.segments,
             durable_seq: walk.durable_seq,
             duplicates: walk.duplicates,
+            repeats: walk.repeats,
             torn: walk.torn,
         })
     }
@@ -579,6 +599,10 @@ struct Walk {
     segments: u64,
     durable_seq: u64,
     duplicates: u64,
+    /// Distinct events read so far.
+    distinct: u64,
+    /// Where the duplicates were ([`MAX_REPEATS`] at most).
+    repeats: Vec<Repeat>,
     torn: Option<TornTail>,
 }
 
@@ -595,6 +619,8 @@ impl Walk {
             segments: 0,
             durable_seq: start.map_or(0, |s| s.end_seq),
             duplicates: 0,
+            distinct: 0,
+            repeats: Vec::new(),
             torn: None,
         }
     }
@@ -688,7 +714,9 @@ impl Walk {
         self.last_read = Some(segno);
         self.seen.reserve(seg.events.len());
         for (offset, event) in seg.events {
-            if self.seen.insert(event.key()) {
+            let key = event.key();
+            if self.seen.insert(key) {
+                self.distinct += 1;
                 sink(LoggedEvent {
                     segment: segno,
                     offset,
@@ -696,6 +724,13 @@ impl Walk {
                 });
             } else {
                 self.duplicates += 1;
+                if self.repeats.len() < MAX_REPEATS {
+                    self.repeats.push(Repeat {
+                        at: self.distinct,
+                        segment: segno,
+                        key,
+                    });
+                }
             }
         }
         Ok(true)

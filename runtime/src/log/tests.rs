@@ -101,6 +101,16 @@ fn events_are_logged_once_and_only_once() {
         "2 + 3 events appended (the in-batch repeat was dropped)"
     );
     assert!(r.torn.is_none());
+    // Where the repeats were: in segment 1, after the 2 distinct events of segment 0.
+    let at: Vec<(u64, u64, EventKind)> = r
+        .repeats
+        .iter()
+        .map(|p| (p.at, p.segment, p.key.1))
+        .collect();
+    assert_eq!(
+        at,
+        vec![(2, 1, EventKind::Started), (3, 1, EventKind::Completed)]
+    );
 }
 
 #[test]

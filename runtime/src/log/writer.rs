@@ -347,6 +347,19 @@ impl LogWriter {
         self.open_log(vnode, Some(epoch))
     }
 
+    /// The log of a new incarnation of `vnode` in this process (an embedded vnode rebuilt after
+    /// it failed, `exec/recover.rs` rule 1): as a cluster member's ([`LogWriter::vnode_log_at`]),
+    /// at the epoch after the newest among its segments, so that the log itself says where the
+    /// old incarnation stopped (`inspect` draws it) and a late write of the old one is fenced.
+    pub fn vnode_log_next_incarnation(&self, vnode: VnodeId) -> Result<VnodeLog, LogError> {
+        let newest = self
+            .store
+            .last_under(&segment::vnode_prefix(vnode))?
+            .and_then(|(key, _)| segment::parse_segment_key(&key))
+            .map_or(0, |(_, segno)| segno >> segment::EPOCH_SHIFT);
+        self.open_log(vnode, Some(newest + 1))
+    }
+
     /// [`LogWriter::vnode_log_at`] at `epoch`, or ([`LogWriter::vnode_log`]) at the newest
     /// epoch among the vnode's segments.
     fn open_log(&self, vnode: VnodeId, at: Option<u64>) -> Result<VnodeLog, LogError> {

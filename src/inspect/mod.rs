@@ -3,6 +3,8 @@
 //! Every segment of every vnode is read and checked (`log/mod.rs` rule 4): a corrupt segment is
 //! an error naming vnode, segment and byte; a torn last segment is reported. Every task record
 //! must name a registered task whose arguments decode, or it is an error naming the record.
+//! What the logs say happened over time (tasks, steals, recoveries) is the [`Timeline`]
+//! (`timeline.rs`); `dot.rs` and `html.rs` draw it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,10 +12,19 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::json;
+use veriflow_certifier::Certificate;
 use veriflow_checkpoint::Store;
 use veriflow_runtime::graph::FlowGraph;
 use veriflow_runtime::log::{Event, EventKind, LogReader, Manifest};
 use veriflow_runtime::{DataId, Registry, RunError, VnodeId};
+
+mod dot;
+mod html;
+pub mod timeline;
+
+pub use dot::DOT_MAX_TASKS;
+pub use html::{HtmlLimits, HTML_LIMITS};
+use timeline::Timeline;
 
 /// One vnode's log, summarised.
 #[derive(Clone, Debug, Serialize)]
@@ -58,6 +69,8 @@ pub struct Inspection {
     pub terminal: Vec<TerminalValue>,
     /// G.
     pub graph: FlowGraph,
+    /// What happened on each vnode, in log order.
+    pub timeline: Timeline,
 }
 
 /// Reads and checks every log in `store`.
@@ -143,11 +156,13 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
         });
     }
     let graph = FlowGraph::from_logs(&logs);
+    let timeline = Timeline::from_logs(&logs);
     Ok(Inspection {
         manifest,
         vnodes,
         terminal,
         graph,
+        timeline,
     })
 }
 
@@ -184,6 +199,7 @@ impl Inspection {
             "tasks": { "declared": declared, "started": started, "completed": completed },
             "events": self.vnodes.iter().map(|v| v.events).sum::<u64>(),
             "graph": { "tasks": self.graph.task_count(), "data": self.graph.data_count() },
+            "timeline": self.timeline.counts(),
             "vnodes": self.vnodes,
             "terminal": self.terminal.iter().map(|t| json!({
                 "id": format!("{:#}", t.id),
@@ -192,6 +208,24 @@ impl Inspection {
                 "vnode": t.vnode,
             })).collect::<Vec<_>>(),
         })
+    }
+
+    /// G in graphviz's dot language, with spawn edges, tasks coloured by the vnode that ran
+    /// them and what `certificate` says of them; summarised per vnode and spawn depth above
+    /// `max_tasks` tasks (`inspect/dot.rs`; `inspect --dot` uses [`DOT_MAX_TASKS`]).
+    pub fn to_dot(&self, certificate: Option<&Certificate>, max_tasks: usize) -> String {
+        dot::to_dot(self, certificate, max_tasks)
+    }
+
+    /// A self-contained HTML report: the task stream per vnode, failures and recoveries, the
+    /// graph of a small run and `certificate` (with the file it came from) if given
+    /// (`inspect/html.rs`; `inspect --html` uses [`HTML_LIMITS`]).
+    pub fn to_html(
+        &self,
+        certificate: Option<(&Certificate, &str)>,
+        limits: &HtmlLimits,
+    ) -> String {
+        html::to_html(self, certificate, limits)
     }
 
     /// As a human summary.
@@ -215,6 +249,13 @@ impl Inspection {
         let _ = writeln!(
             s,
             "tasks: {declared} declared, {started} started, {completed} completed"
+        );
+        let c = self.timeline.counts();
+        let _ = writeln!(
+            s,
+            "stolen: {}  recovered by a new incarnation: {}  started, never completed: {}  new \
+             incarnations: {}",
+            c.stolen, c.recovered, c.incomplete, c.incarnations
         );
         let _ = writeln!(
             s,
