@@ -203,7 +203,7 @@ fn store_usage_errors() {
     .expect_code(2)
     .stderr_has("--store");
     knary(&["run", "--depth", "2", "--fanout", "2", "--store", &spec])
-        .expect_code(1)
+        .expect_code(2)
         .stderr_has("--key FILE");
     let other = tempfile::tempdir().unwrap();
     let wrong = other.path().join("wrong.key");
@@ -222,7 +222,7 @@ fn store_usage_errors() {
     .expect_code(1)
     .stderr_has(&c.servers[0].addr);
     knary(&["inspect", "--store", "memory"])
-        .expect_code(1)
+        .expect_code(2)
         .stderr_has("memory");
     knary(&[
         "run",
