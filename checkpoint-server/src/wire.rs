@@ -187,10 +187,7 @@ impl Session {
     fn seal(&self, nonce: &mut u64, plain: &mut [u8], max: usize) -> Result<Vec<u8>, WireError> {
         let n = sealed_len(plain.len());
         if n > max {
-            return Err(WireError::FrameTooLarge {
-                len: n as u64,
-                max,
-            });
+            return Err(WireError::FrameTooLarge { len: n as u64, max });
         }
         let n32 = u32::try_from(n).map_err(|_| WireError::FrameTooLarge {
             len: n as u64,
@@ -1115,8 +1112,10 @@ mod tests {
     fn garbage_and_old_version_hellos_are_refused_with_an_answer() {
         rt().block_on(async {
             let k = Key::from_bytes([5; 32]);
-            for (hello, names) in [(vec![0u8; 40], None), (b"VFWIRE01".repeat(5), Some("VFWIRE01"))]
-            {
+            for (hello, names) in [
+                (vec![0u8; 40], None),
+                (b"VFWIRE01".repeat(5), Some("VFWIRE01")),
+            ] {
                 let (mut a, b) = tokio::io::duplex(1024);
                 let kk = k.clone();
                 let server = tokio::spawn(async move { Connection::server(b, &kk, 1024).await });

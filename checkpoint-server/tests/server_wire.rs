@@ -97,7 +97,10 @@ fn server_refuses_bad_clients_and_keeps_serving() {
         // A one-byte refusal an old client reports ("server reply of 1 bytes"), then the close.
         let mut answer = [0u8; 5];
         st.read_exact(&mut answer).await.unwrap();
-        assert_eq!(answer, [1, 0, 0, 0, veriflow_checkpoint::wire::REFUSE_VERSION]);
+        assert_eq!(
+            answer,
+            [1, 0, 0, 0, veriflow_checkpoint::wire::REFUSE_VERSION]
+        );
         assert_raw_closed(st, "wire v1 hello").await;
     });
     good_client_works(&addr, &key, 2);
