@@ -4,54 +4,67 @@
 //!
 //! Each function takes arbitrary bytes, runs them through one decoder, checks the properties
 //! every decoder keeps (no panic; nothing allocated beyond the input's size or the stated
-//! limit; damaged data refused where a digest or MAC protects it), and panics if one fails,
-//! which is how a fuzzer or a property test notices.
+//! limit; damaged data refused where a digest, MAC or AEAD tag protects it), and panics if one
+//! fails, which is how a fuzzer or a property test notices.
 
 use std::time::Duration;
 
 use crate::erasure::{parse_header, verify_fragment, Codec, HEADER_LEN};
 use crate::protocol::{Request, Response};
 use crate::store::{MemoryStore, PageLimit, Store};
-use crate::wire::{self, FrameBudget, READ_CHUNK};
+use crate::wire::{self, FixedSession, FrameBudget, READ_CHUNK};
+use crate::Key;
 
-/// Session key the wire entry point authenticates frames under.
+/// The pre-shared key of the wire entry point's fixed session.
 pub const SESSION: [u8; 32] = [0x5a; 32];
 /// Largest frame the wire entry point accepts: small, so a fuzzer explores the limit.
-pub const MAX_FRAME: usize = 1 << 16;
+pub const MAX_FRAME: usize = 1 << 17;
 
 thread_local! {
     static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a current-thread runtime");
+    static PAIR: (FixedSession, FixedSession) =
+        wire::fixed_session_pair(&Key::from_bytes(SESSION)).expect("a fixed Noise session");
 }
 
-/// Wire frames from outside bytes (wire rules 1, 3-8): reads frames from `data` as a peer's
-/// stream within a budget, opens each under [`SESSION`] (most fail the MAC, as they must),
-/// and decodes `data` itself as a request and as a response payload, answering a request
-/// against a small in-memory store.
+/// The client end of the wire entry point's fixed session: seals frames the entry point
+/// opens (frame `i` of a stream from nonce `i` when each takes one Noise message).
+pub fn fixed_client() -> FixedSession {
+    PAIR.with(|p| p.0.clone())
+}
+
+/// Wire frames from outside bytes (wire rules 1, 3-8): reads frames from `data` as a client's
+/// stream within a budget and opens each with the server end of a fixed Noise session (most
+/// fail the tag, as they must), and decodes `data` itself as a request and as a response
+/// payload, answering a request against a small in-memory store.
 pub fn wire_bytes(data: &[u8]) {
     // 1. Framing: a stream of frames; memory follows the bytes (rule 7).
-    let budget = FrameBudget::new(MAX_FRAME * 2);
+    let budget = FrameBudget::new(wire::frame_cost(MAX_FRAME) * 2);
+    let server = PAIR.with(|p| p.1.clone());
     RT.with(|rt| {
         rt.block_on(async {
             let mut stream = data;
-            let mut seq = 0u64;
+            let mut nonce = 0u64;
             loop {
                 let before = stream.len();
-                match wire::recv_frame_within(
-                    &mut stream,
-                    MAX_FRAME,
-                    &budget,
-                    Duration::from_secs(1),
-                )
-                .await
+                match server
+                    .recv_within(
+                        &mut stream,
+                        nonce,
+                        MAX_FRAME,
+                        &budget,
+                        Duration::from_secs(1),
+                    )
+                    .await
                 {
-                    Ok((frame, _reservation)) => {
-                        assert!(frame.len() <= MAX_FRAME);
-                        assert!(frame.capacity() <= frame.len().max(READ_CHUNK) * 2);
-                        let _ = wire::open_frame::<Request>(&SESSION, 0, seq, &frame);
-                        seq += 1;
+                    Ok((payload, _reservation, used)) => {
+                        assert!(payload.len() <= MAX_FRAME);
+                        assert!(payload.capacity() <= payload.len().max(READ_CHUNK) * 2);
+                        // Only sealed bytes open: the fuzzer must have found a valid frame.
+                        let _ = postcard::from_bytes::<Request>(&payload);
+                        nonce += used;
                     }
                     Err(_) => break,
                 }
@@ -61,14 +74,14 @@ pub fn wire_bytes(data: &[u8]) {
     });
     let arrived = data.len();
     assert!(
-        budget.peak_buffered() <= (arrived * 2).max(READ_CHUNK),
+        budget.peak_buffered() <= 2 * arrived + wire::MAX_MESSAGE,
         "{} bytes buffered for {arrived} bytes of input",
         budget.peak_buffered()
     );
     assert_eq!(budget.reserved(), 0);
     assert_eq!(budget.buffered(), 0);
 
-    // 2. Payloads: what a key holder can send after a valid MAC.
+    // 2. Payloads: what a key holder can send in a frame that opens.
     if let Ok(req) = postcard::from_bytes::<Request>(data) {
         assert!(
             request_bytes(&req) <= data.len(),
@@ -214,29 +227,55 @@ mod tests {
     use proptest::prelude::*;
     use serde_bytes::ByteBuf;
 
-    /// A valid frame stream carrying `req` as frame 0 under [`SESSION`].
+    /// A valid frame stream carrying `req` as frame 0 of the fixed session.
     fn valid_stream(req: &Request) -> Vec<u8> {
-        let payload = postcard::to_stdvec(req).unwrap();
-        let mac = wire::frame_mac(&SESSION, 0, 0, &payload);
-        let mut out = ((payload.len() + 40) as u32).to_le_bytes().to_vec();
-        out.extend_from_slice(&0u64.to_le_bytes());
-        out.extend_from_slice(&mac);
-        out.extend_from_slice(&payload);
-        out
+        fixed_client().seal(0, &postcard::to_stdvec(req).unwrap())
     }
 
     fn first_request(stream: &[u8]) -> Option<Request> {
-        let budget = FrameBudget::new(MAX_FRAME);
+        let budget = FrameBudget::new(wire::frame_cost(MAX_FRAME));
+        let server = PAIR.with(|p| p.1.clone());
         RT.with(|rt| {
             rt.block_on(async {
                 let mut s = stream;
-                let (frame, _r) =
-                    wire::recv_frame_within(&mut s, MAX_FRAME, &budget, Duration::from_secs(1))
-                        .await
-                        .ok()?;
-                wire::open_frame::<Request>(&SESSION, 0, 0, &frame).ok()
+                let (payload, _r, _) = server
+                    .recv_within(&mut s, 0, MAX_FRAME, &budget, Duration::from_secs(1))
+                    .await
+                    .ok()?;
+                postcard::from_bytes::<Request>(&payload).ok()
             })
         })
+    }
+
+    /// The committed fuzz seeds of the `wire` target are frames of today's format: the valid
+    /// ones open, the damaged one does not (a format change must regenerate them).
+    #[test]
+    fn the_committed_wire_seeds_are_current() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/wire");
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let first = |name: &str| format!("{:?}", first_request(&read(name)));
+        assert_eq!(first("frame-ping"), format!("{:?}", Some(Request::Ping)));
+        assert_eq!(first("two-frames"), format!("{:?}", Some(sample_request())));
+        assert_eq!(first("frame-bad-tag"), "None");
+        assert_eq!(read("frame-ping"), valid_stream(&Request::Ping));
+    }
+
+    /// Writes the `wire` seeds: `cargo test -p veriflow-checkpoint --lib -- --ignored
+    /// write_wire_seeds`.
+    #[test]
+    #[ignore = "writes fuzz/seeds/wire; run by hand after a wire format change"]
+    fn write_wire_seeds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/wire");
+        let ping = valid_stream(&Request::Ping);
+        std::fs::write(dir.join("frame-ping"), &ping).unwrap();
+        let mut bad = valid_stream(&sample_request());
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        std::fs::write(dir.join("frame-bad-tag"), &bad).unwrap();
+        let c = fixed_client();
+        let mut two = c.seal(0, &postcard::to_stdvec(&sample_request()).unwrap());
+        two.extend_from_slice(&c.seal(1, &postcard::to_stdvec(&Request::Ping).unwrap()));
+        std::fs::write(dir.join("two-frames"), &two).unwrap();
     }
 
     fn sample_request() -> Request {
@@ -255,7 +294,7 @@ mod tests {
         }
 
         #[test]
-        fn a_damaged_frame_is_refused_by_its_mac(d in damages()) {
+        fn a_damaged_frame_is_refused_by_its_tag(d in damages()) {
             let good = valid_stream(&sample_request());
             prop_assert!(first_request(&good).is_some());
             let bad = damage(&good, &d);

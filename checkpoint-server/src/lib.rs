@@ -10,9 +10,9 @@
 //!   [`open_store`] (syntax in [`strategy`]);
 //! - [`erasure`]: replication, XOR parity and systematic Reed-Solomon behind one small trait,
 //!   with self-describing, digested fragments;
-//! - [`wire`]: length-limited, authenticated frames (handshake on a shared [`Key`], keyed MAC and
-//!   sequence number on every frame), generic over the message type, for the servers here and
-//!   the cluster transport;
+//! - [`wire`]: length-limited, encrypted frames (a Noise NNpsk0 handshake on the shared
+//!   [`Key`], then ChaCha20-Poly1305 with a nonce per message), generic over the message type,
+//!   for the servers here and the cluster transport;
 //! - [`server`] and [`client`]: the `checkpoint-server` process and the blocking client the
 //!   remote stores use.
 //!

@@ -96,10 +96,12 @@ impl ServerConfig {
                 self.max_frame
             ));
         }
-        if self.memory_budget < self.max_frame {
+        if self.memory_budget < crate::wire::frame_cost(self.max_frame) {
             return bad(format!(
-                "memory budget {} is smaller than the largest frame {}: such a frame could never be received",
-                self.memory_budget, self.max_frame
+                "memory budget {} is smaller than what the largest frame {} costs to receive ({}: the frame and one 64 KiB Noise message): such a frame could never be received",
+                self.memory_budget,
+                self.max_frame,
+                crate::wire::frame_cost(self.max_frame)
             ));
         }
         for (name, v) in [
@@ -297,7 +299,7 @@ impl Server {
         let d = ServerConfig::default();
         let config = ServerConfig {
             max_frame: max_frame.max(64),
-            memory_budget: d.memory_budget.max(max_frame),
+            memory_budget: d.memory_budget.max(crate::wire::frame_cost(max_frame)),
             ..d
         };
         Server::bind_with(addr, store, key, config)

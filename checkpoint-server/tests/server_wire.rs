@@ -1,6 +1,6 @@
-//! A real checkpoint-server process against bad clients: wrong key, unauthenticated frames,
-//! oversized length fields, malformed bodies and replays are refused, and the server keeps
-//! serving a good client after each.
+//! A real checkpoint-server process against bad clients: wrong key, an old protocol version,
+//! forged and bit-flipped frames, oversized length fields, malformed bodies and replays are
+//! refused, and the server keeps serving a good client after each.
 
 mod common;
 
@@ -76,7 +76,7 @@ fn server_refuses_bad_clients_and_keeps_serving() {
         .build()
         .unwrap();
 
-    // 1. Wrong key: the client sees the server cannot prove our key.
+    // 1. Wrong key: the server refuses the hello and the client is told so.
     rt.block_on(async {
         let st = TcpStream::connect(&addr).await.unwrap();
         let r = Connection::client(st, &Key::generate(), DEFAULT_MAX_FRAME).await;
@@ -84,12 +84,24 @@ fn server_refuses_bad_clients_and_keeps_serving() {
     });
     good_client_works(&addr, &key, 1);
 
-    // 2. An unauthenticated frame instead of the hello.
+    // 2. Garbage instead of the hello, and an older veriflow's (wire v1) hello.
     rt.block_on(async {
         let mut st = TcpStream::connect(&addr).await.unwrap();
         st.write_all(&[8, 0, 0, 0]).await.unwrap();
         st.write_all(b"GET / HT").await.unwrap();
         assert_raw_closed(st, "garbage hello").await;
+        let mut st = TcpStream::connect(&addr).await.unwrap();
+        st.write_all(&40u32.to_le_bytes()).await.unwrap();
+        st.write_all(b"VFWIRE01").await.unwrap();
+        st.write_all(&[7u8; 32]).await.unwrap();
+        // A one-byte refusal an old client reports ("server reply of 1 bytes"), then the close.
+        let mut answer = [0u8; 5];
+        st.read_exact(&mut answer).await.unwrap();
+        assert_eq!(
+            answer,
+            [1, 0, 0, 0, veriflow_checkpoint::wire::REFUSE_VERSION]
+        );
+        assert_raw_closed(st, "wire v1 hello").await;
     });
     good_client_works(&addr, &key, 2);
 
@@ -117,20 +129,24 @@ fn server_refuses_bad_clients_and_keeps_serving() {
     });
     good_client_works(&addr, &key, 4);
 
-    // 5. A frame with a forged MAC (right length, wrong tag).
+    // 5. A forged frame (right length, made-up ciphertext), and a sealed one with one bit
+    //    flipped.
     rt.block_on(async {
         let mut c = connect(&addr, &key).await;
         let mut frame = Vec::new();
-        frame.extend_from_slice(&41u32.to_le_bytes());
-        frame.extend_from_slice(&0u64.to_le_bytes());
-        frame.extend_from_slice(&[0u8; 32]);
-        frame.extend_from_slice(PING);
+        frame.extend_from_slice(&21u32.to_le_bytes());
+        frame.extend_from_slice(&[0u8; 21]);
         c.stream_mut().write_all(&frame).await.unwrap();
-        assert_closed(&mut c, "forged MAC").await;
+        assert_closed(&mut c, "forged frame").await;
+        let mut c = connect(&addr, &key).await;
+        let mut frame = c.seal_next(PING);
+        frame[4] ^= 0x10;
+        c.stream_mut().write_all(&frame).await.unwrap();
+        assert_closed(&mut c, "bit-flipped frame").await;
     });
     good_client_works(&addr, &key, 5);
 
-    // 6. A replayed sequence number: the first ping is answered, its replay closes.
+    // 6. A replayed frame (same Noise nonce): the first ping is answered, its replay closes.
     rt.block_on(async {
         let mut c = connect(&addr, &key).await;
         c.send_raw_with_seq(0, PING).await.unwrap();

@@ -1,5 +1,5 @@
 //! The messages between a coordinator, its workers and a submitting client, and between
-//! workers (all carried in authenticated frames: `veriflow_checkpoint::wire`).
+//! workers (all carried in encrypted, authenticated frames: `veriflow_checkpoint::wire`).
 #![allow(missing_docs)] // fields are named for what they carry; variants say the rest
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Wire frames, their authentication, request/response payloads and the server's handler.
+//! Wire frames (Noise messages of a fixed session), their decryption, request/response payloads and the server's handler.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
