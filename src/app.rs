@@ -203,13 +203,35 @@ enum Command<P: Program> {
     Chaos(crate::chaos::ChaosArgs),
 }
 
-/// The command line of program `P`: its name, its one-line description, the version.
+/// The command line of program `P`: its name, its one-line description, the version, and
+/// `run --help` in groups ([`run_heading`]).
 fn command<P: Program>() -> clap::Command {
     Cli::<P>::command()
         .name(P::NAME)
         .bin_name(P::NAME)
         .about(P::ABOUT)
         .version(env!("CARGO_PKG_VERSION"))
+        .mut_subcommand("run", |run| {
+            run.mut_args(|a| match run_heading(a.get_id().as_str()) {
+                Some(heading) => a.help_heading(heading),
+                None => a,
+            })
+        })
+}
+
+/// The group of a `run` option in `--help`: the program's own options first, then the
+/// runtime, storage, faults and certification.
+fn run_heading(id: &str) -> Option<&'static str> {
+    Some(match id {
+        "help" => return None,
+        "threads" | "vnodes" | "seed" | "json" | "resume" => "Runtime",
+        "log_dir" | "store" | "key" | "no_checkpoint" | "keep_log" | "commit_kib" | "commit_ms"
+        | "checkpoint_kib" => "Storage",
+        "kill_vnode" | "kill_after" | "kill_random" | "kill_every_ms" | "loss" | "forge_vnode"
+        | "forge_rate" | "forge_tasks" | "forge_seed" => "Faults",
+        "certify" | "epsilon" | "q" | "oracle_key" | "cert_out" => "Certification",
+        _ => "Program",
+    })
 }
 
 /// Parses a job's command line (`submit ...` or `cluster ...`, as typed) for its job
@@ -748,13 +770,20 @@ fn run<P: Program>(
         builder = builder.vnodes(v);
     }
     let store: Option<Arc<dyn Store>> = match &spec {
-        // Resuming needs the run's logs: a missing directory is an error, not a fresh store.
-        Some(_) if rt.resume => Some(rt.store.open_existing(true).map_err(|e| match e {
-            CliError::Store(e @ StoreError::Open { .. }) => {
-                CliError::Usage(format!("no run to resume: {e}"))
-            }
-            other => other,
-        })?),
+        // Resuming needs the run's logs: a missing directory is a usage error, not a fresh
+        // store; one that exists and cannot be opened is damage.
+        Some(sp) if rt.resume => {
+            let missing = matches!(sp, StoreSpec::Local(dir) if !dir.exists());
+            Some(rt.store.open_existing(true).map_err(|e| match e {
+                CliError::Store(e @ StoreError::Open { .. }) if missing => {
+                    CliError::Usage(format!("no run to resume: {e}"))
+                }
+                CliError::Store(e @ StoreError::Open { .. }) => {
+                    CliError::Invalid(format!("no run to resume: {e}"))
+                }
+                other => other,
+            })?)
+        }
         Some(sp) => Some(rt.store.open(sp)?),
         None => None,
     };
@@ -1481,7 +1510,14 @@ fn inspect_cmd<P: Program>(args: &InspectArgs) -> Result<(), CliError> {
         None => None,
     };
     let store = args.store.open_existing(false)?;
-    let report = inspect::inspect(store, &registry)?;
+    let report = inspect::inspect(store.clone(), &registry)?;
+    if let Some(why) = store.degraded() {
+        eprintln!(
+            "{}: warning: read through a degraded store {}: {why}",
+            P::NAME,
+            store.describe()
+        );
+    }
     if let Some((c, path)) = &cert {
         if c.program != report.manifest.program {
             return Err(CliError::Invalid(format!(

@@ -279,6 +279,7 @@ pub(crate) fn coordinator_cmd(
     args: &CoordinatorArgs,
     program: &'static str,
 ) -> Result<(), CliError> {
+    reachable_listen(&args.listen, "a coordinator", "workers and standbys")?;
     let key = Key::load(&args.key)?;
     if matches!(args.store, StoreSpec::Local(_) | StoreSpec::Memory) {
         // Issue 13: a local directory or this process's memory is one process's only; the
@@ -386,8 +387,24 @@ pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> 
     Ok(())
 }
 
+/// A coordinator and a worker tell others the address they listen on: an unspecified one
+/// (`0.0.0.0`, `[::]`) would send every peer to its own host. A usage error, before anything
+/// starts.
+fn reachable_listen(listen: &str, who: &str, told: &str) -> Result<(), CliError> {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => Err(CliError::Usage(format!(
+            "--listen {listen}: {who} tells {told} the address it listens on, and {} reaches \
+             nobody; listen on this host's address (e.g. --listen HOST:{})",
+            a.ip(),
+            a.port()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `APP worker`: serves the coordinator's jobs until it goes away.
 pub(crate) fn worker_cmd<P: Program>(args: &WorkerArgs) -> Result<(), CliError> {
+    reachable_listen(&args.listen, "a worker", "its peers")?;
     let key = Key::load(&args.key)?;
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))

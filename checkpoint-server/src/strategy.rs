@@ -531,6 +531,8 @@ pub struct RemoteStore {
     codec: Codec,
     client: Reach,
     last_stamp: AtomicU64,
+    /// Values read from fewer than all their fragments ([`Store::degraded`]).
+    degraded_reads: AtomicU64,
 }
 
 fn lossy(key: &[u8]) -> String {
@@ -557,6 +559,7 @@ impl RemoteStore {
             codec,
             client: Reach::Net(client),
             last_stamp: AtomicU64::new(0),
+            degraded_reads: AtomicU64::new(0),
         };
         let mut unreachable = Vec::new();
         for r in store.client.hello_all() {
@@ -594,6 +597,7 @@ impl RemoteStore {
             codec,
             client: Reach::Links(links),
             last_stamp: AtomicU64::new(0),
+            degraded_reads: AtomicU64::new(0),
         })
     }
 
@@ -750,6 +754,9 @@ impl RemoteStore {
         }
         match decoded {
             Ok(d) => {
+                if !d.repair.is_empty() {
+                    self.degraded_reads.fetch_add(1, Ordering::Relaxed);
+                }
                 let mut out = Resolved {
                     ok: self.n() - d.repair.len(),
                     ..Resolved::default()
@@ -1294,6 +1301,18 @@ impl Store for RemoteStore {
 
     fn describe(&self) -> String {
         StoreSpec::Remote(self.spec.clone()).to_string()
+    }
+
+    fn degraded(&self) -> Option<String> {
+        let n = self.degraded_reads.load(Ordering::Relaxed);
+        (n > 0).then(|| {
+            format!(
+                "{n} values were rebuilt from fewer than all {} of their fragments (servers \
+                 down, or fragments missing or damaged); run `checkpoint-server scrub` once the \
+                 servers are back",
+                self.n()
+            )
+        })
     }
 
     fn keeps_fences(&self) -> bool {

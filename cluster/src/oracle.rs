@@ -315,6 +315,12 @@ fn follow_thread(cfg: OracleConfig, cmds: std_mpsc::Receiver<Cmd>, said: Unbound
                                 "oracle: followed the logs"
                             );
                         }
+                        if p.checked > 0 {
+                            send(FromOracle::Checked {
+                                job: j.id,
+                                tasks: p.checked,
+                            });
+                        }
                         for Finding {
                             incarnation: (vnode, epoch),
                             detection,

@@ -111,6 +111,9 @@ pub enum FromOracle {
     },
     /// The oracle could not certify `job`.
     Failed { job: u64, error: String },
+    /// The oracle checked `tasks` more completed tasks of `job` (for the observers: the
+    /// dashboard and `/metrics`; the state machine ignores it).
+    Checked { job: u64, tasks: u64 },
 }
 
 /// A worker's claim when it comes back to a new coordinator (`coordinator` rule 10).

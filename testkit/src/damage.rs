@@ -107,7 +107,11 @@ pub enum Outcome {
     WrongAccept,
     /// `inspect` or `certify` changed the directory.
     ReaderWrote,
-    /// Any other exit status (2: a usage error is not expected here).
+    /// `run --resume` of a run whose manifest says it finished: refused as a usage error
+    /// (exit 2, "nothing to resume"), whatever else is damaged; nothing is written.
+    NothingToResume,
+    /// Any other exit status (2 for anything but nothing to resume: a usage error is not
+    /// expected here).
     OtherExit,
 }
 
@@ -116,7 +120,10 @@ impl Outcome {
     pub fn is_failure(self) -> bool {
         !matches!(
             self,
-            Outcome::Detected | Outcome::Right | Outcome::EarlierCrashPoint
+            Outcome::Detected
+                | Outcome::Right
+                | Outcome::EarlierCrashPoint
+                | Outcome::NothingToResume
         )
     }
 
@@ -131,6 +138,7 @@ impl Outcome {
             Outcome::Silent => "exit 0, missing data",
             Outcome::WrongAccept => "wrong ACCEPT",
             Outcome::ReaderWrote => "reader wrote",
+            Outcome::NothingToResume => "nothing to resume (exit 2)",
             Outcome::OtherExit => "other exit",
         }
     }
@@ -646,6 +654,7 @@ fn judge(ran: &Ran, on_zero: impl FnOnce() -> Outcome) -> Outcome {
         match ran.code {
             Some(0) => on_zero(),
             Some(1) if !ran.stderr.trim().is_empty() => Outcome::Detected,
+            Some(2) if ran.stderr.contains("nothing to resume") => Outcome::NothingToResume,
             _ => Outcome::OtherExit,
         }
     }

@@ -449,6 +449,37 @@ impl Cluster {
             args,
         )
     }
+
+    /// `APP status --json` of the cluster's coordinators, from the client's host.
+    pub fn status(&self) -> Value {
+        let out = self.run(&[
+            "status",
+            "--coordinator",
+            &self.addr,
+            "--key",
+            s(&self.key),
+            "--json",
+        ]);
+        out.expect_code(0);
+        out.json()
+    }
+
+    /// [`Cluster::status`] until `ok` holds of it, polled every 100 ms; it fails the test after
+    /// `limit`, naming `what` it waited for and the last status.
+    pub fn status_until(&self, what: &str, limit: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = self.status();
+            if ok(&v) {
+                return v;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "no status with {what} within {limit:?}; the last: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// `ADDR:0` on a host's address, or on 127.0.0.1.

@@ -400,9 +400,9 @@ fn bad_flags_are_usage_errors() {
         args.extend_from_slice(extra);
         cg_in(t, &args).expect_code(2).stderr_has(needle);
     }
-    // spmd is `cg run` only (the facade's cluster command exits 1 on invalid options).
+    // spmd is `cg run` only (a usage error of the facade's cluster command: exit 2).
     cg_in(t, &["cluster", "--mode", "spmd", "--matrix", m])
-        .expect_code(1)
+        .expect_code(2)
         .stderr_has("spmd");
 }
 

@@ -314,7 +314,7 @@ fn certify_usage_and_input_errors() {
         "--outputs",
         "d:12",
     ])
-    .expect_code(1)
+    .expect_code(2)
     .stderr_has("--outputs");
     knary(&[
         "certify",
@@ -364,7 +364,7 @@ fn certify_usage_and_input_errors() {
         "--forge-tasks",
         "1000000",
     ])
-    .expect_code(1)
+    .expect_code(2)
     .stderr_has("only");
     knary(&[
         "run",

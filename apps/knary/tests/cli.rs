@@ -929,14 +929,35 @@ fn every_binary_has_a_version_and_usage_errors_exit_2() {
             .starts_with("Cilk's knary benchmark on veriflow"),
         "{help}"
     );
+    // `run --help` in groups, the program's own options first.
+    let run = knary(&["run", "--help"]);
+    let at = |needle: &str| {
+        run.stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("no {needle:?} in {run}"))
+    };
+    let groups = [
+        "Program:",
+        "-n, --depth <",
+        "Runtime:",
+        "--vnodes <",
+        "Storage:",
+        "--log-dir <",
+        "Faults:",
+        "--kill-vnode <",
+        "--kill-every <",
+        "Certification:",
+        "--epsilon <",
+    ];
+    assert!(groups.windows(2).all(|w| at(w[0]) < at(w[1])), "{run}");
     let server = std::process::Command::new(veriflow_testkit::checkpoint_server_binary())
         .arg("--version")
         .output()
         .unwrap();
     assert!(server.status.success());
     assert!(String::from_utf8_lossy(&server.stdout).starts_with("checkpoint-server "));
-    // A remote store without its key; --resume without logs; a coordinator on a local store;
-    // a test-only flag without its permission.
+    // A remote store without its key; --resume without logs; a coordinator on a local store
+    // (a test-only flag without its permission: `cluster_oracle.rs`).
     let tmp = tempfile::tempdir().unwrap();
     let key = tmp.path().join("k");
     knary(&["keygen", s(&key)]).expect_code(0);
@@ -955,17 +976,18 @@ fn every_binary_has_a_version_and_usage_errors_exit_2() {
     ])
     .expect_code(2)
     .stderr_has("checkpoint servers");
+    // A worker or coordinator listening on 0.0.0.0 would send its peers to their own host.
     knary(&[
         "worker",
         "--join",
         "127.0.0.1:9",
         "--key",
         s(&key),
-        "--forge-rate",
-        "0.5",
+        "--listen",
+        "0.0.0.0:7200",
     ])
     .expect_code(2)
-    .stderr_has("VERIFLOW_ALLOW_FORGERY");
+    .stderr_has("reaches nobody");
     // The checkpoint server's own usage errors.
     let server = std::process::Command::new(veriflow_testkit::checkpoint_server_binary())
         .args(["--listen", "127.0.0.1:0", "--key"])

@@ -222,7 +222,7 @@ fn a_coordinator_refuses_a_store_only_one_process_can_use() {
     let local = format!("local:{}", dir.path().join("logs").display());
     for store in [local.as_str(), "memory"] {
         knary(&["coordinator", "--key", s(&key), "--store", store])
-            .expect_code(1)
+            .expect_code(2)
             .stderr_has("needs checkpoint servers every worker reaches");
     }
     assert!(!dir.path().join("logs").exists(), "nothing was created");

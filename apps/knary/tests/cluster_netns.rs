@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use veriflow_testkit::netns::{available, NetConfig, Network};
 use veriflow_testkit::{s, wait_json_within, Cluster, ClusterOpts, LOADED_FD};
 
@@ -23,31 +22,6 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// 5,461 tasks, 4,096 leaves of 3 ms over three 1-thread workers: about 4 s of work each, long
 /// enough to still run when the worker is killed.
 const PROGRAM: [&str; 6] = ["--depth", "7", "--fanout", "4", "--grain-us", "3000"];
-
-/// `knary status --json` from the client's host, until `ok` holds (within [`LIMIT`]).
-fn status_until(c: &Cluster, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let t0 = Instant::now();
-    loop {
-        let out = c.run(&[
-            "status",
-            "--coordinator",
-            &c.addr,
-            "--key",
-            s(&c.key),
-            "--json",
-        ]);
-        out.expect_code(0);
-        let v = out.json();
-        if ok(&v) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < LIMIT,
-            "no status with {what} within {LIMIT:?}; the last: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
@@ -76,7 +50,7 @@ fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
     );
     assert!(c.addr.starts_with("198.18.0.2:"), "{}", c.addr);
     assert!(c.store.contains("198.18.0.1:"), "{}", c.store);
-    let v = status_until(&c, "4 workers", |v| {
+    let v = c.status_until("4 workers", LIMIT, |v| {
         v["workers"].as_array().map(Vec::len) == Some(4)
     });
     // Each worker listens on its own host's address.
@@ -97,7 +71,7 @@ fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
     );
 
     let run = c.submit(&PROGRAM);
-    status_until(&c, "the job running with progress", |v| {
+    c.status_until("the job running with progress", LIMIT, |v| {
         v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
     });
     let killed = Instant::now();

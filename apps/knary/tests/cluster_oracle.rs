@@ -120,7 +120,7 @@ fn a_worker_cannot_lie_unless_tests_allow_it() {
         "--forge-rate",
         "0.1",
     ]);
-    out.expect_code(1).stderr_has("VERIFLOW_ALLOW_FORGERY=1");
+    out.expect_code(2).stderr_has("VERIFLOW_ALLOW_FORGERY=1");
 }
 
 fn hex(s: &str) -> Vec<u8> {

@@ -4,44 +4,17 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
 use veriflow_testkit::{wait_json_within, Cluster};
 
+/// Longest wait for a status to show what a test waits for.
+const LIMIT: Duration = Duration::from_secs(60);
+
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_knary"))
-}
-
-/// `knary status --json` against the cluster's coordinator.
-fn status(c: &Cluster) -> Value {
-    let out = knary(&[
-        "status",
-        "--coordinator",
-        &c.coordinator_addrs[0],
-        "--key",
-        s(&c.key),
-        "--json",
-    ]);
-    out.expect_code(0);
-    out.json()
-}
-
-/// Asks for the status until `ok` holds of it (within a minute), and returns it.
-fn status_until(c: &Cluster, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let t0 = Instant::now();
-    loop {
-        let v = status(c);
-        if ok(&v) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no status with {what} within a minute; the last: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn ids(v: &Value) -> Vec<u64> {
@@ -56,7 +29,7 @@ fn ids(v: &Value) -> Vec<u64> {
 fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     let c = Cluster::start(bin(), 3, 0, &[]);
     // No job yet: the workers as they join.
-    let v = status_until(&c, "3 workers", |v| {
+    let v = c.status_until("3 workers", LIMIT, |v| {
         v["workers"].as_array().map(Vec::len) == Some(3)
     });
     assert_eq!(v["role"], "active", "{v}");
@@ -74,7 +47,7 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     // A job long enough to be seen running, and still running when a worker is killed
     // (87381 tasks of 1 ms over 3 workers).
     let run = c.submit(&["--depth", "8", "--fanout", "4", "--grain-us", "1000"]);
-    let v = status_until(&c, "a running job with progress", |v| {
+    let v = c.status_until("a running job with progress", LIMIT, |v| {
         v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
     });
     let job = &v["job"];
@@ -121,7 +94,7 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
 
     // A worker killed: the failure shows, its vnode moved at a new epoch.
     c.workers[1].signal("-KILL");
-    let v = status_until(&c, "a failure", |v| {
+    let v = c.status_until("a failure", LIMIT, |v| {
         v["failures"].as_array().map(Vec::len) == Some(1)
     });
     let lost = v["failures"][0]["worker"].as_u64().unwrap();
@@ -135,7 +108,7 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     // After the job: its summary.
     let (code, done, err) = wait_json_within(run, Duration::from_secs(120), "submit");
     assert_eq!(code, 0, "{err}");
-    let v = status(&c);
+    let v = c.status();
     assert_eq!(v["job"], Value::Null, "{v}");
     assert_eq!(v["last_job"]["id"], 1, "{v}");
     assert_eq!(v["last_job"]["state"], "finished", "{v}");

@@ -328,7 +328,7 @@ fn a_finished_run_leaves_no_log_dir_of_its_own_behind() {
             "1000000",
         ],
     )
-    .expect_code(1)
+    .expect_code(2)
     .stderr_has("only");
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(

@@ -287,6 +287,13 @@ fn deleted_blobs_one_by_one(seed: &str) -> u32 {
         let ran = knary_limited(tmp.path(), &args);
         if ran.code == Some(0) {
             assert_eq!(ran.json().unwrap()["correct"], true, "{what}: resume");
+        } else if ran.code == Some(2) {
+            // The manifest still reads Finished: nothing to resume (a usage error).
+            assert!(
+                ran.stderr.contains("nothing to resume"),
+                "{what}: resume\n{}",
+                ran.stderr
+            );
         } else {
             expect_corrupt(&ran, &format!("{what}: resume"), &[]);
         }
@@ -328,7 +335,9 @@ fn resume_on_a_missing_directory_creates_nothing() {
     let mut args = RUN.to_vec();
     args.extend(["--log-dir", dir.to_str().unwrap(), "--resume"]);
     let ran = knary_limited(tmp.path(), &args);
-    expect_corrupt(&ran, "resume", &["nothing-here"]);
+    // Nothing to resume is a usage error (exit 2), naming the directory.
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("nothing-here"), "{}", ran.stderr);
     assert!(!dir.exists(), "--resume created {}", dir.display());
 }
 

@@ -118,7 +118,9 @@ fn a_run_over_ida_4_2_survives_two_server_kills_and_a_third_is_a_clear_error() {
 
     let k = key_args(&spec, &c.key);
     let ins = knary(&[&["inspect", "--json"][..], &k[..]].concat());
-    ins.expect_code(0);
+    ins.expect_code(0)
+        .stderr_has("warning: read through a degraded store")
+        .stderr_has("checkpoint-server scrub");
     let v = ins.json();
     assert_eq!(v["tasks"]["completed"], tasks, "{v}");
     assert_eq!(v["tasks"]["declared"], tasks, "{v}");
@@ -173,6 +175,7 @@ fn every_strategy_carries_a_run() {
         assert_eq!(out.json()["store"], spec);
         let ins = knary(&[&["inspect", "--json"][..], &k[..]].concat());
         ins.expect_code(0);
+        assert!(!ins.stderr.contains("degraded"), "{layout}: {ins}");
         assert_eq!(
             ins.json()["tasks"]["completed"],
             out.json()["tasks"],

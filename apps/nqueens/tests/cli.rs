@@ -124,9 +124,9 @@ fn bad_input_exits_2_with_a_message() {
         let out = nqueens(args);
         out.expect_code(2).stderr_has(needle);
     }
-    // The cluster commands check the program options too (exit 1 before starting anything).
+    // The cluster commands check the program options too (exit 2 before starting anything).
     nqueens(&["cluster", "-n", "8", "--split-rows", "9"])
-        .expect_code(1)
+        .expect_code(2)
         .stderr_has("--split-rows");
     nqueens(&["cluster", "-n", "40"])
         .expect_code(2)

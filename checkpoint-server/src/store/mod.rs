@@ -204,6 +204,13 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<(), StoreError>;
     /// A short human description ("local:/tmp/x", "memory").
     fn describe(&self) -> String;
+    /// What a reader should know when values came back from fewer than all their copies or
+    /// fragments (a remote strategy with servers down or fragments missing: still whole, but
+    /// one fault nearer to losing data); `None` for a store that keeps one copy, or when every
+    /// read was whole.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
     /// Raises the epoch fence of `scope` to `epoch` (`store/fence.rs` rule 1): later
     /// [`Store::put_batch_fenced`] writes with an older epoch for it are refused. A store that
     /// one process alone writes keeps no fence (the default): an incarnation there is replaced

@@ -2188,6 +2188,8 @@ impl Coordinator {
                     self.note(format!("the online oracle failed on job {job}: {error}"));
                 }
             }
+            // For the driver's observers only (`observe` rule 2).
+            FromOracle::Checked { .. } => {}
         }
     }
 

@@ -5,8 +5,9 @@
 //! 1. Every counter only grows (`observe` rules 2 and 3): the workers' sums keep the last
 //!    counts of lost workers, and the history's counters never go back.
 //! 2. Names start with `veriflow_`; counters end in `_total`, times are in seconds.
-//! 3. `veriflow_certification_checks_total` counts [`certification_checked`] calls in this
-//!    process: the online oracle calls it for each check it makes; without one it stays 0.
+//! 3. `veriflow_certification_checks_total` counts the tasks the online oracle checked, as it
+//!    reports them to this coordinator (`FromOracle::Checked`, through
+//!    [`certification_checked`]); without an oracle it stays 0.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,5 +211,16 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    /// The oracle's reports of its checks reach the counter (rule 3); the counter is the
+    /// process's, so the test reads it before and after.
+    #[test]
+    fn the_oracles_checks_are_counted() {
+        let before = CERTIFICATION_CHECKS.load(Ordering::Relaxed);
+        let mut news = super::super::OracleNews::default();
+        news.note(&crate::protocol::FromOracle::Checked { job: 1, tasks: 7 });
+        news.note(&crate::protocol::FromOracle::Checked { job: 1, tasks: 5 });
+        assert!(CERTIFICATION_CHECKS.load(Ordering::Relaxed) >= before + 12);
     }
 }

@@ -95,6 +95,7 @@ impl OracleNews {
                 ));
                 self.forged_total += 1;
             }
+            FromOracle::Checked { tasks, .. } => metrics::certification_checked(*tasks),
             FromOracle::Committed { .. } => {}
         }
     }
