@@ -12,10 +12,13 @@
 //! (a run here failed so, with the runtime's error naming v3 and saying to keep the backups on
 //! a store: rule 6 of `veriflow::runtime::iterative`).
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::samples;
 use serde_json::Value;
 use veriflow_testkit::netns::{available, NetConfig, Network};
 use veriflow_testkit::{run_bin, s, wait_json_within, Cluster, ClusterOpts, LOADED_FD};
@@ -38,22 +41,6 @@ const STEPS: u64 = 20;
 
 /// Agreement within the solver tolerance (as in `iterative.rs`).
 const AGREE: f64 = 10.0 * 1e-8;
-
-fn samples(j: &Value) -> Vec<f64> {
-    j["result"]["samples"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no samples: {j}"))
-        .iter()
-        .flat_map(|s| {
-            s["c"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
 
 #[test]
 fn transport3d_async_across_hosts_with_latency_and_loss_survives_a_killed_worker() {

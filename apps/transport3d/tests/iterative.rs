@@ -4,10 +4,13 @@
 //! true global residual of every step's accepted iterate, catches a premature one, and finds
 //! none in 120 seeded runs; bad bytes and bad flags are errors, never panics.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::samples;
 use serde_json::Value;
 use transport3d::iterative::{
     check, config, factory, residual_bound, Checked, IterBlock, RECENT_STEPS,
@@ -426,22 +429,6 @@ fn cli_run(tmp: &Path, mode: &str, extra: &[&str]) -> Value {
     let j = out.json();
     assert_eq!(j["correct"], Value::Bool(true), "{out}");
     j
-}
-
-fn samples(j: &Value) -> Vec<f64> {
-    j["result"]["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|s| {
-            s["c"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[test]
