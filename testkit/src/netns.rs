@@ -261,16 +261,7 @@ impl Network {
                 &h.ns,
             ])?;
             ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
-            ip(&[
-                "-n",
-                &h.ns,
-                "addr",
-                "add",
-                &format!("{}/24", h.addr),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", &h.ns, "link", "set", "eth0", "up"])?;
+            host_link_up(&h.ns, h.addr, "eth0")?;
             run(
                 "tc",
                 &[
@@ -292,16 +283,7 @@ impl Network {
                 .map_err(|e| ctx(e, "a TUN device"))?;
             ip(&["link", "set", iface.name(), "netns", &h.ns])?;
             ip(&["-n", &h.ns, "link", "set", iface.name(), "name", "wire0"])?;
-            ip(&[
-                "-n",
-                &h.ns,
-                "addr",
-                "add",
-                &format!("{}/24", h.addr),
-                "dev",
-                "wire0",
-            ])?;
-            ip(&["-n", &h.ns, "link", "set", "wire0", "up"])?;
+            host_link_up(&h.ns, h.addr, "wire0")?;
             ifaces.push(Arc::new(iface));
         }
         self.wire = Some(Wire::start(ifaces, &self.config));
@@ -457,6 +439,12 @@ fn ctx(e: std::io::Error, what: &str) -> std::io::Error {
 
 fn ip(args: &[&str]) -> std::io::Result<()> {
     run("ip", args)
+}
+
+/// Gives device `dev` of namespace `ns` the host's address on the /24 and brings it up.
+fn host_link_up(ns: &str, addr: Ipv4Addr, dev: &str) -> std::io::Result<()> {
+    ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+    ip(&["-n", ns, "link", "set", dev, "up"])
 }
 
 /// Runs a command to its end; an error names it and says what it printed.

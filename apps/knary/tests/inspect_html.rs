@@ -152,31 +152,25 @@ fn a_bad_certificate_or_an_unwritable_report_is_a_clear_error() {
     let log = tmp.path().join("log");
     logged_run(&log, 3, 3, 2, &[]);
     let html = tmp.path().join("r.html");
-    let missing = tmp.path().join("nope.json");
-    let out = knary(&[
-        "inspect",
-        "--log-dir",
-        s(&log),
-        "--html",
-        s(&html),
-        "--certificate",
-        s(&missing),
-    ]);
-    out.expect_code(1);
-    assert!(out.stderr.contains("nope.json"), "{out}");
     let garbage = tmp.path().join("garbage.json");
     std::fs::write(&garbage, "{\"not\": \"a certificate\"}").unwrap();
-    let out = knary(&[
-        "inspect",
-        "--log-dir",
-        s(&log),
-        "--html",
-        s(&html),
-        "--certificate",
-        s(&garbage),
-    ]);
-    out.expect_code(1);
-    assert!(out.stderr.contains("garbage.json"), "{out}");
+    // A missing certificate, then one that is not a certificate.
+    for (cert, name) in [
+        (tmp.path().join("nope.json"), "nope.json"),
+        (garbage, "garbage.json"),
+    ] {
+        let out = knary(&[
+            "inspect",
+            "--log-dir",
+            s(&log),
+            "--html",
+            s(&html),
+            "--certificate",
+            s(&cert),
+        ]);
+        out.expect_code(1);
+        assert!(out.stderr.contains(name), "{out}");
+    }
     assert!(!html.exists(), "nothing written after a bad certificate");
     let out = knary(&[
         "inspect",
