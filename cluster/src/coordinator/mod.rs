@@ -963,8 +963,8 @@ impl Coordinator {
         // Rule 2: a worker that joins a running job becomes one of its members, hosting
         // nothing until a lost member's vnodes move to it (rule 5). Journaled with its
         // admission, before it hears of the job (rule 9).
-        let joins_job = self.recovery.is_none()
-            && self.job.as_ref().is_some_and(|j| j.running && !j.stopping);
+        let joins_job =
+            self.recovery.is_none() && self.job.as_ref().is_some_and(|j| j.running && !j.stopping);
         if let Some(j) = self.job.as_mut().filter(|_| joins_job) {
             j.members.push(id);
         }
