@@ -2,7 +2,8 @@
 //! SIGINT or SIGTERM makes its log durable, prints the exact command that resumes it and exits
 //! with 128 + the signal; that command finishes the run with the result of an uninterrupted
 //! one, each task completed once; a second SIGINT exits at once; and the log directory a run
-//! makes for itself is gone once the run has finished (`src/interrupt.rs` rules 1-6).
+//! makes for itself is gone once the run has finished (`src/interrupt.rs` rules 1-6). And
+//! `inspect` reads a run while it runs (issue 18 point 5).
 
 mod common;
 
@@ -218,6 +219,61 @@ fn ctrl_c_stops_a_run_and_the_printed_command_resumes_it() {
     let out = knary(&["certify", "--log-dir", s(&dir), "--oracle-key", s(&key)]);
     out.expect_code(0);
     assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+}
+
+/// Issue 18 point 5: `inspect` reads a run that is still writing its log (from a copy of its
+/// store: `sled_store.rs` rule 1, so sled's lock is never in the way), sees it Running with its
+/// counts growing, and does not disturb it: stopped afterwards, the log holds every task the
+/// inspections saw completed.
+#[test]
+fn inspect_reads_a_run_while_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    // 23,436 tasks of 1 ms on 2 threads: at least 12 s, stopped once seen growing.
+    let args = [
+        "run",
+        "--depth",
+        "7",
+        "--fanout",
+        "5",
+        "--grain-us",
+        "1000",
+        "--threads",
+        "2",
+        "--vnodes",
+        "3",
+        "--log-dir",
+        s(&dir),
+    ];
+    let tasks = knary::expected_tasks(7, 5).unwrap();
+    let mut run = Running::start(tmp.path(), &args);
+    run.wait_for("log dir:", Duration::from_secs(60));
+    let mut seen: Vec<u64> = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the run's completed count did not grow twice: {seen:?}"
+        );
+        let ins = inspect_dir(&dir);
+        assert_eq!(ins["status"], "Running", "{ins}");
+        let done = ins["tasks"]["completed"].as_u64().unwrap();
+        assert!(done < tasks, "read while running: {done} of {tasks}\n{ins}");
+        if done > seen.last().copied().unwrap_or(0) {
+            seen.push(done);
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    run.proc.signal("-INT");
+    let (code, _, stderr, _) = run.finish(Duration::from_secs(60));
+    assert_eq!(code, 130, "the run went on undisturbed until stopped\n{stderr}");
+    let ins = inspect_dir(&dir);
+    assert_eq!(ins["status"], "Interrupted", "{ins}");
+    assert!(
+        ins["tasks"]["completed"].as_u64().unwrap() >= seen[1],
+        "what inspect saw durable stays durable: {seen:?}\n{ins}"
+    );
 }
 
 /// Rules 2 and 6 with SIGTERM: the directory the run made for itself is kept while the run is
