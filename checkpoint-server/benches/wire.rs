@@ -10,7 +10,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use serde::{Deserialize, Serialize};
 use tokio::io::DuplexStream;
-use veriflow_checkpoint::wire::Connection;
+use veriflow_checkpoint::wire::{Connection, Role};
 use veriflow_checkpoint::Key;
 
 /// A payload of bytes, as the log's segments and the cluster's task records travel.
@@ -30,8 +30,13 @@ fn rt() -> tokio::runtime::Runtime {
 async fn pair(key: &Key) -> (Connection<DuplexStream>, Connection<DuplexStream>) {
     let (a, b) = tokio::io::duplex(1 << 20);
     let k = key.clone();
-    let server = tokio::spawn(async move { Connection::server(b, &k, 1 << 20).await });
-    let client = Connection::client(a, key, 1 << 20).await.expect("client");
+    let server =
+        tokio::spawn(
+            async move { Connection::server(b, &k, Role::CheckpointServer, 1 << 20).await },
+        );
+    let client = Connection::client(a, key, Role::CheckpointServer, 1 << 20)
+        .await
+        .expect("client");
     (client, server.await.expect("task").expect("server"))
 }
 

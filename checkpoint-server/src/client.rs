@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 
 use crate::key::Key;
 use crate::protocol::{Request, Response, PROTOCOL_VERSION};
-use crate::wire::{Connection, WireError, DEFAULT_MAX_FRAME};
+use crate::wire::{Connection, Role, WireError, DEFAULT_MAX_FRAME};
 
 /// Timeouts and retries of a [`Client`] (rules 1-3).
 #[derive(Debug, Clone)]
@@ -75,6 +75,15 @@ pub enum ClientError {
     WrongKey {
         /// The server.
         addr: String,
+    },
+    /// The address is another kind of veriflow server (a coordinator, a worker): fix the
+    /// store spec.
+    #[error("{addr} is {found}, not a checkpoint server")]
+    WrongServer {
+        /// The address.
+        addr: String,
+        /// What answered there.
+        found: crate::wire::Role,
     },
     /// The server broke the protocol (a bug, or not a checkpoint server).
     #[error("checkpoint server {addr} broke the protocol: {reason}")]
@@ -249,6 +258,12 @@ async fn call(
                             addr: remote.addr.clone(),
                         })
                     }
+                    WireError::WrongRole { found, .. } => {
+                        return Err(ClientError::WrongServer {
+                            addr: remote.addr.clone(),
+                            found,
+                        })
+                    }
                     e if e.is_transient() => last = e.to_string(),
                     e => {
                         return Err(ClientError::Protocol {
@@ -283,7 +298,7 @@ async fn try_call(
         let connect = async {
             let s = TcpStream::connect(&remote.addr).await?;
             let _ = s.set_nodelay(true);
-            Connection::client(s, key, cfg.max_frame).await
+            Connection::client(s, key, Role::CheckpointServer, cfg.max_frame).await
         };
         let conn = tokio::time::timeout(cfg.connect_timeout, connect)
             .await

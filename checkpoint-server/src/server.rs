@@ -36,7 +36,7 @@ use crate::erasure::verify_fragment;
 use crate::key::Key;
 use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot, PROTOCOL_VERSION};
 use crate::store::{PageLimit, Store, StoreError};
-use crate::wire::{Connection, FrameBudget, WireError, DEFAULT_MAX_FRAME};
+use crate::wire::{Connection, FrameBudget, Role, WireError, DEFAULT_MAX_FRAME};
 
 /// First pause after a failed `accept` (rule 5).
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -393,7 +393,8 @@ impl Server {
 async fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), WireError> {
     let _ = stream.set_nodelay(true);
     let cfg = &shared.config;
-    let mut conn = Connection::server(stream, &shared.key, cfg.max_frame).await?;
+    let mut conn =
+        Connection::server(stream, &shared.key, Role::CheckpointServer, cfg.max_frame).await?;
     let limit = PageLimit {
         max_keys: cfg.page_keys,
         max_bytes: cfg.page_bytes,

@@ -565,9 +565,11 @@ impl RemoteStore {
         for r in store.client.hello_all() {
             match r {
                 Ok(()) => {}
-                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                    return Err(StoreError::Refused(e.to_string()))
-                }
+                Err(
+                    e @ (ClientError::WrongKey { .. }
+                    | ClientError::WrongServer { .. }
+                    | ClientError::Protocol { .. }),
+                ) => return Err(StoreError::Refused(e.to_string())),
                 Err(e) => unreachable.push(e.to_string()),
             }
         }
@@ -685,9 +687,11 @@ impl RemoteStore {
                         self.spec.addrs[i]
                     )))
                 }
-                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                    return Err(StoreError::Refused(e.to_string()))
-                }
+                Err(
+                    e @ (ClientError::WrongKey { .. }
+                    | ClientError::WrongServer { .. }
+                    | ClientError::Protocol { .. }),
+                ) => return Err(StoreError::Refused(e.to_string())),
                 Err(e) => failed.push(e.to_string()),
             }
         }
@@ -923,9 +927,11 @@ impl RemoteStore {
                 "checkpoint server {} answered a scan with {other:?}",
                 self.spec.addrs[i]
             ))),
-            Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                Err(StoreError::Refused(e.to_string()))
-            }
+            Err(
+                e @ (ClientError::WrongKey { .. }
+                | ClientError::WrongServer { .. }
+                | ClientError::Protocol { .. }),
+            ) => Err(StoreError::Refused(e.to_string())),
             Err(e) => Ok(Err(e.to_string())),
         }
     }
@@ -1013,9 +1019,11 @@ impl RemoteStore {
                         self.spec.addrs[i]
                     )))
                 }
-                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                    return Err(StoreError::Refused(e.to_string()))
-                }
+                Err(
+                    e @ (ClientError::WrongKey { .. }
+                    | ClientError::WrongServer { .. }
+                    | ClientError::Protocol { .. }),
+                ) => return Err(StoreError::Refused(e.to_string())),
                 Err(e) => unreachable.push(e.to_string()),
             }
         }
@@ -1191,9 +1199,11 @@ impl Store for RemoteStore {
                 Ok(Response::Value(Some(Slot::Corrupt(_)))) => Seen::Corrupt,
                 Ok(Response::Failed(why)) => Seen::Unreachable(why),
                 Ok(other) => Seen::Unreachable(format!("unexpected answer {other:?}")),
-                Err(e @ (ClientError::WrongKey { .. } | ClientError::Protocol { .. })) => {
-                    return Err(StoreError::Refused(e.to_string()))
-                }
+                Err(
+                    e @ (ClientError::WrongKey { .. }
+                    | ClientError::WrongServer { .. }
+                    | ClientError::Protocol { .. }),
+                ) => return Err(StoreError::Refused(e.to_string())),
                 Err(e) => Seen::Unreachable(e.to_string()),
             });
         }

@@ -32,6 +32,13 @@
 //!    traffic (forward secrecy). The whole handshake has a deadline ([`HANDSHAKE_TIMEOUT`]).
 //!    The refusal bytes are not authenticated: forging one only does what closing the
 //!    connection does.
+//! 2a. **Roles.** Each end says in its handshake message's (encrypted, authenticated) payload
+//!    what it is: the client the [`Role`] it expects to reach, the server the role it serves
+//!    (one byte each). A client that reached another kind of server (a store client at a
+//!    coordinator's port, a worker at a checkpoint server's) gets [`WireError::WrongRole`]
+//!    naming both, and the server, having answered, ends the connection with a
+//!    [`WireError::Handshake`] that names both (it logs it). An empty payload states no role (a peer that predates roles) and is
+//!    accepted, so the hello and answer sizes are the only change (57 and 50 bytes).
 //! 3. **Session.** The handshake splits into one ChaCha20-Poly1305 key per direction. A frame
 //!    carries the plaintext `n (u32 LE) ‖ payload`, cut into pieces of at most
 //!    [`MAX_PLAIN`] = 65,519 bytes (a Noise message is at most 65,535 bytes, 16 of them the
@@ -102,10 +109,56 @@ pub const TAG_LEN: usize = 16;
 pub const MAX_PLAIN: usize = MAX_MESSAGE - TAG_LEN;
 /// The sealed copy of the frame length that opens a frame's plaintext (rule 3).
 const HEADER_LEN: usize = 4;
-/// Largest handshake frame (rule 7): a hello is 56 bytes, an answer 49.
+/// Largest handshake frame (rule 7): a hello is 57 bytes, an answer 50.
 const HANDSHAKE_MAX: usize = 64;
 /// Bytes of an ephemeral X25519 public key.
 const DH_LEN: usize = 32;
+
+/// What a listening end serves (rule 2a): stated by a server in its handshake answer, and
+/// expected by a client in its hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A checkpoint server (`checkpoint-server`): the remote store.
+    CheckpointServer,
+    /// A cluster coordinator (`APP coordinator`): workers, submitters, status and the oracle.
+    Coordinator,
+    /// A cluster worker's peer port (`APP worker`): links from other workers.
+    Worker,
+}
+
+impl Role {
+    fn byte(self) -> u8 {
+        match self {
+            Role::CheckpointServer => 1,
+            Role::Coordinator => 2,
+            Role::Worker => 3,
+        }
+    }
+
+    /// The role a handshake payload states: `Ok(None)` for none (an empty payload).
+    fn from_payload(p: &[u8]) -> Result<Option<Role>, WireError> {
+        match p {
+            [] => Ok(None),
+            [1] => Ok(Some(Role::CheckpointServer)),
+            [2] => Ok(Some(Role::Coordinator)),
+            [3] => Ok(Some(Role::Worker)),
+            _ => Err(WireError::Handshake(format!(
+                "the peer states an unknown role ({} bytes)",
+                p.len()
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::CheckpointServer => "a checkpoint server",
+            Role::Coordinator => "a coordinator",
+            Role::Worker => "a worker's peer port",
+        })
+    }
+}
 
 /// What went wrong on a connection, grouped by what the caller should do. After any of these
 /// the connection is closed (rule 5).
@@ -125,6 +178,15 @@ pub enum WireError {
     /// The peer does not know our key (or we do not know its): use the same key file on both.
     #[error("peer failed to prove knowledge of the shared key (different key files?)")]
     WrongKey,
+    /// The server serves another role than the one this client expects (rule 2a): the
+    /// address names another kind of veriflow server.
+    #[error("the peer is {found}, not {expected}")]
+    WrongRole {
+        /// What this client expected.
+        expected: Role,
+        /// What the server is.
+        found: Role,
+    },
     // --- the peer broke the protocol (a bug or an attack); the connection is closed ---
     /// A frame's length field exceeds the maximum (checked before allocating).
     #[error("frame of {len} bytes exceeds the maximum of {max}")]
@@ -582,20 +644,31 @@ pub struct Connection<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
-    /// Runs the client side of the handshake (rule 2) on `stream`.
-    pub async fn client(stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
+    /// Runs the client side of the handshake (rules 2, 2a) on `stream`, to a server that
+    /// serves `expect`.
+    pub async fn client(
+        stream: S,
+        key: &Key,
+        expect: Role,
+        max_frame: usize,
+    ) -> Result<Self, WireError> {
         with_deadline(
             HANDSHAKE_TIMEOUT,
-            Self::client_inner(stream, key, max_frame),
+            Self::client_inner(stream, key, expect, max_frame),
         )
         .await
     }
 
-    async fn client_inner(mut stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
+    async fn client_inner(
+        mut stream: S,
+        key: &Key,
+        expect: Role,
+        max_frame: usize,
+    ) -> Result<Self, WireError> {
         let mut hs = handshake_state(key, true)?;
-        let mut hello = [0u8; DH_LEN + TAG_LEN];
+        let mut hello = [0u8; DH_LEN + 1 + TAG_LEN];
         let len = hs
-            .write_message(&[], &mut hello)
+            .write_message(&[expect.byte()], &mut hello)
             .map_err(|e| WireError::Handshake(format!("hello: {e}")))?;
         write_raw(&mut stream, &[HELLO_MAGIC, &hello[..len]]).await?;
         let reply = read_raw(&mut stream, HANDSHAKE_MAX).await?;
@@ -616,9 +689,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 )))
             }
         }
-        let mut none = [0u8; HANDSHAKE_MAX];
-        hs.read_message(&reply[1..], &mut none)
+        let mut payload = [0u8; HANDSHAKE_MAX];
+        let n = hs
+            .read_message(&reply[1..], &mut payload)
             .map_err(|_| WireError::WrongKey)?;
+        match Role::from_payload(&payload[..n])? {
+            Some(found) if found != expect => {
+                return Err(WireError::WrongRole {
+                    expected: expect,
+                    found,
+                })
+            }
+            _ => {}
+        }
         let binding = binding_of(&hs);
         Ok(Self {
             stream,
@@ -630,16 +713,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         })
     }
 
-    /// Runs the server side of the handshake (rule 2) on `stream`.
-    pub async fn server(stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
+    /// Runs the server side of the handshake (rules 2, 2a) on `stream`, serving `role`.
+    pub async fn server(
+        stream: S,
+        key: &Key,
+        role: Role,
+        max_frame: usize,
+    ) -> Result<Self, WireError> {
         with_deadline(
             HANDSHAKE_TIMEOUT,
-            Self::server_inner(stream, key, max_frame),
+            Self::server_inner(stream, key, role, max_frame),
         )
         .await
     }
 
-    async fn server_inner(mut stream: S, key: &Key, max_frame: usize) -> Result<Self, WireError> {
+    async fn server_inner(
+        mut stream: S,
+        key: &Key,
+        role: Role,
+        max_frame: usize,
+    ) -> Result<Self, WireError> {
         let hello = read_raw(&mut stream, HANDSHAKE_MAX).await?;
         if hello.len() < HELLO_MAGIC.len() || &hello[..HELLO_MAGIC.len()] != HELLO_MAGIC {
             // Best effort: the peer may already be gone.
@@ -655,19 +748,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             return Err(WireError::Handshake(what));
         }
         let mut hs = handshake_state(key, false)?;
-        let mut none = [0u8; HANDSHAKE_MAX];
-        if hs
-            .read_message(&hello[HELLO_MAGIC.len()..], &mut none)
-            .is_err()
-        {
+        let mut payload = [0u8; HANDSHAKE_MAX];
+        let Ok(n) = hs.read_message(&hello[HELLO_MAGIC.len()..], &mut payload) else {
             let _ = write_raw(&mut stream, &[&[REFUSE_KEY]]).await;
             return Err(WireError::WrongKey);
-        }
-        let mut answer = [0u8; DH_LEN + TAG_LEN];
+        };
+        let wanted = Role::from_payload(&payload[..n])?;
+        let mut answer = [0u8; DH_LEN + 1 + TAG_LEN];
         let len = hs
-            .write_message(&[], &mut answer)
+            .write_message(&[role.byte()], &mut answer)
             .map_err(|e| WireError::Handshake(format!("answer: {e}")))?;
         write_raw(&mut stream, &[&[ACCEPT], &answer[..len]]).await?;
+        // Rule 2a: answered first, so the client learns what it reached.
+        match wanted {
+            Some(wanted) if wanted != role => {
+                return Err(WireError::Handshake(format!(
+                    "a client looking for {wanted} reached {role}: check its address"
+                )))
+            }
+            _ => {}
+        }
         let binding = binding_of(&hs);
         Ok(Self {
             stream,
@@ -909,8 +1009,11 @@ mod tests {
         let (a, b) = tokio::io::duplex(1 << 20);
         let ka = ka.clone();
         let kb = kb.clone();
-        let server = tokio::spawn(async move { Connection::server(b, &kb, 1 << 20).await });
-        let client = Connection::client(a, &ka, 1 << 20).await;
+        let server =
+            tokio::spawn(
+                async move { Connection::server(b, &kb, Role::Coordinator, 1 << 20).await },
+            );
+        let client = Connection::client(a, &ka, Role::Coordinator, 1 << 20).await;
         let server = server.await.expect("server task");
         (client, server)
     }
@@ -978,12 +1081,63 @@ mod tests {
     }
 
     #[test]
+    fn a_client_at_another_kind_of_server_is_told_what_it_reached() {
+        rt().block_on(async {
+            let k = Key::from_bytes([3; 32]);
+            let (a, b) = tokio::io::duplex(1024);
+            let kk = k.clone();
+            let server = tokio::spawn(async move {
+                Connection::server(b, &kk, Role::CheckpointServer, 1024).await
+            });
+            let c = Connection::client(a, &k, Role::Coordinator, 1024).await;
+            match c {
+                Err(e @ WireError::WrongRole { .. }) => assert_eq!(
+                    e.to_string(),
+                    "the peer is a checkpoint server, not a coordinator"
+                ),
+                other => panic!("{other:?}"),
+            }
+            match server.await.unwrap() {
+                Err(WireError::Handshake(m)) => assert_eq!(
+                    m,
+                    "a client looking for a coordinator reached a checkpoint server: check its address"
+                ),
+                other => panic!("{other:?}"),
+            }
+        });
+    }
+
+    #[test]
+    fn a_peer_that_states_no_role_is_accepted() {
+        rt().block_on(async {
+            // A client from before rule 2a: an empty hello payload.
+            let k = Key::from_bytes([4; 32]);
+            let (mut a, b) = tokio::io::duplex(1024);
+            let kk = k.clone();
+            let server =
+                tokio::spawn(async move { Connection::server(b, &kk, Role::Worker, 1024).await });
+            let mut hs = handshake_state(&k, true).unwrap();
+            let mut hello = [0u8; HANDSHAKE_MAX];
+            let n = hs.write_message(&[], &mut hello).unwrap();
+            write_raw(&mut a, &[HELLO_MAGIC, &hello[..n]])
+                .await
+                .unwrap();
+            let reply = read_raw(&mut a, HANDSHAKE_MAX).await.unwrap();
+            assert_eq!(reply[0], ACCEPT);
+            let mut role = [0u8; HANDSHAKE_MAX];
+            let n = hs.read_message(&reply[1..], &mut role).unwrap();
+            assert_eq!(Role::from_payload(&role[..n]).unwrap(), Some(Role::Worker));
+            assert!(server.await.unwrap().is_ok());
+        });
+    }
+
+    #[test]
     fn a_server_answer_under_another_key_is_refused() {
         rt().block_on(async {
             // A man in the middle without the key: it answers the hello itself.
             let (a, mut b) = tokio::io::duplex(1024);
             let client = tokio::spawn(async move {
-                Connection::client(a, &Key::from_bytes([1; 32]), 1024).await
+                Connection::client(a, &Key::from_bytes([1; 32]), Role::Coordinator, 1024).await
             });
             let hello = read_raw(&mut b, HANDSHAKE_MAX).await.unwrap();
             let mut hs = handshake_state(&Key::from_bytes([2; 32]), false).unwrap();
@@ -1118,7 +1272,9 @@ mod tests {
             ] {
                 let (mut a, b) = tokio::io::duplex(1024);
                 let kk = k.clone();
-                let server = tokio::spawn(async move { Connection::server(b, &kk, 1024).await });
+                let server = tokio::spawn(async move {
+                    Connection::server(b, &kk, Role::Coordinator, 1024).await
+                });
                 write_raw(&mut a, &[&hello]).await.unwrap();
                 // The peer gets a one-byte refusal, not silence and not garbage.
                 let answer = read_raw(&mut a, HANDSHAKE_MAX).await.unwrap();
@@ -1133,7 +1289,10 @@ mod tests {
             // And a v2 client told so says which version it speaks.
             let (a, mut b) = tokio::io::duplex(1024);
             let kk = k.clone();
-            let client = tokio::spawn(async move { Connection::client(a, &kk, 1024).await });
+            let client =
+                tokio::spawn(
+                    async move { Connection::client(a, &kk, Role::Coordinator, 1024).await },
+                );
             let _hello = read_raw(&mut b, HANDSHAKE_MAX).await.unwrap();
             write_raw(&mut b, &[&[REFUSE_VERSION]]).await.unwrap();
             let r = client.await.unwrap();
@@ -1153,7 +1312,9 @@ mod tests {
             let kk = k.clone();
             let server = tokio::spawn(async move {
                 let (st, _) = l.accept().await.unwrap();
-                let c = Connection::server(st, &kk, 1 << 20).await.unwrap();
+                let c = Connection::server(st, &kk, Role::Coordinator, 1 << 20)
+                    .await
+                    .unwrap();
                 let (mut r, mut w) = c.into_split();
                 for _ in 0..3 {
                     let m: Msg = r.recv().await.unwrap();
@@ -1161,7 +1322,9 @@ mod tests {
                 }
             });
             let st = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let mut c = Connection::client(st, &k, 1 << 20).await.unwrap();
+            let mut c = Connection::client(st, &k, Role::Coordinator, 1 << 20)
+                .await
+                .unwrap();
             c.send(&Msg::Ping(1)).await.unwrap();
             assert_eq!(c.recv::<Msg>().await.unwrap(), Msg::Ping(1));
             let (mut r, mut w) = c.into_split();

@@ -10,7 +10,7 @@ use common::Setup;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use veriflow_checkpoint::wire::{Connection, WireError, DEFAULT_MAX_FRAME};
+use veriflow_checkpoint::wire::{Connection, Role, WireError, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{open_store, Key, StoreSpec};
 
 /// The first variant of the server's response enum (`Done`): enough to read a ping's answer.
@@ -27,7 +27,7 @@ const HANG_GUARD: Duration = Duration::from_secs(30);
 
 async fn connect(addr: &str, key: &Key) -> Connection<TcpStream> {
     let s = TcpStream::connect(addr).await.expect("connect");
-    Connection::client(s, key, DEFAULT_MAX_FRAME)
+    Connection::client(s, key, Role::CheckpointServer, DEFAULT_MAX_FRAME)
         .await
         .expect("handshake")
 }
@@ -79,7 +79,13 @@ fn server_refuses_bad_clients_and_keeps_serving() {
     // 1. Wrong key: the server refuses the hello and the client is told so.
     rt.block_on(async {
         let st = TcpStream::connect(&addr).await.unwrap();
-        let r = Connection::client(st, &Key::generate(), DEFAULT_MAX_FRAME).await;
+        let r = Connection::client(
+            st,
+            &Key::generate(),
+            Role::CheckpointServer,
+            DEFAULT_MAX_FRAME,
+        )
+        .await;
         assert!(matches!(r, Err(WireError::WrongKey)), "{r:?}");
     });
     good_client_works(&addr, &key, 1);

@@ -51,6 +51,17 @@ pub enum ClusterError {
         /// Why.
         reason: String,
     },
+    /// The address is another kind of veriflow server (a checkpoint server, a worker's peer
+    /// port) than the one this end wanted.
+    #[error("{addr} is {found}, not {expected}")]
+    WrongServer {
+        /// The address.
+        addr: String,
+        /// What this end wanted there.
+        expected: veriflow_checkpoint::wire::Role,
+        /// What answered.
+        found: veriflow_checkpoint::wire::Role,
+    },
     /// The store could not be opened.
     #[error("cannot open the store {spec}: {reason}")]
     Store {
@@ -88,9 +99,25 @@ impl ClusterError {
     }
 
     pub(crate) fn wire(addr: &str, source: WireError) -> Self {
-        ClusterError::Wire {
-            addr: addr.to_string(),
-            source,
+        match source {
+            WireError::WrongRole { expected, found } => ClusterError::WrongServer {
+                addr: addr.to_string(),
+                expected,
+                found,
+            },
+            source => ClusterError::Wire {
+                addr: addr.to_string(),
+                source,
+            },
         }
+    }
+
+    /// A refusal that trying again, or another address of the same list, would not change:
+    /// a coordinator said no, or the address is another kind of server.
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ClusterError::Refused { .. } | ClusterError::WrongServer { .. }
+        )
     }
 }

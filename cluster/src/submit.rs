@@ -100,7 +100,7 @@ pub(crate) async fn find<T: serde::de::DeserializeOwned>(
             tries += 1;
             let conn = match connect_once(addr, key).await {
                 Ok(c) => c,
-                Err(e @ ClusterError::Refused { .. }) => return Err(e),
+                Err(e) if e.is_refusal() => return Err(e),
                 Err(e) => {
                     last = e.to_string();
                     continue;

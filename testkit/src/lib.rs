@@ -177,22 +177,29 @@ impl Proc {
     }
 }
 
-/// The `checkpoint-server` binary, built first if it is not there yet.
+/// The `checkpoint-server` binary, brought up to date once per test process: `cargo test -p
+/// APP` builds only APP's binaries, and a stale server from an older build would speak an
+/// older protocol than the app under test (cargo's check costs a second when it is fresh).
 pub fn checkpoint_server_binary() -> PathBuf {
-    if let Some(b) = veriflow_checkpoint::launch::server_binary() {
-        return b;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args([
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        if std::env::var_os("VERIFLOW_CHECKPOINT_SERVER").is_some() {
+            return; // the caller names its own
+        }
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args([
             "build",
             "-p",
             "veriflow-checkpoint",
             "--bin",
             "checkpoint-server",
-        ])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success());
+        ]);
+        if !cfg!(debug_assertions) {
+            cargo.arg("--release"); // beside a release build's binaries (`paper`)
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success(), "building checkpoint-server failed");
+    });
     veriflow_checkpoint::launch::server_binary().expect("built")
 }
 

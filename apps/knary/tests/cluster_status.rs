@@ -142,3 +142,42 @@ fn status_with_a_wrong_key_or_no_coordinator_fails_with_a_clear_error() {
     // Usage errors are clap's.
     knary(&["status", "--key", s(&c.key)]).expect_code(2);
 }
+
+/// Issue 18 point 6 (wire.rs rule 2a): a client that reaches another kind of veriflow server
+/// says what it reached, and fails at once instead of retrying: `status` and a worker given a
+/// checkpoint server's address, a run given a coordinator's address as its store.
+#[test]
+fn a_client_at_the_wrong_kind_of_server_says_what_it_reached() {
+    let c = Cluster::start(bin(), 1, 0, &[]);
+    let server = c
+        .store
+        .strip_prefix("central:")
+        .expect("a central store")
+        .to_string();
+    let coordinator = &c.coordinator_addrs[0];
+    knary(&["status", "--coordinator", &server, "--key", s(&c.key)])
+        .expect_code(1)
+        .stderr_has(&format!(
+            "{server} is a checkpoint server, not a coordinator"
+        ));
+    knary(&["worker", "--join", &server, "--key", s(&c.key)])
+        .expect_code(1)
+        .stderr_has(&format!(
+            "{server} is a checkpoint server, not a coordinator"
+        ));
+    knary(&[
+        "run",
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+        "--store",
+        &format!("central:{coordinator}"),
+        "--key",
+        s(&c.key),
+    ])
+    .expect_code(1)
+    .stderr_has(&format!(
+        "{coordinator} is a coordinator, not a checkpoint server"
+    ));
+}

@@ -267,7 +267,10 @@ fn inspect_reads_a_run_while_it_runs() {
     }
     run.proc.signal("-INT");
     let (code, _, stderr, _) = run.finish(Duration::from_secs(60));
-    assert_eq!(code, 130, "the run went on undisturbed until stopped\n{stderr}");
+    assert_eq!(
+        code, 130,
+        "the run went on undisturbed until stopped\n{stderr}"
+    );
     let ins = inspect_dir(&dir);
     assert_eq!(ins["status"], "Interrupted", "{ins}");
     assert!(

@@ -126,7 +126,7 @@ async fn wait_until(what: &str, cond: impl Fn() -> bool) {
 
 async fn connect(addr: &str, key: &Key) -> Result<Connection<TcpStream>, WireError> {
     let s = TcpStream::connect(addr).await?;
-    Connection::client(s, key, DEFAULT_MAX_FRAME).await
+    Connection::client(s, key, Role::CheckpointServer, DEFAULT_MAX_FRAME).await
 }
 
 async fn connect_from(
@@ -137,7 +137,7 @@ async fn connect_from(
     let sock = tokio::net::TcpSocket::new_v4()?;
     sock.bind(local.parse().unwrap())?;
     let s = sock.connect(addr.parse().unwrap()).await?;
-    Connection::client(s, key, DEFAULT_MAX_FRAME).await
+    Connection::client(s, key, Role::CheckpointServer, DEFAULT_MAX_FRAME).await
 }
 
 async fn ping(c: &mut Connection<TcpStream>) -> Result<(), WireError> {
@@ -662,7 +662,9 @@ fn a_protocol_1_server_is_refused_at_open_as_too_old() {
             };
             let k = k.clone();
             tokio::spawn(async move {
-                let Ok(mut c) = Connection::server(s, &k, DEFAULT_MAX_FRAME).await else {
+                let Ok(mut c) =
+                    Connection::server(s, &k, Role::CheckpointServer, DEFAULT_MAX_FRAME).await
+                else {
                     return;
                 };
                 // Serves pings; anything it cannot decode closes the connection (wire rule 5).

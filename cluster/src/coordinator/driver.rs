@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::AbortHandle;
-use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
+use veriflow_checkpoint::wire::{self, Connection, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{Key, Store};
 use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{terminal_outputs, LogReader, Manifest, RunStatus};
@@ -402,7 +402,7 @@ async fn connection(
     events: UnboundedSender<Input>,
     role: &Role,
 ) {
-    let conn = match Connection::server(stream, &key, MAX_FRAME).await {
+    let conn = match Connection::server(stream, &key, wire::Role::Coordinator, MAX_FRAME).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("refused a connection from {peer}: {e}");

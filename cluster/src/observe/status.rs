@@ -13,7 +13,7 @@ pub fn status(addr: &str, key: &Key) -> Result<ClusterStatus, ClusterError> {
     let rt = crate::client_runtime()?;
     rt.block_on(async {
         let conn = connect_once(addr, key).await.map_err(|e| match e {
-            ClusterError::Refused { .. } => e,
+            e if e.is_refusal() => e,
             e => ClusterError::Unreachable {
                 addr: addr.to_string(),
                 tries: 1,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use veriflow_checkpoint::wire::{Connection, DEFAULT_MAX_FRAME};
+use veriflow_checkpoint::wire::{Connection, Role, WireError, DEFAULT_MAX_FRAME};
 use veriflow_checkpoint::{open_store, Key, Store, StoreSpec};
 use veriflow_runtime::transport::Router;
 use veriflow_runtime::{Clock, Control, Member, MemberStatus, SystemClock, VnodeId};
@@ -235,7 +235,7 @@ async fn link(
         .await
         .map_err(|e| ClusterError::net(addr, e))?;
     let _ = stream.set_nodelay(true);
-    let conn = Connection::client(stream, key, DEFAULT_MAX_FRAME)
+    let conn = Connection::client(stream, key, Role::Worker, DEFAULT_MAX_FRAME)
         .await
         .map_err(|e| ClusterError::wire(addr, e))?;
     let proof = hello_proof(link_key, &conn.channel_binding(), me, to);
@@ -285,7 +285,8 @@ async fn peer_listener(listener: TcpListener, driver: Arc<Driver>) {
 
 async fn serve_peer(stream: TcpStream, peer: SocketAddr, driver: &Arc<Driver>) {
     let me = driver.state().core.id();
-    let conn = match Connection::server(stream, &driver.key, DEFAULT_MAX_FRAME).await {
+    let conn = match Connection::server(stream, &driver.key, Role::Worker, DEFAULT_MAX_FRAME).await
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("worker {me}: refused a peer connection from {peer}: {e}");
@@ -327,7 +328,8 @@ async fn serve_peer(stream: TcpStream, peer: SocketAddr, driver: &Arc<Driver>) {
     }
 }
 
-/// One connection attempt: a wrong key is [`ClusterError::Refused`], the rest transient.
+/// One connection attempt: a wrong key is [`ClusterError::Refused`], another kind of server
+/// [`ClusterError::WrongServer`], the rest transient.
 pub(crate) async fn connect_once(
     addr: &str,
     key: &Key,
@@ -336,8 +338,9 @@ pub(crate) async fn connect_once(
         .await
         .map_err(|e| ClusterError::net(addr, e))?;
     let _ = s.set_nodelay(true);
-    match Connection::client(s, key, DEFAULT_MAX_FRAME).await {
+    match Connection::client(s, key, Role::Coordinator, DEFAULT_MAX_FRAME).await {
         Ok(c) => Ok(c),
+        Err(e @ WireError::WrongRole { .. }) => Err(ClusterError::wire(addr, e)),
         Err(e) if e.is_transient() => Err(ClusterError::wire(addr, e)),
         Err(e) => Err(ClusterError::Refused {
             addr: addr.to_string(),
@@ -426,7 +429,7 @@ async fn find_coordinator(
             match greet(addr, key, &hello).await {
                 Ok(a @ Answer::Welcome { .. }) => return Ok((addr.clone(), a)),
                 Ok(Answer::Standby) => last = format!("{addr} is a standby"),
-                Err(e @ ClusterError::Refused { .. }) => return Err(e),
+                Err(e) if e.is_refusal() => return Err(e),
                 Err(e) => last = e.to_string(),
             }
         }
