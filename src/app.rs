@@ -19,6 +19,12 @@
 //! `certify --verify --public-key` needs. Old certificates sealed with a MAC (format 1) verify
 //! with `--oracle-key` only (`veriflow_certifier::certificate`, rule 3).
 //!
+//! `run --help` shows what applies to the program: the iterative-only options (`--kill-every`,
+//! `--loss`) only for programs with an iterative mode ([`Program::ITERATIVE`]), and they are a
+//! usage error in a data-flow run; [`Program::RUN_AFTER_HELP`] points to other modes' options.
+//! A short `-n` is always the problem's size n as its paper writes it (knary's depth, N-Queens'
+//! board size).
+//!
 //! Exit status: 0 on success (and ACCEPT), 1 when the run fails, its result is wrong or the
 //! certifier says REJECT, 2 on bad usage (clap's own code for a bad flag, also used for invalid
 //! program options), 128 + the signal (130, 143) when SIGINT or SIGTERM stopped a run, which
@@ -78,6 +84,11 @@ pub trait Program: Args + Clone + Send + Sync + 'static {
         &self,
         outputs: &<Self::Root as Task>::Outputs,
     ) -> Result<serde_json::Value, WrongResult>;
+    /// Whether some options select iterative mode ([`Program::iterative`]): `run --help` shows
+    /// the iterative-only options (`--kill-every`, `--loss`) only for such programs.
+    const ITERATIVE: bool = false;
+    /// Said at the end of `run --help` (other modes' options, say).
+    const RUN_AFTER_HELP: Option<&'static str> = None;
     /// Iterative mode (paper 000): `Some` when these options select it. Cluster members then
     /// run the blocks with `veriflow_runtime::iterative::run_member` instead of the data-flow
     /// runtime, and the job's result is [`Iterative::check`] of the final states.
@@ -212,12 +223,24 @@ fn command<P: Program>() -> clap::Command {
         .about(P::ABOUT)
         .version(env!("CARGO_PKG_VERSION"))
         .mut_subcommand("run", |run| {
-            run.mut_args(|a| match run_heading(a.get_id().as_str()) {
-                Some(heading) => a.help_heading(heading),
-                None => a,
-            })
+            let run = run.mut_args(|a| {
+                let id = a.get_id().as_str();
+                let hide = !P::ITERATIVE && ITERATIVE_ONLY.contains(&id);
+                match run_heading(id) {
+                    Some(heading) => a.help_heading(heading).hide(hide),
+                    None => a,
+                }
+            });
+            match P::RUN_AFTER_HELP {
+                Some(text) => run.after_help(text),
+                None => run,
+            }
         })
 }
+
+/// `run` options of iterative mode only: hidden for programs without it, refused in a data-flow
+/// run ([`RuntimeArgs::check_dataflow`]).
+const ITERATIVE_ONLY: [&str; 2] = ["kill_every_ms", "loss"];
 
 /// The group of a `run` option in `--help`: the program's own options first, then the
 /// runtime, storage, faults and certification.
@@ -514,19 +537,41 @@ pub(crate) struct RuntimeArgs {
         conflicts_with = "no_checkpoint"
     )]
     pub(crate) kill_random: u32,
-    /// Iterative runs: with --kill-random K, a vnode killed every MS milliseconds.
-    #[arg(long = "kill-every", value_name = "MS", default_value_t = 1000,
+    /// Iterative runs: with --kill-random K, a vnode killed every MS milliseconds [default:
+    /// 1000].
+    #[arg(long = "kill-every", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
-    pub(crate) kill_every_ms: u64,
-    /// Iterative runs: fault injection, each message lost with probability P (0 <= P < 1).
-    #[arg(long, value_name = "P", default_value_t = 0.0)]
-    pub(crate) loss: f64,
+    pub(crate) kill_every_ms: Option<u64>,
+    /// Iterative runs: fault injection, each message lost with probability P (0 <= P < 1)
+    /// [default: 0].
+    #[arg(long, value_name = "P")]
+    pub(crate) loss: Option<f64>,
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
 impl RuntimeArgs {
+    /// The iterative-only options ([`ITERATIVE_ONLY`]) are usage errors in a data-flow run:
+    /// they would be ignored.
+    fn check_dataflow(&self) -> Result<(), InvalidArgs> {
+        let given: Vec<&str> = [
+            self.kill_every_ms.map(|_| "--kill-every"),
+            self.loss.map(|_| "--loss"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(InvalidArgs(format!(
+            "{} appl{} to iterative runs only, and this is a data-flow run",
+            given.join(" and "),
+            if given.len() == 1 { "ies" } else { "y" },
+        )))
+    }
+
     /// The failures to inject: the explicit ones, then `--kill-random` drawn from the seed
     /// (vnodes uniformly, points uniformly over the expected tasks, or the first 1000), each
     /// moved when due to a vnode holding work if its own holds none ([`Kill::retarget`]).
@@ -639,8 +684,9 @@ impl<P: Program> App<P> {
                     match &iterative {
                         Some(it) => crate::iterative_cli::check(&args, it).map(|()| Vec::new()),
                         None => args
-                            .forge
-                            .check(vnodes)
+                            .runtime
+                            .check_dataflow()
+                            .and_then(|()| args.forge.check(vnodes))
                             .and_then(|()| check_params(&args.certify_params))
                             .and_then(|()| {
                                 args.runtime.kills(vnodes, args.program.expected_tasks())

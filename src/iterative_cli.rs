@@ -52,14 +52,16 @@ pub(crate) fn check<P: Program>(args: &RunArgs<P>, it: &Iterative) -> Result<(),
     {
         return bad("forgery injection needs a data-flow run");
     }
-    if !(0.0..1.0).contains(&rt.loss) {
+    if let Some(loss) = rt.loss.filter(|p| !(0.0..1.0).contains(p)) {
         return Err(InvalidArgs(format!(
-            "--loss {}: a probability in [0, 1)",
-            rt.loss
+            "--loss {loss}: a probability in [0, 1)"
         )));
     }
     it.config.validate().map_err(|e| InvalidArgs(e.to_string()))
 }
+
+/// `--kill-every` when not given: a vnode killed every second.
+const DEFAULT_KILL_EVERY_MS: u64 = 1000;
 
 /// Rule 3.
 pub(crate) fn run<P: Program>(args: &RunArgs<P>, it: Iterative) -> Result<(), CliError> {
@@ -69,10 +71,10 @@ pub(crate) fn run<P: Program>(args: &RunArgs<P>, it: Iterative) -> Result<(), Cl
         config.store = Some(rt.store.open(&spec)?);
     }
     let opts = Embedded {
-        loss: rt.loss,
+        loss: rt.loss.unwrap_or(0.0),
         seed: rt.seed,
         kills: (rt.kill_random > 0).then_some(IterKills {
-            every: Duration::from_millis(rt.kill_every_ms),
+            every: Duration::from_millis(rt.kill_every_ms.unwrap_or(DEFAULT_KILL_EVERY_MS)),
             count: rt.kill_random,
             seed: rt.seed ^ 0x6b69_6c6c, // "kill"
         }),

@@ -132,6 +132,11 @@ impl Cg {
 impl Program for Cg {
     const NAME: &'static str = "cg";
     const ABOUT: &'static str = env!("CARGO_PKG_DESCRIPTION");
+    const RUN_AFTER_HELP: Option<&'static str> = Some(
+        "With --mode spmd (workers owning row blocks, encoded diskless checkpoints), run takes \
+         its own options (--checkpoint-every, --encoding, --kill-worker, ...): see `cg run \
+         --mode spmd --help`.",
+    );
     type Root = Start;
 
     fn register(registry: &mut Registry) -> Result<(), RegistryError> {
@@ -305,41 +310,51 @@ impl Report {
 #[derive(Args, Clone, Debug)]
 pub struct SpmdArgs {
     /// Workers P: vnodes owning row blocks (1 <= P <= --blocks) [default: --blocks].
-    #[arg(long, value_name = "P", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(help_heading = "Runtime", long, value_name = "P", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub vnodes: Option<u32>,
     /// Iterations between checkpoints C (>= 1).
-    #[arg(long, value_name = "C", default_value_t = 100,
+    #[arg(help_heading = "Checkpoints", long, value_name = "C", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: u64,
     /// How checkpoints are encoded: checksum (XOR on one extra vnode), rs:K (Reed-Solomon on K
     /// extra vnodes), float-sum (the paper's floating-point checksum), or none (a failure
     /// restarts the solve).
-    #[arg(long, value_name = "checksum|rs:K|float-sum|none", default_value = "checksum",
+    #[arg(help_heading = "Checkpoints", long, value_name = "checksum|rs:K|float-sum|none", default_value = "checksum",
           value_parser = Encoding::from_str)]
     pub encoding: Encoding,
     /// Keep the encoding on a store instead of the extra vnodes' memory: local:DIR, memory, or
     /// checkpoint servers (central:ADDR, replicate:R:ADDR,..., parity:M:ADDR,..., ida:M,K:ADDR,...).
-    #[arg(long, value_name = "SPEC")]
+    #[arg(help_heading = "Checkpoints", long, value_name = "SPEC")]
     pub store: Option<StoreSpec>,
     /// Key file shared with the checkpoint servers (a remote --store needs it).
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Checkpoints", long, value_name = "FILE")]
     pub key: Option<PathBuf>,
     /// Fault injection: worker W loses its state...; repeatable, paired in order with
     /// --kill-at-iteration.
-    #[arg(long = "kill-worker", value_name = "W")]
+    #[arg(help_heading = "Faults", long = "kill-worker", value_name = "W")]
     pub kill_worker: Vec<u32>,
     /// ... when it starts iteration I.
-    #[arg(long = "kill-at-iteration", value_name = "I")]
+    #[arg(help_heading = "Faults", long = "kill-at-iteration", value_name = "I")]
     pub kill_at_iteration: Vec<u64>,
     /// Fault injection: N kills, workers and iterations drawn from --kill-seed among the
     /// iterations the solve reaches (found by a fault-free solve first, same bits).
-    #[arg(long = "kill-random", value_name = "N", default_value_t = 0)]
+    #[arg(
+        help_heading = "Faults",
+        long = "kill-random",
+        value_name = "N",
+        default_value_t = 0
+    )]
     pub kill_random: u32,
     /// Seed of --kill-random.
-    #[arg(long = "kill-seed", value_name = "S", default_value_t = 0)]
+    #[arg(
+        help_heading = "Faults",
+        long = "kill-seed",
+        value_name = "S",
+        default_value_t = 0
+    )]
     pub kill_seed: u64,
     /// Print one JSON object instead of the human summary.
-    #[arg(long)]
+    #[arg(long, help_heading = "Runtime")]
     pub json: bool,
 }
 
@@ -354,7 +369,7 @@ struct SpmdCli {
 enum SpmdCommand {
     /// Run CG with --mode spmd: workers owning row blocks, encoded diskless checkpoints.
     Run {
-        #[command(flatten)]
+        #[command(flatten, next_help_heading = "Program")]
         program: Cg,
         #[command(flatten)]
         spmd: SpmdArgs,

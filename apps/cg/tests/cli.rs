@@ -210,8 +210,33 @@ fn usage_errors_and_bad_files_exit_with_a_message() {
         all.extend_from_slice(args);
         cg_in(t, &all).expect_code(2).stderr_has(needle);
     };
-    // spmd has its own options (tests/spmd.rs): a data-flow-only one is refused.
+    // spmd has its own options (tests/spmd.rs): a data-flow-only one is refused, and `run
+    // --help` says where they are listed, in groups.
     usage(&["--matrix", lund, "--mode", "spmd"], "--no-checkpoint");
+    let help = cg_in(t, &["run", "--help"]);
+    help.expect_code(0);
+    assert!(
+        help.stdout.contains("see `cg run --mode spmd --help`"),
+        "{help}"
+    );
+    let spmd = cg_in(t, &["run", "--mode", "spmd", "--help"]);
+    spmd.expect_code(0);
+    let at = |needle: &str| {
+        spmd.stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("no {needle:?} in {spmd}"))
+    };
+    let groups = [
+        "Program:",
+        "      --matrix <",
+        "Runtime:",
+        "--vnodes <",
+        "Checkpoints:",
+        "--encoding <",
+        "Faults:",
+        "--kill-worker <",
+    ];
+    assert!(groups.windows(2).all(|w| at(w[0]) < at(w[1])), "{spmd}");
     usage(
         &["--matrix", lund, "--mode", "mpi"],
         "\"mpi\" is not a mode",

@@ -945,11 +945,31 @@ fn every_binary_has_a_version_and_usage_errors_exit_2() {
         "--log-dir <",
         "Faults:",
         "--kill-vnode <",
-        "--kill-every <",
+        "--forge-rate <",
         "Certification:",
         "--epsilon <",
     ];
     assert!(groups.windows(2).all(|w| at(w[0]) < at(w[1])), "{run}");
+    // Iterative-only options are neither shown to nor taken by a program without that mode.
+    for flag in ["--kill-every", "--loss"] {
+        assert!(!run.stdout.contains(flag), "{flag} shown:\n{run}");
+    }
+    knary(&["run", "--depth", "2", "--fanout", "2", "--loss", "0.1"])
+        .expect_code(2)
+        .stderr_has("--loss applies to iterative runs only");
+    knary(&[
+        "run",
+        "--depth",
+        "2",
+        "--fanout",
+        "2",
+        "--kill-every",
+        "5",
+        "--loss",
+        "0",
+    ])
+    .expect_code(2)
+    .stderr_has("--kill-every and --loss apply to iterative runs only");
     let server = std::process::Command::new(veriflow_testkit::checkpoint_server_binary())
         .arg("--version")
         .output()

@@ -324,6 +324,7 @@ impl Task for Check {
 impl Program for Transport3d {
     const NAME: &'static str = "transport3d";
     const ABOUT: &'static str = env!("CARGO_PKG_DESCRIPTION");
+    const ITERATIVE: bool = true;
     type Root = Start;
 
     fn register(registry: &mut Registry) -> Result<(), RegistryError> {

@@ -499,6 +499,10 @@ fn cli_bad_values_are_usage_errors() {
             "kill-random",
         ),
         (&["--mode", "async", "--kill-every", "0"][..], "kill-every"),
+        (
+            &["--mode", "dataflow", "--loss", "0.1"][..],
+            "--loss applies to iterative runs only",
+        ),
         (&["--mode", "async", "--certify"][..], "certify"),
         (&["--mode", "async", "--dt", "0"][..], "dt"),
         (&["--mode", "async", "--nx", "2"][..], "nx"),
