@@ -47,7 +47,7 @@ use veriflow_certifier::{
     VerifyError,
 };
 use veriflow_checkpoint::{
-    open_store, Key, KeyError, MemoryStore, SledStore, Store, StoreError, StoreSpec,
+    open_store, Key, KeyError, MemoryStore, Namespaced, SledStore, Store, StoreError, StoreSpec,
 };
 use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES};
 use veriflow_runtime::{
@@ -248,8 +248,8 @@ fn run_heading(id: &str) -> Option<&'static str> {
     Some(match id {
         "help" => return None,
         "threads" | "vnodes" | "seed" | "json" | "resume" => "Runtime",
-        "log_dir" | "store" | "key" | "no_checkpoint" | "keep_log" | "commit_kib" | "commit_ms"
-        | "checkpoint_kib" => "Storage",
+        "log_dir" | "store" | "key" | "run" | "no_checkpoint" | "keep_log" | "commit_kib"
+        | "commit_ms" | "checkpoint_kib" => "Storage",
         "kill_vnode" | "kill_after" | "kill_random" | "kill_every_ms" | "loss" | "forge_vnode"
         | "forge_rate" | "forge_tasks" | "forge_seed" => "Faults",
         "certify" | "epsilon" | "q" | "oracle_key" | "cert_out" => "Certification",
@@ -410,6 +410,17 @@ pub(crate) struct StoreArgs {
     /// Key file shared with the checkpoint servers (every remote --store needs it).
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
+    /// A named run in the store: its logs live under their own namespace, so that one directory
+    /// or one set of checkpoint servers holds many runs (inspect and certify name it the same
+    /// way).
+    #[arg(long = "run", value_name = "NAME", value_parser = parse_run_name)]
+    run: Option<String>,
+}
+
+fn parse_run_name(s: &str) -> Result<String, String> {
+    veriflow_checkpoint::check_run_name(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl StoreArgs {
@@ -431,9 +442,47 @@ impl StoreArgs {
         }
     }
 
-    /// Opens the store to write a run into (created if local).
+    /// Opens the store to write a run into (created if local); with `--run NAME`, the run's
+    /// namespace in it, registered (`store/namespace.rs`).
     pub(crate) fn open(&self, spec: &StoreSpec) -> Result<Arc<dyn Store>, CliError> {
-        Ok(open_store(spec, self.key(spec)?.as_ref())?)
+        let store = open_store(spec, self.key(spec)?.as_ref())?;
+        Ok(match &self.run {
+            Some(name) => Arc::new(Namespaced::create(store, name)?),
+            None => store,
+        })
+    }
+
+    /// The run to read in `store`: with `--run NAME` its namespace, which must exist; without,
+    /// the store's unnamed run, and a store that holds named runs only says which.
+    fn existing_run(&self, store: Arc<dyn Store>) -> Result<Arc<dyn Store>, CliError> {
+        let names = || -> Result<String, CliError> {
+            let names = veriflow_checkpoint::run_names(&*store)?;
+            Ok(if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            })
+        };
+        match &self.run {
+            Some(name) if Namespaced::exists(&*store, name)? => {
+                Ok(Arc::new(Namespaced::new(store, name)?))
+            }
+            Some(name) => Err(CliError::Usage(format!(
+                "{} holds no run named {name} (named runs there: {})",
+                store.describe(),
+                names()?
+            ))),
+            None if store.get(veriflow_runtime::log::MANIFEST_KEY)?.is_none()
+                && !veriflow_checkpoint::run_names(&*store)?.is_empty() =>
+            {
+                Err(CliError::Usage(format!(
+                    "{} holds named runs only: choose one with --run NAME ({})",
+                    store.describe(),
+                    names()?
+                )))
+            }
+            None => Ok(store),
+        }
     }
 
     /// Opens the store of an existing run (a local directory must exist: a typo does not
@@ -441,18 +490,23 @@ impl StoreArgs {
     /// store read-only: on a copy, never running the engine's repair on the original (rule 1
     /// of `sled_store.rs`).
     fn open_existing(&self, write: bool) -> Result<Arc<dyn Store>, CliError> {
-        match self.spec() {
-            Some(StoreSpec::Local(dir)) if write => Ok(Arc::new(SledStore::open_existing(&dir)?)),
-            Some(StoreSpec::Local(dir)) => Ok(Arc::new(SledStore::open_read_only(&dir)?)),
-            Some(StoreSpec::Memory) => Err(CliError::Usage(
-                "--store memory holds nothing once its run has ended: give the run's store"
-                    .to_string(),
-            )),
-            Some(spec) => self.open(&spec),
-            None => Err(CliError::Usage(
-                "give --log-dir DIR or --store SPEC".to_string(),
-            )),
-        }
+        let store: Arc<dyn Store> = match self.spec() {
+            Some(StoreSpec::Local(dir)) if write => Arc::new(SledStore::open_existing(&dir)?),
+            Some(StoreSpec::Local(dir)) => Arc::new(SledStore::open_read_only(&dir)?),
+            Some(StoreSpec::Memory) => {
+                return Err(CliError::Usage(
+                    "--store memory holds nothing once its run has ended: give the run's store"
+                        .to_string(),
+                ))
+            }
+            Some(spec) => open_store(&spec, self.key(&spec)?.as_ref())?,
+            None => {
+                return Err(CliError::Usage(
+                    "give --log-dir DIR or --store SPEC".to_string(),
+                ))
+            }
+        };
+        self.existing_run(store)
     }
 }
 
@@ -944,6 +998,7 @@ fn run<P: Program>(
             "log_dir": log_dir_text,
             "log_dir_removed": remove.is_some(),
             "store": spec.as_ref().map(|sp| sp.to_string()),
+            "run": rt.store.run,
             "checkpoint": spec.is_some(),
             "threads": runtime.threads(),
             "vnodes": runtime.vnodes(),
@@ -999,13 +1054,20 @@ fn run<P: Program>(
                 );
             }
         }
+        let named = match &rt.store.run {
+            Some(name) => format!(" (run {name})"),
+            None => String::new(),
+        };
         match (&log_dir_text, &spec) {
             (Some(d), _) => println!(
-                "events: {} logged, all durable; log dir: {d}",
+                "events: {} logged, all durable; log dir: {d}{named}",
                 report.events
             ),
             (None, Some(sp)) => {
-                println!("events: {} logged, all durable; store: {sp}", report.events)
+                println!(
+                    "events: {} logged, all durable; store: {sp}{named}",
+                    report.events
+                )
             }
             (None, None) => println!("events: none (--no-checkpoint)"),
         }

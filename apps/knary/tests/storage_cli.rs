@@ -1,5 +1,6 @@
 //! Runs whose logs live on checkpoint servers (real processes, killed with SIGKILL), through
-//! `--store SPEC --key FILE`: the run, `inspect` and `certify` work as with a local log.
+//! `--store SPEC --key FILE`: the run, `inspect` and `certify` work as with a local log. And
+//! named runs (`--run NAME`): many runs in one store, each addressed by its name.
 
 mod common;
 
@@ -8,26 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use veriflow_checkpoint::launch::{server_binary, ServerProcess};
-
-/// The checkpoint-server binary: built by `cargo test --workspace`; built here otherwise.
-fn binary() -> PathBuf {
-    if let Some(b) = server_binary() {
-        return b;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "-p",
-            "veriflow-checkpoint",
-            "--bin",
-            "checkpoint-server",
-        ])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "cannot build checkpoint-server");
-    server_binary().expect("checkpoint-server next to the test binaries after building it")
-}
+use veriflow_checkpoint::launch::ServerProcess;
 
 struct Cluster {
     servers: Vec<ServerProcess>,
@@ -40,7 +22,7 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("cluster.key");
         knary(&["keygen", s(&key)]).expect_code(0);
-        let bin = binary();
+        let bin = veriflow_testkit::checkpoint_server_binary();
         let servers = (0..n)
             .map(|i| {
                 let data = dir.path().join(format!("server{i}"));
@@ -239,4 +221,74 @@ fn store_usage_errors() {
         "/tmp/x",
     ])
     .expect_code(2);
+}
+
+/// Issue 18 point 1: `--run NAME` keeps many runs in one store, on checkpoint servers as in a
+/// local directory (`store/namespace.rs`): each run is inspected, certified and refused reuse
+/// by its name, the unnamed run beside them is untouched, and a store of named runs only, or a
+/// name it does not hold, is a usage error that lists the names.
+#[test]
+fn named_runs_share_one_store() {
+    let c = Cluster::new(1);
+    let remote = c.spec("central");
+    let local = c.key.parent().unwrap().join("logs");
+    let okey = c.key.parent().unwrap().join("oracle.key");
+    knary(&["keygen", s(&okey)]).expect_code(0);
+    for spec in [format!("local:{}", s(&local)), remote] {
+        let k = key_args(&spec, &c.key);
+        let with = |args: &[&str]| -> Vec<String> {
+            args.iter().chain(k.iter()).map(|a| a.to_string()).collect()
+        };
+        let run = |args: &[&str]| {
+            let words = with(args);
+            knary(&words.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let a = run(&[
+            "run", "--depth", "4", "--fanout", "3", "--json", "--run", "a",
+        ]);
+        a.expect_code(0);
+        assert_eq!(a.json()["run"], "a", "{a}");
+        run(&[
+            "run", "--depth", "5", "--fanout", "2", "--run", "b", "--vnodes", "3",
+        ])
+        .expect_code(0);
+        run(&["inspect"])
+            .expect_code(2)
+            .stderr_has("holds named runs only: choose one with --run NAME (a, b)");
+        for (name, depth, fanout) in [("a", 4, 3), ("b", 5, 2)] {
+            let tasks = knary::expected_tasks(depth, fanout).unwrap();
+            let ins = run(&["inspect", "--json", "--run", name]);
+            ins.expect_code(0);
+            assert_eq!(
+                ins.json()["tasks"]["completed"],
+                tasks,
+                "{spec} {name}: {ins}"
+            );
+            run(&["certify", "--oracle-key", s(&okey), "--run", name]).expect_code(0);
+        }
+        run(&["run", "--depth", "4", "--fanout", "3", "--run", "a"])
+            .expect_code(2)
+            .stderr_has("already holds a run");
+        run(&["inspect", "--run", "c"])
+            .expect_code(2)
+            .stderr_has("holds no run named c (named runs there: a, b)");
+        // The unnamed run beside the named ones.
+        run(&["run", "--depth", "3", "--fanout", "3"]).expect_code(0);
+        let top = run(&["inspect", "--json"]);
+        top.expect_code(0);
+        assert_eq!(
+            top.json()["tasks"]["completed"],
+            knary::expected_tasks(3, 3).unwrap(),
+            "{top}"
+        );
+        let ins = run(&["inspect", "--json", "--run", "a"]);
+        assert_eq!(
+            ins.json()["tasks"]["completed"],
+            knary::expected_tasks(4, 3).unwrap(),
+            "{ins}"
+        );
+    }
+    knary(&["run", "--depth", "2", "--fanout", "2", "--run", "../x"])
+        .expect_code(2)
+        .stderr_has("run name \"../x\"");
 }

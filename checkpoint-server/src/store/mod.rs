@@ -2,10 +2,12 @@
 
 mod fence;
 mod memory;
+mod namespace;
 mod sled_store;
 
 pub use fence::Fences;
 pub use memory::MemoryStore;
+pub use namespace::{check_run_name, run_names, Namespaced, MAX_RUN_NAME};
 pub use sled_store::SledStore;
 
 use std::path::PathBuf;
@@ -240,7 +242,7 @@ pub trait Store: Send + Sync + 'static {
 mod tests {
     use super::*;
 
-    fn exercise(store: &dyn Store) {
+    pub(super) fn exercise(store: &dyn Store) {
         store.put(b"a/1", b"one").unwrap();
         store
             .put_batch(&[
@@ -279,7 +281,7 @@ mod tests {
         pages
     }
 
-    fn exercise_pages(store: &dyn Store) {
+    pub(super) fn exercise_pages(store: &dyn Store) {
         for i in 0u32..50 {
             store
                 .put(
