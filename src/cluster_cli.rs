@@ -499,6 +499,8 @@ struct Finished {
     workers_lost: u32,
     workers: u32,
     store: String,
+    /// The job's id: its logs are the run `job-ID` of `store` (`veriflow_cluster::job_store`).
+    job: u64,
     states: Vec<(u32, u64, Vec<u8>)>,
     iter_stats: Vec<(u32, veriflow_runtime::iterative::NodeStats)>,
     /// The online oracle's signed certificate (JSON), if one followed the job.
@@ -551,24 +553,33 @@ fn follow(
     json: bool,
     on_progress: &mut dyn FnMut(u64),
 ) -> Result<Finished, CliError> {
-    let (mut workers, mut store) = (0, String::new());
+    let (mut workers, mut store, mut job_id) = (0, String::new(), 0);
     let mut accepted: Option<std::time::Instant> = None;
     let mut evictions: Vec<(u32, f64)> = Vec::new();
     let mut on_event = |m: &ToSubmit| match m {
         ToSubmit::Accepted {
+            job,
             workers: w,
             spares,
             vnodes,
             store: s,
-            ..
         } => {
             workers = *w;
             store = s.clone();
+            job_id = *job;
             accepted.get_or_insert_with(std::time::Instant::now);
             if !json {
                 eprintln!("cluster: {vnodes} vnodes on {w} workers ({spares} spare), logs in {s}");
             }
         }
+        // On stderr even with --json, as a takeover: a job that waits is worth knowing.
+        ToSubmit::Queued { running, ahead } => eprintln!(
+            "cluster: queued behind job {running}{}: it starts when they have ended",
+            match ahead {
+                0 => String::new(),
+                n => format!(" and {n} other submission(s)"),
+            }
+        ),
         ToSubmit::Progress { completed } => on_progress(*completed),
         ToSubmit::Oracle { commitment } => {
             eprintln!(
@@ -632,6 +643,7 @@ fn follow(
             workers_lost,
             workers,
             store,
+            job: job_id,
         }),
         ToSubmit::Failed { error } => Err(CliError::Invalid(format!("the job failed: {error}"))),
         _ => Err(CliError::Invalid(
@@ -658,7 +670,7 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
         .map_err(|e| CliError::Invalid(format!("the online oracle's certificate: {e}")))?;
     let certificate = if job.certify {
         let spec: StoreSpec = done.store.parse()?;
-        let store = open_store(&spec, Some(key))?;
+        let store = veriflow_cluster::job_store(&open_store(&spec, Some(key))?, done.job, false)?;
         let opts = veriflow_certifier::Options {
             epsilon: job.certify_params.epsilon,
             q: job.certify_params.q,
@@ -686,6 +698,7 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 "tasks_per_s": done.tasks as f64 / secs.max(1e-9),
                 "events": done.events,
                 "store": done.store,
+                "run": veriflow_cluster::job_run_name(done.job),
                 "workers": done.workers,
                 "vnodes": done.vnodes.len(),
                 "root": done.root,
@@ -721,8 +734,10 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 done.workers_lost
             );
         }
+        let run = veriflow_cluster::job_run_name(done.job);
         println!(
-            "events: {} logged, all durable; store: {}",
+            "events: {} logged, all durable; store: {} (run {run}: inspect and certify it with \
+             --run {run})",
             done.events, done.store
         );
         if let Some(cert) = &online {

@@ -23,6 +23,29 @@ pub use error::ClusterError;
 pub use observe::status;
 pub use submit::submit;
 
+/// The name of job `id`'s logs in the cluster's store (`--run job-N` for `inspect` and
+/// `certify`): each job logs under its own namespace (`veriflow_checkpoint::Namespaced`), so
+/// one store holds every job of a coordinator, while its journal and lease stay at the top.
+pub fn job_run_name(id: u64) -> String {
+    format!("job-{id}")
+}
+
+/// The view of job `id`'s logs in `store`; `create` also registers it (the coordinator does,
+/// as the job starts), so that `run_names` lists it.
+pub fn job_store(
+    store: &std::sync::Arc<dyn veriflow_checkpoint::Store>,
+    id: u64,
+    create: bool,
+) -> Result<std::sync::Arc<dyn veriflow_checkpoint::Store>, veriflow_checkpoint::StoreError> {
+    let name = job_run_name(id);
+    let view = if create {
+        veriflow_checkpoint::Namespaced::create(store.clone(), &name)?
+    } else {
+        veriflow_checkpoint::Namespaced::new(store.clone(), &name)?
+    };
+    Ok(std::sync::Arc::new(view))
+}
+
 /// The one-thread tokio runtime a client (`submit`, `status`) talks to a coordinator on.
 pub(crate) fn client_runtime() -> Result<tokio::runtime::Runtime, ClusterError> {
     tokio::runtime::Builder::new_current_thread()

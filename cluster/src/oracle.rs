@@ -359,7 +359,9 @@ fn start(cfg: &OracleConfig, id: u64, store: &str) -> Result<Job, String> {
     let spec: StoreSpec = store
         .parse()
         .map_err(|e| format!("the job's store {store:?}: {e}"))?;
-    let store = open_store(&spec, Some(&cfg.key)).map_err(|e| format!("{spec}: {e}"))?;
+    let store = open_store(&spec, Some(&cfg.key))
+        .and_then(|s| crate::job_store(&s, id, false))
+        .map_err(|e| format!("{spec}: {e}"))?;
     let mut secret = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
     let follower = Follower::new(

@@ -250,6 +250,9 @@ pub enum ToSubmit {
         vnodes: u32,
         store: String,
     },
+    /// Another job runs: this one waits in the coordinator's queue, behind job `running` and
+    /// `ahead` other submissions, and starts when they have ended (`Accepted` then).
+    Queued { running: u64, ahead: u32 },
     /// Tasks completed so far.
     Progress { completed: u64 },
     /// The coordinator at `coordinator` took over the job (its predecessor was lost).

@@ -189,6 +189,67 @@ fn bad_clients_are_refused_and_the_cluster_goes_on() {
     assert_eq!(v["correct"], true);
 }
 
+/// Issue 18.1: a job submitted while another runs waits in the coordinator's queue (and is
+/// told so), then runs; each job logs under its own run `job-N` of the one store
+/// (`veriflow_cluster::job_store`), and is inspected and certified by that name. (A second
+/// submit was refused before: "already holds a run", or "running another job".)
+#[test]
+fn a_second_job_waits_its_turn_and_each_logs_apart_in_one_store() {
+    let c = Cluster::start(bin(), 2, 0, &[]);
+    // About 4 s of work on two workers, then a small job submitted while it runs.
+    let shapes = [(7u32, 4u32, "400"), (4, 4, "0")];
+    let runs: Vec<_> = shapes
+        .iter()
+        .map(|(depth, fanout, grain)| {
+            let (d, k) = (depth.to_string(), fanout.to_string());
+            let run = c.submit(&["--depth", &d, "--fanout", &k, "--grain-us", grain]);
+            settle();
+            run
+        })
+        .collect();
+    let mut queued = 0;
+    let mut names = Vec::new();
+    for (run, (depth, fanout, _)) in runs.into_iter().zip(shapes) {
+        let (code, v, err) = wait_json(run);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(v["correct"], true, "{v}");
+        assert_eq!(
+            v["tasks"],
+            knary::expected_tasks(depth, fanout).unwrap(),
+            "{v}"
+        );
+        queued += usize::from(err.contains("cluster: queued behind job 1"));
+        names.push((v["run"].as_str().unwrap().to_string(), depth, fanout));
+    }
+    assert_eq!(
+        queued, 1,
+        "the job submitted second waited for the first: {names:?}"
+    );
+    let mut sorted: Vec<&str> = names.iter().map(|(n, ..)| n.as_str()).collect();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["job-1", "job-2"]);
+    let key = s(&c.key);
+    let at = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--store", &c.store, "--key", key]);
+        knary(&all)
+    };
+    at(&["inspect"])
+        .expect_code(2)
+        .stderr_has("holds named runs only: choose one with --run NAME (job-1, job-2)");
+    let okey = c.dir.path().join("oracle.key");
+    knary(&["keygen", s(&okey)]).expect_code(0);
+    for (run, depth, fanout) in &names {
+        let ins = at(&["inspect", "--json", "--run", run]);
+        ins.expect_code(0);
+        let want = knary::expected_tasks(*depth, *fanout).unwrap();
+        assert_eq!(ins.json()["tasks"]["completed"], want, "{run}: {ins}");
+        let cert = at(&["certify", "--oracle-key", s(&okey), "--run", run]);
+        cert.expect_code(0);
+        assert!(cert.stdout.contains("ACCEPT"), "{run}: {cert}");
+    }
+}
+
 #[test]
 fn unreachable_coordinator_is_a_clear_error_after_retries() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,7 +92,9 @@ fn sigstop_past_the_bound_on(strategy: &str) {
     let inspect = run_bin(
         bin(),
         &tmp,
-        &["inspect", "--store", &c.store, "--key", &key, "--json"],
+        &[
+            "inspect", "--store", &c.store, "--key", &key, "--run", "job-1", "--json",
+        ],
     );
     inspect.expect_code(0);
     let i = inspect.json();
@@ -103,7 +105,9 @@ fn sigstop_past_the_bound_on(strategy: &str) {
     let certify = run_bin(
         bin(),
         &tmp,
-        &["certify", "--store", &c.store, "--key", &key, "--json"],
+        &[
+            "certify", "--store", &c.store, "--key", &key, "--run", "job-1", "--json",
+        ],
     );
     certify.expect_code(0);
     let cert = certify.json();
@@ -114,6 +118,7 @@ fn sigstop_past_the_bound_on(strategy: &str) {
     let vnodes = i["vnodes_configured"].as_u64().expect("vnodes") as u32;
     let spec: StoreSpec = c.store.parse().unwrap();
     let store = open_store(&spec, Some(&Key::load(&c.key).unwrap())).unwrap();
+    let store = veriflow::cluster::job_store(&store, 1, false).unwrap();
     let mut fenced = Vec::new();
     for v in 0..vnodes {
         let probe = (format!("probe/{v}").into_bytes(), b"late".to_vec());

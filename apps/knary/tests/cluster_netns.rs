@@ -92,7 +92,16 @@ fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
 
     // The final log, read from the client's host: each task declared, started and completed
     // once.
-    let inspect = c.run(&["inspect", "--store", &c.store, "--key", s(&c.key), "--json"]);
+    let inspect = c.run(&[
+        "inspect",
+        "--store",
+        &c.store,
+        "--key",
+        s(&c.key),
+        "--run",
+        "job-1",
+        "--json",
+    ]);
     inspect.expect_code(0);
     let i = inspect.json();
     let want = knary::expected_tasks(7, 4).unwrap();

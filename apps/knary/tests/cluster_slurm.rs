@@ -243,7 +243,16 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     let inspect = run_bin(
         bin(),
         c.dir.path(),
-        &["inspect", "--store", &c.store, "--key", s(&c.key), "--json"],
+        &[
+            "inspect",
+            "--store",
+            &c.store,
+            "--key",
+            s(&c.key),
+            "--run",
+            "job-1",
+            "--json",
+        ],
     );
     inspect.expect_code(0);
     let i = inspect.json();

@@ -680,23 +680,31 @@ async fn actor(
                 Action::CheckStore { job } => {
                     let (store, me) = (store.clone(), me.clone());
                     tokio::task::spawn_blocking(move || {
-                        let result = Manifest::load(&*store)
-                            .map(|m| m.is_some())
-                            .map_err(|e| e.to_string());
+                        let result = crate::job_store(&store, job, true)
+                            .map_err(|e| e.to_string())
+                            .and_then(|s| {
+                                Manifest::load(&*s)
+                                    .map(|m| m.is_some())
+                                    .map_err(|e| e.to_string())
+                            });
                         let _ = me.send(Input::Event(Event::StoreChecked { job, result }));
                     });
                 }
                 Action::ReadOutputs { job } => {
                     let (store, me) = (store.clone(), me.clone());
                     tokio::task::spawn_blocking(move || {
-                        let result = read_outputs(store);
+                        let result = crate::job_store(&store, job, false)
+                            .map_err(|e| e.to_string())
+                            .and_then(read_outputs);
                         let _ = me.send(Input::Event(Event::OutputsRead { job, result }));
                     });
                 }
                 Action::RecordFinished { job } => {
                     let (store, me) = (store.clone(), me.clone());
                     tokio::task::spawn_blocking(move || {
-                        let result = record_finished(&*store);
+                        let result = crate::job_store(&store, job, false)
+                            .map_err(|e| e.to_string())
+                            .and_then(|s| record_finished(&*s));
                         let _ = me.send(Input::Event(Event::Recorded { job, result }));
                     });
                 }

@@ -1172,6 +1172,8 @@ impl World {
                 Frame::ToClient { gen, client, msg },
                 true,
             ),
+            // The simulator's one job logs at the store's top: the per-job namespace of the
+            // real drivers (`crate::job_store`) is a view that changes no message.
             coordinator::Action::CheckStore { job } => {
                 let result = Manifest::load(&*self.store)
                     .map(|m| m.is_some())
@@ -1965,6 +1967,7 @@ fn client_line(m: &ToSubmit) -> String {
     match m {
         ToSubmit::Accepted { vnodes, .. } => format!("accepted ({vnodes} vnodes)"),
         ToSubmit::Progress { completed } => format!("progress {completed}"),
+        ToSubmit::Queued { running, ahead } => format!("queued behind j{running} (+{ahead})"),
         ToSubmit::WorkerLost { worker, moved, .. } => format!("lost w{worker}, moved {moved:?}"),
         ToSubmit::Finished { tasks, .. } => format!("finished ({tasks} tasks)"),
         ToSubmit::Failed { error } => format!("failed: {error}"),

@@ -173,6 +173,17 @@ impl Driver {
         starts: bool,
     ) {
         let me = st.core.id();
+        // The job logs under its own namespace of the cluster's store.
+        let store = match crate::job_store(&self.store, job, false) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.to_coord.send(ToCoord::Failed {
+                    job,
+                    error: format!("worker {me} cannot open job {job}'s logs: {e}"),
+                });
+                return;
+            }
+        };
         let outbound = Arc::downgrade(self);
         let router = Router::new(Arc::new(move |to: VnodeId, env| {
             if let Some(d) = outbound.upgrade() {
@@ -197,7 +208,7 @@ impl Driver {
         let ctx = JobContext {
             spec,
             vnodes,
-            store: self.store.clone(),
+            store,
             member,
         };
         let driver = self.clone();
