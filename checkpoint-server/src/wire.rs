@@ -32,13 +32,15 @@
 //!    traffic (forward secrecy). The whole handshake has a deadline ([`HANDSHAKE_TIMEOUT`]).
 //!    The refusal bytes are not authenticated: forging one only does what closing the
 //!    connection does.
-//! 2a. **Roles.** Each end says in its handshake message's (encrypted, authenticated) payload
-//!    what it is: the client the [`Role`] it expects to reach, the server the role it serves
-//!    (one byte each). A client that reached another kind of server (a store client at a
-//!    coordinator's port, a worker at a checkpoint server's) gets [`WireError::WrongRole`]
-//!    naming both, and the server, having answered, ends the connection with a
-//!    [`WireError::Handshake`] that names both (it logs it). An empty payload states no role (a peer that predates roles) and is
-//!    accepted, so the hello and answer sizes are the only change (57 and 50 bytes).
+//!
+//!    **Roles (rule 2a).** Each end says in its handshake message's (encrypted,
+//!    authenticated) payload what it is: the client the [`Role`] it expects to reach, the
+//!    server the role it serves (one byte each). A client that reached another kind of server
+//!    (a store client at a coordinator's port, a worker at a checkpoint server's) gets
+//!    [`WireError::WrongRole`] naming both, and the server, having answered, ends the
+//!    connection with a [`WireError::Handshake`] that names both (it logs it). An empty
+//!    payload states no role (a peer that predates roles) and is accepted, so the hello and
+//!    answer sizes are the only change (57 and 50 bytes).
 //! 3. **Session.** The handshake splits into one ChaCha20-Poly1305 key per direction. A frame
 //!    carries the plaintext `n (u32 LE) ‖ payload`, cut into pieces of at most
 //!    [`MAX_PLAIN`] = 65,519 bytes (a Noise message is at most 65,535 bytes, 16 of them the
