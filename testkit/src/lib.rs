@@ -187,7 +187,8 @@ pub fn checkpoint_server_binary() -> PathBuf {
             return; // the caller names its own
         }
         let mut cargo = Command::new(env!("CARGO"));
-        cargo.args([
+        // From inside the workspace, whatever the caller's directory (`paper` runs anywhere).
+        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
             "build",
             "-p",
             "veriflow-checkpoint",
