@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+use rand::rngs::ChaCha8Rng;
 use serde_json::json;
 use veriflow_checkpoint::server::Server;
 use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
@@ -1244,8 +1244,8 @@ pub(crate) fn cluster_cmd<P: Program>(
     let mut kills: Vec<(f64, usize)> = (0..args.kill_random.min(args.workers + args.spares))
         .map(|_| {
             (
-                rng.gen_range(0.2..0.7),
-                rng.gen_range(0..(args.workers + args.spares) as usize),
+                rng.random_range(0.2..0.7),
+                rng.random_range(0..(args.workers + args.spares) as usize),
             )
         })
         .collect();
