@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_certifier::{
     Certificate, CertifyError, Decision, OracleKey, OraclePublicKey, PublicKeyError, Track,

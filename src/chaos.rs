@@ -23,8 +23,8 @@ use std::process::{Child, Command as Process};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 use veriflow_checkpoint::launch::{server_binary, ServerProcess};
 use veriflow_checkpoint::Key;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_checkpoint::server::Server;
 use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;

@@ -13,8 +13,8 @@ mod common;
 
 use std::sync::Arc;
 
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use veriflow::runtime::codec;
 use veriflow::{

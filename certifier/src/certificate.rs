@@ -36,9 +36,9 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use veriflow_checkpoint::hex;
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{LogError, LogReader};
-use veriflow_checkpoint::hex;
 use veriflow_runtime::DataId;
 
 use crate::draw::{DrawKey, Draws};
@@ -364,7 +364,9 @@ impl Certificate {
 
     /// The secret an online oracle revealed (rule 5), if any.
     pub fn revealed_secret(&self) -> Option<[u8; 32]> {
-        self.secret.as_deref().and_then(|h| hex::decode::<32>(h).ok())
+        self.secret
+            .as_deref()
+            .and_then(|h| hex::decode::<32>(h).ok())
     }
 
     /// Whether this is an old MAC certificate (rule 3).

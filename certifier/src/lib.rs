@@ -573,7 +573,9 @@ impl PassOutcome {
             q_hat: sample::q_hat(opts.epsilon, clean.min(self.k)),
             merkle_root: veriflow_checkpoint::hex::encode(&self.merkle_root),
             log_digest: veriflow_checkpoint::hex::encode(&self.log_digest),
-            commitment: opts.secret.map(|s| veriflow_checkpoint::hex::encode(&draw::commitment(&s))),
+            commitment: opts
+                .secret
+                .map(|s| veriflow_checkpoint::hex::encode(&draw::commitment(&s))),
             secret: opts.secret.map(|s| veriflow_checkpoint::hex::encode(&s)),
             online: None,
             signature_scheme: None,

@@ -24,8 +24,8 @@
 //! The negative control checks k/3 tasks instead of k: β̂ must then be *above* ε + 3σ_ε, i.e.
 //! the soundness assertion would fail; it shows the test can fail.
 
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 use veriflow_certifier::sample::{beta, sample_size};
 use veriflow_certifier::Draws;

@@ -146,9 +146,7 @@ impl Key {
     }
 
     fn parse_hex(text: &str) -> Result<Key, String> {
-        crate::hex::decode(text)
-            .map(Key)
-            .map_err(|e| e.to_string())
+        crate::hex::decode(text).map(Key).map_err(|e| e.to_string())
     }
 
     /// Where the default key of `purpose` lives: `<config dir>/veriflow/<purpose>.key`.

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cg::{dataflow::Solution, problem, Cg, CgOptions, Mode, Rhs, Source};
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow::runtime::Kill;
 use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
 

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use nqueens::{expected_tasks, NQueens, A000170};
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow::runtime::Kill;
 use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
 

@@ -56,8 +56,8 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow_checkpoint::{MemoryStore, Pairs, Store, StoreError};
 use veriflow_runtime::iterative::{
     heat, stored_backup, IterConfig, IterError, IterMsg, Mode, NodeStats, Stepped, SteppedNode,

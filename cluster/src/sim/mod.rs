@@ -78,8 +78,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow_checkpoint::Store;
 use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{CommitPolicy, Manifest};
@@ -1253,7 +1253,9 @@ impl World {
                 let Some(from) = self.procs.get(&pid).and_then(Proc::worker) else {
                     return Ok(());
                 };
-                if std::mem::take(&mut self.force_loss) || self.rng.random_bool(self.cfg.faults.loss) {
+                if std::mem::take(&mut self.force_loss)
+                    || self.rng.random_bool(self.cfg.faults.loss)
+                {
                     self.faults.lost += 1;
                     return Ok(());
                 }
@@ -1567,7 +1569,9 @@ impl World {
                 let len = if zombie {
                     LEASE * 2 + Duration::from_millis(self.rng.random_range(0..60))
                 } else {
-                    Duration::from_micros(self.rng.random_range(500..(LEASE.as_micros() as u64 / 2)))
+                    Duration::from_micros(
+                        self.rng.random_range(500..(LEASE.as_micros() as u64 / 2)),
+                    )
                 };
                 self.faults.coord_pauses += 1;
                 if zombie {

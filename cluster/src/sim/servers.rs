@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rand::RngExt;
 use rand::rngs::ChaCha8Rng;
+use rand::RngExt;
 use veriflow_checkpoint::client::ClientError;
 use veriflow_checkpoint::{
     Ack, Layout, Page, PageLimit, Pairs, RemoteStore, ServerAnswer, ServerCall, ServerLink, Store,

@@ -32,8 +32,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::RngExt;
 use rand::rngs::ChaCha8Rng;
+use rand::RngExt;
 
 use super::core::{Core, ReadyTask, TaskSpec};
 use super::waits::{sample, VnodeWaits};

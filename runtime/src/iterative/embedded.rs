@@ -18,8 +18,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::{RngExt, SeedableRng};
 use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 use super::conv::spanning_tree;
 use super::node::{spawn_node, Control, Exit, ExitMsg, Incarnation, NodeStats};
