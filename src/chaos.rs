@@ -308,7 +308,7 @@ impl Job {
         let now = Instant::now();
         let coordinator_ok = self
             .last_takeover
-            .map_or(true, |t| now.duration_since(t) >= TAKEOVER_SETTLE);
+            .is_none_or(|t| now.duration_since(t) >= TAKEOVER_SETTLE);
         let roll: f64 = rng.random();
         if roll < 0.15 && coordinator_ok {
             // The active coordinator dies; it comes back as its successor's standby.

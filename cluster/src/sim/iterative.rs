@@ -742,7 +742,7 @@ impl World {
     }
 
     fn running(&self, p: &Proc) -> bool {
-        p.started && !p.dead && p.paused_until.map_or(true, |t| self.now >= t)
+        p.started && !p.dead && p.paused_until.is_none_or(|t| self.now >= t)
     }
 
     /// Every vnode hosted by a started, undeclared process whose nodes are all ready, no
@@ -757,7 +757,7 @@ impl World {
                 p.dead
                     || p.declared
                     || (p.started
-                        && p.paused_until.map_or(true, |t| self.now >= t)
+                        && p.paused_until.is_none_or(|t| self.now >= t)
                         && p.nodes.iter().all(|h| h.node.ready()))
             })
             && self
@@ -1059,7 +1059,7 @@ impl World {
             }
         }
         if p.last_heartbeat
-            .map_or(true, |t| now.saturating_sub(t) >= HEARTBEAT)
+            .is_none_or(|t| now.saturating_sub(t) >= HEARTBEAT)
         {
             p.last_heartbeat = Some(now);
             self.send(Node::Proc(id), Node::Sup, Frame::Heartbeat(id), true);

@@ -867,7 +867,7 @@ impl World {
                 Some((g, conn)) if g == gen => Some((
                     p.pid,
                     conn,
-                    p.core.as_ref().map_or(true, |c| !c.coordinated()),
+                    p.core.as_ref().is_none_or(|c| !c.coordinated()),
                 )),
                 _ => None,
             })
@@ -1499,7 +1499,7 @@ impl World {
     }
 
     fn running(&self, p: &Proc) -> bool {
-        !p.dead && p.paused_until.map_or(true, |t| self.now >= t)
+        !p.dead && p.paused_until.is_none_or(|t| self.now >= t)
     }
 
     /// The members of the job alive and not paused (rule 3 keeps one), as processes.
@@ -1857,7 +1857,7 @@ impl World {
     fn wake_coordinators(&mut self) {
         for gen in 0..self.coords.len() {
             let c = &mut self.coords[gen];
-            if c.dead || c.paused_until.map_or(true, |t| t > self.now) {
+            if c.dead || c.paused_until.is_none_or(|t| t > self.now) {
                 continue;
             }
             c.paused_until = None;
@@ -1887,7 +1887,7 @@ impl World {
         let due: Vec<usize> = self
             .server_restarts
             .iter()
-            .filter(|(t, _)| by.map_or(true, |by| *t <= by))
+            .filter(|(t, _)| by.is_none_or(|by| *t <= by))
             .map(|&(_, i)| i)
             .collect();
         self.server_restarts

@@ -223,7 +223,7 @@ impl Store for Disk {
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
         let mut st = self.state();
         let old = st.fences.get(scope).copied();
-        if old.map_or(true, |o| epoch > o) {
+        if old.is_none_or(|o| epoch > o) {
             st.fences.insert(scope.to_vec(), epoch);
             st.undo.push(Undo::Fence(scope.to_vec(), old));
         }
