@@ -202,9 +202,8 @@ fn submit(
     need: Pool,
     mut auto: Option<(&mut AutoAlloc, Instant)>,
 ) -> Result<(), CliError> {
-    let roles = std::iter::repeat(Role::Worker)
-        .take(need.workers as usize)
-        .chain(std::iter::repeat(Role::Spare).take(need.spares as usize));
+    let roles = std::iter::repeat_n(Role::Worker, need.workers as usize)
+        .chain(std::iter::repeat_n(Role::Spare, need.spares as usize));
     for role in roles {
         let result = slurm.submit(spec, role);
         match (&result, &mut auto) {
@@ -243,7 +242,7 @@ fn ours(program: &str, coordinator: Option<&str>) -> Result<Vec<Allocation>, Cli
     let all = Slurm.list(program)?;
     Ok(all
         .into_iter()
-        .filter(|a| coordinator.map_or(true, |c| a.coordinator == c))
+        .filter(|a| coordinator.is_none_or(|c| a.coordinator == c))
         .collect())
 }
 

@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_certifier::{
     Certificate, CertifyError, Decision, OracleKey, OraclePublicKey, PublicKeyError, Track,
@@ -653,10 +653,10 @@ impl RuntimeArgs {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x6b69_6c6c); // "kill"
         let horizon = expected_tasks.unwrap_or(1000).max(1);
         for _ in 0..self.kill_random {
-            let vnode = VnodeId(rng.gen_range(0..vnodes));
+            let vnode = VnodeId(rng.random_range(0..vnodes));
             kills.push(Kill {
                 vnode,
-                after: rng.gen_range(0..horizon),
+                after: rng.random_range(0..horizon),
                 // Issue 13 point 10: a kill drawn onto an idle vnode injects nothing.
                 retarget: true,
             });

@@ -23,8 +23,8 @@ use std::process::{Child, Command as Process};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 use veriflow_checkpoint::launch::{server_binary, ServerProcess};
 use veriflow_checkpoint::Key;
@@ -308,8 +308,8 @@ impl Job {
         let now = Instant::now();
         let coordinator_ok = self
             .last_takeover
-            .map_or(true, |t| now.duration_since(t) >= TAKEOVER_SETTLE);
-        let roll: f64 = rng.gen();
+            .is_none_or(|t| now.duration_since(t) >= TAKEOVER_SETTLE);
+        let roll: f64 = rng.random();
         if roll < 0.15 && coordinator_ok {
             // The active coordinator dies; it comes back as its successor's standby.
             let a = self.active;
@@ -323,9 +323,9 @@ impl Job {
             return Ok(format!("killed the active coordinator {addr}"));
         }
         if roll < 0.35 && self.server_down.is_none() {
-            let i = rng.gen_range(0..self.servers.len());
+            let i = rng.random_range(0..self.servers.len());
             self.servers[i].kill();
-            self.server_down = Some((i, now + Duration::from_millis(rng.gen_range(500..2000))));
+            self.server_down = Some((i, now + Duration::from_millis(rng.random_range(500..2000))));
             counts.server_kills += 1;
             return Ok(format!("killed checkpoint server {}", self.servers[i].addr));
         }
@@ -349,17 +349,17 @@ impl Job {
             }
             pids.retain(|(p, _)| self.paused.iter().all(|(q, _)| q != p));
             if !pids.is_empty() {
-                let (pid, what) = pids.swap_remove(rng.gen_range(0..pids.len()));
+                let (pid, what) = pids.swap_remove(rng.random_range(0..pids.len()));
                 let _ = Process::new("kill")
                     .args(["-STOP", &pid.to_string()])
                     .status();
-                let secs = rng.gen_range(1.0..3.0);
+                let secs = rng.random_range(1.0..3.0);
                 self.paused.push((pid, now + Duration::from_secs_f64(secs)));
                 counts.pauses += 1;
                 return Ok(format!("paused {what} for {secs:.1} s"));
             }
         }
-        let i = rng.gen_range(0..self.workers.len());
+        let i = rng.random_range(0..self.workers.len());
         let what = self.workers[i].what.clone();
         self.workers[i].kill();
         self.workers.swap_remove(i);
@@ -394,7 +394,7 @@ pub(crate) fn chaos_cmd(args: &ChaosArgs, own: &str) -> Result<(), CliError> {
     let start = Instant::now();
     let mut counts = Counts::default();
     let mut jobs: Vec<Value> = Vec::new();
-    let mut next_fault = start + Duration::from_secs_f64(rng.gen_range(lo..=hi));
+    let mut next_fault = start + Duration::from_secs_f64(rng.random_range(lo..=hi));
     let mut all_right = true;
     let mut n = 0usize;
     while start.elapsed() < budget {
@@ -423,7 +423,7 @@ pub(crate) fn chaos_cmd(args: &ChaosArgs, own: &str) -> Result<(), CliError> {
                     start.elapsed().as_secs_f64()
                 );
                 faults.push(what);
-                next_fault = now + Duration::from_secs_f64(rng.gen_range(lo..=hi));
+                next_fault = now + Duration::from_secs_f64(rng.random_range(lo..=hi));
             }
             std::thread::sleep(Duration::from_millis(20));
         };

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_checkpoint::server::Server;
 use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
@@ -1239,17 +1239,11 @@ pub(crate) fn cluster_cmd<P: Program>(
         let log = dir.path().join(format!("worker{i}.log"));
         workers.push(Proc(Some(spawn_self(&wa, &log)?)));
     }
-    // Seeded kills: worker i at a fraction of the expected tasks (or after a delay).
-    let mut rng = ChaCha8Rng::seed_from_u64(args.job.seed ^ 0x6b69_6c6c);
-    let mut kills: Vec<(f64, usize)> = (0..args.kill_random.min(args.workers + args.spares))
-        .map(|_| {
-            (
-                rng.gen_range(0.2..0.7),
-                rng.gen_range(0..(args.workers + args.spares) as usize),
-            )
-        })
-        .collect();
-    kills.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut kills = kill_draws(
+        args.job.seed,
+        args.kill_random.min(args.workers + args.spares),
+        args.workers + args.spares,
+    );
     let expected = args.job.program.expected_tasks();
     let spec = job_spec(&args.job, argv, args.workers + args.spares)?;
     let bar = crate::app::progress_bar(args.job.json, expected);
@@ -1302,4 +1296,19 @@ pub(crate) fn cluster_cmd<P: Program>(
         );
     }
     result
+}
+
+/// `cluster --kill-random COUNT`'s kills of seed `seed` among `procs` worker processes (spares
+/// last), in the order they happen: each a fraction of the expected tasks in [0.2, 0.7) and the
+/// index of the worker process killed. `paper cluster` reads its kill point from here, so what
+/// it reports is what the run does.
+#[doc(hidden)]
+pub fn kill_draws(seed: u64, count: u32, procs: u32) -> Vec<(f64, usize)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6b69_6c6c); // "kill"
+    let procs = usize::try_from(procs).expect("a process count fits in usize");
+    let mut kills: Vec<(f64, usize)> = (0..count)
+        .map(|_| (rng.random_range(0.2..0.7), rng.random_range(0..procs)))
+        .collect();
+    kills.sort_by(|a, b| a.0.total_cmp(&b.0));
+    kills
 }

@@ -17,6 +17,8 @@ mod interrupt;
 mod iterative_cli;
 
 pub use app::{checked_note, App, InvalidArgs, IterCheck, Iterative, Program, WrongResult};
+#[doc(hidden)]
+pub use cluster_cli::kill_draws;
 pub use inspect::{
     inspect, timeline, HtmlLimits, Inspection, TerminalValue, VnodeSummary, DOT_MAX_TASKS,
     HTML_LIMITS,

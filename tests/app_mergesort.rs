@@ -13,8 +13,8 @@ mod common;
 
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use veriflow::runtime::codec;
 use veriflow::{
@@ -230,8 +230,8 @@ fn random_vec(seed: u64, n: usize, range: Range) -> Vec<i64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n)
         .map(|_| match range {
-            Some((lo, hi)) => rng.gen_range(lo..hi),
-            None => rng.gen::<i64>(),
+            Some((lo, hi)) => rng.random_range(lo..hi),
+            None => rng.random::<i64>(),
         })
         .collect()
 }

@@ -96,7 +96,7 @@ impl Task for Effect {
     type Outputs = ();
     fn run(self, ctx: &mut Ctx<'_>, (): (), (): Writes<Self>) -> TaskResult {
         spin(50);
-        if self.0 % 10 == 0 {
+        if self.0.is_multiple_of(10) {
             ctx.spawn(Effect(self.0 + 1), ());
         }
         Ok(())
@@ -195,7 +195,7 @@ fn runtime(vnodes: u32, seed: u64, store: Option<Arc<dyn Store>>) -> Runtime {
 
 /// Tasks of `Effect(i)` and its descendants.
 fn effect_tasks(i: u32) -> u64 {
-    if i % 10 == 0 {
+    if i.is_multiple_of(10) {
         1 + effect_tasks(i + 1)
     } else {
         1

@@ -651,9 +651,8 @@ fn latency_series(
         started_busy,
         seconds: 0.0,
     };
-    let plan = std::iter::repeat(Signal::Sigkill)
-        .take(kills as usize)
-        .chain(std::iter::repeat(Signal::Sigstop).take(stops as usize));
+    let plan = std::iter::repeat_n(Signal::Sigkill, kills as usize)
+        .chain(std::iter::repeat_n(Signal::Sigstop, stops as usize));
     for (i, signal) in plan.enumerate() {
         // A random phase against the heartbeat rounds, and time for the last newcomer.
         let pause = Duration::from_millis(300) + params.interval.mul_f64(rng.unit());

@@ -137,7 +137,7 @@ fn shape_for(tasks: u64) -> Result<Shape> {
                 break;
             };
             let off = t.abs_diff(tasks);
-            if best.as_ref().map_or(true, |(b, _)| off < *b) {
+            if best.as_ref().is_none_or(|(b, _)| off < *b) {
                 best = Some((
                     off,
                     Shape {
@@ -239,7 +239,7 @@ fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
         })
         .on_progress(Arc::new(move |done| {
             let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
-            if s.last().map_or(true, |&(d, _)| done >= d + step) {
+            if s.last().is_none_or(|&(d, _)| done >= d + step) {
                 if let Some(rss) = status_mib("VmRSS:") {
                     s.push((done, rss));
                 }

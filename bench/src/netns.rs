@@ -109,8 +109,8 @@ pub struct NetnsArgs {
 }
 
 /// S2 kills when the status shows this fraction of the tasks completed (`paper cluster`'s
-/// `KILL_AT`, 49.9 %).
-const KILL_AT: f64 = 0.499;
+/// kill point of `KILL_SEED`, 49.8 %).
+const KILL_AT: f64 = 0.498;
 /// The worker S2 kills (a non-spare: spares come last).
 const VICTIM: usize = 2;
 /// Period of the status polls.

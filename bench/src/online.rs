@@ -20,8 +20,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::cluster::{knary_binary, out_dir};
@@ -117,8 +117,8 @@ fn theory_tasks(q: f64, liar_share: f64) -> f64 {
             let m = done as f64 / liar_share;
             let uniform = (2.0 * N_EPS_Q / m).min(1.0);
             let spot = (1.0 / (1.0 + clean as f64)).max(SPOT_FLOOR);
-            let forged = rng.gen_bool(q);
-            let checked = rng.gen_bool(uniform) || rng.gen_bool(spot);
+            let forged = rng.random_bool(q);
+            let checked = rng.random_bool(uniform) || rng.random_bool(spot);
             if checked && forged {
                 break;
             }

@@ -144,7 +144,7 @@ pub fn run_seeds(first: u64, count: u64, threads: usize) -> Result<Vec<SeedRun>>
             }
             mine.push((i, run));
             let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if d % step == 0 || d == count {
+            if d.is_multiple_of(step) || d == count {
                 let s = started.elapsed().as_secs_f64();
                 eprintln!(
                     "  {d}/{count} seeds, {s:.0} s, {:.1} seeds/s",

@@ -36,13 +36,14 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use veriflow_checkpoint::hex;
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{LogError, LogReader};
 use veriflow_runtime::DataId;
 
 use crate::draw::{DrawKey, Draws};
 use crate::oracle::Detection;
-use crate::signing::{unhex, OracleKey, OraclePublicKey, SCHEME};
+use crate::signing::{OracleKey, OraclePublicKey, SCHEME};
 use crate::track::{Ix, StructuralError, Track};
 
 /// The format tag of certificates this version writes: signed with Ed25519 (rule 1), drawn by
@@ -252,11 +253,6 @@ pub enum VerifyError {
     Log(#[from] LogError),
 }
 
-/// Lower-case hex of `bytes` (keys, digests and signatures in certificates and messages).
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl Certificate {
     /// The bytes rule 1 signs: the context, a zero byte, the JSON without `signature`.
     fn signed_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
@@ -274,7 +270,7 @@ impl Certificate {
         let mut unsigned = self.clone();
         unsigned.mac = Some(String::new());
         let bytes = serde_json::to_vec(&unsigned)?;
-        Ok(hex(&key.mac_key().mac(MAC_CONTEXT, &bytes)))
+        Ok(hex::encode(&key.mac_key().mac(MAC_CONTEXT, &bytes)))
     }
 
     /// Signs with the oracle's `key` (rule 1), as format [`FORMAT`].
@@ -284,7 +280,7 @@ impl Certificate {
         self.signature_scheme = Some(SCHEME.to_string());
         self.public_key = Some(key.public().to_hex());
         let signature = key.sign(&self.signed_bytes()?);
-        self.signature = Some(hex(&signature.to_bytes()));
+        self.signature = Some(hex::encode(&signature.to_bytes()));
         Ok(())
     }
 
@@ -352,9 +348,9 @@ impl Certificate {
         match (&c.commitment, &c.secret) {
             (None, None) => {}
             (Some(com), Some(sec)) => {
-                let sec = unhex::<32>(sec)
+                let sec = hex::decode::<32>(sec)
                     .map_err(|_| VerifyError::Malformed("a secret of 32 bytes in hex".into()))?;
-                if crate::certificate::hex(&crate::draw::commitment(&sec)) != *com {
+                if hex::encode(&crate::draw::commitment(&sec)) != *com {
                     return malformed(
                         "the revealed secret is not the one committed to before the run (rule 5)"
                             .to_string(),
@@ -368,7 +364,9 @@ impl Certificate {
 
     /// The secret an online oracle revealed (rule 5), if any.
     pub fn revealed_secret(&self) -> Option<[u8; 32]> {
-        self.secret.as_deref().and_then(|h| unhex::<32>(h).ok())
+        self.secret
+            .as_deref()
+            .and_then(|h| hex::decode::<32>(h).ok())
     }
 
     /// Whether this is an old MAC certificate (rule 3).
@@ -438,7 +436,7 @@ impl Certificate {
             .signature
             .as_deref()
             .ok_or(VerifyError::BadSignature)
-            .and_then(|h| unhex::<64>(h).map_err(|_| VerifyError::BadSignature))?;
+            .and_then(|h| hex::decode::<64>(h).map_err(|_| VerifyError::BadSignature))?;
         let signature = ed25519_dalek::Signature::from_bytes(&signature);
         let bytes = self
             .signed_bytes()
@@ -466,7 +464,7 @@ impl Certificate {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| VerifyError::Malformed(e.to_string()))?;
         let (gs, _) = track.terminal_subgraph(&outputs);
-        let root = hex(&track.merkle_root(&gs));
+        let root = hex::encode(&track.merkle_root(&gs));
         if root != self.merkle_root {
             return Err(VerifyError::OtherLog(format!(
                 "G_S of the log has Merkle root {root}, the certificate says {}",

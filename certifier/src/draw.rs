@@ -182,6 +182,19 @@ mod tests {
         assert_eq!(commitment(&s), *blake3::hash(&s).as_bytes());
     }
 
+    /// A certificate's draw is re-derived by whoever verifies it, with whatever version they
+    /// run: the order of a seed is pinned here, so that a dependency bump (blake3, siphasher;
+    /// rand is not used) that changed it would fail this test instead of old certificates.
+    #[test]
+    fn the_draw_of_a_seed_is_pinned() {
+        let order: Vec<usize> = Draws::new(12, 7).take(6).collect();
+        assert_eq!(order, PINNED_SEED_7);
+        let key = DrawKey::from_secret(&[3u8; 32], 1);
+        let ids: Vec<TaskId> = (0..12u128).map(|t| TaskId(t << 64 | 0x5eed)).collect();
+        let order: Vec<usize> = Draws::of(&ids, &key).take(6).collect();
+        assert_eq!(order, PINNED_SECRET_3);
+    }
+
     #[test]
     fn the_first_k_are_a_uniform_sample() {
         // Each of 20 tasks should be among the first 5 of the order a quarter of the time.
@@ -204,4 +217,7 @@ mod tests {
             );
         }
     }
+
+    const PINNED_SEED_7: [usize; 6] = [3, 9, 10, 1, 7, 0];
+    const PINNED_SECRET_3: [usize; 6] = [5, 4, 8, 3, 9, 0];
 }

@@ -571,10 +571,12 @@ impl PassOutcome {
             corrections: Vec::new(),
             per_vnode: per.into_values().collect(),
             q_hat: sample::q_hat(opts.epsilon, clean.min(self.k)),
-            merkle_root: certificate::hex(&self.merkle_root),
-            log_digest: certificate::hex(&self.log_digest),
-            commitment: opts.secret.map(|s| certificate::hex(&draw::commitment(&s))),
-            secret: opts.secret.map(|s| certificate::hex(&s)),
+            merkle_root: veriflow_checkpoint::hex::encode(&self.merkle_root),
+            log_digest: veriflow_checkpoint::hex::encode(&self.log_digest),
+            commitment: opts
+                .secret
+                .map(|s| veriflow_checkpoint::hex::encode(&draw::commitment(&s))),
+            secret: opts.secret.map(|s| veriflow_checkpoint::hex::encode(&s)),
             online: None,
             signature_scheme: None,
             public_key: None,

@@ -127,12 +127,12 @@ impl OraclePublicKey {
 
     /// The key as 64 hex digits.
     pub fn to_hex(&self) -> String {
-        crate::certificate::hex(self.0.as_bytes())
+        veriflow_checkpoint::hex::encode(self.0.as_bytes())
     }
 
     /// The key from 64 hex digits.
     pub fn from_hex(text: &str) -> Result<OraclePublicKey, String> {
-        let bytes = unhex::<32>(text)?;
+        let bytes = veriflow_checkpoint::hex::decode::<32>(text).map_err(|e| e.to_string())?;
         OraclePublicKey::from_bytes(&bytes)
             .ok_or_else(|| "not a valid Ed25519 public key".to_string())
     }
@@ -202,23 +202,6 @@ impl OraclePublicKey {
     pub(crate) fn verify(&self, message: &[u8], signature: &Signature) -> bool {
         self.0.verify_strict(message, signature).is_ok()
     }
-}
-
-/// `N` bytes from `2N` hex digits.
-pub(crate) fn unhex<const N: usize>(text: &str) -> Result<[u8; N], String> {
-    if text.len() != 2 * N {
-        return Err(format!(
-            "{} characters, expected {} hex digits",
-            text.len(),
-            2 * N
-        ));
-    }
-    let mut out = [0u8; N];
-    for (i, chunk) in text.as_bytes().chunks(2).enumerate() {
-        let s = std::str::from_utf8(chunk).map_err(|_| "not text".to_string())?;
-        out[i] = u8::from_str_radix(s, 16).map_err(|_| format!("{s:?} is not hex"))?;
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -475,7 +475,7 @@ fn legacy_mac_certificate(cert: &mut Certificate, key: &Key) -> String {
     cert.mac = Some(String::new());
     let bytes = serde_json::to_vec(&*cert).unwrap();
     let mac = key.mac("veriflow certificate mac v1", &bytes);
-    cert.mac = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+    cert.mac = Some(veriflow_checkpoint::hex::encode(&mac));
     cert.to_json()
 }
 

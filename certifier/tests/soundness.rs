@@ -24,8 +24,8 @@
 //! The negative control checks k/3 tasks instead of k: β̂ must then be *above* ε + 3σ_ε, i.e.
 //! the soundness assertion would fail; it shows the test can fail.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 use veriflow_certifier::sample::{beta, sample_size};
 use veriflow_certifier::Draws;
@@ -91,11 +91,11 @@ fn simulate(q: f64, n: u64, k: u64, trials_h1: u64, seed: u64) -> Estimate {
     while est.h1 < trials_h1 {
         let mut any = false;
         for f in forged.iter_mut() {
-            *f = rng.gen_bool(q);
+            *f = rng.random_bool(q);
             any |= *f;
         }
         // The draw's seed comes from the same stream: independent of the forgeries.
-        let draw_seed: u64 = rng.gen();
+        let draw_seed: u64 = rng.random();
         if !any {
             est.h0 += 1;
             continue;

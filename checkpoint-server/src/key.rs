@@ -19,8 +19,6 @@ use std::fmt;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
-use rand::RngCore;
-
 /// Largest key file read (rule 4): 64 hex digits and a newline fit many times over; a key
 /// written by hand with a few blank lines or a comment-free CRLF still fits.
 pub const MAX_KEY_FILE_BYTES: u64 = 1024;
@@ -85,9 +83,7 @@ pub enum KeyError {
 impl Key {
     /// A fresh random key from the operating system's generator.
     pub fn generate() -> Key {
-        let mut k = [0u8; 32];
-        rand::rngs::OsRng.fill_bytes(&mut k);
-        Key(k)
+        Key(random_bytes())
     }
 
     /// A key from its bytes (tests, derived keys).
@@ -123,7 +119,7 @@ impl Key {
             opts.mode(0o600);
         }
         let key = Key::generate();
-        let hex: String = key.0.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::hex::encode(&key.0);
         let written = opts.open(&tmp).and_then(|mut file| {
             file.write_all(format!("{hex}\n").as_bytes())?;
             file.sync_all()
@@ -150,15 +146,7 @@ impl Key {
     }
 
     fn parse_hex(text: &str) -> Result<Key, String> {
-        if text.len() != 64 {
-            return Err(format!("{} characters", text.len()));
-        }
-        let mut k = [0u8; 32];
-        for (i, chunk) in text.as_bytes().chunks(2).enumerate() {
-            let s = std::str::from_utf8(chunk).map_err(|_| "not text".to_string())?;
-            k[i] = u8::from_str_radix(s, 16).map_err(|_| format!("{s:?} is not hex"))?;
-        }
-        Ok(Key(k))
+        crate::hex::decode(text).map(Key).map_err(|e| e.to_string())
     }
 
     /// Where the default key of `purpose` lives: `<config dir>/veriflow/<purpose>.key`.
@@ -252,6 +240,22 @@ pub fn read_key_text(path: &Path, secret: bool) -> Result<String, KeyError> {
         path: path.to_path_buf(),
         reason: "not text".to_string(),
     })
+}
+
+/// `N` bytes from the operating system's random generator: keys, secrets and tokens (never a
+/// seeded generator).
+///
+/// # Panics
+///
+/// When the operating system has no random generator to give (no `getrandom` nor
+/// `/dev/urandom`): nothing secret can be made then.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use rand::TryRng as _;
+    let mut out = [0u8; N];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut out)
+        .expect("the operating system's random generator failed");
+    out
 }
 
 /// What a non-regular file is, for [`KeyError::NotAFile`].

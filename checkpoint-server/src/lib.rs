@@ -13,6 +13,7 @@
 //! - [`wire`]: length-limited, encrypted frames (a Noise NNpsk0 handshake on the shared
 //!   [`Key`], then ChaCha20-Poly1305 with a nonce per message), generic over the message type,
 //!   for the servers here and the cluster transport;
+//! - [`hex`]: the workspace's one hex encoder and decoder (keys, digests, signatures);
 //! - [`server`] and [`client`]: the `checkpoint-server` process and the blocking client the
 //!   remote stores use.
 //!
@@ -44,6 +45,7 @@ pub mod client;
 pub mod erasure;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hex;
 pub mod key;
 pub mod launch;
 pub mod logging;

@@ -967,7 +967,7 @@ impl RemoteStore {
             per_server[i] = self.scan_answer(i, r)?.map(|(entries, more)| {
                 if more {
                     if let Some((last, _)) = entries.last() {
-                        if bound.as_ref().map_or(true, |b| last < b) {
+                        if bound.as_ref().is_none_or(|b| last < b) {
                             bound = Some(last.clone());
                         }
                     }

@@ -362,8 +362,7 @@ fn start(cfg: &OracleConfig, id: u64, store: &str) -> Result<Job, String> {
     let store = open_store(&spec, Some(&cfg.key))
         .and_then(|s| crate::job_store(&s, id, false))
         .map_err(|e| format!("{spec}: {e}"))?;
-    let mut secret = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+    let secret = veriflow_checkpoint::key::random_bytes::<32>();
     let follower = Follower::new(
         store.clone(),
         cfg.registry.clone(),

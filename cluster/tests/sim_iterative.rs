@@ -179,16 +179,17 @@ fn regression_seeds_599_2736_a_replacement_counts_on_from_its_backup() {
 /// steps its status said had ended (step 0's global residual: 1e-4). With the fences the
 /// zombie's write is refused and it stops. (After the later fixes, 600 seeds without store
 /// fences no longer show it; the mechanism's own test is `backup.rs`'s
-/// `a_zombie_cannot_replace_the_backup_its_replacement_read`.) Seed 13 has zombies the store
-/// stopped.
+/// `a_zombie_cannot_replace_the_backup_its_replacement_read`.) Seed 18 has zombies the store
+/// stopped (seed 13 did under rand 0.8; rand 0.10 draws ranges differently, and seed 13 no
+/// longer uses a store).
 #[test]
-fn regression_seeds_297_13_zombie_store_writes_are_fenced() {
+fn regression_seeds_297_18_zombie_store_writes_are_fenced() {
     let o = iterative::run(&IterSimConfig {
         store: true,
         ..IterSimConfig::from_seed(297)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(o.replacements > 0, "{o:?}");
-    let o = iterative::run(&IterSimConfig::from_seed(13)).unwrap_or_else(|e| panic!("{e}"));
+    let o = iterative::run(&IterSimConfig::from_seed(18)).unwrap_or_else(|e| panic!("{e}"));
     assert!(o.config.store && o.superseded > 0, "{o:?}");
 }

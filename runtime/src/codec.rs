@@ -43,7 +43,7 @@ impl Digest {
 
     /// All 64 hex digits.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        veriflow_checkpoint::hex::encode(&self.0)
     }
 }
 

@@ -110,13 +110,8 @@ macro_rules! wide_id_fmt {
             /// Reads `t:<32 hex digits>` or just the 32 hex digits.
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 let hex = s.strip_prefix(concat!($prefix, ":")).unwrap_or(s);
-                if hex.len() != 32 {
-                    return Err(ParseIdError {
-                        text: s.to_string(),
-                    });
-                }
-                u128::from_str_radix(hex, 16)
-                    .map($name)
+                veriflow_checkpoint::hex::decode::<16>(hex)
+                    .map(|bytes| $name(u128::from_be_bytes(bytes)))
                     .map_err(|_| ParseIdError {
                         text: s.to_string(),
                     })
@@ -280,6 +275,10 @@ mod tests {
         assert_eq!(full.parse::<TaskId>().unwrap(), id);
         assert!(short.parse::<TaskId>().is_err());
         assert!("t:zz".parse::<TaskId>().is_err());
+        // 32 characters, but a sign is not a hex digit (u128::from_str_radix took it).
+        let signed = format!("t:+{}", &full[3..]);
+        assert_eq!(signed.len(), full.len());
+        assert!(signed.parse::<TaskId>().is_err(), "{signed}");
         assert_eq!(format!("{:?}", VnodeId(3)), "v3");
     }
 

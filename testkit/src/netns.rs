@@ -60,8 +60,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 /// Start of every namespace name this module makes (rule 1).
 pub const PREFIX: &str = "vfnet-";
@@ -524,7 +524,7 @@ impl Wire {
                     };
                     let now = Instant::now();
                     let mut q = shared.queue.lock().expect("wire queue");
-                    if loss > 0.0 && q.rng.gen_bool(loss) {
+                    if loss > 0.0 && q.rng.random_bool(loss) {
                         stats.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use veriflow::{InvalidArgs, Program, Registry, RegistryError, WrongResult};
 use veriflow_checkpoint::{open_store, Key, StoreSpec};
 
@@ -395,7 +395,7 @@ impl SpmdArgs {
             .zip(&self.kill_at_iteration)
             .map(|(&worker, &iteration)| Kill { worker, iteration })
             .collect();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.kill_seed);
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(self.kill_seed);
         let horizon = reached.max(1);
         for _ in 0..self.kill_random {
             // Modulo bias is below 2^-50 for these ranges: irrelevant for fault injection.

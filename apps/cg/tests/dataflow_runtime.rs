@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cg::{dataflow::Solution, problem, Cg, CgOptions, Mode, Rhs, Source};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow::runtime::Kill;
 use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
 
@@ -49,8 +49,8 @@ fn two_kills(seed: u64) -> Vec<Kill> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..2)
         .map(|_| Kill {
-            vnode: VnodeId(rng.gen_range(0..4)),
-            after: rng.gen_range(1..4000),
+            vnode: VnodeId(rng.random_range(0..4)),
+            after: rng.random_range(1..4000),
             retarget: false,
         })
         .collect()

@@ -579,7 +579,7 @@ fn an_old_mac_certificate_verifies_with_the_oracle_key_only() {
         "veriflow certificate mac v1",
         &serde_json::to_vec(&c).unwrap(),
     );
-    c.mac = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+    c.mac = Some(veriflow_checkpoint::hex::encode(&mac));
     let old = tmp.path().join("old.json");
     std::fs::write(&old, c.to_json()).unwrap();
 

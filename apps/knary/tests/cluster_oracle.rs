@@ -66,9 +66,11 @@ fn a_forging_worker_is_caught_evicted_and_its_work_corrected_while_the_run_goes_
     assert_eq!(c["seed_source"], "oracle secret");
     assert_eq!(
         c["commitment"].as_str().unwrap(),
-        blake3::hash(&hex(c["secret"].as_str().unwrap()))
-            .to_hex()
-            .as_str(),
+        blake3::hash(
+            &veriflow_checkpoint::hex::decode::<32>(c["secret"].as_str().unwrap()).unwrap()
+        )
+        .to_hex()
+        .as_str(),
         "the secret revealed is the one committed to"
     );
     let workers = c["online"]["workers"].as_array().unwrap();
@@ -121,11 +123,4 @@ fn a_worker_cannot_lie_unless_tests_allow_it() {
         "0.1",
     ]);
     out.expect_code(2).stderr_has("VERIFLOW_ALLOW_FORGERY=1");
-}
-
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use nqueens::{expected_tasks, NQueens, A000170};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow::runtime::Kill;
 use veriflow::{MemoryStore, Program, Registry, Runtime, Store, VnodeId};
 
@@ -159,11 +159,11 @@ fn vnodes_killed_mid_run_give_the_exact_count() {
     assert!(tasks > 2000, "{tasks}");
     for seed in 0..12u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let vnodes = rng.gen_range(2..=5u32);
-        let kills = (0..rng.gen_range(1..=3))
+        let vnodes = rng.random_range(2..=5u32);
+        let kills = (0..rng.random_range(1..=3))
             .map(|_| Kill {
-                vnode: VnodeId(rng.gen_range(0..vnodes)),
-                after: rng.gen_range(0..tasks),
+                vnode: VnodeId(rng.random_range(0..vnodes)),
+                after: rng.random_range(0..tasks),
                 retarget: false,
             })
             .collect::<Vec<_>>();

@@ -228,7 +228,7 @@ impl Summary {
             && self.recent.len() <= RECENT_STEPS
             && self.recent.len() as u64 <= self.closed
             && (self.closed == 0 || self.worst_step < self.closed)
-            && self.unchecked.map_or(true, |s| s < self.closed)
+            && self.unchecked.is_none_or(|s| s < self.closed)
     }
 }
 

@@ -1,11 +1,11 @@
 use super::*;
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 fn blob(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..len).map(|_| rng.gen()).collect()
+    (0..len).map(|_| rng.random()).collect()
 }
 
 fn slots(frags: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
@@ -277,16 +277,16 @@ proptest! {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
-            order.swap(i, rng.gen_range(0..=i));
+            order.swap(i, rng.random_range(0..=i));
         }
-        let lost = rng.gen_range(0..=k);
+        let lost = rng.random_range(0..=k);
         let mut s = slots(&frags);
         for &i in &order[..lost] {
-            if rng.gen_bool(0.5) {
+            if rng.random_bool(0.5) {
                 s[i] = None;
             } else if let Some(f) = s[i].as_mut() {
-                let p = rng.gen_range(0..f.len());
-                f[p] ^= 1 << rng.gen_range(0..8);
+                let p = rng.random_range(0..f.len());
+                f[p] ^= 1 << rng.random_range(0..8);
             }
         }
         let d = codec.decode(&s).map_err(|e| TestCaseError::fail(format!("{codec} len {len}: {e}")))?;

@@ -168,7 +168,7 @@ pub trait Store: Send + Sync + 'static {
         let all = self.scan_prefix(prefix)?;
         fill_page(
             all.into_iter()
-                .filter(|(k, _)| after.map_or(true, |a| k.as_slice() > a))
+                .filter(|(k, _)| after.is_none_or(|a| k.as_slice() > a))
                 .map(Ok),
             limit,
         )

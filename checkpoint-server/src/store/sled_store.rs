@@ -552,7 +552,7 @@ impl Store for SledStore {
         self.write(|| {
             guarded("raise_fence", || {
                 let tree = &self.engine().2;
-                if read_fence(tree, scope)?.map_or(true, |newest| epoch > newest) {
+                if read_fence(tree, scope)?.is_none_or(|newest| epoch > newest) {
                     tree.insert(scope, &epoch.to_le_bytes())?;
                 }
                 Ok(())

@@ -186,8 +186,7 @@ pub async fn serve_observed(
     }
     let clock = SystemClock::default();
     let (term, found) = acquire(&cfg, &advertise, &role).await?;
-    let mut secret = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+    let secret = veriflow_checkpoint::key::random_bytes::<32>();
     let mut config = Config::new(&cfg.program, &cfg.store_spec, cfg.fd, secret);
     config.advertise = advertise.clone();
     config.coordinators = cfg.coordinators.clone();

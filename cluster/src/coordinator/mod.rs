@@ -2152,7 +2152,7 @@ impl Coordinator {
                 }
                 let c = j.client;
                 self.journal(now);
-                let hex = veriflow_certifier::certificate::hex(&commitment);
+                let hex = veriflow_checkpoint::hex::encode(&commitment);
                 self.note(format!("job {job}: the oracle committed to {hex}"));
                 self.tell_client(c, ToSubmit::Oracle { commitment: hex });
             }

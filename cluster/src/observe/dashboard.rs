@@ -99,9 +99,8 @@ impl Dashboard {
         let listener = std::net::TcpListener::bind(first).map_err(bind)?;
         listener.set_nonblocking(true).map_err(bind)?;
         let addr = listener.local_addr().map_err(bind)?;
-        let mut raw = [0u8; 16];
-        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut raw);
-        let token = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token =
+            veriflow_checkpoint::hex::encode(&veriflow_checkpoint::key::random_bytes::<16>());
         Ok(Dashboard {
             listener,
             addr,

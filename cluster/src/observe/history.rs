@@ -118,7 +118,7 @@ impl History {
         if let Some(l) = &s.last_job {
             match &mut self.current {
                 Some((id, most)) if *id == l.id => *most = (*most).max(l.tasks),
-                _ if l.id > self.counted_upto && now.map_or(true, |(id, _)| id != l.id) => {
+                _ if l.id > self.counted_upto && now.is_none_or(|(id, _)| id != l.id) => {
                     self.done_tasks += l.tasks;
                     self.counted_upto = l.id;
                 }
@@ -173,7 +173,7 @@ impl History {
         // Rule 1: suspicions (a verdict that left alive) and their end.
         for w in &s.workers {
             let before = self.detector.insert(w.id, w.detector.clone());
-            let was_alive = before.as_deref().map_or(true, |d| d == "alive");
+            let was_alive = before.as_deref().is_none_or(|d| d == "alive");
             if was_alive && w.detector != "alive" && w.detector != "unknown" {
                 self.counters.suspicions += 1;
                 event(

@@ -56,8 +56,8 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow_checkpoint::{MemoryStore, Pairs, Store, StoreError};
 use veriflow_runtime::iterative::{
     heat, stored_backup, IterConfig, IterError, IterMsg, Mode, NodeStats, Stepped, SteppedNode,
@@ -129,29 +129,29 @@ impl IterSimConfig {
     /// The configuration of seed `seed`: sizes and fault rates drawn from it.
     pub fn from_seed(seed: u64) -> IterSimConfig {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x17e4_a71e);
-        let procs = rng.gen_range(2..=4);
-        let vnodes = procs * rng.gen_range(1..=2);
-        let n = vnodes as usize * rng.gen_range(4..=16);
+        let procs = rng.random_range(2..=4);
+        let vnodes = procs * rng.random_range(1..=2);
+        let n = vnodes as usize * rng.random_range(4..=16);
         IterSimConfig {
             seed,
             procs,
             vnodes,
             n,
-            r: rng.gen_range(0.5..4.0),
+            r: rng.random_range(0.5..4.0),
             // A fault-free run of 0.2-1.5 simulated seconds, so that a seed sees several
             // crashes and zombies.
-            steps: rng.gen_range(8..=30),
+            steps: rng.random_range(8..=30),
             // One seed in four iterates synchronously.
-            mode: if rng.gen_bool(0.25) {
+            mode: if rng.random_bool(0.25) {
                 Mode::Sync
             } else {
                 Mode::Async
             },
-            store: rng.gen_bool(0.5),
-            backup_every: rng.gen_range(2..=10),
-            resend: Duration::from_micros(rng.gen_range(1500..6000)),
+            store: rng.random_bool(0.5),
+            backup_every: rng.random_range(2..=10),
+            resend: Duration::from_micros(rng.random_range(1500..6000)),
             faults: Faults::draw(&mut rng),
-            safety_share: rng.gen_range(0.4..0.9),
+            safety_share: rng.random_range(0.4..0.9),
             min_faults: 20,
             liveness: Duration::from_secs(10),
             fences: true,
@@ -722,7 +722,7 @@ impl World {
     fn send(&mut self, from: Node, to: Node, frame: Frame, ordered: bool) {
         let delay = Duration::from_nanos(
             self.rng
-                .gen_range(0..=u64::try_from(self.cfg.faults.delay.as_nanos()).unwrap_or(0)),
+                .random_range(0..=u64::try_from(self.cfg.faults.delay.as_nanos()).unwrap_or(0)),
         );
         let mut at = self.now + QUANTUM.min(delay.max(Duration::from_micros(1))) + delay;
         if let Some(&heal) = self.cuts.get(&(from, to)) {
@@ -742,7 +742,7 @@ impl World {
     }
 
     fn running(&self, p: &Proc) -> bool {
-        p.started && !p.dead && p.paused_until.map_or(true, |t| self.now >= t)
+        p.started && !p.dead && p.paused_until.is_none_or(|t| self.now >= t)
     }
 
     /// Every vnode hosted by a started, undeclared process whose nodes are all ready, no
@@ -757,7 +757,7 @@ impl World {
                 p.dead
                     || p.declared
                     || (p.started
-                        && p.paused_until.map_or(true, |t| self.now >= t)
+                        && p.paused_until.is_none_or(|t| self.now >= t)
                         && p.nodes.iter().all(|h| h.node.ready()))
             })
             && self
@@ -785,14 +785,14 @@ impl World {
         }
         let due = (self.cfg.min_faults as f64 * self.now.as_secs_f64()
             / safety_end.as_secs_f64().max(1e-9)) as u64;
-        let forced = (self.faults.total() < due).then(|| self.rng.gen_range(0..3));
+        let forced = (self.faults.total() < due).then(|| self.rng.random_range(0..3));
         if forced.is_some() {
             // When the run is not whole, the next peer frame is lost instead.
             self.force_loss = true;
         }
-        if (forced == Some(0) || self.rng.gen_bool((f.crash * q).min(1.0))) && self.whole() {
-            let v = live[self.rng.gen_range(0..live.len())];
-            let reset = self.rng.gen_bool(0.5);
+        if (forced == Some(0) || self.rng.random_bool((f.crash * q).min(1.0))) && self.whole() {
+            let v = live[self.rng.random_range(0..live.len())];
+            let reset = self.rng.random_bool(0.5);
             self.faults.crashes += 1;
             if reset {
                 self.faults.resets += 1;
@@ -803,18 +803,18 @@ impl World {
             ));
             self.crash(v, reset);
         }
-        if forced == Some(1) || self.rng.gen_bool((f.pause * q).min(1.0)) {
-            let v = live[self.rng.gen_range(0..live.len())];
-            let long = self.rng.gen_bool(0.5);
+        if forced == Some(1) || self.rng.random_bool((f.pause * q).min(1.0)) {
+            let v = live[self.rng.random_range(0..live.len())];
+            let long = self.rng.random_bool(0.5);
             let cut = self
                 .cuts
                 .keys()
                 .any(|(a, b)| *a == Node::Proc(v) || *b == Node::Proc(v));
             let len = if long && self.whole() {
-                Some(BOUND * 2 + Duration::from_millis(self.rng.gen_range(0..50)))
+                Some(BOUND * 2 + Duration::from_millis(self.rng.random_range(0..50)))
             } else if !cut {
                 Some(Duration::from_micros(
-                    self.rng.gen_range(500..=SHORT.as_micros() as u64),
+                    self.rng.random_range(500..=SHORT.as_micros() as u64),
                 ))
             } else {
                 None
@@ -829,13 +829,13 @@ impl World {
                     p.paused_until = Some(self.now + len);
                     // Back from the pause, its nodes run before it reads the supervisor.
                     p.deaf_until =
-                        self.now + len + Duration::from_micros(self.rng.gen_range(0..10_000));
+                        self.now + len + Duration::from_micros(self.rng.random_range(0..10_000));
                 }
             }
         }
-        if forced == Some(2) || self.rng.gen_bool((f.partition * q).min(1.0)) {
-            let a = live[self.rng.gen_range(0..live.len())];
-            let to_sup = self.rng.gen_bool(0.5);
+        if forced == Some(2) || self.rng.random_bool((f.partition * q).min(1.0)) {
+            let a = live[self.rng.random_range(0..live.len())];
+            let to_sup = self.rng.random_bool(0.5);
             let paused = self
                 .procs
                 .get(&a)
@@ -843,27 +843,27 @@ impl World {
             let other = if to_sup {
                 Node::Sup
             } else {
-                Node::Proc(live[self.rng.gen_range(0..live.len())])
+                Node::Proc(live[self.rng.random_range(0..live.len())])
             };
             // A cut from the supervisor past the bound is a declaration: only in a whole run.
             let len = if other == Node::Sup {
-                if self.whole() && self.rng.gen_bool(0.5) {
-                    Some(BOUND + Duration::from_millis(self.rng.gen_range(5..55)))
+                if self.whole() && self.rng.random_bool(0.5) {
+                    Some(BOUND + Duration::from_millis(self.rng.random_range(5..55)))
                 } else if !paused {
                     Some(Duration::from_micros(
-                        self.rng.gen_range(500..=SHORT.as_micros() as u64),
+                        self.rng.random_range(500..=SHORT.as_micros() as u64),
                     ))
                 } else {
                     None
                 }
             } else if other != Node::Proc(a) {
-                Some(Duration::from_millis(self.rng.gen_range(1..80)))
+                Some(Duration::from_millis(self.rng.random_range(1..80)))
             } else {
                 None
             };
             if let Some(len) = len {
                 let heal = self.now + len;
-                let dir = self.rng.gen_range(0..3);
+                let dir = self.rng.random_range(0..3);
                 for (x, y, on) in [
                     (Node::Proc(a), other, dir != 1),
                     (other, Node::Proc(a), dir != 0),
@@ -902,7 +902,7 @@ impl World {
         p.peer_in.clear();
         p.sup_in.clear();
         let unflushed = lock(&p.store.pending).len();
-        let keep = self.rng.gen_range(0..=unflushed);
+        let keep = self.rng.random_range(0..=unflushed);
         let lost = p.store.crash(keep);
         self.fenced_gone += fenced;
         if lost > 0 {
@@ -926,7 +926,7 @@ impl World {
         let vnodes: Vec<(VnodeId, Epoch)> =
             p.vnodes.iter().map(|&(v, e)| (v, Epoch(e.0 + 1))).collect();
         self.send(Node::Sup, Node::Proc(id), Frame::Exit(id), true);
-        let start_at = self.now + Duration::from_millis(self.rng.gen_range(5..50));
+        let start_at = self.now + Duration::from_millis(self.rng.random_range(5..50));
         let new = self.spawn(vnodes.clone(), start_at);
         for &(v, e) in &vnodes {
             self.map[v.0 as usize] = (new, e);
@@ -1009,11 +1009,11 @@ impl World {
             let Some(&(host, _)) = self.map.get(to.0 as usize) else {
                 continue;
             };
-            if std::mem::take(&mut self.force_loss) || self.rng.gen_bool(self.cfg.faults.loss) {
+            if std::mem::take(&mut self.force_loss) || self.rng.random_bool(self.cfg.faults.loss) {
                 self.faults.lost += 1;
                 continue;
             }
-            let copies = if self.rng.gen_bool(self.cfg.faults.dup) {
+            let copies = if self.rng.random_bool(self.cfg.faults.dup) {
                 self.faults.duplicated += 1;
                 2
             } else {
@@ -1059,7 +1059,7 @@ impl World {
             }
         }
         if p.last_heartbeat
-            .map_or(true, |t| now.saturating_sub(t) >= HEARTBEAT)
+            .is_none_or(|t| now.saturating_sub(t) >= HEARTBEAT)
         {
             p.last_heartbeat = Some(now);
             self.send(Node::Proc(id), Node::Sup, Frame::Heartbeat(id), true);
@@ -1067,7 +1067,7 @@ impl World {
         let count = self.procs.get(&id).map_or(0, |p| p.nodes.len());
         let mut order: Vec<usize> = (0..count).collect();
         for i in (1..order.len()).rev() {
-            let j = self.rng.gen_range(0..=i);
+            let j = self.rng.random_range(0..=i);
             order.swap(i, j);
         }
         let mut gone = Vec::new();
@@ -1125,7 +1125,7 @@ impl World {
             );
         }
         self.route(id);
-        if self.rng.gen_bool(self.cfg.faults.pump) {
+        if self.rng.random_bool(self.cfg.faults.pump) {
             if let Some(p) = self.procs.get(&id) {
                 let _ = p.store.flush();
             }
@@ -1200,7 +1200,7 @@ impl World {
             self.detect();
             let mut ids: Vec<u32> = self.procs.keys().copied().collect();
             for i in (1..ids.len()).rev() {
-                let j = self.rng.gen_range(0..=i);
+                let j = self.rng.random_range(0..=i);
                 ids.swap(i, j);
             }
             for id in ids {

@@ -78,8 +78,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 use veriflow_checkpoint::Store;
 use veriflow_runtime::detect::FdParams;
 use veriflow_runtime::log::{CommitPolicy, Manifest};
@@ -124,14 +124,14 @@ impl Faults {
     /// Rates drawn from `rng`: each seed its own mix (TigerBeetle's VOPR).
     pub fn draw(rng: &mut ChaCha8Rng) -> Faults {
         Faults {
-            crash: rng.gen_range(5.0..30.0),
-            pause: rng.gen_range(5.0..30.0),
-            partition: rng.gen_range(5.0..30.0),
-            loss: rng.gen_range(0.02..0.3),
-            dup: rng.gen_range(0.02..0.3),
-            delay: Duration::from_micros(rng.gen_range(100..3000)),
-            pump: rng.gen_range(0.2..1.0),
-            coord: rng.gen_range(2.0..15.0),
+            crash: rng.random_range(5.0..30.0),
+            pause: rng.random_range(5.0..30.0),
+            partition: rng.random_range(5.0..30.0),
+            loss: rng.random_range(0.02..0.3),
+            dup: rng.random_range(0.02..0.3),
+            delay: Duration::from_micros(rng.random_range(100..3000)),
+            pump: rng.random_range(0.2..1.0),
+            coord: rng.random_range(2.0..15.0),
         }
     }
 
@@ -189,28 +189,28 @@ impl SimConfig {
     /// The configuration of seed `seed`: sizes and fault rates drawn from it.
     pub fn from_seed(seed: u64) -> SimConfig {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5111_c0de);
-        let workers = rng.gen_range(2..=5);
-        let vnodes = rng.gen_range(workers..=8);
+        let workers = rng.random_range(2..=5);
+        let vnodes = rng.random_range(workers..=8);
         // Trees of 485 to 1,706 tasks.
-        let (depth, fanout) = [(5, 3), (6, 3), (4, 4), (5, 4), (4, 5)][rng.gen_range(0..5)];
+        let (depth, fanout) = [(5, 3), (6, 3), (4, 4), (5, 4), (4, 5)][rng.random_range(0..5)];
         // The safety phase covers 40-90 % of a fault-free run (a task per quantum per vnode).
         let run = QUANTUM
             * u32::try_from(program::tasks(depth, fanout) / u64::from(vnodes)).unwrap_or(u32::MAX);
         SimConfig {
             seed,
             workers,
-            spares: rng.gen_range(1..=2),
+            spares: rng.random_range(1..=2),
             vnodes,
             depth,
             fanout,
             faults: Faults::draw(&mut rng),
-            safety: run.mul_f64(rng.gen_range(0.4..0.9)),
+            safety: run.mul_f64(rng.random_range(0.4..0.9)),
             min_faults: 20,
             fences: true,
             // One seed in five has a vnode that forges 2-20 % of its tasks.
             forge: rng
-                .gen_bool(0.2)
-                .then(|| (rng.gen_range(0..vnodes), rng.gen_range(0.02..0.2))),
+                .random_bool(0.2)
+                .then(|| (rng.random_range(0..vnodes), rng.random_range(0.02..0.2))),
             liveness: Duration::from_secs(20),
             store: StoreLayout::draw(&mut rng),
             oracle: false,
@@ -867,7 +867,7 @@ impl World {
                 Some((g, conn)) if g == gen => Some((
                     p.pid,
                     conn,
-                    p.core.as_ref().map_or(true, |c| !c.coordinated()),
+                    p.core.as_ref().is_none_or(|c| !c.coordinated()),
                 )),
                 _ => None,
             })
@@ -894,7 +894,7 @@ impl World {
             }
         }
         if gen as usize + 1 == self.coords.len() && self.successor_due.is_none() {
-            let jitter = Duration::from_micros(self.rng.gen_range(0..10_000));
+            let jitter = Duration::from_micros(self.rng.random_range(0..10_000));
             self.successor_due = Some(self.now + LEASE + jitter);
         }
     }
@@ -903,7 +903,7 @@ impl World {
     fn spawn_proc(&mut self, spare: bool) {
         let pid = self.next_pid;
         self.next_pid += 1;
-        let key = ed25519_dalek::SigningKey::from_bytes(&self.rng.gen::<[u8; 32]>());
+        let key = ed25519_dalek::SigningKey::from_bytes(&self.rng.random::<[u8; 32]>());
         self.procs.insert(
             pid,
             Proc {
@@ -953,7 +953,7 @@ impl World {
         let conn = self.next_conn;
         self.next_conn += 1;
         self.conn_pid.insert(conn, pid);
-        let binding: [u8; 32] = self.rng.gen();
+        let binding: [u8; 32] = self.rng.random();
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -1028,7 +1028,7 @@ impl World {
     fn send(&mut self, from: Node, to: Node, frame: Frame, ordered: bool) {
         let delay = Duration::from_nanos(
             self.rng
-                .gen_range(0..=self.cfg.faults.delay.as_nanos() as u64),
+                .random_range(0..=self.cfg.faults.delay.as_nanos() as u64),
         );
         let mut at = self.now + QUANTUM.min(delay.max(Duration::from_micros(1))) + delay;
         if let Some(&heal) = self.cuts.get(&(from, to)) {
@@ -1253,11 +1253,13 @@ impl World {
                 let Some(from) = self.procs.get(&pid).and_then(Proc::worker) else {
                     return Ok(());
                 };
-                if std::mem::take(&mut self.force_loss) || self.rng.gen_bool(self.cfg.faults.loss) {
+                if std::mem::take(&mut self.force_loss)
+                    || self.rng.random_bool(self.cfg.faults.loss)
+                {
                     self.faults.lost += 1;
                     return Ok(());
                 }
-                let copies = if self.rng.gen_bool(self.cfg.faults.dup) {
+                let copies = if self.rng.random_bool(self.cfg.faults.dup) {
                     self.faults.duplicated += 1;
                     2
                 } else {
@@ -1497,7 +1499,7 @@ impl World {
     }
 
     fn running(&self, p: &Proc) -> bool {
-        !p.dead && p.paused_until.map_or(true, |t| self.now >= t)
+        !p.dead && p.paused_until.is_none_or(|t| self.now >= t)
     }
 
     /// The members of the job alive and not paused (rule 3 keeps one), as processes.
@@ -1544,7 +1546,7 @@ impl World {
         if !quiet {
             return;
         }
-        match self.rng.gen_range(0..4) {
+        match self.rng.random_range(0..4) {
             kind @ (0 | 1) => {
                 self.faults.coord_crashes += 1;
                 let reset = kind == 0;
@@ -1563,16 +1565,18 @@ impl World {
                 }
             }
             _ => {
-                let zombie = self.rng.gen_bool(0.5);
+                let zombie = self.rng.random_bool(0.5);
                 let len = if zombie {
-                    LEASE * 2 + Duration::from_millis(self.rng.gen_range(0..60))
+                    LEASE * 2 + Duration::from_millis(self.rng.random_range(0..60))
                 } else {
-                    Duration::from_micros(self.rng.gen_range(500..(LEASE.as_micros() as u64 / 2)))
+                    Duration::from_micros(
+                        self.rng.random_range(500..(LEASE.as_micros() as u64 / 2)),
+                    )
                 };
                 self.faults.coord_pauses += 1;
                 if zombie {
                     self.faults.coord_zombies += 1;
-                    let jitter = Duration::from_micros(self.rng.gen_range(0..10_000));
+                    let jitter = Duration::from_micros(self.rng.random_range(0..10_000));
                     self.successor_due = Some(self.now + LEASE + jitter);
                 }
                 self.note(&format!("fault: pause c{gen} for {len:?}"));
@@ -1588,10 +1592,10 @@ impl World {
         let f = self.cfg.faults.clone();
         // Rule 8: a checkpoint server crashes, one at a time, where the layout survives it.
         let rate = self.cfg.store.crash;
-        if rate > 0.0 && !self.servers.any_unwell() && self.rng.gen_bool((rate * q).min(1.0)) {
-            let i = self.rng.gen_range(0..self.servers.len());
-            let in_flush = self.rng.gen_bool(0.5);
-            let back = self.now + Duration::from_millis(self.rng.gen_range(2..30));
+        if rate > 0.0 && !self.servers.any_unwell() && self.rng.random_bool((rate * q).min(1.0)) {
+            let i = self.rng.random_range(0..self.servers.len());
+            let in_flush = self.rng.random_bool(0.5);
+            let back = self.now + Duration::from_millis(self.rng.random_range(2..30));
             self.faults.server_crashes += 1;
             self.note(&format!(
                 "fault: crash server {i}{}",
@@ -1600,7 +1604,7 @@ impl World {
             self.servers.crash(i, in_flush);
             self.server_restarts.push((back, i));
         }
-        if f.coord > 0.0 && self.rng.gen_bool((f.coord * q).min(1.0)) {
+        if f.coord > 0.0 && self.rng.random_bool((f.coord * q).min(1.0)) {
             self.coordinator_fault();
         }
         let live: Vec<Pid> = self
@@ -1615,21 +1619,21 @@ impl World {
         // A victim may be any live worker as long as another member stays healthy (rule 3),
         // judged after the faults already injected in this quantum.
         let pick = |w: &mut World, live: &[Pid]| -> Option<Pid> {
-            let v = live[w.rng.gen_range(0..live.len())];
+            let v = live[w.rng.random_range(0..live.len())];
             w.healthy_members().iter().any(|&h| h != v).then_some(v)
         };
         // Behind the budget of `min_faults` over the planned safety phase: force one fault of
         // a kind drawn from the seed this quantum, so that a short run still meets it.
         let due = (self.cfg.min_faults as f64 * self.now.as_secs_f64()
             / self.cfg.safety.as_secs_f64().max(1e-9)) as u64;
-        let forced = (self.faults.total() < due).then(|| self.rng.gen_range(0..3));
+        let forced = (self.faults.total() < due).then(|| self.rng.random_range(0..3));
         if forced.is_some() {
             // When no victim can be spared, the next peer frame is lost instead.
             self.force_loss = true;
         }
-        if forced == Some(0) || self.rng.gen_bool((f.crash * q).min(1.0)) {
+        if forced == Some(0) || self.rng.random_bool((f.crash * q).min(1.0)) {
             if let Some(v) = pick(self, &live) {
-                let reset = self.rng.gen_bool(0.5);
+                let reset = self.rng.random_bool(0.5);
                 self.faults.crashes += 1;
                 if reset {
                     self.faults.resets += 1;
@@ -1639,18 +1643,18 @@ impl World {
                     if reset { "reset" } else { "silent" }
                 ));
                 self.kill(v, reset);
-                let back = self.now + Duration::from_millis(self.rng.gen_range(5..50));
+                let back = self.now + Duration::from_millis(self.rng.random_range(5..50));
                 self.restarts_due.push(back);
             }
         }
-        if forced == Some(1) || self.rng.gen_bool((f.pause * q).min(1.0)) {
+        if forced == Some(1) || self.rng.random_bool((f.pause * q).min(1.0)) {
             if let Some(v) = pick(self, &live) {
                 // Half of the pauses outlast the detector's bound: zombies.
                 let bound = self.fd.interval + self.fd.timeout + self.fd.broken;
-                let len = if self.rng.gen_bool(0.5) {
-                    bound * 2 + Duration::from_millis(self.rng.gen_range(0..50))
+                let len = if self.rng.random_bool(0.5) {
+                    bound * 2 + Duration::from_millis(self.rng.random_range(0..50))
                 } else {
-                    Duration::from_millis(self.rng.gen_range(1..10))
+                    Duration::from_millis(self.rng.random_range(1..10))
                 };
                 self.faults.pauses += 1;
                 if len > bound {
@@ -1662,17 +1666,17 @@ impl World {
                 }
             }
         }
-        if forced == Some(2) || self.rng.gen_bool((f.partition * q).min(1.0)) {
+        if forced == Some(2) || self.rng.random_bool((f.partition * q).min(1.0)) {
             if let Some(a) = pick(self, &live) {
-                let other = if self.rng.gen_bool(0.5) {
+                let other = if self.rng.random_bool(0.5) {
                     Node::Coord
                 } else {
-                    Node::Proc(live[self.rng.gen_range(0..live.len())])
+                    Node::Proc(live[self.rng.random_range(0..live.len())])
                 };
                 if other != Node::Proc(a) {
-                    let len = Duration::from_millis(self.rng.gen_range(1..80));
+                    let len = Duration::from_millis(self.rng.random_range(1..80));
                     let heal = self.now + len;
-                    let dir = self.rng.gen_range(0..3);
+                    let dir = self.rng.random_range(0..3);
                     if dir != 1 {
                         self.cuts.insert((Node::Proc(a), other), heal);
                     }
@@ -1689,12 +1693,12 @@ impl World {
         if forced.is_some() && self.faults.total() < due {
             // No victim could be spared: clog one worker's link with the coordinator for less
             // than the detector's bound (a clogged link, restored), which any worker survives.
-            let w = live[self.rng.gen_range(0..live.len())];
+            let w = live[self.rng.random_range(0..live.len())];
             let len = Duration::from_micros(
                 self.rng
-                    .gen_range(500..(self.fd.interval + self.fd.timeout).as_micros() as u64 / 2),
+                    .random_range(500..(self.fd.interval + self.fd.timeout).as_micros() as u64 / 2),
             );
-            let (from, to) = if self.rng.gen_bool(0.5) {
+            let (from, to) = if self.rng.random_bool(0.5) {
                 (Node::Proc(w), Node::Coord)
             } else {
                 (Node::Coord, Node::Proc(w))
@@ -1803,7 +1807,7 @@ impl World {
             // Workers in an order drawn from the seed.
             let mut pids: Vec<Pid> = self.procs.keys().copied().collect();
             for i in (1..pids.len()).rev() {
-                let j = self.rng.gen_range(0..=i);
+                let j = self.rng.random_range(0..=i);
                 pids.swap(i, j);
             }
             for pid in pids {
@@ -1853,12 +1857,12 @@ impl World {
     fn wake_coordinators(&mut self) {
         for gen in 0..self.coords.len() {
             let c = &mut self.coords[gen];
-            if c.dead || c.paused_until.map_or(true, |t| t > self.now) {
+            if c.dead || c.paused_until.is_none_or(|t| t > self.now) {
                 continue;
             }
             c.paused_until = None;
             self.note(&format!("c{gen} wakes"));
-            if self.rng.gen_bool(0.5) {
+            if self.rng.random_bool(0.5) {
                 self.renew(gen as Gen);
             }
         }
@@ -1883,7 +1887,7 @@ impl World {
         let due: Vec<usize> = self
             .server_restarts
             .iter()
-            .filter(|(t, _)| by.map_or(true, |by| *t <= by))
+            .filter(|(t, _)| by.is_none_or(|by| *t <= by))
             .map(|&(_, i)| i)
             .collect();
         self.server_restarts
@@ -1898,7 +1902,7 @@ impl World {
     }
 
     fn step_member(&mut self, pid: Pid) -> Result<(), String> {
-        let pump = self.rng.gen_bool(self.cfg.faults.pump);
+        let pump = self.rng.random_bool(self.cfg.faults.pump);
         let Some(p) = self.procs.get_mut(&pid) else {
             return Ok(());
         };

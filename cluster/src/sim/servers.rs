@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::RngExt;
 use veriflow_checkpoint::client::ClientError;
 use veriflow_checkpoint::{
     Ack, Layout, Page, PageLimit, Pairs, RemoteStore, ServerAnswer, ServerCall, ServerLink, Store,
@@ -44,18 +44,18 @@ impl StoreLayout {
     /// A layout drawn from `rng`: 3 to 6 servers under replication, parity or IDA, with every
     /// acknowledgement policy.
     pub fn draw(rng: &mut ChaCha8Rng) -> StoreLayout {
-        let s = rng.gen_range(3..=6usize);
+        let s = rng.random_range(3..=6usize);
         // Replication 20 %, parity 30 %, IDA 50 %; `ack=all` 20 %, `quorum` 40 %,
         // `quorum=M` 40 %: about half the seeds have a layout that survives a server crash.
-        let layout = match rng.gen_range(0..10) {
+        let layout = match rng.random_range(0..10) {
             0..=1 => Layout::Replicate { copies: s },
             2..=4 => Layout::Parity { m: s - 1 },
             _ => {
-                let k = rng.gen_range(1..=s - 2);
+                let k = rng.random_range(1..=s - 2);
                 Layout::Ida { m: s - k, k }
             }
         };
-        let ack = match rng.gen_range(0..5) {
+        let ack = match rng.random_range(0..5) {
             0 => Ack::All,
             1..=2 => Ack::Quorum,
             _ => Ack::AtLeast(layout.needed()),
@@ -63,7 +63,7 @@ impl StoreLayout {
         // A safety phase lasts 0.1-0.7 simulated seconds: 20-80 crashes a second give a few
         // per seed, one at a time.
         let crash = if tolerates_one_down(layout, ack) {
-            rng.gen_range(20.0..80.0)
+            rng.random_range(20.0..80.0)
         } else {
             0.0
         };
@@ -223,7 +223,7 @@ impl Store for Disk {
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
         let mut st = self.state();
         let old = st.fences.get(scope).copied();
-        if old.map_or(true, |o| epoch > o) {
+        if old.is_none_or(|o| epoch > o) {
             st.fences.insert(scope.to_vec(), epoch);
             st.undo.push(Undo::Fence(scope.to_vec(), old));
         }

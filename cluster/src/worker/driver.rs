@@ -501,7 +501,8 @@ async fn serve_worker(
         addr: cfg.listen.clone(),
         source: e,
     })?;
-    let signing = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    // From 32 OS-random bytes (RFC 8032's secret seed), as `SigningKey::generate` does.
+    let signing = ed25519_dalek::SigningKey::from_bytes(&veriflow_checkpoint::key::random_bytes());
     let public_key = signing.verifying_key().to_bytes();
     let (program, threads, spare) = (cfg.program.clone(), cfg.threads, cfg.spare);
     let peer = peer_addr.to_string();

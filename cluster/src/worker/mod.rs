@@ -488,7 +488,7 @@ impl WorkerCore {
         if self.job.is_none() {
             return; // no job: nothing to deliver to
         }
-        if self.hosted.contains_key(&to) && self.map.get(&to).map_or(true, |&h| h == self.me) {
+        if self.hosted.contains_key(&to) && self.map.get(&to).is_none_or(|&h| h == self.me) {
             self.out.push(Action::Deliver { to, env });
             return;
         }

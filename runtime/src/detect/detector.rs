@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::mem;
 use std::time::Duration;
 
-use rand::seq::SliceRandom;
+use rand::rngs::ChaCha8Rng;
+use rand::seq::IndexedRandom;
 use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use super::{Action, FdParams, Heartbeat, PeerId, Status};
 

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 use super::*;
 use crate::clock::SystemClock;
@@ -145,7 +145,7 @@ impl Net {
     fn with_traffic(mut self, period: Duration) -> Net {
         self.traffic = Some(period);
         for node in 0..self.nodes.len() {
-            let first = Duration::from_micros(self.rng.gen_range(0..=micros(period)));
+            let first = Duration::from_micros(self.rng.random_range(0..=micros(period)));
             self.at(first, Ev::Traffic { node });
         }
         self
@@ -159,7 +159,7 @@ impl Net {
 
     fn sample_delay(&mut self) -> Duration {
         let (lo, hi) = self.delay;
-        Duration::from_micros(self.rng.gen_range(micros(lo)..=micros(hi)))
+        Duration::from_micros(self.rng.random_range(micros(lo)..=micros(hi)))
     }
 
     /// Runs every event up to and including time `until`.
@@ -254,7 +254,7 @@ impl Net {
                     return;
                 }
                 let others = self.nodes.len() - 1;
-                let mut to = self.rng.gen_range(0..others);
+                let mut to = self.rng.random_range(0..others);
                 if to >= node {
                     to += 1;
                 }
@@ -379,8 +379,8 @@ fn crash_is_broken_at_every_monitor_within_bound() {
         for seed in 0..6 {
             let mut net = Net::new(n, p, LAN, seed);
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let victim = rng.gen_range(0..n);
-            let crash = secs(30) + ms(rng.gen_range(0..1000));
+            let victim = rng.random_range(0..n);
+            let crash = secs(30) + ms(rng.random_range(0..1000));
             net.run_until(crash - Duration::from_micros(1));
             let monitors: Vec<usize> = net.nodes[victim]
                 .det
@@ -856,8 +856,8 @@ fn stops_shorter_than_timeout_plus_broken_are_never_broken() {
     for seed in 0..10 {
         let mut net = Net::new(8, p, delays, 80 + seed);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let node = rng.gen_range(0..8);
-        let start = secs(10) + ms(rng.gen_range(0..1000));
+        let node = rng.random_range(0..8);
+        let start = secs(10) + ms(rng.random_range(0..1000));
         net.at(
             start,
             Ev::Stall {

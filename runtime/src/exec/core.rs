@@ -115,7 +115,7 @@ impl Core {
                 .inputs
                 .iter()
                 .copied()
-                .filter(|d| self.data.get(d).map_or(true, |e| e.value.is_none()))
+                .filter(|d| self.data.get(d).is_none_or(|e| e.value.is_none()))
                 .take(4)
                 .collect();
             (*t, missing)

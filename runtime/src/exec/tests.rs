@@ -189,7 +189,7 @@ fn lost_and_duplicated_messages_are_resent_and_ignored() {
 #[test]
 fn failed_vnodes_are_recovered_from_their_logs() {
     use crate::Kill;
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
     let total = fib_tasks(14);
     let mut failures = 0;
     let mut restarted = 0;
@@ -207,7 +207,7 @@ fn failed_vnodes_are_recovered_from_their_logs() {
         (4, vec![k(0, 0), k(3, 0)]),
     ];
     for seed in 0..200u64 + named.len() as u64 {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(seed);
         let (vnodes, kills) = match named.get(seed as usize) {
             Some((v, kills)) => (*v, kills.clone()),
             None => {
@@ -217,9 +217,9 @@ fn failed_vnodes_are_recovered_from_their_logs() {
                         let after = if seed % 7 == 0 {
                             0
                         } else {
-                            rng.gen_range(0..total)
+                            rng.random_range(0..total)
                         };
-                        k(rng.gen_range(0..vnodes), after)
+                        k(rng.random_range(0..vnodes), after)
                     })
                     .collect();
                 (vnodes, kills)
@@ -439,7 +439,7 @@ const CHECKPOINT_EVERY: [u64; 3] = [1, 8 << 10, 32 << 10];
 fn failed_vnodes_are_recovered_from_checkpoints() {
     use crate::transport::{InProcTransport, LossyTransport};
     use crate::Kill;
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
     let total = fib_tasks(14);
     let timers = crate::Timers {
         steal_timeout: std::time::Duration::from_millis(2),
@@ -447,12 +447,12 @@ fn failed_vnodes_are_recovered_from_checkpoints() {
     };
     let (mut from_checkpoints, mut restarted, mut tails) = (0, 0, 0);
     for seed in 0..60u64 {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(seed);
         let vnodes = [2u32, 3, 4][(seed % 3) as usize];
         let kills: Vec<Kill> = (0..1 + seed % 3)
             .map(|_| Kill {
-                vnode: crate::VnodeId(rng.gen_range(0..vnodes)),
-                after: rng.gen_range(0..total),
+                vnode: crate::VnodeId(rng.random_range(0..vnodes)),
+                after: rng.random_range(0..total),
                 retarget: false,
             })
             .collect();

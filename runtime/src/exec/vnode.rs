@@ -32,8 +32,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::RngExt;
 
 use super::core::{Core, ReadyTask, TaskSpec};
 use super::waits::{sample, VnodeWaits};
@@ -598,7 +598,7 @@ impl Vnode {
             return Ok(());
         }
         let me = self.id().0;
-        let pick = self.rng.gen_range(0..self.peers - 1);
+        let pick = self.rng.random_range(0..self.peers - 1);
         let victim = VnodeId(if pick >= me { pick + 1 } else { pick });
         self.steal_out = Some((victim, now + self.timers.steal_timeout));
         self.stats.steal_requests += 1;

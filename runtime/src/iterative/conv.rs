@@ -357,8 +357,8 @@ mod tests {
     /// verification answers, delivering messages in an order drawn from `seed` (and each one
     /// twice, rule 5); returns how many vnodes led and the verdict each vnode saw.
     fn simulate(tree: &[Vec<VnodeId>], answers: &[bool], seed: u64) -> (usize, Vec<bool>) {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(seed);
         let n = tree.len();
         let mut nodes: Vec<Conv> = (0..n)
             .map(|i| Conv::new(v(i as u32), tree[i].clone()))
@@ -367,12 +367,12 @@ mod tests {
         let mut verdicts = vec![None; n];
         let mut led = vec![false; n];
         for _ in 0..10_000 {
-            if queue.is_empty() || rng.gen_bool(0.3) {
-                let i = rng.gen_range(0..n);
+            if queue.is_empty() || rng.random_bool(0.3) {
+                let i = rng.random_range(0..n);
                 let outs = nodes[i].poll(true);
                 handle(i, outs, answers, &mut queue, &mut nodes, &mut verdicts);
             } else {
-                let k = rng.gen_range(0..queue.len());
+                let k = rng.random_range(0..queue.len());
                 let (from, to, kind) = queue.remove(k).expect("in range");
                 let i = to.0 as usize;
                 let outs = nodes[i].on_msg(from, kind);

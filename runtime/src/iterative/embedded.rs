@@ -18,8 +18,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 use super::conv::spanning_tree;
 use super::node::{spawn_node, Control, Exit, ExitMsg, Incarnation, NodeStats};
@@ -165,7 +165,7 @@ pub fn run_embedded(
                 && controls.iter().all(|c| c.ready.load(Ordering::Relaxed))
                 && !stop.load(Ordering::Relaxed)
             {
-                let victim = rng.gen_range(0..n);
+                let victim = rng.random_range(0..n);
                 controls[victim].kill.store(true, Ordering::Relaxed);
                 alive[victim] = false;
                 kills_left -= 1;

@@ -185,7 +185,7 @@ const UNSAVED: u64 = u64::MAX;
 
 /// Is a periodic action last done at `last` due at `now`? Never done: due.
 fn due(now: Duration, last: Option<Duration>, period: Duration) -> bool {
-    last.map_or(true, |t| now.saturating_sub(t) >= period)
+    last.is_none_or(|t| now.saturating_sub(t) >= period)
 }
 
 pub(crate) struct Node {
@@ -550,7 +550,7 @@ impl Node {
             });
         }
         self.send_halos();
-        if self.iter % self.cfg.backup_every == 0 {
+        if self.iter.is_multiple_of(self.cfg.backup_every) {
             self.data_backup_round_robin()?;
         }
         if answering {
@@ -925,7 +925,7 @@ impl Node {
             }
             IterMsg::Status { version, status } => {
                 let h = self.held.entry(from).or_default();
-                if h.status.as_ref().map_or(true, |(v, _)| *v <= version) {
+                if h.status.as_ref().is_none_or(|(v, _)| *v <= version) {
                     h.status = Some((version, status));
                 }
                 self.send(from, IterMsg::StatusAck { version });
@@ -946,7 +946,7 @@ impl Node {
                 let h = self.held.entry(from).or_default();
                 if h.data
                     .as_ref()
-                    .map_or(true, |(s, i, _)| (*s, *i) <= (step, iter))
+                    .is_none_or(|(s, i, _)| (*s, *i) <= (step, iter))
                 {
                     h.data = Some((step, iter, state));
                 }
@@ -967,7 +967,7 @@ impl Node {
                 let msg = IterMsg::Backups {
                     status: h.and_then(|h| h.status.clone()),
                     data: h.and_then(|h| h.data.clone()),
-                    lost: self.lost_held && h.map_or(true, |h| h.status.is_none()),
+                    lost: self.lost_held && h.is_none_or(|h| h.status.is_none()),
                 };
                 self.send(from, msg);
             }
@@ -983,13 +983,13 @@ impl Node {
             }
             IterMsg::Ward { status, data } => {
                 let h = self.held.entry(from).or_default();
-                if h.status.as_ref().map_or(true, |(v, _)| *v <= status.0) {
+                if h.status.as_ref().is_none_or(|(v, _)| *v <= status.0) {
                     h.status = Some(status);
                 }
                 if let Some((step, iter, state)) = data {
                     if h.data
                         .as_ref()
-                        .map_or(true, |(s, i, _)| (*s, *i) <= (step, iter))
+                        .is_none_or(|(s, i, _)| (*s, *i) <= (step, iter))
                     {
                         h.data = Some((step, iter, state));
                     }
@@ -1105,25 +1105,19 @@ impl Node {
         let mut data: Option<(u64, u64, Vec<u8>)> = None;
         for (s, d) in replies.into_values() {
             if let Some(s) = s {
-                if status.as_ref().map_or(true, |(v, _)| s.0 > *v) {
+                if status.as_ref().is_none_or(|(v, _)| s.0 > *v) {
                     status = Some(s);
                 }
             }
             if let Some(d) = d {
-                if data
-                    .as_ref()
-                    .map_or(true, |(s, i, _)| (d.0, d.1) > (*s, *i))
-                {
+                if data.as_ref().is_none_or(|(s, i, _)| (d.0, d.1) > (*s, *i)) {
                     data = Some(d);
                 }
             }
         }
         if let Some(store) = &self.cfg.store {
             if let Some(d) = self.store_backup.get(&**store, self.me)? {
-                if data
-                    .as_ref()
-                    .map_or(true, |(s, i, _)| (d.0, d.1) > (*s, *i))
-                {
+                if data.as_ref().is_none_or(|(s, i, _)| (d.0, d.1) > (*s, *i)) {
                     data = Some(d);
                 }
             }

@@ -742,7 +742,7 @@ impl Walk {
             return Ok(());
         };
         let read_to = self.last_read;
-        let short = read_to.map_or(true, |r| r < c.segno);
+        let short = read_to.is_none_or(|r| r < c.segno);
         if short || self.next_seq < c.end_seq {
             let there = match read_to {
                 Some(r) => format!("the log stops at segment {r}, event {}", self.next_seq),

@@ -484,7 +484,7 @@ impl LogWriter {
                     Err(segment::SegmentError::Frame(f))
                         if f.is_torn()
                             && i + 1 == existing.len()
-                            && covered.map_or(true, |c| segno > c) =>
+                            && covered.is_none_or(|c| segno > c) =>
                     {
                         tracing::warn!("log of {vnode}: dropping torn last segment {segno} ({f})");
                         self.store.delete(key)?;

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
 
 use super::{Endpoint, Envelope, Message, Transport, TransportError};
 use crate::ids::VnodeId;
@@ -74,11 +74,11 @@ struct LossyEndpoint {
 
 impl Endpoint for LossyEndpoint {
     fn send(&mut self, to: VnodeId, msg: Message) -> Result<(), TransportError> {
-        if self.rng.gen_bool(self.loss) {
+        if self.rng.random_bool(self.loss) {
             self.lost.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        if self.rng.gen_bool(self.dup) {
+        if self.rng.random_bool(self.dup) {
             self.duplicated.fetch_add(1, Ordering::Relaxed);
             self.inner.send(to, msg.clone())?;
         }

@@ -169,7 +169,7 @@ pub(crate) fn append_f64s(out: &mut Vec<u8>, v: &[f64]) {
 
 /// Little-endian bytes as f64s (a trailing partial word is an error).
 pub(crate) fn bytes_f64(b: &[u8]) -> Result<Vec<f64>, SpmdError> {
-    if b.len() % 8 != 0 {
+    if !b.len().is_multiple_of(8) {
         return Err(SpmdError::Protocol(format!(
             "{} bytes are not a vector of f64",
             b.len()

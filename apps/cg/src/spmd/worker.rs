@@ -670,7 +670,10 @@ impl Worker {
             if kernel::converged(self.rho, self.threshold) || self.k >= self.plan.max_iter {
                 return Ok(());
             }
-            if self.plan.every > 0 && self.k > self.last_ckpt && self.k % self.plan.every == 0 {
+            if self.plan.every > 0
+                && self.k > self.last_ckpt
+                && self.k.is_multiple_of(self.plan.every)
+            {
                 self.checkpoint()?;
             }
             let (g, k) = (self.g, self.k);
