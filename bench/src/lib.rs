@@ -16,6 +16,7 @@
 pub mod storage;
 
 pub mod certify;
+pub mod harness;
 pub mod machine;
 
 pub mod cluster;
