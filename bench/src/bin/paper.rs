@@ -93,8 +93,7 @@ enum Command {
     /// Issue 13 point 8: peak RSS and the recovery time of one vnode against tasks run, with
     /// recovery checkpoints and from the whole log.
     Memory(veriflow_bench::memory::MemoryArgs),
-    /// Draw the cluster, detector and transport figures again from their JSON results in
-    /// `--results` (nothing is run).
+    /// Draw every figure again from its JSON results in `--dir` (nothing is run).
     Replot(veriflow_bench::replot::ReplotArgs),
 }
 
