@@ -123,7 +123,14 @@ pub fn run(args: &CgArgs) -> Result<()> {
     let mut report = json!({
         "command": "paper cg",
         "date": session.date,
-        "machine": session.machine.json(),
+        // This report's own names (`cpu`, `git`): its sections kept from earlier runs use them.
+        "machine": json!({
+            "cores": session.machine.cores,
+            "cpu": session.machine.cpu,
+            "kernel": session.machine.kernel,
+            "rustc": session.machine.rustc,
+            "git": session.machine.git,
+        }),
     });
     for (part, name) in [(Part::Kernel, "kernel"), (Part::Spmd, "spmd")] {
         if !args.parts.iter().any(|p| p == name) {

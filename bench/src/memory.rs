@@ -350,6 +350,12 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
     let report = json!({
         "experiment": "memory",
         "date": session.date,
+        // This report's own machine block, as before the harness.
+        "machine": {
+            "cores": session.machine.cores, "cpu": session.machine.cpu,
+            "kernel": session.machine.kernel, "rustc": session.machine.rustc,
+            "git": session.machine.git, "load_before": session.loadavg_before(),
+        },
         "settings": {
             "threads": args.threads, "vnodes": args.vnodes, "failing_vnode": FAILING_VNODE,
             "fails_at": FAIL_AT, "grain_us": 0,

@@ -24,7 +24,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-use crate::harness::{knary_binary, require_runs, Disturbed, Quiet, Redo, Rounds, Session, Stats};
+use crate::harness::{
+    knary_binary, loadavg, require_runs, Disturbed, Quiet, Redo, Rounds, Session, Stats,
+};
 
 /// `paper online` options.
 #[derive(clap::Args, Debug)]
@@ -222,6 +224,9 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
     let (plain, followed) = (&honest.kept[0], &honest.kept[1]);
     let ratio = f.median / p.median;
     let summary = json!({
+        // The names this report had before the harness's `date_utc` and `loadavg_after`.
+        "started": session.date,
+        "load_after": loadavg(),
         "depth": depth,
         "fanout": 4,
         "grain_us": args.grain_us,

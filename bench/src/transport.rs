@@ -55,8 +55,8 @@ use veriflow::runtime::iterative::{run_embedded, Embedded, IterKills, Mode};
 use veriflow::{Program, Registry, Runtime};
 
 use crate::harness::{
-    plot, require_runs, Disturbed, Figure, Plots, Quiet, Redo, Rounds, Session, Stats, Timed,
-    COLORS,
+    loadavg, plot, require_runs, Disturbed, Figure, Plots, Quiet, Redo, Rounds, Session, Stats,
+    Timed, COLORS,
 };
 
 /// Issue 7's target: most crash-heavy async time / crash-free async time.
@@ -361,7 +361,7 @@ pub fn run(a: &TransportArgs) -> Result<()> {
     session.write(
         "paper transport",
         stem,
-        report.json(&drawn),
+        report.json(&session, &drawn),
         &report.markdown(&drawn),
     )
 }
@@ -484,7 +484,7 @@ impl Report<'_> {
         md
     }
 
-    fn json(&self, drawn: &Plots) -> Value {
+    fn json(&self, session: &Session, drawn: &Plots) -> Value {
         let settings: Vec<Value> = self
             .settings
             .iter()
@@ -506,6 +506,9 @@ impl Report<'_> {
             .collect();
         let ratio = self.ratio();
         json!({
+            // The names this report had before the harness's `date_utc` and `loadavg_*`.
+            "date": session.date,
+            "load_average": [session.loadavg_before(), loadavg()],
             "problem": {
                 "model": "diurnal",
                 "nx": self.p.nx, "ny": self.p.ny, "nz": self.p.nz,

@@ -79,6 +79,11 @@ impl Session {
         }
     }
 
+    /// `/proc/loadavg` when the command started.
+    pub fn loadavg_before(&self) -> Option<&str> {
+        self.load_before.as_deref()
+    }
+
     /// Time since the start.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
