@@ -35,7 +35,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -46,8 +46,11 @@ use serde_json::{json, Value};
 use veriflow::certifier::{sample, NoProgress, Options, Track};
 use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, SledStore, Store};
 
-use crate::machine::{utc_now, Machine};
-use crate::{knary_registry, wait_for_quiet, CpuSnapshot, Shape, Stats};
+use crate::harness::{
+    dir_bytes, plot, require_runs, scratch_dir, thousands, CpuSnapshot, Disturbed, Figure, Plots,
+    Quiet, Retries, Session, Stats, COLORS,
+};
+use crate::{knary_registry, Shape};
 
 /// Fig. 4's parameters: every ε with every q.
 const FIG4_EPSILONS: [f64; 3] = [0.1, 0.05, 0.01];
@@ -69,12 +72,11 @@ const QUICK_DEPTHS: std::ops::RangeInclusive<u32> = 3..=5;
 /// Target of the issue on this 2-core machine: G load + G_S + structural check.
 const TARGET_TASKS_PER_S: f64 = 1_000_000.0;
 
-/// Other processes may use up to this many cores before a size's series starts.
-const QUIET_CORES: f64 = 0.25;
-
-/// A timed call is disturbed when other processes took more than 0.05 CPU-s plus this share
-/// of the machine's CPU time during it (the same rule as `paper overhead`).
-const DISTURBED_SHARE: f64 = 0.05;
+/// Fig. 4's and Fig. 7's colours, in the order they were first drawn with (tab10's blue,
+/// orange, green, red, ...).
+fn color(i: usize) -> RGBColor {
+    COLORS[[0, 3, 1, 2, 4, 5][i % COLORS.len()]]
+}
 
 /// Where the logs are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -127,35 +129,14 @@ pub struct CertifyArgs {
 
 /// Runs `paper certify` (module docs) and writes its results.
 pub fn run(args: &CertifyArgs) -> Result<()> {
-    if args.runs < 3 && !args.quick {
-        bail!("--runs must be at least 3 (medians of >= 3 runs); use --quick for a smoke run");
-    }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
-    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
-    std::fs::create_dir_all(&scratch)
-        .with_context(|| format!("cannot create the scratch directory {}", scratch.display()))?;
-    let stem = if args.quick {
-        "certify-quick"
-    } else {
-        "certify"
-    };
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
+    require_runs(args.runs, 3, args.quick)?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
+    let scratch = scratch_dir(args.scratch.as_deref())?;
+    let stem = session.stem("certify");
 
     eprintln!("Fig. 4: k against n");
     let fig4 = Fig4::compute()?;
-    let fig4_plots = plots(
-        &out,
-        &format!("{stem}_fig4"),
-        |root| draw_fig4(root, &fig4),
-        |root| draw_fig4(root, &fig4),
-    );
+    let fig4_plots = session.plot(&format!("{stem}_fig4"), &fig4);
 
     let depths: Vec<u32> = match (&args.depths[..], args.quick) {
         ([], false) => DEPTHS.collect(),
@@ -176,41 +157,23 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
         );
         sizes.push(measure_size(args, shape, &scratch)?);
     }
-    let fig7_plots = plots(
-        &out,
-        &format!("{stem}_fig7"),
-        |root| draw_fig7(root, &sizes),
-        |root| draw_fig7(root, &sizes),
-    );
+    let fig7_plots = session.plot(&format!("{stem}_fig7"), &Fig7::of(&sizes));
 
     let report = Report {
         args,
-        date,
-        machine,
-        total: started.elapsed(),
         fig4,
         fig4_plots,
         fig7_plots,
         sizes,
     };
-    let md = report.markdown();
-    let json = report.json();
-    let json_path = out.join(format!("{stem}.json"));
-    let md_path = out.join(format!("{stem}.md"));
-    let text = serde_json::to_string_pretty(&json).context("encoding the results")?;
-    std::fs::write(&json_path, text + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    std::fs::write(&md_path, &md).with_context(|| format!("cannot write {}", md_path.display()))?;
-    println!("{md}");
-    println!("written: {} and {}", json_path.display(), md_path.display());
-    Ok(())
+    session.write("certify", &stem, report.json(), &report.markdown())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Fig. 4
 
 /// k against n for every (ε, q) of Fig. 4.
-struct Fig4 {
+pub(crate) struct Fig4 {
     /// (ε, q, N_{ε,q}) in column order.
     pairs: Vec<(f64, f64, f64)>,
     /// n of the table: 1, 2, 5, 10, ..., 10⁶.
@@ -224,7 +187,7 @@ struct Fig4 {
 }
 
 impl Fig4 {
-    fn compute() -> Result<Fig4> {
+    pub(crate) fn compute() -> Result<Fig4> {
         let mut pairs = Vec::new();
         for eps in FIG4_EPSILONS {
             for q in FIG4_QS {
@@ -273,126 +236,72 @@ impl Fig4 {
     }
 }
 
-/// What was drawn: (file name, `Err(why)` when it could not be).
-type Plots = Vec<(String, Result<(), String>)>;
-
-/// Draws one figure into `<name>.svg` and `<name>.png` in `out` (the PNG needs system fonts:
-/// when the bitmap backend finds none, the PNG is left out and the SVG alone has the figure).
-fn plots<S, B>(out: &Path, name: &str, svg: S, png: B) -> Plots
-where
-    S: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
-    B: FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
-{
-    let svg_path = out.join(format!("{name}.svg"));
-    let png_path = out.join(format!("{name}.png"));
-    let svg_result = svg(SVGBackend::new(&svg_path, PLOT_SIZE).into_drawing_area());
-    let png_result = png(BitMapBackend::new(&png_path, PLOT_SIZE).into_drawing_area());
-    for (path, r) in [(&svg_path, &svg_result), (&png_path, &png_result)] {
-        if let Err(e) = r {
-            eprintln!("  (cannot draw {}: {e})", path.display());
-            let _ = std::fs::remove_file(path);
-        }
+impl Figure for Fig4 {
+    fn size(&self) -> (u32, u32) {
+        (960, 640)
     }
-    vec![
-        (file_name(&svg_path), svg_result),
-        (file_name(&png_path), png_result),
-    ]
-}
 
-/// Pixels of every plot.
-const PLOT_SIZE: (u32, u32) = (960, 640);
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let f = self;
 
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
-}
-
-/// The plots as markdown: the files written, and why any is missing.
-fn plots_markdown(plots: &Plots) -> String {
-    plots
-        .iter()
-        .map(|(f, r)| match r {
-            Ok(()) => format!("`{f}`"),
-            Err(e) => format!("no `{f}` ({e})"),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn plots_json(plots: &Plots) -> Vec<Value> {
-    plots
-        .iter()
-        .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
-        .collect()
-}
-
-/// One colour per series, readable on white.
-const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-fn draw_fig4<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, f: &Fig4) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
-    let y_max = f.pairs.iter().map(|p| p.2).fold(0.0, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Fig. 4: tasks to check, k = min(⌈f(n)⌉, n), for β ≤ ε",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .margin_right(45)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d((1f64..FIG4_MAX_N as f64).log_scale(), 0f64..y_max)
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("n, tasks in G_S (log scale)")
-        .y_desc("k, tasks re-run by the oracle")
-        .x_label_formatter(&|x| thousands(*x))
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .draw()
-        .map_err(e)?;
-    let grey = BLACK.mix(0.35);
-    chart
-        .draw_series(LineSeries::new(
-            f.plot_n
-                .iter()
-                .map(|&n| n as f64)
-                .filter(|&n| n <= y_max)
-                .map(|n| (n, n)),
-            grey.stroke_width(1),
-        ))
-        .map_err(e)?
-        .label("k = n (check every task)")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1)));
-    for (i, (&(eps, q, big_n), ks)) in f.pairs.iter().zip(&f.plot_k).enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        root.fill(&WHITE).map_err(plot::err)?;
+        let y_max = f.pairs.iter().map(|p| p.2).fold(0.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Fig. 4: tasks to check, k = min(⌈f(n)⌉, n), for β ≤ ε",
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .margin_right(45)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d((1f64..FIG4_MAX_N as f64).log_scale(), 0f64..y_max)
+            .map_err(plot::err)?;
+        chart
+            .configure_mesh()
+            .x_desc("n, tasks in G_S (log scale)")
+            .y_desc("k, tasks re-run by the oracle")
+            .x_label_formatter(&|x| thousands(*x))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()
+            .map_err(plot::err)?;
+        let grey = BLACK.mix(0.35);
         chart
             .draw_series(LineSeries::new(
-                f.plot_n.iter().zip(ks).map(|(&n, &k)| (n as f64, k as f64)),
-                color.stroke_width(2),
+                f.plot_n
+                    .iter()
+                    .map(|&n| n as f64)
+                    .filter(|&n| n <= y_max)
+                    .map(|n| (n, n)),
+                grey.stroke_width(1),
             ))
-            .map_err(e)?
-            .label(format!("ε = {eps}, q = {q}: N = {big_n:.1}"))
+            .map_err(plot::err)?
+            .label("k = n (check every task)")
             .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1))
             });
+        for (i, (&(eps, q, big_n), ks)) in f.pairs.iter().zip(&f.plot_k).enumerate() {
+            let color = color(i);
+            chart
+                .draw_series(LineSeries::new(
+                    f.plot_n.iter().zip(ks).map(|(&n, &k)| (n as f64, k as f64)),
+                    color.stroke_width(2),
+                ))
+                .map_err(plot::err)?
+                .label(format!("ε = {eps}, q = {q}: N = {big_n:.1}"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot::err)?;
+        root.present().map_err(plot::err)
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
-    root.present().map_err(e)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -471,15 +380,12 @@ impl SizeResult {
 }
 
 fn stats(values: &[f64]) -> Result<Stats> {
-    Stats::of(values).context("no run measured")
+    Stats::require(values)
 }
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
+/// Every core counted: the certifier's parallel phases run on rayon's global pool.
 fn disturbed(foreign_cpu_s: Option<f64>, seconds: f64) -> bool {
-    foreign_cpu_s.is_some_and(|f| f > 0.05 + DISTURBED_SHARE * cores() as f64 * seconds)
+    Disturbed::cores().is(foreign_cpu_s, seconds)
 }
 
 /// Opens the store of a log directory.
@@ -491,21 +397,6 @@ fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn Store>> {
         ),
         StoreKind::Memory => Arc::new(MemoryStore::default()),
     })
-}
-
-/// Bytes of the files under `dir`.
-fn dir_bytes(dir: &Path) -> Option<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).ok()? {
-        let entry = entry.ok()?;
-        let meta = entry.metadata().ok()?;
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())?
-        } else {
-            meta.len()
-        };
-    }
-    Some(total)
 }
 
 /// Rules 2-4 of the module docs on one tree.
@@ -546,7 +437,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         store = open_store(args.store, dir.path())?;
     }
     let store_bytes = match args.store {
-        StoreKind::Sled => dir_bytes(dir.path()),
+        StoreKind::Sled => Some(dir_bytes(dir.path())),
         StoreKind::Memory => None,
     };
     let mut size = SizeResult {
@@ -565,8 +456,9 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         kept_disturbed: 0,
         not_quiet: false,
     };
-    if args.quiet_wait > 0 {
-        size.not_quiet = !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES);
+    let quiet = Quiet::secs(args.quiet_wait);
+    {
+        size.not_quiet = !quiet.wait();
         if size.not_quiet {
             eprintln!(
                 "  (machine still busy after {} s: measuring anyway)",
@@ -575,7 +467,15 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         }
     }
     let registry = knary_registry()?;
-    let mut retries = args.retries;
+    // One budget for the size's 3 x --runs calls; a retry waits for a quiet machine first.
+    let mut retries = Retries::new(args.retries);
+    let keep = |retries: &mut Retries, bad: bool| {
+        let kept = retries.keep(bad);
+        if !kept {
+            quiet.wait();
+        }
+        kept
+    };
     let runs = args.runs as usize;
     while size.phases.len() < runs {
         let p = phases(&store, report.tasks)?;
@@ -590,9 +490,9 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             p.structural,
             p.merkle,
             p.log_digest,
-            note(bad, retries > 0)
+            retries.note(bad)
         );
-        if keep(bad, &mut retries, &mut size, args.quiet_wait) {
+        if keep(&mut retries, bad) {
             size.phases.push(p);
         }
     }
@@ -620,9 +520,9 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
                 t.seconds,
                 cert.checked.len(),
                 cert.n,
-                note(bad, retries > 0)
+                retries.note(bad)
             );
-            if !keep(bad, &mut retries, &mut size, args.quiet_wait) {
+            if !keep(&mut retries, bad) {
                 continue;
             }
             if full {
@@ -635,34 +535,13 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             }
         }
     }
+    size.rerun = retries.rerun;
+    size.kept_disturbed = retries.kept_disturbed;
     drop(store);
     let path = dir.path().to_path_buf();
     dir.close()
         .with_context(|| format!("cannot remove the log directory {}", path.display()))?;
     Ok(size)
-}
-
-/// Whether to keep a timed call (`bad`: disturbed), counting retries; before a retry, waits
-/// (up to `quiet_wait` s) for the machine to calm down.
-fn keep(bad: bool, retries: &mut u32, size: &mut SizeResult, quiet_wait: u64) -> bool {
-    if bad && *retries > 0 {
-        *retries -= 1;
-        size.rerun += 1;
-        if quiet_wait > 0 {
-            wait_for_quiet(Duration::from_secs(quiet_wait), QUIET_CORES);
-        }
-        return false;
-    }
-    size.kept_disturbed += u32::from(bad);
-    true
-}
-
-fn note(bad: bool, retry_left: bool) -> &'static str {
-    match (bad, retry_left) {
-        (false, _) => "",
-        (true, true) => " -- disturbed, run again",
-        (true, false) => " -- disturbed, kept (no retry left)",
-    }
 }
 
 /// Times `f`, with the CPU other processes took meanwhile.
@@ -752,86 +631,129 @@ fn certify_once(
     Ok((t, cert))
 }
 
-fn draw_fig7<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    sizes: &[SizeResult],
-) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    // Per size: n, and the medians of full, partial and the linear phases.
-    let mut ns = Vec::new();
-    let mut times: [Vec<f64>; 3] = Default::default();
-    for s in sizes {
-        let (Ok(f), Ok(p), Ok(l)) = (
-            s.full_stats(),
-            s.partial_stats(),
-            s.phase_stats(Phases::linear_total),
-        ) else {
-            return Err("a size has no measurement".to_string());
+/// Fig. 7: per size, its tasks n and the medians of full, partial and the linear phases (s).
+pub(crate) struct Fig7 {
+    ns: Vec<f64>,
+    times: [Vec<f64>; 3],
+}
+
+impl Fig7 {
+    fn of(sizes: &[SizeResult]) -> Fig7 {
+        let mut fig = Fig7 {
+            ns: Vec::new(),
+            times: Default::default(),
         };
-        ns.push(s.tasks as f64);
-        for (series, t) in times.iter_mut().zip([f.median, p.median, l.median]) {
-            series.push(t);
+        for s in sizes {
+            // A size without a measurement has no point.
+            let (Ok(f), Ok(p), Ok(l)) = (
+                s.full_stats(),
+                s.partial_stats(),
+                s.phase_stats(Phases::linear_total),
+            ) else {
+                continue;
+            };
+            fig.ns.push(s.tasks as f64);
+            for (series, t) in fig.times.iter_mut().zip([f.median, p.median, l.median]) {
+                series.push(t);
+            }
         }
+        fig
     }
-    let (Some(x_min), Some(x_max)) = (
-        ns.iter().copied().reduce(f64::min),
-        ns.iter().copied().reduce(f64::max),
-    ) else {
-        return Err("nothing to plot".to_string());
-    };
-    let all = times.iter().flatten().copied();
-    let y_min = all.clone().fold(f64::INFINITY, f64::min).max(1e-5) / 2.0;
-    let y_max = all.fold(0.0, f64::max) * 2.0;
-    root.fill(&WHITE).map_err(e)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
+
+    /// The figure of a `certify.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> Result<Fig7> {
+        let mut fig = Fig7 {
+            ns: Vec::new(),
+            times: Default::default(),
+        };
+        for s in j["fig7"]["sizes"].as_array().context("no fig7.sizes")? {
+            let median = |v: &Value, what: &str| {
+                v["median"]
+                    .as_f64()
+                    .with_context(|| format!("a size without {what}.median"))
+            };
+            fig.ns
+                .push(s["tasks"].as_f64().context("a size without tasks")?);
+            let t = [
+                median(&s["full"]["seconds"], "full.seconds")?,
+                median(&s["partial"]["seconds"], "partial.seconds")?,
+                median(&s["phases"]["linear_total"], "phases.linear_total")?,
+            ];
+            for (series, t) in fig.times.iter_mut().zip(t) {
+                series.push(t);
+            }
+        }
+        Ok(fig)
+    }
+}
+
+impl Figure for Fig7 {
+    fn size(&self) -> (u32, u32) {
+        (960, 640)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let (ns, times) = (&self.ns, &self.times);
+        let (Some(x_min), Some(x_max)) = (
+            ns.iter().copied().reduce(f64::min),
+            ns.iter().copied().reduce(f64::max),
+        ) else {
+            return Err("nothing to plot".to_string());
+        };
+        let all = times.iter().flatten().copied();
+        let y_min = all.clone().fold(f64::INFINITY, f64::min).max(1e-5) / 2.0;
+        let y_max = all.fold(0.0, f64::max) * 2.0;
+        root.fill(&WHITE).map_err(plot::err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
                 "Fig. 7: certification time, full vs partial (ε = {FIG7_EPSILON}, q = {FIG7_Q})"
             ),
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .margin_right(45)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(
-            (x_min / 2.0..x_max * 2.0).log_scale(),
-            (y_min..y_max).log_scale(),
-        )
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("n, tasks of the run (knary fanout 10; log scale)")
-        .y_desc("seconds (median; log scale)")
-        .x_label_formatter(&|x| thousands(*x))
-        .draw()
-        .map_err(e)?;
-    let labels = [
-        ("full duplication: every task re-run", COLORS[3]),
-        ("partial: k = min(⌈f(n)⌉, n) tasks re-run", COLORS[0]),
-        ("load + G_S + structural + Merkle roots", COLORS[2]),
-    ];
-    for ((label, color), series) in labels.into_iter().zip(&times) {
-        let pts: Vec<(f64, f64)> = ns.iter().copied().zip(series.iter().copied()).collect();
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .margin_right(45)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                (x_min / 2.0..x_max * 2.0).log_scale(),
+                (y_min..y_max).log_scale(),
+            )
+            .map_err(plot::err)?;
         chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(e)?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .configure_mesh()
+            .x_desc("n, tasks of the run (knary fanout 10; log scale)")
+            .y_desc("seconds (median; log scale)")
+            .x_label_formatter(&|x| thousands(*x))
+            .draw()
+            .map_err(plot::err)?;
+        let labels = [
+            ("full duplication: every task re-run", color(3)),
+            ("partial: k = min(⌈f(n)⌉, n) tasks re-run", color(0)),
+            ("load + G_S + structural + Merkle roots", color(2)),
+        ];
+        for ((label, color), series) in labels.into_iter().zip(times.iter()) {
+            let pts: Vec<(f64, f64)> = ns.iter().copied().zip(series.iter().copied()).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(plot::err)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+                .map_err(plot::err)?;
+        }
         chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-            .map_err(e)?;
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot::err)?;
+        root.present().map_err(plot::err)
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
-    root.present().map_err(e)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -839,9 +761,6 @@ fn draw_fig7<DB: DrawingBackend>(
 
 struct Report<'a> {
     args: &'a CertifyArgs,
-    date: String,
-    machine: Machine,
-    total: Duration,
     fig4: Fig4,
     fig4_plots: Plots,
     fig7_plots: Plots,
@@ -863,27 +782,12 @@ impl Report<'_> {
 
     fn markdown(&self) -> String {
         let mut md = String::new();
-        let m = &self.machine;
-        let _ = writeln!(
-            md,
-            "Measured {} at commit {} on {} ({} cores available){}; whole command {:.0} s.\n",
-            self.date,
-            m.git.as_deref().unwrap_or("?"),
-            m.cpu.as_deref().unwrap_or("unknown CPU"),
-            m.cores,
-            if self.args.quick {
-                " (--quick: small trees, not the real measurement)"
-            } else {
-                ""
-            },
-            self.total.as_secs_f64()
-        );
         // Fig. 4.
         let _ = writeln!(
             md,
             "Fig. 4: tasks to check k = min(⌈f_ε,q(n)⌉, n) so that β ≤ ε (`certifier::sample`); \
              the last row is N_ε,q = ln ε / ln(1 − q). Plot: {}.\n",
-            plots_markdown(&self.fig4_plots)
+            self.fig4_plots.markdown()
         );
         md.push_str("| n |");
         for &(eps, q, _) in &self.fig4.pairs {
@@ -924,7 +828,7 @@ impl Report<'_> {
             },
             self.args.runs,
             rayon::current_num_threads(),
-            plots_markdown(&self.fig7_plots)
+            self.fig7_plots.markdown()
         );
         md.push_str(
             "| tasks n | depth | k | re-run (partial) | partial median (s) | full median (s) | \
@@ -1015,7 +919,6 @@ impl Report<'_> {
     }
 
     fn json(&self) -> Value {
-        let m = &self.machine;
         let fig4_rows: Vec<Value> = self
             .fig4
             .table_n
@@ -1079,19 +982,6 @@ impl Report<'_> {
             })
         });
         json!({
-            "benchmark": "certify",
-            "date_utc": self.date,
-            "quick": self.args.quick,
-            "machine": {
-                "cores": m.cores,
-                "cpu_model": m.cpu,
-                "os": std::env::consts::OS,
-                "arch": std::env::consts::ARCH,
-                "kernel": m.kernel,
-                "rustc": m.rustc,
-                "git_commit": m.git,
-            },
-            "total_seconds": self.total.as_secs_f64(),
             "parameters": {
                 "runs": self.args.runs,
                 "grain_us": self.args.grain_us,
@@ -1103,8 +993,7 @@ impl Report<'_> {
                            closed and opened again after the run, before any measurement",
                 "quiet_wait_s": self.args.quiet_wait,
                 "retries": self.args.retries,
-                "disturbed": format!("a call during which other processes took more than \
-                                      0.05 CPU-s + {DISTURBED_SHARE} x cores x its wall time"),
+                "disturbed": Disturbed::cores().text(),
             },
             "fig4": {
                 "what": "k = min(ceil(f_{eps,q}(n)), n), sample::sample_size",
@@ -1113,30 +1002,17 @@ impl Report<'_> {
                     .collect::<Vec<_>>(),
                 "table": fig4_rows,
                 "curves": fig4_curves,
-                "plots": plots_json(&self.fig4_plots),
+                "plots": self.fig4_plots.json(),
             },
             "fig7": {
                 "epsilon": FIG7_EPSILON,
                 "q": FIG7_Q,
-                "plots": plots_json(&self.fig7_plots),
+                "plots": self.fig7_plots.json(),
                 "sizes": sizes,
             },
             "target": target,
         })
     }
-}
-
-/// `x` rounded, with thousands separators.
-fn thousands(x: f64) -> String {
-    let s = format!("{:.0}", x.max(0.0));
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -1157,13 +1033,6 @@ mod tests {
         assert_eq!(f.table_k[0], vec![1; f.pairs.len()]);
         assert_eq!(f.table_n.len(), 19);
         assert_eq!(*f.plot_n.last().unwrap(), FIG4_MAX_N);
-    }
-
-    #[test]
-    fn thousands_separates() {
-        assert_eq!(thousands(1_222_222.0), "1,222,222");
-        assert_eq!(thousands(122.0), "122");
-        assert_eq!(thousands(1000.4), "1,000");
     }
 
     #[test]

@@ -34,13 +34,12 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{wait_for_quiet, Stats};
+use crate::harness::{loadavg, ms, Quiet, Session, Stats};
 
 /// Targets of issue 8 (ms).
 const TARGET_SPMV_MS: f64 = 10.0;
@@ -113,13 +112,9 @@ pub fn run(args: &CgArgs) -> Result<()> {
         bail!("--runs {runs}: medians need at least 5 repetitions (or --quick)");
     }
     let side = args.side.unwrap_or(if args.quick { 40 } else { 100 });
-    let machine = Machine::now();
-    let stem = if args.quick { "cg-quick" } else { "cg" };
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
-    let json_path = out.join(format!("{stem}.json"));
+    let session = Session::start(args.out.as_deref(), args.quick)?;
+    let stem = session.stem("cg");
+    let json_path = session.out.join(format!("{stem}.json"));
     // Sections of parts not run now are kept from the last results.
     let previous: Value = std::fs::read_to_string(&json_path)
         .ok()
@@ -127,15 +122,15 @@ pub fn run(args: &CgArgs) -> Result<()> {
         .unwrap_or(Value::Null);
     let mut report = json!({
         "command": "paper cg",
-        "date": utc_now(),
-        "machine": {
-            "cores": machine.cores,
-            "cpu": machine.cpu,
-            "kernel": machine.kernel,
-            "rustc": machine.rustc,
-            "git": machine.git,
-        },
-        "quick": args.quick,
+        "date": session.date,
+        // This report's own names (`cpu`, `git`): its sections kept from earlier runs use them.
+        "machine": json!({
+            "cores": session.machine.cores,
+            "cpu": session.machine.cpu,
+            "kernel": session.machine.kernel,
+            "rustc": session.machine.rustc,
+            "git": session.machine.git,
+        }),
     });
     for (part, name) in [(Part::Kernel, "kernel"), (Part::Spmd, "spmd")] {
         if !args.parts.iter().any(|p| p == name) {
@@ -152,24 +147,9 @@ pub fn run(args: &CgArgs) -> Result<()> {
             Part::Spmd => report["spmd"] = crate::cg_spmd::spmd(args)?,
         }
     }
-    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")
-        .with_context(|| format!("write {}", json_path.display()))?;
     let mut md = markdown(&report);
     md.push_str(&crate::cg_spmd::markdown(&report["spmd"]));
-    let md_path = out.join(format!("{stem}.md"));
-    std::fs::write(&md_path, &md).with_context(|| format!("write {}", md_path.display()))?;
-    print!("{md}");
-    println!("wrote {} and {}", json_path.display(), md_path.display());
-    Ok(())
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn stats(v: &[f64]) -> Value {
-    Stats::of(v).map_or(Value::Null, |s| json!(s))
+    session.write("cg", &stem, report, &md)
 }
 
 /// The kernel part (module docs, steps 1-4).
@@ -180,7 +160,7 @@ fn kernel(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
     let n = a.n_rows;
     let ones = vec![1.0; n];
     let b = a.mul_vec(&ones);
-    let quiet = wait_for_quiet(Duration::from_secs(args.quiet_wait), 0.25);
+    let quiet = Quiet::secs(args.quiet_wait).wait();
     let load_before = loadavg();
 
     // SpMV.
@@ -246,9 +226,9 @@ fn kernel(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
         "quiet_before": quiet,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
-        "spmv_ms": stats(&spmv),
+        "spmv_ms": Stats::of(&spmv),
         "spmv_gb_per_s": bytes as f64 / (spmv_med * 1e-3) / 1e9,
-        "cg_ms_per_iter": stats(&cg_ms),
+        "cg_ms_per_iter": Stats::of(&cg_ms),
         "scipy": scipy,
         "targets": {
             "spmv_ms": TARGET_SPMV_MS,
@@ -339,8 +319,8 @@ print(json.dumps({"scipy": scipy.__version__, "numpy": np.__version__, "nnz": in
         "numpy": v["numpy"],
         "nnz": v["nnz"],
         "cg_info": v["info"],
-        "spmv_ms": stats(&floats("spmv")),
-        "cg_ms_per_iter": stats(&floats("cg")),
+        "spmv_ms": Stats::of(&floats("spmv")),
+        "cg_ms_per_iter": Stats::of(&floats("cg")),
     })
 }
 
@@ -360,10 +340,14 @@ fn markdown(r: &Value) -> String {
         s,
         "{} · {} · {} cores · {} · git {} · load {} → {}\n",
         date.as_str().unwrap_or("?"),
-        m["cpu"].as_str().unwrap_or("?"),
+        // Sections measured before the harness named these `cpu` and `git`.
+        m["cpu_model"].as_str().or(m["cpu"].as_str()).unwrap_or("?"),
         m["cores"],
         m["rustc"].as_str().unwrap_or("?"),
-        m["git"].as_str().unwrap_or("?"),
+        m["git_commit"]
+            .as_str()
+            .or(m["git"].as_str())
+            .unwrap_or("?"),
         k["loadavg_before"].as_str().unwrap_or("?"),
         k["loadavg_after"].as_str().unwrap_or("?"),
     );

@@ -38,8 +38,7 @@ use veriflow_checkpoint::launch::{server_binary, ServerProcess};
 use veriflow_checkpoint::{open_store, Key, Store, StoreSpec};
 
 use crate::cg::CgArgs;
-use crate::machine::loadavg;
-use crate::wait_for_quiet;
+use crate::harness::{loadavg, Quiet};
 
 /// Issue 8's targets, % of the run.
 const TARGET_SETUP_PCT: f64 = 1.0;
@@ -112,7 +111,7 @@ pub fn spmd(args: &CgArgs) -> Result<Value> {
         vec![50, 100, 200, 400, 600]
     };
     let recovery_step = steps[2];
-    let quiet = wait_for_quiet(std::time::Duration::from_secs(args.quiet_wait), 0.25);
+    let quiet = Quiet::secs(args.quiet_wait).wait();
     let load_before = loadavg();
     let cfg = |enc, every, store, kills| config(side, iters, p, enc, every, store, kills);
 

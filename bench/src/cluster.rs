@@ -30,12 +30,12 @@
 //! `--retries` times, as in `paper overhead`. Results: `cluster.json`, `cluster.md` and
 //! `cluster.svg` (+ `cluster.png` when fonts are found: every run's time) in `--out` (`cluster-quick.*` with `--quick`).
 //!
-//! The rest of this module (the knary binary, child processes that are always killed, CPU
-//! accounting across descendants, the machine) is shared with [`crate::detector`].
+//! [`cluster_run`], [`Plan`] and [`ClusterRun`] are shared with [`crate::detector`],
+//! [`crate::nqueens`] and [`crate::netns`].
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -43,8 +43,11 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::{json, Value};
 
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{wait_for_quiet, Setting, Shape, Stats};
+use crate::harness::{
+    cpu_text, knary_binary, merge, plot, require_runs, CpuSnapshot, Disturbed, Figure, Guard,
+    Plots, Quiet, Redo, Rounds, Series, Session, Stats, Timed, COLORS,
+};
+use crate::{Setting, Shape};
 
 /// Options of `paper cluster`.
 #[derive(clap::Args, Debug, Clone)]
@@ -118,17 +121,18 @@ pub(crate) const DEFAULT_GRAIN_US: u64 = 300;
 /// Target of issue 6: S2/S0 on the medians.
 const TARGET_S2_S0: f64 = 1.05;
 
-/// Other processes may use up to this many cores before a repetition starts.
-pub(crate) const QUIET_CORES: f64 = 0.25;
-/// A run is disturbed when other processes took more than 0.05 CPU-s plus this share of the
-/// CPU time the machine's cores offered during it (the same rule as `paper overhead`, with
-/// every core counted: a cluster run uses them all).
-pub(crate) const DISTURBED_SHARE: f64 = 0.05;
-
-/// Whether other processes took too much CPU during a run of `elapsed_s`.
-pub(crate) fn disturbed(foreign_cpu_s: Option<f64>, elapsed_s: f64) -> bool {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    foreign_cpu_s.is_some_and(|f| f > 0.05 + DISTURBED_SHARE * cores * elapsed_s)
+/// The repetition of `paper cluster` and `paper detector`'s slowdown: rounds of every
+/// setting, a disturbed round run again whole (harness rule 3), every core counted (a
+/// cluster run uses them all).
+pub(crate) fn rounds(runs: usize, quiet_wait: u64, retries: u32) -> Rounds {
+    Rounds {
+        runs,
+        quiet: Quiet::secs(quiet_wait),
+        retries,
+        disturbed: Disturbed::cores(),
+        redo: Redo::Round,
+        label: String::new(),
+    }
 }
 
 /// What `paper cluster` runs: the tree and the cluster's shape.
@@ -197,6 +201,15 @@ pub(crate) struct ClusterRun {
     pub(crate) foreign_cpu_s: Option<f64>,
 }
 
+impl Timed for ClusterRun {
+    fn seconds(&self) -> f64 {
+        self.elapsed_s
+    }
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.foreign_cpu_s
+    }
+}
+
 impl ClusterRun {
     /// Fails unless the run is correct, ran every task exactly once, logged as `setting`
     /// says, and lost exactly the workers `setting` kills.
@@ -244,12 +257,12 @@ pub(crate) fn cluster_run(knary: &Path, argv: &[String], timeout: Duration) -> R
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr);
-    let before = TreeCpu::now();
+    let before = CpuSnapshot::with_children();
     let t0 = Instant::now();
     let mut child = Guard::spawn(&mut cmd, true, "knary cluster")?;
     let status = child.wait_timeout(timeout)?;
     let wall_s = t0.elapsed().as_secs_f64();
-    let (cpu_s, foreign_cpu_s) = TreeCpu::since(before);
+    let (cpu_s, foreign_cpu_s) = CpuSnapshot::since(before);
     let err = || {
         std::fs::read_to_string(&err_path)
             .unwrap_or_default()
@@ -307,10 +320,8 @@ pub(crate) fn cluster_run(knary: &Path, argv: &[String], timeout: Duration) -> R
 
 /// Runs `paper cluster` (module docs) and writes its results.
 pub fn run(args: &ClusterArgs) -> Result<()> {
-    if args.runs < 5 && !args.quick {
-        bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
-    }
-    let out = out_dir(args.out.as_deref())?;
+    require_runs(args.runs, 5, args.quick)?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
     let knary = knary_binary(args.knary_bin.as_deref())?;
     let plan = Plan {
         shape: Shape {
@@ -332,10 +343,6 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
         args.runs
     } as usize;
     let timeout = Duration::from_secs(args.timeout);
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
     let tasks = plan.shape.tasks()?;
     eprintln!(
         "cluster: knary {:?} ({tasks} tasks) on {} workers x {} thread(s) + {} spare(s), {runs} \
@@ -361,113 +368,51 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
         .context("warm-up run")?;
 
     let settings = [Setting::S0, Setting::S1, Setting::S2];
-    let mut kept: Vec<Vec<ClusterRun>> = vec![Vec::new(); settings.len()];
-    let mut discarded: Vec<Vec<ClusterRun>> = Vec::new();
-    let mut kept_disturbed = 0u32;
-    let mut not_quiet = 0u32;
-    let mut retries = args.retries;
-    while kept[0].len() < runs {
-        if args.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-        {
-            not_quiet += 1;
-            eprintln!(
-                "  (machine still busy after {} s: running anyway)",
-                args.quiet_wait
-            );
-        }
-        let mut rep = Vec::new();
-        for &setting in &settings {
-            let r = cluster_run(&knary, &plan.argv(setting, &[]), timeout)?;
-            r.check(plan.shape, setting)?;
-            rep.push(r);
-        }
-        let bad = rep.iter().any(|r| disturbed(r.foreign_cpu_s, r.elapsed_s));
-        let mut line = format!("  run {}/{runs}:", kept[0].len() + 1);
-        for (setting, r) in settings.iter().zip(&rep) {
-            let _ = write!(line, " {setting:?} {:.3} s", r.elapsed_s);
+    let rounds = rounds(runs, args.quiet_wait, args.retries);
+    let series = rounds.run(
+        settings.len(),
+        |_, i| {
+            let r = cluster_run(&knary, &plan.argv(settings[i], &[]), timeout)?;
+            r.check(plan.shape, settings[i])?;
+            Ok(r)
+        },
+        |i, r| {
+            let mut s = format!("{:?} {:.3} s", settings[i], r.elapsed_s);
             if r.failures > 0 {
                 let _ = write!(
-                    line,
+                    s,
                     " ({} lost, {} restarted, {} reused)",
                     r.failures, r.recovered_tasks, r.reused_tasks
                 );
             }
-            line.push(',');
-        }
-        let others: Vec<String> = rep.iter().map(|r| cpu_text(r.foreign_cpu_s)).collect();
-        eprintln!(
-            "{line} other processes' CPU {} s{}",
-            others.join(" / "),
-            match (bad, retries > 0) {
-                (false, _) => "",
-                (true, true) => " -- disturbed, run again",
-                (true, false) => " -- disturbed, kept (no retry left)",
-            }
-        );
-        if bad && retries > 0 {
-            retries -= 1;
-            discarded.push(rep);
-            continue;
-        }
-        kept_disturbed += u32::from(bad);
-        for (k, r) in kept.iter_mut().zip(rep) {
-            k.push(r);
-        }
-    }
+            s
+        },
+    )?;
     let report = Report {
         plan,
         runs,
-        quick: args.quick,
-        quiet_wait: args.quiet_wait,
-        retries: args.retries,
-        date,
-        machine,
-        load: [load_before, loadavg()],
-        total: started.elapsed(),
-        time: [
-            stats(&elapsed(&kept[0]))?,
-            stats(&elapsed(&kept[1]))?,
-            stats(&elapsed(&kept[2]))?,
-        ],
-        kept,
-        discarded,
-        kept_disturbed,
-        not_quiet,
+        time: [series.stats(0)?, series.stats(1)?, series.stats(2)?],
+        series,
+        rounds,
     };
-    let stem = if args.quick {
-        "cluster-quick"
-    } else {
-        "cluster"
-    };
-    let figure = RunsFigure::of(&report);
-    let plots = plots(
-        &out,
-        stem,
-        |a| draw_runs(a, &figure),
-        |a| draw_runs(a, &figure),
-    );
-    let md = report.markdown(&plots);
-    write_report(&out, stem, &report.json(&plots), &md)
+    let stem = session.stem("cluster");
+    let plots = session.plot(&stem, &RunsFigure::of(&report));
+    session.write(
+        "cluster",
+        &stem,
+        report.json(&plots),
+        &report.markdown(&plots),
+    )
 }
 
 struct Report {
     plan: Plan,
     runs: usize,
-    quick: bool,
-    quiet_wait: u64,
-    retries: u32,
-    date: String,
-    machine: Machine,
-    load: [Option<String>; 2],
-    total: Duration,
+    rounds: Rounds,
     /// Time statistics of S0, S1, S2 (`elapsed_s`).
     time: [Stats; 3],
-    /// Kept runs of S0, S1, S2.
-    kept: Vec<Vec<ClusterRun>>,
-    /// Disturbed repetitions run again (S0, S1, S2 each).
-    discarded: Vec<Vec<ClusterRun>>,
-    kept_disturbed: u32,
-    not_quiet: u32,
+    /// Kept runs of S0, S1, S2, and the disturbed rounds run again.
+    series: Series<ClusterRun>,
 }
 
 impl Report {
@@ -481,20 +426,14 @@ impl Report {
 
     /// Median over the S2 runs of a counter.
     fn s2_median(&self, f: fn(&ClusterRun) -> u64) -> f64 {
-        let v: Vec<f64> = self.kept[2].iter().map(|r| f(r) as f64).collect();
+        let v: Vec<f64> = self.series.kept[2].iter().map(|r| f(r) as f64).collect();
         Stats::of(&v).map_or(0.0, |s| s.median)
     }
 
     fn markdown(&self, plots: &Plots) -> String {
         let p = &self.plan;
         let s = p.shape;
-        let mut md = header(
-            &self.date,
-            &self.machine,
-            self.total,
-            &self.load,
-            self.quick,
-        );
+        let mut md = String::new();
         let _ = writeln!(
             md,
             "knary depth {} fanout {} serial {} grain {} µs ({} nodes, {} tasks) in cluster \
@@ -525,7 +464,7 @@ impl Report {
                 ),
                 None => "one worker SIGKILLed at a point drawn from the seed".to_string(),
             },
-            self.not_quiet,
+            self.series.not_quiet,
         );
         md.push_str(
             "| setting | median (s) | min–max (s) | /S0 | whole command, median (s) | tasks | \
@@ -536,7 +475,7 @@ impl Report {
             .iter()
             .enumerate()
         {
-            let runs = &self.kept[i];
+            let runs = &self.series.kept[i];
             let t = &self.time[i];
             let med = |f: fn(&ClusterRun) -> f64| {
                 Stats::of(&runs.iter().map(f).collect::<Vec<_>>()).map_or(0.0, |s| s.median)
@@ -577,8 +516,8 @@ impl Report {
             self.s2_median(|r| r.recovered_tasks),
             self.s2_median(|r| r.reused_tasks),
             p.shape.tasks().unwrap_or(0),
-            self.discarded.len(),
-            self.kept_disturbed,
+            self.series.rerun,
+            self.series.kept_disturbed,
         );
         md.push_str("| target | measured | met |\n|---|---:|---|\n");
         let _ = writeln!(
@@ -591,14 +530,14 @@ impl Report {
                 "**no**"
             }
         );
-        let _ = writeln!(md, "\nPlots: {}.", plots_markdown(plots));
+        let _ = writeln!(md, "\nPlots: {}.", plots.markdown());
         md
     }
 
     fn json(&self, plots: &Plots) -> Value {
         let p = &self.plan;
         let setting = |i: usize| {
-            let runs = &self.kept[i];
+            let runs = &self.series.kept[i];
             json!({
                 "elapsed_s": elapsed(runs),
                 "median_s": self.time[i].median,
@@ -607,16 +546,7 @@ impl Report {
                 "runs": runs,
             })
         };
-        json!({
-            "benchmark": "cluster",
-            "date_utc": self.date,
-            "quick": self.quick,
-            "machine": self.machine.json(),
-            "total_seconds": self.total.as_secs_f64(),
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
-            "repetitions_started_on_a_busy_machine": self.not_quiet,
-            "parameters": {
+        let parameters = json!({
                 "runs": self.runs,
                 "tree": p.shape,
                 "nodes": p.shape.nodes().ok(),
@@ -635,17 +565,15 @@ impl Report {
                 "timing": "elapsed_s of the knary cluster --json summary: the job's time as \
                            the coordinator measures it",
                 "order": "S0, S1, S2, S0, S1, S2, ... (interleaved)",
-                "quiet_wait_s": self.quiet_wait,
-                "quiet_cores": QUIET_CORES,
-                "retries": self.retries,
-                "disturbed": format!("a run during which other processes took more than \
-                                      0.05 CPU-s + {DISTURBED_SHARE} x cores x its time"),
                 "argv": {
                     "s0": p.argv(Setting::S0, &[]),
                     "s1": p.argv(Setting::S1, &[]),
                     "s2": p.argv(Setting::S2, &[]),
                 },
-            },
+        });
+        json!({
+            "repetitions_started_on_a_busy_machine": self.series.not_quiet,
+            "parameters": merge(parameters, self.rounds.parameters()),
             "s0": setting(0),
             "s1": setting(1),
             "s2": setting(2),
@@ -655,9 +583,9 @@ impl Report {
             "s2_reused_tasks_median": self.s2_median(|r| r.reused_tasks),
             "checks": "every run: correct result, tasks == knary::expected_tasks, S0 logs \
                        nothing, S1/S2 log, S2 loses exactly one worker and S0/S1 none",
-            "discarded_disturbed_repetitions": self.discarded,
-            "kept_disturbed_repetitions": self.kept_disturbed,
-            "plots": plots_json(plots),
+            "discarded_disturbed_repetitions": self.series.discarded_rounds(),
+            "kept_disturbed_repetitions": self.series.kept_disturbed,
+            "plots": plots.json(),
             "targets": [{
                 "name": "ratio_s2_s0",
                 "goal": format!("S2/S0 <= {TARGET_S2_S0}"),
@@ -700,7 +628,7 @@ impl RunsFigure {
             ),
             settings: SETTING_LABELS
                 .iter()
-                .zip(&r.kept)
+                .zip(&r.series.kept)
                 .map(|(l, runs)| (l.to_string(), elapsed(runs)))
                 .collect(),
         }
@@ -737,422 +665,73 @@ impl RunsFigure {
 /// Every run's time per setting (dots), with the medians (bars). The time axis starts at 0, so
 /// that the bars' heights compare as ratios (issue 18 point 8: a truncated axis made a 9 %
 /// difference look like a factor of 3).
-pub(crate) fn draw_runs<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    f: &RunsFigure,
-) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let top = f
-        .settings
-        .iter()
-        .flat_map(|(_, r)| r.iter().copied())
-        .fold(0.0, f64::max)
-        * 1.1;
-    let top = if top > 0.0 { top } else { 1.0 };
-    root.fill(&WHITE).map_err(e)?;
-    let n = f.settings.len().max(1);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&f.caption, ("sans-serif", 20))
-        .margin(15)
-        .margin_left(20)
-        .x_label_area_size(40)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..n as f64, 0.0..top)
-        .map_err(e)?;
-    let labels: Vec<&str> = f.settings.iter().map(|(l, _)| l.as_str()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(2 * n + 1)
-        .x_label_formatter(&|x: &f64| {
-            let i = x.floor();
-            if (x - i - 0.5).abs() < 1e-6 && i >= 0.0 {
-                labels
-                    .get(i as usize)
-                    .map_or_else(String::new, |s| s.to_string())
-            } else {
-                String::new()
-            }
-        })
-        .x_label_style(("sans-serif", 15))
-        .y_label_style(("sans-serif", 14))
-        .y_desc("job time (s)")
-        .axis_desc_style(("sans-serif", 16))
-        .draw()
-        .map_err(e)?;
-    for (i, (_, runs)) in f.settings.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        let k = runs.len().max(1) as f64;
-        chart
-            .draw_series(runs.iter().enumerate().map(|(j, &x)| {
-                let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / k;
-                Circle::new((pos, x), 5, c.filled())
-            }))
-            .map_err(e)?;
-        let m = Stats::of(runs).map_or(f64::NAN, |s| s.median);
-        chart
-            .draw_series(LineSeries::new(
-                [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],
-                c.stroke_width(3),
-            ))
-            .map_err(e)?;
-        chart
-            .draw_series(std::iter::once(Text::new(
-                format!("{m:.2} s"),
-                (i as f64 + 0.4, m + top * 0.04),
-                ("sans-serif", 15).into_font().color(&c),
-            )))
-            .map_err(e)?;
-    }
-    root.present().map_err(e)
-}
+impl Figure for RunsFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let f = self;
 
-/// One colour per series, readable on white (as `certify`'s plots).
-pub(crate) const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-/// Pixels of every plot.
-pub(crate) const PLOT_SIZE: (u32, u32) = (960, 600);
-
-/// What was drawn: (file name, `Err(why)` when it could not be).
-pub(crate) type Plots = Vec<(String, std::result::Result<(), String>)>;
-
-/// Draws one figure into `<name>.svg` and `<name>.png` in `out` (the PNG needs system fonts:
-/// when the bitmap backend finds none, the PNG is left out and the SVG alone has the figure).
-pub(crate) fn plots<S, B>(out: &Path, name: &str, svg: S, png: B) -> Plots
-where
-    S: FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> std::result::Result<(), String>,
-    B: FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> std::result::Result<(), String>,
-{
-    let svg_path = out.join(format!("{name}.svg"));
-    let png_path = out.join(format!("{name}.png"));
-    let svg_result = svg(SVGBackend::new(&svg_path, PLOT_SIZE).into_drawing_area());
-    let png_result = png(BitMapBackend::new(&png_path, PLOT_SIZE).into_drawing_area());
-    let mut drawn = Vec::new();
-    for (path, r) in [(svg_path, svg_result), (png_path, png_result)] {
-        if let Err(e) = &r {
-            eprintln!("  (cannot draw {}: {e})", path.display());
-            let _ = std::fs::remove_file(&path);
-        }
-        let name = path
-            .file_name()
-            .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-        drawn.push((name, r));
-    }
-    drawn
-}
-
-/// The plots as markdown: the files written, and why any is missing.
-pub(crate) fn plots_markdown(plots: &Plots) -> String {
-    plots
-        .iter()
-        .map(|(f, r)| match r {
-            Ok(()) => format!("`{f}`"),
-            Err(e) => format!("no `{f}` ({e})"),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub(crate) fn plots_json(plots: &Plots) -> Value {
-    Value::Array(
-        plots
+        let top = f
+            .settings
             .iter()
-            .map(|(f, r)| json!({ "file": f, "error": r.as_ref().err() }))
-            .collect(),
-    )
-}
-
-// ---------------------------------------------------------------------------------------------
-// Shared with `detector`: binaries, child processes, CPU accounting, reports, the machine.
-
-/// The results directory: `explicit`, or the package's `results`; created if needed.
-pub(crate) fn out_dir(explicit: Option<&Path>) -> Result<PathBuf> {
-    let out = explicit.map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("results"),
-        Path::to_path_buf,
-    );
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
-    Ok(out)
-}
-
-/// The `knary` binary: `explicit`, or the one beside this binary after `cargo build -p knary`
-/// in this binary's profile (so that it is never stale); without cargo, whatever is there.
-pub(crate) fn knary_binary(explicit: Option<&Path>) -> Result<PathBuf> {
-    app_binary("knary", "--knary-bin", explicit)
-}
-
-/// The binary of app package `app` (named like it): `explicit` (given with option `flag`), or
-/// the one beside this binary after `cargo build -p <app>` in this binary's profile (so that
-/// it is never stale); without cargo, whatever is there.
-pub(crate) fn app_binary(app: &str, flag: &str, explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = explicit {
-        if !p.is_file() {
-            bail!("{flag} {}: no such file", p.display());
+            .flat_map(|(_, r)| r.iter().copied())
+            .fold(0.0, f64::max)
+            * 1.1;
+        let top = if top > 0.0 { top } else { 1.0 };
+        root.fill(&WHITE).map_err(plot::err)?;
+        let n = f.settings.len().max(1);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&f.caption, ("sans-serif", 20))
+            .margin(15)
+            .margin_left(20)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..n as f64, 0.0..top)
+            .map_err(plot::err)?;
+        let labels: Vec<&str> = f.settings.iter().map(|(l, _)| l.as_str()).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&|x: &f64| {
+                let i = x.floor();
+                if (x - i - 0.5).abs() < 1e-6 && i >= 0.0 {
+                    labels
+                        .get(i as usize)
+                        .map_or_else(String::new, |s| s.to_string())
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(("sans-serif", 15))
+            .y_label_style(("sans-serif", 14))
+            .y_desc("job time (s)")
+            .axis_desc_style(("sans-serif", 16))
+            .draw()
+            .map_err(plot::err)?;
+        for (i, (_, runs)) in f.settings.iter().enumerate() {
+            let c = COLORS[i % COLORS.len()];
+            let k = runs.len().max(1) as f64;
+            chart
+                .draw_series(runs.iter().enumerate().map(|(j, &x)| {
+                    let pos = i as f64 + 0.25 + 0.5 * (j as f64 + 0.5) / k;
+                    Circle::new((pos, x), 5, c.filled())
+                }))
+                .map_err(plot::err)?;
+            let m = Stats::of(runs).map_or(f64::NAN, |s| s.median);
+            chart
+                .draw_series(LineSeries::new(
+                    [(i as f64 + 0.15, m), (i as f64 + 0.85, m)],
+                    c.stroke_width(3),
+                ))
+                .map_err(plot::err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("{m:.2} s"),
+                    (i as f64 + 0.4, m + top * 0.04),
+                    ("sans-serif", 15).into_font().color(&c),
+                )))
+                .map_err(plot::err)?;
         }
-        return Ok(p.to_path_buf());
-    }
-    let exe = std::env::current_exe().context("cannot find this binary's path")?;
-    let dir = exe
-        .parent()
-        .context("this binary has no directory")?
-        .to_path_buf();
-    let bin = dir.join(app);
-    let release = dir.file_name().is_some_and(|d| d == "release");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "-q", "-p", app, "--bin", app])
-        .arg("--manifest-path")
-        .arg(&manifest);
-    if release {
-        cmd.arg("--release");
-    }
-    eprintln!(
-        "building {app}: {} build -p {app} --bin {app}{}",
-        cargo.to_string_lossy(),
-        if release { " --release" } else { "" }
-    );
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) if bin.is_file() => eprintln!("  (cargo build failed: {s}; using {})", bin.display()),
-        Ok(s) => bail!("building {app} failed ({s}); pass {flag} PATH"),
-        Err(e) if bin.is_file() => eprintln!("  (cannot run cargo: {e}; using {})", bin.display()),
-        Err(e) => bail!("cannot run cargo to build {app} ({e}); pass {flag} PATH"),
-    }
-    if !bin.is_file() {
-        bail!("no {app} at {}; pass {flag} PATH", bin.display());
-    }
-    Ok(bin)
-}
-
-/// A child process, SIGKILLed and reaped when dropped (or on [`Guard::kill`]). With `group`,
-/// the child leads a process group of its own, and the whole group is killed while the child
-/// is not yet reaped (its pid, hence the group's id, cannot be reused until then): a `knary
-/// cluster` and the coordinator and workers it started go together.
-pub(crate) struct Guard {
-    child: Option<Child>,
-    group: bool,
-    what: &'static str,
-}
-
-impl Guard {
-    /// Starts `cmd`.
-    pub(crate) fn spawn(cmd: &mut Command, group: bool, what: &'static str) -> Result<Guard> {
-        if group {
-            use std::os::unix::process::CommandExt as _;
-            cmd.process_group(0);
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {what} ({:?})", cmd.get_program()))?;
-        Ok(Guard {
-            child: Some(child),
-            group,
-            what,
-        })
-    }
-
-    /// The process id, while not reaped.
-    pub(crate) fn id(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The child itself (to take its pipes), while not reaped.
-    pub(crate) fn child_mut(&mut self) -> Option<&mut Child> {
-        self.child.as_mut()
-    }
-
-    /// Sends `signal` (a name `kill -s` knows: STOP, CONT, ...) to the child, with the
-    /// `kill` command (the bench has no libc binding).
-    pub(crate) fn signal(&self, signal: &str) -> Result<()> {
-        let pid = self
-            .id()
-            .with_context(|| format!("{} already exited", self.what))?;
-        let status = Command::new("kill")
-            .args(["-s", signal, &pid.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("cannot run `kill`")?;
-        if !status.success() {
-            bail!("`kill -s {signal} {pid}` failed ({status})");
-        }
-        Ok(())
-    }
-
-    /// Sends SIGKILL to the child alone, without reaping it: a crash to observe
-    /// ([`Guard::kill`], or dropping the guard, reaps it later).
-    pub(crate) fn sigkill(&mut self) -> Result<()> {
-        let child = self
-            .child
-            .as_mut()
-            .with_context(|| format!("{} already exited", self.what))?;
-        child
-            .kill()
-            .with_context(|| format!("cannot SIGKILL {}", self.what))
-    }
-
-    /// Waits for the child to exit, at most `limit`; reaps it. `None` on timeout (still
-    /// running).
-    pub(crate) fn wait_timeout(&mut self, limit: Duration) -> Result<Option<ExitStatus>> {
-        let deadline = Instant::now() + limit;
-        let Some(child) = self.child.as_mut() else {
-            bail!("{} was already reaped", self.what);
-        };
-        loop {
-            if let Some(status) = child
-                .try_wait()
-                .with_context(|| format!("cannot wait for {}", self.what))?
-            {
-                self.child = None;
-                return Ok(Some(status));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// SIGKILLs the child (and its group) and reaps it.
-    pub(crate) fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            if self.group {
-                // The child is not reaped yet: its pid still names its group.
-                let _ = Command::new("kill")
-                    .args(["-s", "KILL", "--", &format!("-{}", c.id())])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Linux clock ticks per second in `/proc` (USER_HZ, 100 on every architecture we run on).
-const USER_HZ: f64 = 100.0;
-
-/// CPU time so far of the whole machine and of this process with its reaped descendants
-/// (`/proc/self/stat` utime + stime + cutime + cstime): a cluster run's processes are
-/// descendants, counted once `knary cluster` has reaped its workers and we have reaped it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TreeCpu {
-    machine_busy: u64,
-    tree: u64,
-}
-
-impl TreeCpu {
-    /// The counters now; `None` where `/proc` is not readable.
-    pub(crate) fn now() -> Option<TreeCpu> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu: Vec<u64> = stat
-            .lines()
-            .next()?
-            .strip_prefix("cpu ")?
-            .split_whitespace()
-            .map(|f| f.parse().ok())
-            .collect::<Option<_>>()?;
-        // user nice system idle iowait irq softirq steal ...
-        let machine_busy = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| cpu.get(i)).sum();
-        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let rest: Vec<&str> = own.rsplit_once(')')?.1.split_whitespace().collect();
-        let tree = (11..=14)
-            .map(|i| rest.get(i)?.parse::<u64>().ok())
-            .sum::<Option<u64>>()?;
-        Some(TreeCpu { machine_busy, tree })
-    }
-
-    /// (CPU seconds of this process and its reaped descendants, CPU seconds of every other
-    /// process) since `before`.
-    pub(crate) fn since(before: Option<TreeCpu>) -> (Option<f64>, Option<f64>) {
-        let (Some(before), Some(now)) = (before, TreeCpu::now()) else {
-            return (None, None);
-        };
-        let machine = now.machine_busy.saturating_sub(before.machine_busy);
-        let tree = now.tree.saturating_sub(before.tree);
-        (
-            Some(tree as f64 / USER_HZ),
-            Some(machine.saturating_sub(tree) as f64 / USER_HZ),
-        )
-    }
-}
-
-/// Median, min and max, failing on an empty sample.
-pub(crate) fn stats(values: &[f64]) -> Result<Stats> {
-    Stats::of(values).context("no runs to take statistics of")
-}
-
-pub(crate) fn cpu_text(s: Option<f64>) -> String {
-    s.map_or_else(|| "?".to_string(), |s| format!("{s:.2}"))
-}
-
-/// Writes `<stem>.json` and `<stem>.md` in `out`, and prints the markdown.
-pub(crate) fn write_report(out: &Path, stem: &str, json: &Value, md: &str) -> Result<()> {
-    let json_path = out.join(format!("{stem}.json"));
-    let md_path = out.join(format!("{stem}.md"));
-    let text = serde_json::to_string_pretty(json).context("encoding the results")?;
-    std::fs::write(&json_path, text + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    std::fs::write(&md_path, md).with_context(|| format!("cannot write {}", md_path.display()))?;
-    println!("{md}");
-    println!("written: {} and {}", json_path.display(), md_path.display());
-    Ok(())
-}
-
-/// The first line of a markdown report.
-pub(crate) fn header(
-    date: &str,
-    m: &Machine,
-    total: Duration,
-    load: &[Option<String>; 2],
-    quick: bool,
-) -> String {
-    format!(
-        "Measured {date} at commit {} on {} ({} cores available){}; whole command {:.0} s; \
-         load average before/after: {} / {}.\n\n",
-        m.git.as_deref().unwrap_or("?"),
-        m.cpu.as_deref().unwrap_or("unknown CPU"),
-        m.cores,
-        if quick {
-            " (--quick: a smoke run, not the real measurement)"
-        } else {
-            ""
-        },
-        total.as_secs_f64(),
-        load[0].as_deref().unwrap_or("?"),
-        load[1].as_deref().unwrap_or("?"),
-    )
-}
-
-impl Machine {
-    pub(crate) fn json(&self) -> Value {
-        json!({
-            "cores": self.cores,
-            "cpu_model": self.cpu,
-            "os": std::env::consts::OS,
-            "arch": std::env::consts::ARCH,
-            "kernel": self.kernel,
-            "rustc": self.rustc,
-            "git_commit": self.git,
-        })
+        root.present().map_err(plot::err)
     }
 }
 
@@ -1225,56 +804,5 @@ mod tests {
         };
         assert!(logged.check(p.shape, Setting::S0).is_err());
         logged.check(p.shape, Setting::S1).unwrap();
-    }
-
-    #[test]
-    fn tree_cpu_reads_proc() {
-        let before = TreeCpu::now();
-        if before.is_some() {
-            let (own, other) = TreeCpu::since(before);
-            assert!(own.unwrap() >= 0.0 && other.unwrap() >= 0.0);
-        }
-    }
-
-    #[test]
-    fn guard_kills_its_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let pid_file = dir.path().join("pid");
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(format!("sleep 30 & echo $! > {}; wait", pid_file.display()));
-        let mut g = Guard::spawn(&mut cmd, true, "sh").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let grandchild = loop {
-            if let Some(p) = std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|t| t.trim().parse::<u32>().ok())
-            {
-                break p;
-            }
-            assert!(Instant::now() < deadline, "sh did not start its sleep");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(g.wait_timeout(Duration::from_millis(20)).unwrap().is_none());
-        g.kill();
-        assert!(g.id().is_none());
-        // The grandchild is gone or a zombie waiting for its new parent.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let state = std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = s.rsplit_once(')')?.1.trim_start().to_string();
-                    rest.chars().next()
-                });
-            if matches!(state, None | Some('Z') | Some('X')) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the grandchild is still {state:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 }

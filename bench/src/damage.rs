@@ -28,7 +28,7 @@ use clap::Args;
 use serde_json::json;
 use veriflow_testkit::damage::{campaign, knary_baselines, Kind, Outcome, Trial};
 
-use crate::machine::{utc_now, Machine};
+use crate::harness::{knary_binary, Session};
 
 /// Options of `paper damage`.
 #[derive(Args, Debug)]
@@ -53,12 +53,8 @@ pub struct DamageArgs {
 
 /// Runs `paper damage` (module docs) and writes its results.
 pub fn run(args: &DamageArgs) -> Result<()> {
-    let knary = crate::cluster::knary_binary(args.knary_bin.as_deref())?;
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let knary = knary_binary(args.knary_bin.as_deref())?;
+    let session = Session::start(args.out.as_deref(), false)?;
     let work = tempfile::Builder::new()
         .prefix("veriflow-damage-")
         .tempdir()
@@ -119,14 +115,11 @@ pub fn run(args: &DamageArgs) -> Result<()> {
         all.dedup();
         all
     };
-    let date = utc_now();
-    let machine = Machine::now();
     let count = |m: &BTreeMap<Outcome, u64>, o: Outcome| m.get(&o).copied().unwrap_or(0);
     let total_of = |o: Outcome| -> u64 { by_kind.values().map(|m| count(m, o)).sum() };
 
     let json = json!({
-        "date": date,
-        "machine": machine.json(),
+        "date": session.date,
         "command": format!("paper damage --count {} --first-seed {} --timeout {}", args.count, args.first_seed, args.timeout),
         "elapsed_s": elapsed.as_secs_f64(),
         "damages": trials.len(),
@@ -147,25 +140,18 @@ pub fn run(args: &DamageArgs) -> Result<()> {
             "outcomes": t.outcomes.iter().map(|(c, o, why)| json!({"command": c, "outcome": o.name(), "stderr": why})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
-    let path = out.join("damage.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&json).context("encoding the results")?,
-    )
-    .with_context(|| format!("writing {}", path.display()))?;
-
     let mut md = String::new();
     let _ = writeln!(md, "# Damage campaign (issue 13)\n");
     let _ = writeln!(
         md,
-        "`paper damage --count {} --first-seed {}`, {date}, {} cores ({}), {:.0} s: {} damages \
+        "`paper damage --count {} --first-seed {}`, {} cores ({}), {:.0} s: {} damages \
          ({} draws found nothing to damage and were skipped), each judged by `knary inspect`, \
          `knary certify` and `knary run --resume` with a {} s limit. Stores: a finished and an \
          interrupted (SIGKILLed) `knary run {}`, damaged alternately.\n",
         args.count,
         args.first_seed,
-        machine.cores,
-        machine.cpu.as_deref().unwrap_or("unknown CPU"),
+        session.machine.cores,
+        session.machine.cpu.as_deref().unwrap_or("unknown CPU"),
         elapsed.as_secs_f64(),
         trials.len(),
         skipped,
@@ -233,11 +219,13 @@ pub fn run(args: &DamageArgs) -> Result<()> {
             let _ = writeln!(md, "- {f}");
         }
     }
-    let path = out.join("damage.md");
-    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    print!("{md}");
+    session.write("damage", "damage", json, &md)?;
     if !failures.is_empty() {
-        bail!("{} failures (see {})", failures.len(), path.display());
+        bail!(
+            "{} failures (see {})",
+            failures.len(),
+            session.out.join("damage.md").display()
+        );
     }
     Ok(())
 }

@@ -53,8 +53,6 @@
 //!    heartbeat rate (part 2) it bounds the share of the cores the detector takes.
 
 use std::cmp::Reverse;
-
-use crate::machine::{loadavg, utc_now, Machine};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -70,12 +68,12 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::{json, Value};
 use veriflow::runtime::detect::{Action, Detector, FdParams, FdStats, Heartbeat, PeerId};
 
-use crate::cluster::{
-    cluster_run, cpu_text, disturbed, header, knary_binary, out_dir, plots, plots_json,
-    plots_markdown, stats, write_report, ClusterRun, Guard, Plan, Plots, TreeCpu, COLORS,
-    DEFAULT_DEPTH, DEFAULT_GRAIN_US, QUIET_CORES,
+use crate::cluster::{cluster_run, rounds, ClusterRun, Plan, DEFAULT_DEPTH, DEFAULT_GRAIN_US};
+use crate::harness::{
+    cpu_text, knary_binary, plot, require_runs, CpuSnapshot, Figure, Guard, Plots, Quiet, Series,
+    Session, Stats, COLORS,
 };
-use crate::{wait_for_quiet, Setting, Shape, Stats};
+use crate::{Setting, Shape};
 
 /// Options of `paper detector`.
 #[derive(clap::Args, Debug, Clone)]
@@ -195,9 +193,7 @@ pub fn run(args: &DetectorArgs) -> Result<()> {
         bail!("--skip-latency, --skip-heartbeats and --skip-slowdown leave nothing to measure");
     }
     let runs = args.runs.unwrap_or(if args.quick { 2 } else { 7 });
-    if runs < 5 && !args.quick && !args.skip_slowdown {
-        bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
-    }
+    require_runs(runs, 5, args.quick || args.skip_slowdown)?;
     let sizes: Vec<u32> = if args.processes.is_empty() {
         if args.quick {
             vec![8]
@@ -207,16 +203,12 @@ pub fn run(args: &DetectorArgs) -> Result<()> {
     } else {
         args.processes.clone()
     };
-    let out = out_dir(args.out.as_deref())?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
     let knary = if args.skip_latency && args.skip_slowdown {
         None
     } else {
         Some(knary_binary(args.knary_bin.as_deref())?)
     };
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
     let mut rng = SplitMix(args.seed ^ 0xde7e_c70a);
 
     let mut latency = Vec::new();
@@ -263,35 +255,26 @@ pub fn run(args: &DetectorArgs) -> Result<()> {
     };
 
     let report = Report {
-        quick: args.quick,
         seed: args.seed,
-        date,
-        machine,
-        load: [load_before, loadavg()],
-        total: started.elapsed(),
         latency,
         heartbeats,
         slowdown,
     };
-    let stem = if args.quick {
-        "detector-quick"
-    } else {
-        "detector"
-    };
+    let stem = session.stem("detector");
     let plots = if report.latency.is_empty() {
-        Vec::new()
+        Plots::none()
     } else {
-        let name = format!("{stem}_latency");
-        let figure = LatencyFigure::of(&report.latency);
-        plots(
-            &out,
-            &name,
-            |a| draw_latency(a, &figure),
-            |a| draw_latency(a, &figure),
+        session.plot(
+            &format!("{stem}_latency"),
+            &LatencyFigure::of(&report.latency),
         )
     };
-    let md = report.markdown(&plots);
-    write_report(&out, stem, &report.json(&plots), &md)
+    session.write(
+        "detector",
+        &stem,
+        report.json(&plots),
+        &report.markdown(&plots),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -627,13 +610,12 @@ fn latency_series(
     rng: &mut SplitMix,
 ) -> Result<LatencySeries> {
     let params = issue_params();
-    let started_busy =
-        quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(quiet_wait), QUIET_CORES);
+    let started_busy = !Quiet::secs(quiet_wait).wait();
     if started_busy {
         eprintln!("  (machine still busy after {quiet_wait} s: running anyway)");
     }
     let t0 = Instant::now();
-    let before = TreeCpu::now();
+    let before = CpuSnapshot::with_children();
     eprintln!(
         "latency: coordinator + {} idle workers, T_interval = T_timeout = T_broken = 1 s; \
          {kills} SIGKILL and {stops} SIGSTOP trials",
@@ -679,7 +661,7 @@ fn latency_series(
     drop(cluster);
     series.seconds = t0.elapsed().as_secs_f64();
     // The workers are reaped, so their CPU counts as ours.
-    series.foreign_cores = TreeCpu::since(before).1.map(|f| f / series.seconds);
+    series.foreign_cores = CpuSnapshot::foreign_since(before).map(|f| f / series.seconds);
     Ok(series)
 }
 
@@ -1002,13 +984,10 @@ struct Slowdown {
     plan: Plan,
     runs: usize,
     /// Kept runs per setting (in `slowdown_settings` order).
-    kept: Vec<Vec<ClusterRun>>,
+    series: Series<ClusterRun>,
     /// Per kept repetition: whether no run of it was disturbed.
     clean: Vec<bool>,
     time: Vec<Stats>,
-    discarded: usize,
-    kept_disturbed: u32,
-    not_quiet: u32,
     /// CPU the detector costs an idle cluster of the same processes, per setting.
     idle: Vec<IdleCpu>,
 }
@@ -1016,9 +995,9 @@ struct Slowdown {
 impl Slowdown {
     /// Median over the undisturbed repetitions of (setting i) / off, and how many there were.
     fn paired_clean(&self, i: usize) -> (f64, usize) {
-        let r: Vec<f64> = self.kept[i]
+        let r: Vec<f64> = self.series.kept[i]
             .iter()
-            .zip(&self.kept[0])
+            .zip(&self.series.kept[0])
             .zip(&self.clean)
             .filter(|(_, &clean)| clean)
             .map(|((on, off), _)| on.elapsed_s / off.elapsed_s)
@@ -1028,9 +1007,9 @@ impl Slowdown {
 
     /// Median over the repetitions of (setting i) / off.
     fn paired(&self, i: usize) -> f64 {
-        let r: Vec<f64> = self.kept[i]
+        let r: Vec<f64> = self.series.kept[i]
             .iter()
-            .zip(&self.kept[0])
+            .zip(&self.series.kept[0])
             .map(|(on, off)| on.elapsed_s / off.elapsed_s)
             .collect();
         Stats::of(&r).map_or(f64::NAN, |s| s.median)
@@ -1089,50 +1068,17 @@ fn slowdown_series(args: &DetectorArgs, knary: &Path, runs: usize) -> Result<Slo
     cluster_run(knary, &argv(&settings[0].1), timeout)?
         .check(plan.shape, Setting::S0)
         .context("warm-up run")?;
-    let mut kept: Vec<Vec<ClusterRun>> = vec![Vec::new(); settings.len()];
-    let mut clean = Vec::new();
-    let (mut discarded, mut kept_disturbed, mut not_quiet) = (0, 0, 0);
-    let mut retries = args.retries;
-    while kept[0].len() < runs {
-        if args.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-        {
-            not_quiet += 1;
-            eprintln!(
-                "  (machine still busy after {} s: running anyway)",
-                args.quiet_wait
-            );
-        }
-        let mut rep = Vec::new();
-        for (_, p) in &settings {
-            let r = cluster_run(knary, &argv(p), timeout)?;
+    let rounds = rounds(runs, args.quiet_wait, args.retries);
+    let series = rounds.run(
+        settings.len(),
+        |_, i| {
+            let r = cluster_run(knary, &argv(&settings[i].1), timeout)?;
             r.check(plan.shape, Setting::S0)?;
-            rep.push(r);
-        }
-        let bad = rep.iter().any(|r| disturbed(r.foreign_cpu_s, r.elapsed_s));
-        let times: Vec<String> = rep.iter().map(|r| format!("{:.3}", r.elapsed_s)).collect();
-        let others: Vec<String> = rep.iter().map(|r| cpu_text(r.foreign_cpu_s)).collect();
-        eprintln!(
-            "  run {}/{runs}: {} s, other processes' CPU {} s{}",
-            kept[0].len() + 1,
-            times.join(" / "),
-            others.join(" / "),
-            match (bad, retries > 0) {
-                (false, _) => "",
-                (true, true) => " -- disturbed, run again",
-                (true, false) => " -- disturbed, kept (no retry left)",
-            }
-        );
-        if bad && retries > 0 {
-            retries -= 1;
-            discarded += 1;
-            continue;
-        }
-        kept_disturbed += u32::from(bad);
-        clean.push(!bad);
-        for (k, r) in kept.iter_mut().zip(rep) {
-            k.push(r);
-        }
-    }
+            Ok(r)
+        },
+        |i, r| format!("{} {:.3} s", settings[i].0, r.elapsed_s),
+    )?;
+    let clean = series.clean(&rounds.disturbed);
     let window = Duration::from_secs(if args.quick { 3 } else { IDLE_WINDOW_S });
     let mut idle = Vec::new();
     for (name, params) in &settings {
@@ -1145,20 +1091,16 @@ fn slowdown_series(args: &DetectorArgs, knary: &Path, runs: usize) -> Result<Slo
         );
         idle.push(x);
     }
-    let time = kept
-        .iter()
-        .map(|runs| stats(&runs.iter().map(|r| r.elapsed_s).collect::<Vec<_>>()))
+    let time = (0..settings.len())
+        .map(|i| series.stats(i))
         .collect::<Result<Vec<_>>>()?;
     Ok(Slowdown {
         plan,
         runs,
-        kept,
+        series,
         clean,
         idle,
         time,
-        discarded,
-        kept_disturbed,
-        not_quiet,
     })
 }
 
@@ -1230,12 +1172,7 @@ fn idle_cpu(
 // The report.
 
 struct Report {
-    quick: bool,
     seed: u64,
-    date: String,
-    machine: Machine,
-    load: [Option<String>; 2],
-    total: Duration,
     latency: Vec<LatencySeries>,
     heartbeats: Vec<HeartbeatRow>,
     slowdown: Option<Slowdown>,
@@ -1303,13 +1240,7 @@ impl Report {
     }
 
     fn markdown(&self, plots: &Plots) -> String {
-        let mut md = header(
-            &self.date,
-            &self.machine,
-            self.total,
-            &self.load,
-            self.quick,
-        );
+        let mut md = String::new();
         if !self.latency.is_empty() {
             let p = issue_params();
             let _ = writeln!(
@@ -1371,7 +1302,7 @@ impl Report {
                     st.max * 1000.0
                 );
             }
-            let _ = writeln!(md, "Plots: {}.\n", plots_markdown(plots));
+            let _ = writeln!(md, "Plots: {}.\n", plots.markdown());
         }
         if !self.heartbeats.is_empty() {
             md.push_str(
@@ -1426,9 +1357,9 @@ impl Report {
                 s.tasks().unwrap_or(0),
                 sd.plan.workers,
                 sd.runs,
-                sd.discarded,
-                sd.kept_disturbed,
-                sd.not_quiet,
+                sd.series.rerun,
+                sd.series.kept_disturbed,
+                sd.series.not_quiet,
             );
             md.push_str(
                 "| detector | median (s) | min–max (s) | /off (medians) | /off (paired median) | \
@@ -1438,7 +1369,7 @@ impl Report {
             for (i, (name, _)) in slowdown_settings().iter().enumerate() {
                 let t = &sd.time[i];
                 let (clean, n) = sd.paired_clean(i);
-                let other = sd.kept[i]
+                let other = sd.series.kept[i]
                     .iter()
                     .filter_map(|r| r.foreign_cpu_s)
                     .reduce(f64::max);
@@ -1533,7 +1464,7 @@ impl Report {
                     json!({
                         "name": name,
                         "argv": sd.plan.argv(Setting::S0, &fd_argv(params)),
-                        "elapsed_s": sd.kept[i].iter().map(|r| r.elapsed_s).collect::<Vec<_>>(),
+                        "elapsed_s": sd.series.kept[i].iter().map(|r| r.elapsed_s).collect::<Vec<_>>(),
                         "median_s": sd.time[i].median,
                         "min_s": sd.time[i].min,
                         "max_s": sd.time[i].max,
@@ -1544,7 +1475,7 @@ impl Report {
                         "idle_cluster_cpu": sd.idle.get(i),
                         "cpu_per_heartbeat_us": sd.cpu_per_heartbeat_us(i),
                         "projected_busy_job_core_share": sd.projected_share(i),
-                        "runs": sd.kept[i],
+                        "runs": sd.series.kept[i],
                     })
                 })
                 .collect();
@@ -1555,20 +1486,13 @@ impl Report {
                 "runs": sd.runs,
                 "order": "off, on (cluster default), on (1 s), ... (interleaved)",
                 "settings": settings,
-                "discarded_disturbed_repetitions": sd.discarded,
-                "kept_disturbed_repetitions": sd.kept_disturbed,
-                "repetitions_started_on_a_busy_machine": sd.not_quiet,
+                "discarded_disturbed_repetitions": sd.series.rerun,
+                "kept_disturbed_repetitions": sd.series.kept_disturbed,
+                "repetitions_started_on_a_busy_machine": sd.series.not_quiet,
                 "repetition_undisturbed": sd.clean,
             })
         });
         json!({
-            "benchmark": "detector",
-            "date_utc": self.date,
-            "quick": self.quick,
-            "machine": self.machine.json(),
-            "total_seconds": self.total.as_secs_f64(),
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
             "seed": self.seed,
             "latency": {
                 "parameters": {
@@ -1582,7 +1506,7 @@ impl Report {
                         processes on loopback; latency from just before the signal to the \
                         coordinator's stderr line `worker N lost`; percentiles by nearest rank",
                 "sizes": latency,
-                "plots": plots_json(plots),
+                "plots": plots.json(),
             },
             "heartbeats": {
                 "how": "simulation: real Detectors on a virtual clock, FIFO links with \
@@ -1661,103 +1585,107 @@ impl LatencyFigure {
 /// middle of the plot (between the crash and the hang curves), and the two targets are drawn
 /// in colours of their own and labelled where they stand (issue 18 point 8: one grey for both,
 /// and a legend over the crash curves).
-pub(crate) fn draw_latency<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    f: &LatencyFigure,
-) -> std::result::Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let all = f
-        .series
-        .iter()
-        .flat_map(|(_, v)| v.iter().flatten().copied());
-    let lo = all.clone().fold(f64::INFINITY, f64::min).clamp(1e-5, 0.1) / 2.0;
-    // Room right of the hang target for its label.
-    let hi = (all.fold(0.0, f64::max) * 1.3).max(TARGET_STOP_S * 4.5);
-    root.fill(&WHITE).map_err(e)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Time until the coordinator declares a worker lost (T_interval = T_timeout = \
+impl Figure for LatencyFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let f = self;
+
+        let all = f
+            .series
+            .iter()
+            .flat_map(|(_, v)| v.iter().flatten().copied());
+        let lo = all.clone().fold(f64::INFINITY, f64::min).clamp(1e-5, 0.1) / 2.0;
+        // Room right of the hang target for its label.
+        let hi = (all.fold(0.0, f64::max) * 1.3).max(TARGET_STOP_S * 4.5);
+        root.fill(&WHITE).map_err(plot::err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Time until the coordinator declares a worker lost (T_interval = T_timeout = \
              T_broken = 1 s)",
-            ("sans-serif", 20),
-        )
-        .margin(15)
-        .margin_right(30)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds from the signal (log scale)")
-        .y_desc("fraction of the trials detected")
-        .axis_desc_style(("sans-serif", 15))
-        .draw()
-        .map_err(e)?;
-    for (c, (label, latencies)) in f.series.iter().enumerate() {
-        let mut v: Vec<f64> = latencies.iter().flatten().copied().collect();
-        v.sort_by(f64::total_cmp);
-        let n = latencies.len() as f64;
-        let color = COLORS[c % COLORS.len()];
-        let mut points = Vec::new();
-        for (i, &x) in v.iter().enumerate() {
-            points.push((x, i as f64 / n));
-            points.push((x, (i + 1) as f64 / n));
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .margin_right(30)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
+            .map_err(plot::err)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds from the signal (log scale)")
+            .y_desc("fraction of the trials detected")
+            .axis_desc_style(("sans-serif", 15))
+            .draw()
+            .map_err(plot::err)?;
+        for (c, (label, latencies)) in f.series.iter().enumerate() {
+            let mut v: Vec<f64> = latencies.iter().flatten().copied().collect();
+            v.sort_by(f64::total_cmp);
+            let n = latencies.len() as f64;
+            let color = COLORS[c % COLORS.len()];
+            let mut points = Vec::new();
+            for (i, &x) in v.iter().enumerate() {
+                points.push((x, i as f64 / n));
+                points.push((x, (i + 1) as f64 / n));
+            }
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(plot::err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        let crash = (issue_params().broken + TARGET_KILL_SLACK).as_secs_f64();
+        for (x, label, color, right) in [
+            (
+                crash,
+                format!("crash target {crash:.1} s"),
+                RGBColor(128, 0, 0),
+                false,
+            ),
+            (
+                TARGET_STOP_S,
+                format!("hang target {TARGET_STOP_S:.1} s"),
+                RGBColor(90, 60, 150),
+                true,
+            ),
+        ] {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(x, 0.0), (x, 1.0)],
+                    8,
+                    5,
+                    color.stroke_width(2),
+                ))
+                .map_err(plot::err)?
+                .label(label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            // The label beside its line: left of the crash target, right of the hang target.
+            let style = ("sans-serif", 14).into_font().color(&color);
+            let (at, anchor) = if right {
+                (x * 1.04, Pos::new(HPos::Left, VPos::Center))
+            } else {
+                (x / 1.04, Pos::new(HPos::Right, VPos::Center))
+            };
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label,
+                    (at, 0.5),
+                    style.pos(anchor),
+                )))
+                .map_err(plot::err)?;
         }
         chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(e)?
-            .label(label.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+            .configure_series_labels()
+            .position(SeriesLabelPosition::MiddleMiddle)
+            .label_font(("sans-serif", 14))
+            .background_style(WHITE.mix(0.95))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot::err)?;
+        root.present().map_err(plot::err)
     }
-    let crash = (issue_params().broken + TARGET_KILL_SLACK).as_secs_f64();
-    for (x, label, color, right) in [
-        (
-            crash,
-            format!("crash target {crash:.1} s"),
-            RGBColor(128, 0, 0),
-            false,
-        ),
-        (
-            TARGET_STOP_S,
-            format!("hang target {TARGET_STOP_S:.1} s"),
-            RGBColor(90, 60, 150),
-            true,
-        ),
-    ] {
-        chart
-            .draw_series(DashedLineSeries::new(
-                [(x, 0.0), (x, 1.0)],
-                8,
-                5,
-                color.stroke_width(2),
-            ))
-            .map_err(e)?
-            .label(label.clone())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
-        // The label beside its line: left of the crash target, right of the hang target.
-        let style = ("sans-serif", 14).into_font().color(&color);
-        let (at, anchor) = if right {
-            (x * 1.04, Pos::new(HPos::Left, VPos::Center))
-        } else {
-            (x / 1.04, Pos::new(HPos::Right, VPos::Center))
-        };
-        chart
-            .draw_series(std::iter::once(Text::new(
-                label,
-                (at, 0.5),
-                style.pos(anchor),
-            )))
-            .map_err(e)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleMiddle)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.95))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
-    root.present().map_err(e)
 }
 
 /// A small seeded generator (splitmix64): the victims, phases and simulated delays.

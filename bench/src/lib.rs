@@ -11,12 +11,13 @@
 //! - the `micro` criterion bench measures hot paths (id derivation, codec, a small run).
 //!
 //! This library holds what both share: one knary run on a fresh runtime ([`run_knary`]), the
-//! same tree built with `rayon::scope` ([`rayon_tree`]) and small statistics ([`Stats`]).
+//! same tree built with `rayon::scope` ([`rayon_tree`]); and the [`harness`] every experiment
+//! runs on (interleaving, quiet waits, retries, medians, reports, figures).
 
 pub mod storage;
 
 pub mod certify;
-pub mod machine;
+pub mod harness;
 
 pub mod cluster;
 pub mod netns;
@@ -45,6 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+pub use harness::{CpuSnapshot, Stats};
 use veriflow::runtime::Kill;
 use veriflow::{Program, Registry, Runtime, SledStore, Store, VnodeId};
 
@@ -261,120 +263,27 @@ pub fn rayon_tree(pool: &rayon::ThreadPool, shape: Shape) -> RayonRun {
     }
 }
 
-/// Linux clock ticks per second of `/proc/stat` and `/proc/self/stat` (USER_HZ, 100 on every
-/// Linux architecture we run on).
-const USER_HZ: f64 = 100.0;
-
-/// CPU time used so far by the whole machine and by this process (from `/proc`), to tell how
-/// much other processes competed with a measurement: on a 2-core machine a concurrent build
-/// can halve the cores a run gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuSnapshot {
-    /// Busy ticks of all CPUs (user, nice, system, irq, softirq, steal).
-    machine_busy: u64,
-    /// User + system ticks of this process (all its threads, live and exited).
-    own: u64,
-}
-
-impl CpuSnapshot {
-    /// The counters now; `None` where `/proc` is not readable (not Linux).
-    pub fn now() -> Option<CpuSnapshot> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu: Vec<u64> = stat
-            .lines()
-            .next()?
-            .strip_prefix("cpu ")?
-            .split_whitespace()
-            .map(|f| f.parse().ok())
-            .collect::<Option<_>>()?;
-        // user nice system idle iowait irq softirq steal ...
-        let machine_busy = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| cpu.get(i)).sum();
-        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Fields after the command name (which may hold spaces) in parentheses.
-        let rest: Vec<&str> = own_stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let utime: u64 = rest.get(11)?.parse().ok()?;
-        let stime: u64 = rest.get(12)?.parse().ok()?;
-        Some(CpuSnapshot {
-            machine_busy,
-            own: utime + stime,
-        })
+impl harness::Timed for KnaryRun {
+    fn seconds(&self) -> f64 {
+        self.elapsed.as_secs_f64()
     }
-
-    /// CPU seconds this process used since `before` (ticks are 10 ms).
-    pub fn own_since(before: Option<CpuSnapshot>) -> Option<f64> {
-        let (before, now) = (before?, CpuSnapshot::now()?);
-        Some(now.own.saturating_sub(before.own) as f64 / USER_HZ)
-    }
-
-    /// CPU seconds other processes used since `before` (0 at best; ticks are 10 ms).
-    pub fn foreign_since(before: Option<CpuSnapshot>) -> Option<f64> {
-        let (before, now) = (before?, CpuSnapshot::now()?);
-        let machine = now.machine_busy.saturating_sub(before.machine_busy);
-        let own = now.own.saturating_sub(before.own);
-        Some(machine.saturating_sub(own) as f64 / USER_HZ)
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.foreign_cpu_s
     }
 }
 
-/// Waits until other processes use less than `max_cores` cores over a 1 s window, for at most
-/// `limit`; returns whether the machine got quiet (`true` too when `/proc` is unreadable).
-pub fn wait_for_quiet(limit: Duration, max_cores: f64) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        let before = CpuSnapshot::now();
-        std::thread::sleep(Duration::from_secs(1));
-        match CpuSnapshot::foreign_since(before) {
-            None => return true,
-            Some(foreign) if foreign < max_cores => return true,
-            Some(_) if Instant::now() >= deadline => return false,
-            Some(_) => {}
-        }
+impl harness::Timed for RayonRun {
+    fn seconds(&self) -> f64 {
+        self.elapsed.as_secs_f64()
     }
-}
-
-/// Median, minimum and maximum of a sample.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
-pub struct Stats {
-    /// Median (mean of the two middle values for an even count).
-    pub median: f64,
-    /// Smallest value.
-    pub min: f64,
-    /// Largest value.
-    pub max: f64,
-}
-
-impl Stats {
-    /// The statistics of `values`; `None` when empty.
-    pub fn of(values: &[f64]) -> Option<Stats> {
-        if values.is_empty() {
-            return None;
-        }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Stats {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        })
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.foreign_cpu_s
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stats() {
-        let s = Stats::of(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
-        assert_eq!(Stats::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
-        assert!(Stats::of(&[]).is_none());
-    }
 
     #[test]
     fn rayon_counts_the_knary_nodes() {
@@ -389,13 +298,6 @@ mod tests {
             grain_us: 0,
         };
         assert_eq!(rayon_tree(&pool, shape).nodes, shape.nodes().unwrap());
-    }
-
-    #[test]
-    fn cpu_snapshot_reads_proc() {
-        if let Some(before) = CpuSnapshot::now() {
-            assert!(CpuSnapshot::foreign_since(Some(before)).unwrap() >= 0.0);
-        }
     }
 
     #[test]

@@ -45,8 +45,7 @@ use veriflow::runtime::Kill;
 use veriflow::{Program, Runtime, VnodeId};
 use veriflow_checkpoint::{SledStore, Store};
 
-use crate::cluster::{plots, plots_json, plots_markdown, COLORS};
-use crate::machine::{loadavg, utc_now, Machine};
+use crate::harness::{dir_bytes, plot, scratch_dir, status_mib, Figure, Plots, Session, COLORS};
 use crate::{knary_registry, Shape};
 
 /// Bytes of sled directory per knary task assumed before a size is run (measured: ~300 at
@@ -155,28 +154,6 @@ fn shape_for(tasks: u64) -> Result<Shape> {
     }
     best.map(|(_, s)| s)
         .with_context(|| format!("no knary tree of about {tasks} tasks"))
-}
-
-/// A field of /proc/self/status, in MiB.
-fn status_mib(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 /// The child: one run, printed as JSON on stdout.
@@ -327,15 +304,8 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
     if let Some(setting) = &args.child {
         return child(args, setting);
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
+    let session = Session::start(args.out.as_deref(), false)?;
+    let scratch = scratch_dir(args.scratch.as_deref())?;
     let mut measures: Vec<Measure> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     for &tasks in &args.tasks {
@@ -374,18 +344,17 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
             measures.push(m);
         }
     }
-    let plots = plots(
-        &out,
-        "memory",
-        |root| draw(root, &measures),
-        |root| draw(root, &measures),
-    );
+    let figure = MemoryFigure(measures);
+    let plots = session.plot("memory", &figure);
+    let measures = figure.0;
     let report = json!({
         "experiment": "memory",
-        "date": date,
+        "date": session.date,
+        // This report's own machine block, as before the harness.
         "machine": {
-            "cores": machine.cores, "cpu": machine.cpu, "kernel": machine.kernel,
-            "rustc": machine.rustc, "git": machine.git, "load_before": load_before,
+            "cores": session.machine.cores, "cpu": session.machine.cpu,
+            "kernel": session.machine.kernel, "rustc": session.machine.rustc,
+            "git": session.machine.git, "load_before": session.loadavg_before(),
         },
         "settings": {
             "threads": args.threads, "vnodes": args.vnodes, "failing_vnode": FAILING_VNODE,
@@ -395,30 +364,13 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
         },
         "runs": measures,
         "skipped": skipped,
-        "plots": plots_json(&plots),
+        "plots": plots.json(),
     });
-    std::fs::write(
-        out.join("memory.json"),
-        serde_json::to_string_pretty(&report)?,
-    )
-    .context("writing memory.json")?;
-    std::fs::write(
-        out.join("memory.md"),
-        markdown(args, &measures, &skipped, &machine, &date, &plots),
-    )
-    .context("writing memory.md")?;
-    eprintln!("memory: results in {}", out.display());
-    Ok(())
+    let md = markdown(args, &measures, &skipped, &plots);
+    session.write("memory", "memory", report, &md)
 }
 
-fn markdown(
-    args: &MemoryArgs,
-    measures: &[Measure],
-    skipped: &[String],
-    machine: &Machine,
-    date: &str,
-    plots: &crate::cluster::Plots,
-) -> String {
+fn markdown(args: &MemoryArgs, measures: &[Measure], skipped: &[String], plots: &Plots) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = writeln!(
@@ -427,15 +379,12 @@ fn markdown(
     );
     let _ = writeln!(
         s,
-        "{date}, {} cores ({}), git {}. knary, grain 0, {} threads, {} vnodes, sled store; \
+        "knary, grain 0, {} threads, {} vnodes, sled store; \
          vnode {FAILING_VNODE} fails once {:.0} % of the tasks completed and is rebuilt from \
          its log. Peak RSS is the child process's VmHWM; recovery is the time to rebuild the \
          failed vnode from the store. Checkpoints every {} MiB of log (`log/mod.rs` rule 9); \
          \"whole log\" is `checkpoint_every(0)`. Command: `cargo run --release -p \
          veriflow-bench --bin paper -- memory --tasks {}`.\n",
-        machine.cores,
-        machine.cpu.as_deref().unwrap_or("?"),
-        machine.git.as_deref().unwrap_or("?"),
         args.threads,
         args.vnodes,
         FAIL_AT * 100.0,
@@ -476,104 +425,120 @@ fn markdown(
             let _ = writeln!(s, "- {w}");
         }
     }
-    let _ = writeln!(s, "\nPlots: {}.", plots_markdown(plots));
+    let _ = writeln!(s, "\nPlots: {}.", plots.markdown());
     s
 }
 
-/// Left: peak RSS against tasks run; right: recovery time against tasks run (log scales).
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    measures: &[Measure],
-) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
-    let (left, right) = root.split_horizontally(PLOT_HALF);
-    let tasks = |m: &Measure| m.tasks as f64;
-    let (lo, hi) = measures
-        .iter()
-        .map(tasks)
-        .fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
-    let (lo, hi) = if lo < hi {
-        (lo / 1.5, hi * 1.5)
-    } else {
-        (1e5, 1e8)
-    };
-    let series = |setting: &str| -> Vec<&Measure> {
-        measures.iter().filter(|m| m.setting == setting).collect()
-    };
-    for (area, title, value, unit) in [
-        (
-            left,
-            "peak RSS",
-            (|m: &Measure| m.peak_rss_mib) as fn(&Measure) -> f64,
-            "MiB",
-        ),
-        (
-            right,
-            "recovery of one vnode",
-            |m: &Measure| m.recovery_ms.max(0.1),
-            "ms",
-        ),
-    ] {
-        // No run without a log fails: it has no recovery to draw.
-        let drawn = |m: &&Measure| !(title.starts_with("recovery") && m.setting == "no log");
-        let top = measures
-            .iter()
-            .filter(drawn)
-            .map(value)
-            .fold(1.0f64, f64::max)
-            * 2.0;
-        let bottom = measures
-            .iter()
-            .filter(drawn)
-            .map(value)
-            .fold(f64::MAX, f64::min)
-            .min(top / 4.0)
-            / 2.0;
-        let mut chart = ChartBuilder::on(&area)
-            .caption(
-                format!("{title} vs tasks run (knary, grain 0)"),
-                ("sans-serif", 18),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d((lo..hi).log_scale(), (bottom.max(0.01)..top).log_scale())
-            .map_err(e)?;
-        chart
-            .configure_mesh()
-            .x_desc("tasks run")
-            .y_desc(unit)
-            .draw()
-            .map_err(e)?;
-        for (i, setting) in ["checkpoints", "whole log", "no log"].iter().enumerate() {
-            let points: Vec<(f64, f64)> = series(setting)
-                .into_iter()
-                .filter(drawn)
-                .map(|m| (tasks(m), value(m)))
-                .collect();
-            if points.is_empty() {
-                continue;
-            }
-            let c = COLORS[i];
-            chart
-                .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
-                .map_err(e)?
-                .label(*setting)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
-            chart
-                .draw_series(points.into_iter().map(|p| Circle::new(p, 4, c.filled())))
-                .map_err(e)?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(e)?;
+/// `memory.png`: every run's measure.
+pub(crate) struct MemoryFigure(pub(crate) Vec<Measure>);
+
+impl MemoryFigure {
+    /// The figure of a `memory.json` (`paper replot`).
+    pub(crate) fn from_json(j: &serde_json::Value) -> anyhow::Result<MemoryFigure> {
+        let runs = j.get("runs").context("no runs")?;
+        Ok(MemoryFigure(
+            serde_json::from_value(runs.clone())
+                .context("runs are not the runs of paper memory")?,
+        ))
     }
-    root.present().map_err(e)
+}
+
+/// Left: peak RSS against tasks run; right: recovery time against tasks run (log scales).
+impl Figure for MemoryFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let f = self;
+        let measures = &f.0;
+        root.fill(&WHITE).map_err(plot::err)?;
+        let (left, right) = root.split_horizontally(PLOT_HALF);
+        let tasks = |m: &Measure| m.tasks as f64;
+        let (lo, hi) = measures
+            .iter()
+            .map(tasks)
+            .fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
+        let (lo, hi) = if lo < hi {
+            (lo / 1.5, hi * 1.5)
+        } else {
+            (1e5, 1e8)
+        };
+        let series = |setting: &str| -> Vec<&Measure> {
+            measures.iter().filter(|m| m.setting == setting).collect()
+        };
+        for (area, title, value, unit) in [
+            (
+                left,
+                "peak RSS",
+                (|m: &Measure| m.peak_rss_mib) as fn(&Measure) -> f64,
+                "MiB",
+            ),
+            (
+                right,
+                "recovery of one vnode",
+                |m: &Measure| m.recovery_ms.max(0.1),
+                "ms",
+            ),
+        ] {
+            // No run without a log fails: it has no recovery to draw.
+            let drawn = |m: &&Measure| !(title.starts_with("recovery") && m.setting == "no log");
+            let top = measures
+                .iter()
+                .filter(drawn)
+                .map(value)
+                .fold(1.0f64, f64::max)
+                * 2.0;
+            let bottom = measures
+                .iter()
+                .filter(drawn)
+                .map(value)
+                .fold(f64::MAX, f64::min)
+                .min(top / 4.0)
+                / 2.0;
+            let mut chart = ChartBuilder::on(&area)
+                .caption(
+                    format!("{title} vs tasks run (knary, grain 0)"),
+                    ("sans-serif", 18),
+                )
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d((lo..hi).log_scale(), (bottom.max(0.01)..top).log_scale())
+                .map_err(plot::err)?;
+            chart
+                .configure_mesh()
+                .x_desc("tasks run")
+                .y_desc(unit)
+                .draw()
+                .map_err(plot::err)?;
+            for (i, setting) in ["checkpoints", "whole log", "no log"].iter().enumerate() {
+                let points: Vec<(f64, f64)> = series(setting)
+                    .into_iter()
+                    .filter(drawn)
+                    .map(|m| (tasks(m), value(m)))
+                    .collect();
+                if points.is_empty() {
+                    continue;
+                }
+                let c = COLORS[i];
+                chart
+                    .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
+                    .map_err(plot::err)?
+                    .label(*setting)
+                    .legend(move |(x, y)| {
+                        PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
+                chart
+                    .draw_series(points.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+                    .map_err(plot::err)?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(plot::err)?;
+        }
+        root.present().map_err(plot::err)
+    }
 }
 
 /// Half the plot's width, for the two panels.

@@ -42,12 +42,12 @@ use serde_json::{json, Value};
 use veriflow_testkit::netns::{available, NetConfig, Network, WireStats};
 use veriflow_testkit::{s, Cluster, ClusterOpts};
 
-use crate::cluster::{
-    header, knary_binary, out_dir, plots, plots_json, plots_markdown, stats, write_report,
-    ClusterRun, Plots, COLORS,
+use crate::cluster::ClusterRun;
+use crate::harness::{
+    knary_binary, plot, require_runs, Disturbed, Figure, Plots, Quiet, Redo, Rounds, Series,
+    Session, Stats, Timed, COLORS,
 };
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{Setting, Shape, Stats};
+use crate::{Setting, Shape};
 
 /// Options of `paper netns`.
 #[derive(clap::Args, Debug, Clone)]
@@ -125,12 +125,21 @@ struct Run {
     killed_at: Option<f64>,
 }
 
+impl Timed for Run {
+    fn seconds(&self) -> f64 {
+        self.run.elapsed_s
+    }
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.run.foreign_cpu_s
+    }
+}
+
 /// All runs at one latency.
 #[derive(Debug)]
 struct AtLatency {
     latency_ms: u64,
     /// Runs of S0, S1, S2.
-    runs: [Vec<Run>; 3],
+    runs: Vec<Vec<Run>>,
     /// Medians (s) of S0, S1, S2.
     time: [Stats; 3],
     wire: Option<WireStats>,
@@ -148,9 +157,7 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
     if let Err(why) = available() {
         bail!("no network namespaces here: {why}");
     }
-    if args.runs < 3 && !args.quick {
-        bail!("--runs must be at least 3 (medians); use --quick for a smoke run");
-    }
+    require_runs(args.runs, 3, args.quick)?;
     if !(0.0..=0.05).contains(&args.loss) {
         bail!("--loss {}: a probability in [0, 0.05]", args.loss);
     }
@@ -166,7 +173,7 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
             bail!("--tag {t:?}: letters, digits, - and _ only");
         }
     }
-    let out = out_dir(args.out.as_deref())?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
     let knary = knary_binary(args.knary_bin.as_deref())?;
     let shape = Shape {
         depth: args.depth.unwrap_or(if args.quick { 5 } else { 7 }),
@@ -180,10 +187,6 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
     } else {
         args.latencies.clone()
     };
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
     let timeout = Duration::from_secs(args.timeout);
     let members = (args.workers + args.spares) as usize;
     eprintln!(
@@ -211,21 +214,28 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
         };
         // Warm-up (binaries in the page cache, the wire's threads running): not counted.
         job(Setting::S0).context("warm-up run")?;
-        let mut kept: [Vec<Run>; 3] = Default::default();
-        for i in 0..runs {
-            let mut line = format!("  {latency_ms} ms, run {}/{runs}:", i + 1);
-            for (k, setting) in [Setting::S0, Setting::S1, Setting::S2]
-                .into_iter()
-                .enumerate()
-            {
-                let r = job(setting)?;
-                let _ = write!(line, " {setting:?} {:.3} s,", r.run.elapsed_s);
-                kept[k].push(r);
-            }
-            eprintln!("{line}");
+        // No quiet wait and no retries: the namespaces' wire threads are other processes'
+        // CPU to the rule, every run would look disturbed.
+        let settings = [Setting::S0, Setting::S1, Setting::S2];
+        let Series { kept, .. } = Rounds {
+            runs,
+            quiet: Quiet::secs(0),
+            retries: 0,
+            disturbed: Disturbed::cores(),
+            redo: Redo::Round,
+            label: format!("{latency_ms} ms,"),
         }
+        .run(
+            settings.len(),
+            |_, i| job(settings[i]),
+            |i, r| format!("{:?} {:.3} s", settings[i], r.run.elapsed_s),
+        )?;
         let el = |k: usize| kept[k].iter().map(|r| r.run.elapsed_s).collect::<Vec<_>>();
-        let time = [stats(&el(0))?, stats(&el(1))?, stats(&el(2))?];
+        let time = [
+            Stats::require(&el(0))?,
+            Stats::require(&el(1))?,
+            Stats::require(&el(2))?,
+        ];
         let network = net.describe();
         results.push(AtLatency {
             latency_ms,
@@ -235,7 +245,6 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
             runs: kept,
         });
     }
-    let total = started.elapsed();
     let stem = match (&args.tag, args.quick) {
         (Some(t), _) => format!("netns-{t}"),
         (None, true) => "netns-quick".to_string(),
@@ -246,14 +255,10 @@ pub fn run(args: &NetnsArgs) -> Result<()> {
         args: args.clone(),
         shape,
         runs,
-        date,
-        machine,
-        load: [load_before, loadavg()],
-        total,
         results,
     };
-    let drawn = plots(&out, stem, |a| draw(a, &report), |a| draw(a, &report));
-    write_report(&out, stem, &report.json(&drawn), &report.markdown(&drawn))
+    let drawn = session.plot(stem, &NetnsFigure::of(&report));
+    session.write("netns", stem, report.json(&drawn), &report.markdown(&drawn))
 }
 
 /// One job on a fresh cluster on `net`: S0, S1 or S2 (module docs).
@@ -396,10 +401,6 @@ struct Report {
     args: NetnsArgs,
     shape: Shape,
     runs: usize,
-    date: String,
-    machine: Machine,
-    load: [Option<String>; 2],
-    total: Duration,
     results: Vec<AtLatency>,
 }
 
@@ -407,7 +408,7 @@ impl Report {
     fn markdown(&self, plots: &Plots) -> String {
         let a = &self.args;
         let s = self.shape;
-        let mut md = header(&self.date, &self.machine, self.total, &self.load, a.quick);
+        let mut md = String::new();
         let _ = writeln!(
             md,
             "knary depth {} fanout {} serial {} grain {} µs ({} tasks) in cluster mode across \
@@ -443,13 +444,7 @@ impl Report {
         );
         for r in &self.results {
             let med = |f: fn(&ClusterRun) -> u64| {
-                Stats::of(
-                    &r.runs[2]
-                        .iter()
-                        .map(|x| f(&x.run) as f64)
-                        .collect::<Vec<_>>(),
-                )
-                .map_or(0.0, |s| s.median)
+                Stats::by(&r.runs[2], |x| f(&x.run) as f64).map_or(0.0, |s| s.median)
             };
             let _ = writeln!(
                 md,
@@ -478,7 +473,7 @@ impl Report {
             "\nEvery run's result was right and completed exactly {} tasks (no completed task \
              ran twice); every S2 run lost one worker, S0 and S1 none.\n\nPlots: {}.",
             s.tasks().unwrap_or(0),
-            plots_markdown(plots)
+            plots.markdown()
         );
         md
     }
@@ -486,13 +481,6 @@ impl Report {
     fn json(&self, plots: &Plots) -> Value {
         let a = &self.args;
         json!({
-            "benchmark": "netns",
-            "date_utc": self.date,
-            "quick": a.quick,
-            "machine": self.machine.json(),
-            "total_seconds": self.total.as_secs_f64(),
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
             "parameters": {
                 "runs": self.runs,
                 "tree": self.shape,
@@ -531,79 +519,133 @@ impl Report {
             })).collect::<Vec<_>>(),
             "checks": "every run: correct result, tasks == knary::expected_tasks, S0 logs \
                        nothing, S1/S2 log, S2 loses exactly one worker and S0/S1 none",
-            "plots": plots_json(plots),
+            "plots": plots.json(),
         })
     }
 }
 
-/// The medians of S0, S1, S2 against the latency, with every run as a dot.
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
-    let xmax = r
-        .results
-        .iter()
-        .map(|x| x.latency_ms)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let ymax = r
-        .results
-        .iter()
-        .flat_map(|x| x.runs.iter().flatten().map(|y| y.run.elapsed_s))
-        .fold(0.0, f64::max)
-        * 1.1;
-    let s = r.shape;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "knary d{} k{} {} µs across {} hosts: job time against one-way latency",
-                s.depth,
-                s.fanout,
-                s.grain_us,
-                2 + r.args.workers + r.args.spares
-            ),
-            ("sans-serif", 20),
+/// `netns.png`: the medians of S0, S1, S2 against the latency, with every run as a dot.
+pub(crate) struct NetnsFigure {
+    caption: String,
+    /// Per latency (ms): the medians and every run's time (s) of S0, S1, S2.
+    points: Vec<(u64, [f64; 3], [Vec<f64>; 3])>,
+}
+
+impl NetnsFigure {
+    fn caption(depth: u64, fanout: u64, grain_us: u64, hosts: u64) -> String {
+        format!(
+            "knary d{depth} k{fanout} {grain_us} µs across {hosts} hosts: job time against \
+             one-way latency"
         )
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5..xmax * 1.05 + 0.5, 0.0..ymax.max(0.1))
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("one-way latency between hosts (ms)")
-        .y_desc("job time (s)")
-        .draw()
-        .map_err(e)?;
-    for (k, name) in ["S0 (no log)", "S1 (log)", "S2 (log + 1 kill)"]
-        .iter()
-        .enumerate()
-    {
-        let c = COLORS[k % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                r.results
-                    .iter()
-                    .map(|x| (x.latency_ms as f64, x.time[k].median)),
-                c.stroke_width(2),
-            ))
-            .map_err(e)?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
-        chart
-            .draw_series(r.results.iter().flat_map(|x| {
-                x.runs[k].iter().map(move |y| {
-                    Circle::new((x.latency_ms as f64, y.run.elapsed_s), 3, c.filled())
-                })
-            }))
-            .map_err(e)?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(e)?;
-    root.present().map_err(e)
+
+    fn of(r: &Report) -> NetnsFigure {
+        let s = r.shape;
+        NetnsFigure {
+            caption: Self::caption(
+                u64::from(s.depth),
+                u64::from(s.fanout),
+                s.grain_us,
+                u64::from(2 + r.args.workers + r.args.spares),
+            ),
+            points: r
+                .results
+                .iter()
+                .map(|x| {
+                    let times = |k: usize| x.runs[k].iter().map(|y| y.run.elapsed_s).collect();
+                    (
+                        x.latency_ms,
+                        [x.time[0].median, x.time[1].median, x.time[2].median],
+                        [times(0), times(1), times(2)],
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// The figure of a `netns*.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> Result<NetnsFigure> {
+        let p = &j["parameters"];
+        let num = |v: &Value, what: &str| v.as_u64().with_context(|| format!("no {what}"));
+        let caption = Self::caption(
+            num(&p["tree"]["depth"], "parameters.tree.depth")?,
+            num(&p["tree"]["fanout"], "parameters.tree.fanout")?,
+            num(&p["tree"]["grain_us"], "parameters.tree.grain_us")?,
+            2 + num(&p["workers"], "parameters.workers")? + num(&p["spares"], "parameters.spares")?,
+        );
+        let mut points = Vec::new();
+        for l in j["latencies"].as_array().context("no latencies")? {
+            let mut medians = [0.0; 3];
+            let mut runs: [Vec<f64>; 3] = Default::default();
+            for (k, key) in ["s0", "s1", "s2"].iter().enumerate() {
+                medians[k] = l[format!("{key}_median_s")]
+                    .as_f64()
+                    .with_context(|| format!("no {key}_median_s"))?;
+                runs[k] = l[*key]
+                    .as_array()
+                    .with_context(|| format!("no {key}"))?
+                    .iter()
+                    .filter_map(|r| r["elapsed_s"].as_f64())
+                    .collect();
+            }
+            points.push((num(&l["latency_ms"], "latency_ms")?, medians, runs));
+        }
+        Ok(NetnsFigure { caption, points })
+    }
+}
+
+impl Figure for NetnsFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let r = self;
+
+        root.fill(&WHITE).map_err(plot::err)?;
+        let xmax = r.points.iter().map(|x| x.0).max().unwrap_or(1).max(1) as f64;
+        let ymax = r
+            .points
+            .iter()
+            .flat_map(|x| x.2.iter().flatten().copied())
+            .fold(0.0, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&r.caption, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(-0.5..xmax * 1.05 + 0.5, 0.0..ymax.max(0.1))
+            .map_err(plot::err)?;
+        chart
+            .configure_mesh()
+            .x_desc("one-way latency between hosts (ms)")
+            .y_desc("job time (s)")
+            .draw()
+            .map_err(plot::err)?;
+        for (k, name) in ["S0 (no log)", "S1 (log)", "S2 (log + 1 kill)"]
+            .iter()
+            .enumerate()
+        {
+            let c = COLORS[k % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    r.points.iter().map(|x| (x.0 as f64, x.1[k])),
+                    c.stroke_width(2),
+                ))
+                .map_err(plot::err)?
+                .label(*name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart
+                .draw_series(r.points.iter().flat_map(|x| {
+                    x.2[k]
+                        .iter()
+                        .map(move |&y| Circle::new((x.0 as f64, y), 3, c.filled()))
+                }))
+                .map_err(plot::err)?;
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE)
+            .draw()
+            .map_err(plot::err)?;
+        root.present().map_err(plot::err)
+    }
 }

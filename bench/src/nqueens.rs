@@ -43,12 +43,11 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use veriflow::{Program, Registry, Runtime};
 
-use crate::cluster::{
-    app_binary, cluster_run, cpu_text, disturbed, header, out_dir, write_report, TreeCpu,
-    QUIET_CORES,
+use crate::cluster::cluster_run;
+use crate::harness::{
+    app_binary, merge, require_runs, CpuSnapshot, Disturbed, Quiet, Redo, Rounds, Series, Session,
+    Stats, Timed,
 };
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{wait_for_quiet, Stats};
 
 /// Targets of issue 8.
 const TARGET_RELATIVE: f64 = 0.99;
@@ -142,6 +141,15 @@ struct Run {
     foreign_cpu_s: Option<f64>,
 }
 
+impl Timed for Run {
+    fn seconds(&self) -> f64 {
+        self.seconds
+    }
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.foreign_cpu_s
+    }
+}
+
 /// The expected count for `n` (A000170), failing for an unknown `n`.
 fn expected(n: u32) -> Result<u64> {
     nqueens::known_count(n).with_context(|| format!("no known count for n = {n}"))
@@ -156,11 +164,11 @@ fn registry() -> Result<Registry> {
 }
 
 fn run_seq(n: u32) -> Result<Run> {
-    let before = TreeCpu::now();
+    let before = CpuSnapshot::with_children();
     let t0 = Instant::now();
     let count = std::hint::black_box(nqueens::solve(std::hint::black_box(n)));
     let seconds = t0.elapsed().as_secs_f64();
-    let (_, foreign_cpu_s) = TreeCpu::since(before);
+    let foreign_cpu_s = CpuSnapshot::foreign_since(before);
     if count != expected(n)? {
         bail!(
             "seq n = {n}: counted {count}, A000170 says {}",
@@ -186,11 +194,11 @@ fn run_plain(n: u32, p: u32) -> Result<Run> {
         .build()
         .context("building the runtime")?;
     let (root, inputs) = prog.root();
-    let before = TreeCpu::now();
+    let before = CpuSnapshot::with_children();
     let report = rt
         .run(root, inputs)
         .with_context(|| format!("plain {p}, n = {n}"))?;
-    let (_, foreign_cpu_s) = TreeCpu::since(before);
+    let foreign_cpu_s = CpuSnapshot::foreign_since(before);
     let want_tasks = prog.expected_tasks().context("task count")?;
     if report.outputs.0 != expected(n)? || report.tasks != want_tasks || report.events != 0 {
         bail!(
@@ -247,16 +255,14 @@ fn run_ft(bin: &Path, n: u32, p: u32, timeout: Duration) -> Result<Run> {
 struct Size {
     n: u32,
     configs: Vec<Config>,
-    runs: Vec<Vec<Run>>,
-    discarded: Vec<(Config, Run)>,
-    kept_disturbed: u32,
+    /// Kept runs per configuration, and the disturbed runs run again.
+    series: Series<Run>,
 }
 
 impl Size {
     fn stats(&self, c: Config) -> Option<Stats> {
         let i = self.configs.iter().position(|&x| x == c)?;
-        let v: Vec<f64> = self.runs[i].iter().map(|r| r.seconds).collect();
-        Stats::of(&v)
+        self.series.stats(i).ok()
     }
 
     fn ratio(&self, num: Config, den: Config) -> Option<f64> {
@@ -266,11 +272,14 @@ impl Size {
 
 /// Runs `paper nqueens` (module docs) and writes its results.
 pub fn run(args: &NQueensArgs) -> Result<()> {
-    if args.runs < 3 && !args.quick {
-        bail!("--runs must be at least 3 (medians of >= 3 runs); use --quick for a smoke run");
-    }
-    let out = out_dir(args.out.as_deref())?;
-    let bin = app_binary("nqueens", "--nqueens-bin", args.nqueens_bin.as_deref())?;
+    require_runs(args.runs, 3, args.quick)?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
+    let bin = app_binary(
+        "nqueens",
+        "nqueens",
+        "--nqueens-bin",
+        args.nqueens_bin.as_deref(),
+    )?;
     let sizes = match (&args.sizes[..], args.quick) {
         ([], false) => vec![16, 17],
         ([], true) => vec![12, 13],
@@ -286,10 +295,6 @@ pub fn run(args: &NQueensArgs) -> Result<()> {
     }
     let runs = if args.quick { 1 } else { args.runs as usize };
     let timeout = Duration::from_secs(args.timeout);
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
     let mut configs = vec![Config::Seq];
     configs.extend(workers.iter().map(|&p| Config::Plain(p)));
     configs.extend(workers.iter().map(|&p| Config::Ft(p)));
@@ -303,106 +308,59 @@ pub fn run(args: &NQueensArgs) -> Result<()> {
     );
     // Warm-up (binaries and libraries in the page cache): not counted.
     run_ft(&bin, 8, 1, timeout).context("warm-up run")?;
-    let mut not_quiet = 0u32;
+    // A disturbed run is run again at once, alone (its configuration's neighbours in the
+    // round are not: the ratios compare configurations' medians, not pairs).
+    let mut rounds = Rounds {
+        runs,
+        quiet: Quiet::secs(args.quiet_wait),
+        retries: args.retries,
+        disturbed: Disturbed::cores(),
+        redo: Redo::Run { quiet_first: false },
+        label: String::new(),
+    };
     let mut results = Vec::new();
     for &n in &sizes {
-        let mut size = Size {
+        rounds.label = format!("n = {n}");
+        let series = rounds.run(
+            configs.len(),
+            |_, i| match configs[i] {
+                Config::Seq => run_seq(n),
+                Config::Plain(p) => run_plain(n, p),
+                Config::Ft(p) => run_ft(&bin, n, p, timeout),
+            },
+            |i, r| format!("{} {:.3} s", configs[i].label(), r.seconds),
+        )?;
+        results.push(Size {
             n,
             configs: configs.clone(),
-            runs: vec![Vec::new(); configs.len()],
-            discarded: Vec::new(),
-            kept_disturbed: 0,
-        };
-        let mut retries = args.retries;
-        for rep in 0..runs {
-            if args.quiet_wait > 0
-                && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-            {
-                not_quiet += 1;
-                eprintln!(
-                    "  (machine still busy after {} s: running anyway)",
-                    args.quiet_wait
-                );
-            }
-            let mut line = format!("  n = {n} run {}/{runs}:", rep + 1);
-            for (i, &c) in configs.iter().enumerate() {
-                let r = loop {
-                    let r = match c {
-                        Config::Seq => run_seq(n)?,
-                        Config::Plain(p) => run_plain(n, p)?,
-                        Config::Ft(p) => run_ft(&bin, n, p, timeout)?,
-                    };
-                    let bad = disturbed(r.foreign_cpu_s, r.seconds);
-                    if bad && retries > 0 {
-                        retries -= 1;
-                        eprintln!(
-                            "    {} {:.3} s disturbed (other processes' CPU {} s): run again",
-                            c.label(),
-                            r.seconds,
-                            cpu_text(r.foreign_cpu_s)
-                        );
-                        size.discarded.push((c, r));
-                        continue;
-                    }
-                    size.kept_disturbed += u32::from(bad);
-                    break r;
-                };
-                let _ = write!(line, " {} {:.3} s,", c.label(), r.seconds);
-                size.runs[i].push(r);
-            }
-            eprintln!("{line}");
-        }
-        results.push(size);
+            series,
+        });
     }
-    let total = started.elapsed();
-    let load = [load_before, loadavg()];
-    let md = markdown(
-        &results, &workers, runs, not_quiet, &date, &machine, total, &load, args.quick,
-    );
-    let mut report = serde_json::Map::new();
-    report.insert("benchmark".into(), json!("nqueens"));
-    report.insert("date_utc".into(), json!(date));
-    report.insert("quick".into(), json!(args.quick));
-    report.insert("machine".into(), machine.json());
-    report.insert("total_seconds".into(), json!(total.as_secs_f64()));
-    report.insert("loadavg_before".into(), json!(load[0]));
-    report.insert("loadavg_after".into(), json!(load[1]));
-    report.insert(
-        "repetitions_started_on_a_busy_machine".into(),
-        json!(not_quiet),
-    );
-    report.insert(
-        "parameters".into(),
-        json!({
-            "runs": runs,
-            "sizes": sizes,
-            "workers": workers,
-            "split_rows": "2 for P <= 4, 3 above",
-            "order": "per n and repetition: seq, plain P..., FT P... (interleaved)",
-            "seq": "nqueens::solve(n): sequential bitmask backtracking with the mirror \
-                    symmetry, in this process; wall time of the call",
-            "plain": "embedded runtime, P threads and P vnodes, checkpoint(false): no log, no \
-                      failure detector; RunReport::elapsed",
-            "ft": "`nqueens cluster --workers P --threads 1`: P worker processes, events logged \
-                   to a central checkpoint server (group commit 64 KiB / 5 ms), failure \
-                   detector with the app's defaults (T_interval 200 ms, T_timeout 400 ms, \
-                   T_broken 400 ms, T_insurance 1 s, k 3); the summary's elapsed_s",
-            "quiet_wait_s": args.quiet_wait,
-            "quiet_cores": QUIET_CORES,
-            "retries_per_size": args.retries,
-        }),
-    );
-    report.insert(
-        "sizes".into(),
-        Value::Array(results.iter().map(|s| size_json(s, &workers)).collect()),
-    );
-    report.insert("targets".into(), targets_json(&results, &workers));
-    let stem = if args.quick {
-        "nqueens-quick"
-    } else {
-        "nqueens"
-    };
-    write_report(&out, stem, &Value::Object(report), &md)
+    let not_quiet: u32 = results.iter().map(|s| s.series.not_quiet).sum();
+    let parameters = json!({
+        "runs": runs,
+        "sizes": sizes,
+        "workers": workers,
+        "split_rows": "2 for P <= 4, 3 above",
+        "order": "per n and repetition: seq, plain P..., FT P... (interleaved)",
+        "seq": "nqueens::solve(n): sequential bitmask backtracking with the mirror \
+                symmetry, in this process; wall time of the call",
+        "plain": "embedded runtime, P threads and P vnodes, checkpoint(false): no log, no \
+                  failure detector; RunReport::elapsed",
+        "ft": "`nqueens cluster --workers P --threads 1`: P worker processes, events logged \
+               to a central checkpoint server (group commit 64 KiB / 5 ms), failure \
+               detector with the app's defaults (T_interval 200 ms, T_timeout 400 ms, \
+               T_broken 400 ms, T_insurance 1 s, k 3); the summary's elapsed_s",
+        "retries_per_size": args.retries,
+    });
+    let report = json!({
+        "repetitions_started_on_a_busy_machine": not_quiet,
+        "parameters": merge(parameters, rounds.parameters()),
+        "sizes": results.iter().map(|s| size_json(s, &workers)).collect::<Vec<_>>(),
+        "targets": targets_json(&results, &workers),
+    });
+    let md = markdown(&results, &workers, runs, not_quiet);
+    session.write("nqueens", &session.stem("nqueens"), report, &md)
 }
 
 fn runs_json(runs: &[Run], st: Option<Stats>) -> Value {
@@ -429,8 +387,8 @@ fn size_json(s: &Size, workers: &[u32]) -> Value {
             json!({
                 "workers": p,
                 "split_rows": split_rows(p),
-                "plain": pi.map(|i| runs_json(&s.runs[i], s.stats(Config::Plain(p)))),
-                "ft": fi.map(|i| runs_json(&s.runs[i], s.stats(Config::Ft(p)))),
+                "plain": pi.map(|i| runs_json(&s.series.kept[i], s.stats(Config::Plain(p)))),
+                "ft": fi.map(|i| runs_json(&s.series.kept[i], s.stats(Config::Ft(p)))),
                 "relative_performance_plain_over_ft": s.ratio(Config::Plain(p), Config::Ft(p)),
             })
         })
@@ -439,15 +397,16 @@ fn size_json(s: &Size, workers: &[u32]) -> Value {
         "n": s.n,
         "count": nqueens::known_count(s.n),
         "count_verified_every_run": true,
-        "seq": runs_json(&s.runs[0], s.stats(Config::Seq)),
+        "seq": runs_json(&s.series.kept[0], s.stats(Config::Seq)),
         "per_workers": per_p,
         "single_core_seq_over_plain_1": s.ratio(Config::Seq, Config::Plain(1)),
         "speedup_ft_1_over_ft_2": s.ratio(Config::Ft(1), Config::Ft(2)),
         "speedup_plain_1_over_plain_2": s.ratio(Config::Plain(1), Config::Plain(2)),
-        "discarded_disturbed_runs": s.discarded.iter().map(|(c, r)| json!({
-            "config": c.label(), "seconds": r.seconds, "other_processes_cpu_s": r.foreign_cpu_s,
+        "discarded_disturbed_runs": s.series.discarded.iter().map(|(i, r)| json!({
+            "config": s.configs[*i].label(), "seconds": r.seconds,
+            "other_processes_cpu_s": r.foreign_cpu_s,
         })).collect::<Vec<_>>(),
-        "kept_disturbed_runs": s.kept_disturbed,
+        "kept_disturbed_runs": s.series.kept_disturbed,
     })
 }
 
@@ -498,19 +457,8 @@ fn fmt_ratio(r: Option<f64>, percent: bool) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn markdown(
-    results: &[Size],
-    workers: &[u32],
-    runs: usize,
-    not_quiet: u32,
-    date: &str,
-    machine: &Machine,
-    total: Duration,
-    load: &[Option<String>; 2],
-    quick: bool,
-) -> String {
-    let mut s = header(date, machine, total, load, quick);
+fn markdown(results: &[Size], workers: &[u32], runs: usize, not_quiet: u32) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "N-Queens, paper 004 Table 2 analog: **plain** = the tasks on the embedded runtime with \
@@ -529,7 +477,7 @@ fn markdown(
     for r in results {
         for &p in workers {
             let fi = r.configs.iter().position(|&c| c == Config::Ft(p));
-            let ft_runs = fi.map(|i| &r.runs[i]);
+            let ft_runs = fi.map(|i| &r.series.kept[i]);
             let _ = writeln!(
                 s,
                 "| {} | {p} | {} | {} | {} | {} | {} |",
@@ -562,8 +510,8 @@ fn markdown(
             fmt_ratio(r.ratio(Config::Seq, Config::Plain(1)), false),
             fmt_ratio(r.ratio(Config::Ft(1), Config::Ft(2)), false),
             fmt_ratio(r.ratio(Config::Plain(1), Config::Plain(2)), false),
-            r.discarded.len(),
-            r.kept_disturbed,
+            r.series.rerun,
+            r.series.kept_disturbed,
         );
     }
     s.push_str("\n| target | measured | wanted | met |\n|---|---:|---:|:-:|\n");

@@ -24,9 +24,9 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::cluster::{knary_binary, out_dir};
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::Stats;
+use crate::harness::{
+    knary_binary, loadavg, require_runs, Disturbed, Quiet, Redo, Rounds, Session, Stats,
+};
 
 /// `paper online` options.
 #[derive(clap::Args, Debug)]
@@ -136,18 +136,14 @@ fn theory_tasks(q: f64, liar_share: f64) -> f64 {
 
 /// Runs `paper online` (module docs) and writes its results.
 pub fn run(args: &OnlineArgs) -> Result<()> {
-    if args.runs < 5 && !args.quick {
-        bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
-    }
-    let out = out_dir(args.out.as_deref())?;
+    require_runs(args.runs, 5, args.quick)?;
+    let session = Session::start(args.out.as_deref(), args.quick)?;
     let knary = knary_binary(args.knary_bin.as_deref())?;
     let (depth, rates, runs) = if args.quick {
         (7, vec![0.02, 0.1], args.runs.min(2))
     } else {
         (args.depth, args.rates.clone(), args.runs)
     };
-    let machine = Machine::now();
-    let started = utc_now();
     // Part 1.
     let mut detection = Vec::new();
     for &q in &rates {
@@ -198,35 +194,38 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
             "floor_bound_liar_tasks": 1.0 / (q * SPOT_FLOOR),
         }));
     }
-    // Part 2: interleaved honest runs.
-    let (mut plain, mut followed) = (Vec::new(), Vec::new());
-    for seed in 1..=u64::from(runs) {
-        for oracle in [false, true] {
-            let extra: Vec<String> = if oracle {
+    // Part 2: honest runs, without and with the oracle, interleaved (seed = round + 1).
+    let honest = Rounds {
+        runs: runs as usize,
+        quiet: Quiet::secs(0),
+        retries: 0,
+        disturbed: Disturbed::cores(),
+        redo: Redo::Round,
+        label: "honest".into(),
+    }
+    .run(
+        2,
+        |round, oracle| {
+            let extra: Vec<String> = if oracle == 1 {
                 vec!["--oracle".into()]
             } else {
                 vec![]
             };
+            let seed = round as u64 + 1;
             let v = run_json(&knary, &argv(depth, args.grain_us, seed, &extra))?;
             if v["correct"] != true {
                 bail!("an honest run was wrong: {v}");
             }
-            let t = v["elapsed_s"].as_f64().context("no elapsed_s")?;
-            if oracle {
-                followed.push(t);
-            } else {
-                plain.push(t);
-            }
-        }
-    }
-    let (p, f) = (
-        Stats::of(&plain).context("no runs")?,
-        Stats::of(&followed).context("no runs")?,
-    );
+            v["elapsed_s"].as_f64().context("no elapsed_s")
+        },
+        |oracle, t| format!("{} {t:.3} s", ["without", "with the oracle"][oracle]),
+    )?;
+    let (p, f) = (honest.stats(0)?, honest.stats(1)?);
+    let (plain, followed) = (&honest.kept[0], &honest.kept[1]);
     let ratio = f.median / p.median;
     let summary = json!({
-        "machine": machine.json(),
-        "started": started,
+        // The names this report had before the harness's `date_utc` and `loadavg_after`.
+        "started": session.date,
         "load_after": loadavg(),
         "depth": depth,
         "fanout": 4,
@@ -243,17 +242,13 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
             "goal": 1.03,
         },
     });
-    write(&out, &summary, &detection, (p.median, f.median, ratio))
+    let md = markdown(&detection, (p.median, f.median, ratio));
+    session.write("online", &session.stem("online"), summary, &md)
 }
 
-fn write(out: &Path, summary: &Value, detection: &[Value], honest: (f64, f64, f64)) -> Result<()> {
-    std::fs::write(
-        out.join("online.json"),
-        serde_json::to_string_pretty(summary)?,
-    )?;
+fn markdown(detection: &[Value], honest: (f64, f64, f64)) -> String {
     let mut md = String::from(
-        "# The online oracle (`paper online`)\n\n\
-         Loopback clusters of real processes: `knary cluster --workers 4 --oracle`, one worker \
+        "The online oracle (`paper online`): loopback clusters of real processes: `knary cluster --workers 4 --oracle`, one worker \
          lying at rate q (the test-only `--forge-workers 1 --forge-rate q`).\n\n\
          | q | caught during the run | evicted at (median, s) | liar's tasks by then (median) | theory: tasks to its first checked lie | bound at the spot floor alone (1/(q·f)) |\n\
          |---|---|---|---|---|---|\n",
@@ -278,7 +273,5 @@ fn write(out: &Path, summary: &Value, detection: &[Value], honest: (f64, f64, f6
          veriflow-bench --bin paper -- online`.\n",
         honest.0, honest.1, honest.2
     ));
-    std::fs::write(out.join("online.md"), md)?;
-    println!("{}", std::fs::read_to_string(out.join("online.md"))?);
-    Ok(())
+    md
 }

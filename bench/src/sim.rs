@@ -28,7 +28,7 @@ pub mod nodes;
 
 use std::fmt::Write as _;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -37,9 +37,7 @@ use serde_json::{json, Value};
 use veriflow::cluster::sim::{self, FaultCounts, SimConfig, SimFailure, SimOutcome};
 use veriflow::runtime::detect::FdParams;
 
-use crate::cluster::{header, out_dir, write_report};
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::Stats;
+use crate::harness::{merge, peak_rss_mib, write_files, Session, Stats};
 use nodes::{NodesConfig, NodesOutcome, Summary};
 
 /// Options of `paper sim`.
@@ -97,10 +95,13 @@ pub enum ParamSet {
 
 /// Runs `paper sim`.
 pub fn run(args: &SimArgs) -> Result<()> {
-    let out = out_dir(args.out.as_deref())?;
+    if args.seeds.is_some() == args.nodes.is_some() {
+        bail!("paper sim: give either --seeds N or --nodes N");
+    }
+    let session = Session::start(args.out.as_deref(), false)?;
     match (args.seeds, args.nodes) {
-        (Some(n), None) => seeds_command(args, n, &out),
-        (None, Some(n)) => nodes_command(args, n, &out),
+        (Some(n), None) => seeds_command(args, n, &session),
+        (None, Some(n)) => nodes_command(args, n, &session),
         _ => bail!("paper sim: give either --seeds N or --nodes N"),
     }
 }
@@ -297,14 +298,11 @@ fn u64_stats(v: impl Iterator<Item = u64>) -> Value {
     }
 }
 
-fn seeds_command(args: &SimArgs, count: u64, out: &Path) -> Result<()> {
+fn seeds_command(args: &SimArgs, count: u64, session: &Session) -> Result<()> {
     let first = args.first.unwrap_or(0);
-    let machine = Machine::now();
     let threads = args
         .threads
-        .map_or(machine.cores, |t| usize::try_from(t).unwrap_or(1));
-    let date = utc_now();
-    let load_before = loadavg();
+        .map_or(session.machine.cores, |t| usize::try_from(t).unwrap_or(1));
     eprintln!(
         "paper sim: seeds {first}..{} on {threads} threads",
         first.saturating_add(count)
@@ -312,17 +310,10 @@ fn seeds_command(args: &SimArgs, count: u64, out: &Path) -> Result<()> {
     let t0 = Instant::now();
     let runs = run_seeds(first, count, threads)?;
     let wall = t0.elapsed();
-    let load = [load_before, loadavg()];
-    let (json, md) = seeds_report(&runs, first, threads, wall, &machine, &date, &load);
-    write_json_with_rows(out, "sim", &json.0, &json.1)?;
-    std::fs::write(out.join("sim.md"), &md)
-        .with_context(|| format!("cannot write {}", out.join("sim.md").display()))?;
-    println!("{md}");
-    println!(
-        "written: {} and {}",
-        out.join("sim.json").display(),
-        out.join("sim.md").display()
-    );
+    let ((summary, rows), md) = seeds_report(&runs, first, threads, wall);
+    let summary = merge(Value::Object(session.head("sim")), summary);
+    let md = session.with_header(&md);
+    write_files(&session.out, "sim", &json_with_rows(&summary, &rows)?, &md)?;
     let failed = runs.iter().filter(|r| r.result.is_err()).count();
     if failed > 0 {
         bail!("{failed} of {} seeds failed (listed in sim.md)", runs.len());
@@ -349,9 +340,6 @@ fn seeds_report(
     first: u64,
     threads: usize,
     wall: Duration,
-    machine: &Machine,
-    date: &str,
-    load: &[Option<String>; 2],
 ) -> ((Value, Vec<Value>), String) {
     let ok: Vec<&SimOutcome> = runs.iter().filter_map(|r| r.result.as_ref().ok()).collect();
     let failures: Vec<&SimFailure> = runs
@@ -402,11 +390,6 @@ fn seeds_report(
         .collect();
     let last = first.saturating_add(u64::try_from(runs.len()).unwrap_or(u64::MAX));
     let summary = json!({
-        "benchmark": "sim",
-        "date_utc": date,
-        "machine": machine.json(),
-        "loadavg_before": load[0],
-        "loadavg_after": load[1],
         "command": format!("paper sim --seeds {} --first {first} --threads {threads}", runs.len()),
         "seeds": { "first": first, "count": runs.len(), "end_exclusive": last },
         "threads": threads,
@@ -454,7 +437,6 @@ fn seeds_report(
 
     // Markdown.
     let mut md = String::from("# `paper sim --seeds`: the cluster simulator over many seeds\n\n");
-    md.push_str(&header(date, machine, wall, load, false));
     let _ = writeln!(
         md,
         "Seeds {first}..{last} (`SimConfig::from_seed`), {threads} threads: **{} run, {} \
@@ -546,10 +528,9 @@ fn seeds_report(
     ((summary, rows), md)
 }
 
-/// Writes `<stem>.json`: `summary` pretty-printed, plus `"per_seed": rows`, one row per line
-/// (pretty-printing would put every number of 10,000 rows on a line of its own).
-fn write_json_with_rows(out: &Path, stem: &str, summary: &Value, rows: &[Value]) -> Result<()> {
-    let path = out.join(format!("{stem}.json"));
+/// `summary` pretty-printed, plus `"per_seed": rows`, one row per line (pretty-printing would
+/// put every number of 10,000 rows on a line of its own).
+fn json_with_rows(summary: &Value, rows: &[Value]) -> Result<String> {
     let pretty = serde_json::to_string_pretty(summary).context("encoding the results")?;
     let Some(body) = pretty.strip_suffix('}') else {
         bail!("the summary is not a JSON object");
@@ -562,7 +543,7 @@ fn write_json_with_rows(out: &Path, stem: &str, summary: &Value, rows: &[Value])
         text.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
     }
     text.push_str("  ]\n}\n");
-    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    Ok(text)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -628,20 +609,6 @@ pub fn nodes_configs(args: &SimArgs, nodes: u32) -> Result<Vec<NodesConfig>> {
     Ok(configs)
 }
 
-/// Peak resident memory of this process so far (VmHWM), in MiB.
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
-}
-
 /// What must hold of every node simulation; the problems found.
 pub fn nodes_problems(o: &NodesOutcome) -> Vec<String> {
     let mut problems = Vec::new();
@@ -673,11 +640,8 @@ pub fn nodes_problems(o: &NodesOutcome) -> Vec<String> {
     problems
 }
 
-fn nodes_command(args: &SimArgs, nodes: u32, out: &Path) -> Result<()> {
+fn nodes_command(args: &SimArgs, nodes: u32, session: &Session) -> Result<()> {
     let configs = nodes_configs(args, nodes)?;
-    let machine = Machine::now();
-    let date = utc_now();
-    let load_before = loadavg();
     let t0 = Instant::now();
     let mut outcomes = Vec::new();
     for cfg in &configs {
@@ -700,20 +664,14 @@ fn nodes_command(args: &SimArgs, nodes: u32, out: &Path) -> Result<()> {
     }
     let wall = t0.elapsed();
     let peak = peak_rss_mib();
-    let load = [load_before, loadavg()];
     let json = json!({
-        "benchmark": "sim_nodes",
-        "date_utc": date,
-        "machine": machine.json(),
-        "loadavg_before": load[0],
-        "loadavg_after": load[1],
         "delay_us": [nodes::DELAY_US.0, nodes::DELAY_US.1],
         "runs": outcomes,
         "wall_s": wall.as_secs_f64(),
         "peak_rss_mib": peak,
     });
-    let md = nodes_markdown(&outcomes, wall, peak, &machine, &date, &load);
-    write_report(out, "sim_nodes", &json, &md)?;
+    let md = nodes_markdown(&outcomes, peak);
+    session.write("sim_nodes", "sim_nodes", json, &md)?;
     let problems: Vec<String> = outcomes.iter().flat_map(nodes_problems).collect();
     if !problems.is_empty() {
         bail!("paper sim --nodes: {}", problems.join("; "));
@@ -733,17 +691,9 @@ fn fmt_summary(s: &Summary, digits: usize) -> String {
     )
 }
 
-fn nodes_markdown(
-    outcomes: &[NodesOutcome],
-    wall: Duration,
-    peak: Option<f64>,
-    machine: &Machine,
-    date: &str,
-    load: &[Option<String>; 2],
-) -> String {
+fn nodes_markdown(outcomes: &[NodesOutcome], peak: Option<f64>) -> String {
     let mut md =
         String::from("# `paper sim --nodes`: the failure detector's heartbeats at scale\n\n");
-    md.push_str(&header(date, machine, wall, load, false));
     let _ = writeln!(
         md,
         "Each process is one `Detector` on simulated time, one thread; every message is a \
@@ -867,10 +817,8 @@ mod tests {
 
     #[test]
     fn rows_make_valid_json() {
-        let dir = tempfile::tempdir().unwrap();
         let rows = vec![json!([1, true, "ab"]), json!([2, false, null])];
-        write_json_with_rows(dir.path(), "x", &json!({"a": 1, "b": [1, 2]}), &rows).unwrap();
-        let text = std::fs::read_to_string(dir.path().join("x.json")).unwrap();
+        let text = json_with_rows(&json!({"a": 1, "b": [1, 2]}), &rows).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["a"], 1);
         assert_eq!(v["per_seed"][1][0], 2);

@@ -61,8 +61,10 @@ use veriflow::{Ctx, MemoryStore, Registry, Runtime, SledStore, Store, Task, Task
 use veriflow_checkpoint::erasure::{Codec, ErasureCode, STRIPE_BYTES};
 use veriflow_checkpoint::{open_store, Key, StoreSpec};
 
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{wait_for_quiet, CpuSnapshot, Stats};
+use crate::harness::{
+    self, app_binary, cpu_text, median, process_cpu_s, require_runs, scratch_dir, CpuSnapshot,
+    Disturbed, Quiet, Redo, Retries, Rounds, Session, Stats, Timed,
+};
 
 /// Options of `paper storage`.
 #[derive(clap::Args, Debug, Clone)]
@@ -161,34 +163,14 @@ const TARGET_OVERHEAD: f64 = 1.01;
 /// Paper 003's bound on IDA's overhead ("always below 3 percent").
 const PAPER_OVERHEAD: f64 = 1.03;
 
-/// Other processes may use up to this many cores before a round starts.
-const QUIET_CORES: f64 = 0.25;
-/// A run is disturbed when other processes (not this one, not its servers) took more than
-/// 0.05 CPU-s plus this share of the CPU time the run's threads could use; the same rule as
-/// `paper overhead`.
-const DISTURBED_SHARE: f64 = 0.05;
-
 /// Runs `paper storage` and writes its results.
 pub fn run(args: &StorageArgs) -> Result<()> {
-    if args.runs < 3 && !args.quick {
-        bail!("--runs must be at least 3 (medians of >= 3 runs); use --quick for a smoke run");
-    }
+    require_runs(args.runs, 3, args.quick)?;
     if args.skip_coding && args.skip_overhead {
         bail!("--skip-coding and --skip-overhead together leave nothing to measure");
     }
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the output directory {}", out.display()))?;
-    let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&scratch)
-        .with_context(|| format!("cannot create the scratch directory {}", scratch.display()))?;
-    let started = Instant::now();
-    let date = utc_now();
-    let machine = Machine::now();
-    let load_before = loadavg();
+    let session = Session::start(args.out.as_deref(), args.quick)?;
+    let scratch = scratch_dir(args.scratch.as_deref())?;
 
     let coding = if args.skip_coding {
         Vec::new()
@@ -205,34 +187,18 @@ pub fn run(args: &StorageArgs) -> Result<()> {
         runs: args.runs as usize,
         threads: args.threads as usize,
         rows: usize::try_from(args.rows).context("--rows too large")?,
-        date,
-        machine,
-        load: [load_before, loadavg()],
-        total: started.elapsed(),
         coding,
         overhead,
     };
-    let stem = if args.quick {
-        "storage-quick"
-    } else {
-        "storage"
-    };
-    let md = report.markdown();
-    let json_path = out.join(format!("{stem}.json"));
-    let md_path = out.join(format!("{stem}.md"));
-    let text = serde_json::to_string_pretty(&report.json()).context("encoding the results")?;
-    std::fs::write(&json_path, text + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    std::fs::write(&md_path, &md).with_context(|| format!("cannot write {}", md_path.display()))?;
-    println!("{md}");
-    println!("written: {} and {}", json_path.display(), md_path.display());
+    session.write(
+        "storage",
+        &session.stem("storage"),
+        report.json(),
+        &report.markdown(),
+    )?;
     if let Some(o) = &report.overhead {
-        let stem = if args.quick {
-            "storage_overhead-quick"
-        } else {
-            "storage_overhead"
-        };
-        for path in plot_overhead(&out, stem, o)? {
+        let plots = session.plot(&session.stem("storage_overhead"), &OverheadFigure::of(o)?);
+        for path in plots.written(&session.out) {
             println!("written: {}", path.display());
         }
     }
@@ -340,23 +306,19 @@ fn coding_series(args: &StorageArgs) -> Result<Vec<CodingRow>> {
     let mut rows = Vec::new();
     for codec in codecs()? {
         for &len in &BLOB_SIZES {
-            let mut reruns = 0;
+            // Per row: a retry budget, a quiet wait before every try; one core is measured,
+            // so another core's work is tolerated (CODING_DISTURBED_CORES).
+            let quiet = Quiet::secs(args.quiet_wait);
+            let mut retries = Retries::new(args.retries);
             let row = loop {
-                let mut not_quiet = false;
-                if args.quiet_wait > 0
-                    && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES)
-                {
-                    not_quiet = true;
-                }
+                let not_quiet = !quiet.wait();
                 let before = CpuSnapshot::now();
                 let t = Instant::now();
                 let mut row = coding_row(&codec, len, reps, min)?;
                 let took = t.elapsed().as_secs_f64();
                 row.other_cpu_s = CpuSnapshot::foreign_since(before);
                 row.not_quiet = not_quiet;
-                let bad = row
-                    .other_cpu_s
-                    .is_some_and(|f| f > 0.05 + CODING_DISTURBED_CORES * took);
+                let bad = Disturbed::absolute(CODING_DISTURBED_CORES).is(row.other_cpu_s, took);
                 eprintln!(
                     "  {:<10} {:>7}: encode {:.2}, decode {:.2}, rebuild {:.2}, code alone \
                      {:.2} / {:.2} GB/s; other processes' CPU {} s in {took:.1} s{}",
@@ -368,17 +330,12 @@ fn coding_series(args: &StorageArgs) -> Result<Vec<CodingRow>> {
                     median(&row.code_encode),
                     median(&row.code_rebuild),
                     cpu_text(row.other_cpu_s),
-                    match (bad, reruns < args.retries) {
-                        (false, _) => "",
-                        (true, true) => " -- disturbed, run again",
-                        (true, false) => " -- disturbed, kept (no retry left)",
-                    }
+                    retries.note(bad)
                 );
-                if bad && reruns < args.retries {
-                    reruns += 1;
+                if !retries.keep(bad) {
                     continue;
                 }
-                row.reruns = reruns;
+                row.reruns = retries.rerun;
                 row.disturbed = bad;
                 break row;
             };
@@ -930,15 +887,6 @@ impl Drop for Servers {
     }
 }
 
-/// User + system CPU seconds of process `pid` (ticks of 10 ms).
-fn process_cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: u64 = rest.get(11)?.parse().ok()?;
-    let stime: u64 = rest.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
-}
-
 /// Bytes on disk (allocated blocks, as `du`) and apparent bytes of everything under `path`.
 fn disk_usage(path: &Path) -> Result<(u64, u64)> {
     let mut used = 0;
@@ -968,58 +916,12 @@ fn disk_usage(path: &Path) -> Result<(u64, u64)> {
 /// `cargo build -p veriflow-checkpoint --bin checkpoint-server` in this binary's profile (so
 /// that it is never stale); without cargo, whatever is beside this binary.
 fn server_binary(args: &StorageArgs) -> Result<PathBuf> {
-    if let Some(p) = &args.server_bin {
-        if !p.is_file() {
-            bail!("--server-bin {}: no such file", p.display());
-        }
-        return Ok(p.clone());
-    }
-    let exe = std::env::current_exe().context("cannot find this binary's path")?;
-    let dir = exe
-        .parent()
-        .context("this binary has no directory")?
-        .to_path_buf();
-    let bin = dir.join("checkpoint-server");
-    let release = dir.file_name().is_some_and(|d| d == "release");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let mut cmd = Command::new(&cargo);
-    cmd.args([
-        "build",
-        "-q",
-        "-p",
+    app_binary(
         "veriflow-checkpoint",
-        "--bin",
         "checkpoint-server",
-    ])
-    .arg("--manifest-path")
-    .arg(&manifest);
-    if release {
-        cmd.arg("--release");
-    }
-    eprintln!(
-        "building checkpoint-server: {} build -p veriflow-checkpoint --bin checkpoint-server{}",
-        cargo.to_string_lossy(),
-        if release { " --release" } else { "" }
-    );
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) if bin.is_file() => eprintln!("  (cargo build failed: {s}; using {})", bin.display()),
-        Ok(s) => bail!("building checkpoint-server failed ({s}); pass --server-bin PATH"),
-        Err(e) if bin.is_file() => {
-            eprintln!("  (cannot run cargo: {e}; using {})", bin.display())
-        }
-        Err(e) => {
-            bail!("cannot run cargo to build checkpoint-server ({e}); pass --server-bin PATH")
-        }
-    }
-    if !bin.is_file() {
-        bail!(
-            "no checkpoint-server at {}; pass --server-bin PATH",
-            bin.display()
-        );
-    }
-    Ok(bin)
+        "--server-bin",
+        args.server_bin.as_deref(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1048,6 +950,16 @@ struct MatRun {
     /// fragment on every server (read back from the killed servers' sled directories) for the
     /// remote strategies.
     stored_bytes: Option<u64>,
+}
+
+impl Timed for MatRun {
+    fn seconds(&self) -> f64 {
+        self.seconds
+    }
+    /// Not ours and not our servers'.
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.other_cpu_s
+    }
 }
 
 /// The state of one `paper storage` overhead series.
@@ -1206,14 +1118,9 @@ impl Bench {
 /// Every run of one matrix size.
 struct SizeRuns {
     series: Series,
-    /// Kept runs per strategy (in the order of [`Overhead::strategies`]).
-    runs: Vec<Vec<MatRun>>,
-    /// Runs disturbed by other processes and run again.
-    discarded: usize,
-    /// Disturbed runs kept because no retry was left.
-    kept_disturbed: usize,
-    /// Quiet waits that gave up (the machine stayed busy).
-    not_quiet: usize,
+    /// Kept runs per strategy (in the order of [`Overhead::strategies`]), the runs disturbed
+    /// by other processes and run again, and the quiet waits that gave up.
+    runs: harness::Series<MatRun>,
 }
 
 /// The overhead series: every size, every strategy.
@@ -1244,17 +1151,6 @@ fn selected_strategies(names: &[String]) -> Result<Vec<Strategy>> {
     }
     out.sort_by_key(|s| STRATEGIES.iter().position(|t| t == s));
     Ok(out)
-}
-
-/// Waits (up to `--quiet-wait`) for other processes to calm down; counts the failures.
-fn quiet(args: &StorageArgs, not_quiet: &mut usize) {
-    if args.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(args.quiet_wait), QUIET_CORES) {
-        *not_quiet += 1;
-        eprintln!(
-            "  (machine still busy after {} s: running anyway)",
-            args.quiet_wait
-        );
-    }
 }
 
 fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
@@ -1296,49 +1192,21 @@ fn overhead_series(args: &StorageArgs, scratch: &Path) -> Result<Overhead> {
             scratch.display()
         );
         let expected = expected_row_sums(n, MATRIX_SEED);
-        let mut size = SizeRuns {
-            series,
-            runs: vec![Vec::new(); strategies.len()],
-            discarded: 0,
-            kept_disturbed: 0,
-            not_quiet: 0,
-        };
-        let mut retries = args.retries;
-        for round in 0..runs {
-            quiet(args, &mut size.not_quiet);
-            let mut line = format!("  {series} round {}/{runs}:", round + 1);
-            for (i, &s) in strategies.iter().enumerate() {
-                loop {
-                    let r = bench.run(series, s, &expected)?;
-                    let bad = r.other_cpu_s.is_some_and(|f| {
-                        f > 0.05 + DISTURBED_SHARE * bench.threads as f64 * r.seconds
-                    });
-                    let _ = write!(line, " {} {:.3}s", s.name(), r.seconds);
-                    if bad {
-                        let _ = write!(
-                            line,
-                            " (others took {} CPU-s: {})",
-                            cpu_text(r.other_cpu_s),
-                            if retries > 0 {
-                                "disturbed, run again"
-                            } else {
-                                "disturbed, kept: no retry left"
-                            }
-                        );
-                    }
-                    if bad && retries > 0 {
-                        retries -= 1;
-                        size.discarded += 1;
-                        quiet(args, &mut size.not_quiet);
-                        continue;
-                    }
-                    size.kept_disturbed += usize::from(bad);
-                    size.runs[i].push(r);
-                    break;
-                }
-            }
-            eprintln!("{line}");
+        // A disturbed run is run again alone, after a quiet wait (harness rule 3).
+        let runs = Rounds {
+            runs,
+            quiet: Quiet::secs(args.quiet_wait),
+            retries: args.retries,
+            disturbed: Disturbed::threads(bench.threads),
+            redo: Redo::Run { quiet_first: true },
+            label: series.to_string(),
         }
+        .run(
+            strategies.len(),
+            |_, i| bench.run(series, strategies[i], &expected),
+            |i, r| format!("{} {:.3}s", strategies[i].name(), r.seconds),
+        )?;
+        let size = SizeRuns { series, runs };
         out.push(size);
     }
     drop(keydir);
@@ -1362,10 +1230,6 @@ struct Report {
     runs: usize,
     threads: usize,
     rows: usize,
-    date: String,
-    machine: Machine,
-    load: [Option<String>; 2],
-    total: Duration,
     coding: Vec<CodingRow>,
     overhead: Option<Overhead>,
 }
@@ -1374,10 +1238,6 @@ struct Target {
     what: String,
     measured: String,
     met: bool,
-}
-
-fn median(v: &[f64]) -> f64 {
-    Stats::of(v).map_or(f64::NAN, |s| s.median)
 }
 
 fn median_of<T>(runs: &[MatRun], f: impl Fn(&MatRun) -> Option<T>) -> Option<f64>
@@ -1394,10 +1254,6 @@ fn size_text(bytes: usize) -> String {
     } else {
         format!("{} KiB", bytes >> 10)
     }
-}
-
-fn cpu_text(s: Option<f64>) -> String {
-    s.map_or_else(|| "–".to_string(), |s| format!("{s:.2}"))
 }
 
 fn mb(bytes: f64) -> String {
@@ -1433,11 +1289,11 @@ struct Row {
 impl SizeRuns {
     /// One row per strategy, `none` first.
     fn rows(&self, strategies: &[Strategy]) -> Result<Vec<Row>> {
-        let base = median(&secs(&self.runs[0]));
-        let base_cpu = median_of(&self.runs[0], |r| r.cpu_s);
+        let base = median(&secs(&self.runs.kept[0]));
+        let base_cpu = median_of(&self.runs.kept[0], |r| r.cpu_s);
         strategies
             .iter()
-            .zip(&self.runs)
+            .zip(&self.runs.kept)
             .map(|(&strategy, runs)| {
                 let seconds = Stats::of(&secs(runs)).context("no runs")?;
                 let cpu_s = median_of(runs, |r| r.cpu_s);
@@ -1562,29 +1418,8 @@ impl Report {
         Ok(t)
     }
 
-    fn header(&self) -> String {
-        let m = &self.machine;
-        format!(
-            "Measured {} at commit {} on {} ({} cores available), {}{}; whole command {:.0} \
-             s; load average before/after: {} / {}.\n",
-            self.date,
-            m.git.as_deref().unwrap_or("?"),
-            m.cpu.as_deref().unwrap_or("unknown CPU"),
-            m.cores,
-            m.rustc.as_deref().unwrap_or("rustc ?"),
-            if self.quick {
-                " (--quick: smoke run, not the measurement)"
-            } else {
-                ""
-            },
-            self.total.as_secs_f64(),
-            self.load[0].as_deref().unwrap_or("?"),
-            self.load[1].as_deref().unwrap_or("?"),
-        )
-    }
-
     fn markdown(&self) -> String {
-        let mut s = self.header();
+        let mut s = String::new();
         if !self.coding.is_empty() {
             s.push_str(
                 "\nCoding throughput on one core (paper 003 Fig. 2): GB/s of blob (10^9 B/s), \
@@ -1684,9 +1519,9 @@ impl Report {
                 rows.last().map_or(0, |r| r.events),
                 opt_text(log, mb),
                 opt_text(log, |l| format!("{:.1}", l / 1e6 / none)),
-                size.discarded,
-                size.kept_disturbed,
-                size.not_quiet
+                size.runs.rerun,
+                size.runs.kept_disturbed,
+                size.runs.not_quiet
             );
             s.push_str(
                 "| strategy | median (s) | / none | min–max (s) | CPU process (s) | CPU servers \
@@ -1744,7 +1579,7 @@ impl Report {
                 let strategies: Vec<Value> = o
                     .strategies
                     .iter()
-                    .zip(&size.runs)
+                    .zip(&size.runs.kept)
                     .enumerate()
                     .map(|(i, (&st, runs))| {
                         let row = rows.get(i);
@@ -1780,9 +1615,9 @@ impl Report {
                     "work": size.series.work,
                     "tasks": matmul_tasks(size.series.n, self.rows),
                     "log_bytes": log,
-                    "disturbed_runs_run_again": size.discarded,
-                    "disturbed_runs_kept": size.kept_disturbed,
-                    "quiet_waits_given_up": size.not_quiet,
+                    "disturbed_runs_run_again": size.runs.rerun,
+                    "disturbed_runs_kept": size.runs.kept_disturbed,
+                    "quiet_waits_given_up": size.runs.not_quiet,
                     "strategies": strategies,
                 })
             })
@@ -1795,7 +1630,6 @@ impl Report {
     }
 
     fn json(&self) -> Value {
-        let m = &self.machine;
         let coding: Vec<Value> = self
             .coding
             .iter()
@@ -1832,21 +1666,6 @@ impl Report {
             .map(|t| json!({ "target": t.what, "measured": t.measured, "met": t.met }))
             .collect();
         json!({
-            "benchmark": "storage",
-            "date_utc": self.date,
-            "quick": self.quick,
-            "machine": {
-                "cores": m.cores,
-                "cpu_model": m.cpu,
-                "os": std::env::consts::OS,
-                "arch": std::env::consts::ARCH,
-                "kernel": m.kernel,
-                "rustc": m.rustc,
-                "git_commit": m.git,
-            },
-            "total_seconds": self.total.as_secs_f64(),
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
             "parameters": {
                 "coding": {
                     "codes": codecs().map(|c| c.iter().map(|c| c.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
@@ -1868,10 +1687,9 @@ impl Report {
                                runtime build, store open and server start excluded)",
                     "servers": "checkpoint-server processes on 127.0.0.1, sled data dirs in \
                                 the scratch dir, fresh per run, SIGKILLed after it",
-                    "quiet_cores": QUIET_CORES,
-                    "disturbed": format!("a run whose other processes (not this one, not its \
-                                          servers) took more than 0.05 CPU-s + \
-                                          {DISTURBED_SHARE} x threads x its wall time"),
+                    "quiet_cores": harness::QUIET_CORES,
+                    "disturbed": format!("{} (other processes: not this one, not its servers)",
+                                         Disturbed::threads(self.threads).text()),
                 },
             },
             "coding": coding,
@@ -1881,47 +1699,97 @@ impl Report {
     }
 }
 
-/// Draws the overhead of every strategy over `none`, in percent, one bar per matrix size, as
-/// `<stem>.svg` and `<stem>.png` in `out`; returns the paths written.
-fn plot_overhead(out: &Path, stem: &str, o: &Overhead) -> Result<Vec<PathBuf>> {
-    use plotters::prelude::*;
-    let svg = out.join(format!("{stem}.svg"));
-    let png = out.join(format!("{stem}.png"));
-    draw_overhead(SVGBackend::new(&svg, PLOT_SIZE).into_drawing_area(), o)
-        .with_context(|| format!("cannot draw {}", svg.display()))?;
-    draw_overhead(BitMapBackend::new(&png, PLOT_SIZE).into_drawing_area(), o)
-        .with_context(|| format!("cannot draw {}", png.display()))?;
-    Ok(vec![svg, png])
-}
-
 /// Pixels of the overhead plot.
 const PLOT_SIZE: (u32, u32) = (900, 500);
 
-fn draw_overhead<DB>(
-    root: plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
-    o: &Overhead,
-) -> Result<()>
-where
-    DB: plotters::prelude::DrawingBackend,
-    DB::ErrorType: 'static,
-{
-    use plotters::prelude::*;
-    let names: Vec<String> = o.strategies.iter().skip(1).map(|s| s.name()).collect();
-    let mut series: Vec<(String, Vec<f64>)> = Vec::new();
-    for size in &o.sizes {
-        let rows = size.rows(&o.strategies)?;
-        series.push((
-            size.series.to_string(),
-            rows.iter()
-                .skip(1)
-                .map(|r| (r.ratio - 1.0) * 100.0)
-                .collect(),
-        ));
+/// `storage_overhead.png`: the overhead of every strategy over `none`, in percent, one bar per
+/// matrix size.
+pub(crate) struct OverheadFigure {
+    /// The strategies after `none`.
+    names: Vec<String>,
+    /// Per matrix size: its label and the overhead of each strategy (%).
+    series: Vec<(String, Vec<f64>)>,
+}
+
+impl OverheadFigure {
+    fn of(o: &Overhead) -> Result<OverheadFigure> {
+        let mut series = Vec::new();
+        for size in &o.sizes {
+            let rows = size.rows(&o.strategies)?;
+            series.push((
+                size.series.to_string(),
+                rows.iter()
+                    .skip(1)
+                    .map(|r| (r.ratio - 1.0) * 100.0)
+                    .collect(),
+            ));
+        }
+        Ok(OverheadFigure {
+            names: o.strategies.iter().skip(1).map(|s| s.name()).collect(),
+            series,
+        })
     }
+
+    /// The figure of a `storage.json` (`paper replot`).
+    pub(crate) fn from_json(j: &Value) -> Result<OverheadFigure> {
+        let sizes = j["overhead"]["sizes"]
+            .as_array()
+            .context("no overhead.sizes")?;
+        let mut names = Vec::new();
+        let mut series = Vec::new();
+        for size in sizes {
+            let label = Series {
+                n: usize::try_from(size["n"].as_u64().context("a size without n")?)?,
+                work: usize::try_from(size["work"].as_u64().unwrap_or(1))?,
+            }
+            .to_string();
+            let strategies = size["strategies"]
+                .as_array()
+                .context("a size without strategies")?;
+            names = strategies
+                .iter()
+                .skip(1)
+                .map(|s| s["strategy"].as_str().unwrap_or("?").to_string())
+                .collect();
+            let values = strategies
+                .iter()
+                .skip(1)
+                .map(|s| {
+                    let r = s["over_none"]
+                        .as_f64()
+                        .context("a strategy without over_none")?;
+                    Ok((r - 1.0) * 100.0)
+                })
+                .collect::<Result<_>>()?;
+            series.push((label, values));
+        }
+        Ok(OverheadFigure { names, series })
+    }
+}
+
+impl harness::Figure for OverheadFigure {
+    fn size(&self) -> (u32, u32) {
+        PLOT_SIZE
+    }
+
+    fn draw<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        root: plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    ) -> Result<(), String> {
+        draw_overhead(root, self)
+    }
+}
+
+fn draw_overhead<DB: plotters::prelude::DrawingBackend>(
+    root: plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    f: &OverheadFigure,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let (names, series) = (&f.names, &f.series);
     let all = series.iter().flat_map(|(_, v)| v.iter().copied());
     let top = all.clone().fold((PAPER_OVERHEAD - 1.0) * 100.0, f64::max) * 1.1;
     let bottom = all.fold(0.0, f64::min).min(0.0) * 1.1 - 0.5;
-    root.fill(&WHITE)?;
+    root.fill(&WHITE).map_err(harness::plot::err)?;
     let groups = names.len().max(1);
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -1931,7 +1799,8 @@ where
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..groups as f64, bottom..top)?;
+        .build_cartesian_2d(0.0..groups as f64, bottom..top)
+        .map_err(harness::plot::err)?;
     let labels = names.clone();
     chart
         .configure_mesh()
@@ -1946,7 +1815,8 @@ where
             }
         })
         .y_desc("time over no log − 1 (%)")
-        .draw()?;
+        .draw()
+        .map_err(harness::plot::err)?;
     let palette = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -1961,17 +1831,20 @@ where
             .draw_series(values.iter().enumerate().map(|(i, &v)| {
                 let x0 = i as f64 + 0.1 + si as f64 * width;
                 Rectangle::new([(x0, 0.0), (x0 + width, v)], color.filled())
-            }))?
+            }))
+            .map_err(harness::plot::err)?
             .label(n.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
-        chart.draw_series(values.iter().enumerate().map(|(i, &v)| {
-            let x = i as f64 + 0.1 + si as f64 * width;
-            Text::new(
-                format!("{v:.1}"),
-                (x, v.max(0.0) + (top - bottom) * 0.03),
-                ("sans-serif", 11),
-            )
-        }))?;
+        chart
+            .draw_series(values.iter().enumerate().map(|(i, &v)| {
+                let x = i as f64 + 0.1 + si as f64 * width;
+                Text::new(
+                    format!("{v:.1}"),
+                    (x, v.max(0.0) + (top - bottom) * 0.03),
+                    ("sans-serif", 11),
+                )
+            }))
+            .map_err(harness::plot::err)?;
     }
     for (pct, label, color) in [
         ((TARGET_OVERHEAD - 1.0) * 100.0, "target 1 %", BLACK),
@@ -1985,7 +1858,8 @@ where
             .draw_series(LineSeries::new(
                 [(0.0, pct), (groups as f64, pct)],
                 color.stroke_width(1),
-            ))?
+            ))
+            .map_err(harness::plot::err)?
             .label(label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 12, y)], color));
     }
@@ -1994,8 +1868,9 @@ where
         .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .draw()?;
-    root.present()?;
+        .draw()
+        .map_err(harness::plot::err)?;
+    root.present().map_err(harness::plot::err)?;
     Ok(())
 }
 

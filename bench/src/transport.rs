@@ -43,7 +43,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::Shift;
@@ -54,17 +54,16 @@ use transport3d::{Model, ModelName, Params, Problem, RunMode, Solution, Transpor
 use veriflow::runtime::iterative::{run_embedded, Embedded, IterKills, Mode};
 use veriflow::{Program, Registry, Runtime};
 
-use crate::cluster::{header, out_dir, plots, plots_json, plots_markdown, write_report, COLORS};
-use crate::machine::{loadavg, utc_now, Machine};
-use crate::{wait_for_quiet, Stats};
+use crate::harness::{
+    loadavg, plot, require_runs, Disturbed, Figure, Plots, Quiet, Redo, Rounds, Session, Stats,
+    Timed, COLORS,
+};
 
 /// Issue 7's target: most crash-heavy async time / crash-free async time.
 const TARGET_RATIO: f64 = 1.15;
 /// Paper 000 Table 1, JaceP2P-V2: crash-free and the three crash periods (s).
 const PAPER_TIMES: [f64; 4] = [495.0, 565.0, 595.0, 744.0];
 const PAPER_PERIODS: [f64; 3] = [90.0, 60.0, 30.0];
-/// Other processes may use this many cores before a repetition (as the other benches).
-const QUIET_CORES: f64 = 0.25;
 /// Kills per run: more than any run lasts (rule 3).
 const KILLS: u32 = 10_000;
 
@@ -125,6 +124,16 @@ struct Run {
     negative_verdicts: u64,
     max_global_residual: f64,
     distance: f64,
+}
+
+impl Timed for Run {
+    fn seconds(&self) -> f64 {
+        self.seconds
+    }
+    /// Not recorded: a transport run is never judged disturbed.
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        None
+    }
 }
 
 fn params(a: &TransportArgs) -> Params {
@@ -247,9 +256,7 @@ fn label(s: Setting, periods: &[f64]) -> String {
 
 /// Runs `paper transport`.
 pub fn run(a: &TransportArgs) -> Result<()> {
-    if a.runs < 3 && !a.quick {
-        bail!("--runs {}: medians need at least 3 (or --quick)", a.runs);
-    }
+    require_runs(a.runs, 3, a.quick)?;
     let fractions: Vec<f64> = if a.periods.is_empty() {
         PAPER_PERIODS.iter().map(|n| n / PAPER_TIMES[0]).collect()
     } else {
@@ -260,10 +267,7 @@ pub fn run(a: &TransportArgs) -> Result<()> {
     }
     let p = params(a);
     let problem = Problem::new(p.clone()).context("the problem")?;
-    let started = Instant::now();
-    let load0 = loadavg();
-    let machine = Machine::now();
-    let date = utc_now();
+    let session = Session::start(a.out.as_deref(), a.quick)?;
     println!(
         "transport3d {}x{}x{}, {} blocks, dt {} s to {} s ({} steps), tol {:e}",
         p.nx,
@@ -296,17 +300,23 @@ pub fn run(a: &TransportArgs) -> Result<()> {
         mode: RunMode::Dataflow,
         period: None,
     });
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); settings.len()];
-    for rep in 0..a.runs {
-        if a.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(a.quiet_wait), QUIET_CORES) {
-            println!("  (the machine did not get quiet; measuring anyway)");
-        }
-        for (i, s) in settings.iter().enumerate() {
-            let seed = 1000 * u64::from(rep) + i as u64;
-            let run = match s.mode.iterative() {
+    let series = Rounds {
+        runs: a.runs as usize,
+        quiet: Quiet::secs(a.quiet_wait),
+        retries: 0,
+        disturbed: Disturbed::cores(),
+        redo: Redo::Round,
+        label: String::new(),
+    }
+    .run(
+        settings.len(),
+        |rep, i| {
+            let s = settings[i];
+            let seed = 1000 * rep as u64 + i as u64;
+            match s.mode.iterative() {
                 Some(mode) => {
                     let period = s.period.map(|k| Duration::from_secs_f64(periods[k]));
-                    iterative(
+                    Ok(iterative(
                         &problem,
                         a.backup_every,
                         mode,
@@ -314,22 +324,23 @@ pub fn run(a: &TransportArgs) -> Result<()> {
                         seed,
                         Some(&reference),
                     )?
-                    .0
+                    .0)
                 }
-                None => dataflow(&problem, &reference)?,
-            };
-            println!(
-                "  rep {rep} {:<32} {:>7.2} s, {} iterations, {} messages, {} kills",
-                label(*s, &periods),
+                None => dataflow(&problem, &reference),
+            }
+        },
+        |i, run| {
+            format!(
+                "{} {:.2} s, {} iterations, {} messages, {} kills;",
+                label(settings[i], &periods),
                 run.seconds,
                 run.iterations,
                 run.messages,
                 run.kills
-            );
-            runs[i].push(run);
-        }
-    }
-    let load1 = loadavg();
+            )
+        },
+    )?;
+    let runs = series.kept;
     let report = Report {
         a,
         p: &p,
@@ -340,29 +351,19 @@ pub fn run(a: &TransportArgs) -> Result<()> {
         settings: &settings,
         runs: &runs,
     };
-    let out = out_dir(a.out.as_deref())?;
     let stem = match (a.quick, a.backup_every) {
         (true, _) => "transport-quick".to_string(),
         (false, None) => "transport".to_string(),
         (false, Some(n)) => format!("transport-backup{n}"),
     };
     let stem = stem.as_str();
-    let figure = TransportFigure::of(&report);
-    let drawn = plots(
-        &out,
+    let drawn = session.plot(stem, &TransportFigure::of(&report));
+    session.write(
+        "paper transport",
         stem,
-        |root| draw(root, &figure),
-        |root| draw(root, &figure),
-    );
-    let md = header(
-        &date,
-        &machine,
-        started.elapsed(),
-        &[load0.clone(), load1.clone()],
-        a.quick,
-    ) + &report.markdown(&drawn);
-    let json = report.json(&machine, &date, [load0, load1], &drawn);
-    write_report(&out, stem, &json, &md)
+        report.json(&session, &drawn),
+        &report.markdown(&drawn),
+    )
 }
 
 struct Report<'a> {
@@ -377,8 +378,7 @@ struct Report<'a> {
 }
 
 fn stat(runs: &[Run], f: impl Fn(&Run) -> f64) -> Stats {
-    let v: Vec<f64> = runs.iter().map(f).collect();
-    Stats::of(&v).unwrap_or(Stats {
+    Stats::by(runs, f).unwrap_or(Stats {
         median: f64::NAN,
         min: f64::NAN,
         max: f64::NAN,
@@ -401,7 +401,7 @@ impl Report<'_> {
         heavy / self.time(RunMode::Async, None)
     }
 
-    fn markdown(&self, drawn: &crate::cluster::Plots) -> String {
+    fn markdown(&self, drawn: &Plots) -> String {
         let p = self.p;
         let mut md = String::new();
         let _ = writeln!(
@@ -479,18 +479,12 @@ impl Report<'_> {
             PAPER_TIMES[0],
             PAPER_TIMES[3] / PAPER_TIMES[0],
             PAPER_TIMES,
-            plots_markdown(drawn),
+            drawn.markdown(),
         );
         md
     }
 
-    fn json(
-        &self,
-        m: &Machine,
-        date: &str,
-        load: [Option<String>; 2],
-        drawn: &crate::cluster::Plots,
-    ) -> Value {
+    fn json(&self, session: &Session, drawn: &Plots) -> Value {
         let settings: Vec<Value> = self
             .settings
             .iter()
@@ -512,11 +506,9 @@ impl Report<'_> {
             .collect();
         let ratio = self.ratio();
         json!({
-            "benchmark": "paper transport",
-            "date": date,
-            "machine": m.json(),
-            "load_average": load,
-            "quick": self.a.quick,
+            // The names this report had before the harness's `date_utc` and `loadavg_*`.
+            "date": session.date,
+            "load_average": [session.loadavg_before(), loadavg()],
             "problem": {
                 "model": "diurnal",
                 "nx": self.p.nx, "ny": self.p.ny, "nz": self.p.nz,
@@ -541,7 +533,7 @@ impl Report<'_> {
                 "jacep2p_v2_time_s": PAPER_TIMES,
                 "ratio": PAPER_TIMES[3] / PAPER_TIMES[0],
             },
-            "plots": plots_json(drawn),
+            "plots": drawn.json(),
             "targets": [{
                 "name": "async_most_crashes_over_crash_free",
                 "goal": format!("<= {TARGET_RATIO}"),
@@ -653,92 +645,92 @@ impl TransportFigure {
 /// Time against the kill period (crash-free at the left), one line per mode through the
 /// medians, a min-max bar and every run as a small hollow dot (issue 18 point 8: medians alone
 /// hid a spread of up to 1.5 s).
-pub(crate) fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    f: &TransportFigure,
-) -> Result<(), String> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    root.fill(&WHITE).map_err(e)?;
-    let n = f.labels.len();
-    let top = f
-        .series
-        .iter()
-        .flat_map(|(_, pts)| pts.iter().flat_map(|(_, r)| r.iter().copied()))
-        .fold(0.0, f64::max)
-        * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&f.caption, ("sans-serif", 19))
-        .margin(15)
-        .margin_left(20)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..top.max(1e-3))
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x: &f64| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                f.labels
-                    .get(i as usize)
-                    .map_or_else(String::new, |s| s.clone())
-            } else {
-                String::new()
+impl Figure for TransportFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let f = self;
+
+        root.fill(&WHITE).map_err(plot::err)?;
+        let n = f.labels.len();
+        let top = f
+            .series
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().flat_map(|(_, r)| r.iter().copied()))
+            .fold(0.0, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&f.caption, ("sans-serif", 19))
+            .margin(15)
+            .margin_left(20)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..top.max(1e-3))
+            .map_err(plot::err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x: &f64| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 {
+                    f.labels
+                        .get(i as usize)
+                        .map_or_else(String::new, |s| s.clone())
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(("sans-serif", 15))
+            .y_desc("time (s)")
+            .axis_desc_style(("sans-serif", 16))
+            .draw()
+            .map_err(plot::err)?;
+        let k = f.series.len().max(1) as f64;
+        for (c, (name, pts)) in f.series.iter().enumerate() {
+            let color = COLORS[c % COLORS.len()];
+            // Modes side by side around each x, so that their bars do not hide each other.
+            let dx = (c as f64 - (k - 1.0) / 2.0) * 0.08;
+            let mut medians: Vec<(f64, f64)> = Vec::new();
+            for (x, runs) in pts {
+                let Some(st) = Stats::of(runs) else { continue };
+                let x = *x as f64 + dx;
+                medians.push((x, st.median));
+                chart
+                    .draw_series(std::iter::once(ErrorBar::new_vertical(
+                        x,
+                        st.min,
+                        st.median,
+                        st.max,
+                        color.stroke_width(2),
+                        10,
+                    )))
+                    .map_err(plot::err)?;
+                chart
+                    .draw_series(
+                        runs.iter()
+                            .map(|&t| Circle::new((x + 0.03, t), 3, color.stroke_width(1))),
+                    )
+                    .map_err(plot::err)?;
             }
-        })
-        .x_label_style(("sans-serif", 15))
-        .y_desc("time (s)")
-        .axis_desc_style(("sans-serif", 16))
-        .draw()
-        .map_err(e)?;
-    let k = f.series.len().max(1) as f64;
-    for (c, (name, pts)) in f.series.iter().enumerate() {
-        let color = COLORS[c % COLORS.len()];
-        // Modes side by side around each x, so that their bars do not hide each other.
-        let dx = (c as f64 - (k - 1.0) / 2.0) * 0.08;
-        let mut medians: Vec<(f64, f64)> = Vec::new();
-        for (x, runs) in pts {
-            let Some(st) = Stats::of(runs) else { continue };
-            let x = *x as f64 + dx;
-            medians.push((x, st.median));
+            medians.sort_by(|a, b| a.0.total_cmp(&b.0));
             chart
-                .draw_series(std::iter::once(ErrorBar::new_vertical(
-                    x,
-                    st.min,
-                    st.median,
-                    st.max,
-                    color.stroke_width(2),
-                    10,
-                )))
-                .map_err(e)?;
+                .draw_series(LineSeries::new(medians.clone(), color.stroke_width(2)))
+                .map_err(plot::err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
             chart
-                .draw_series(
-                    runs.iter()
-                        .map(|&t| Circle::new((x + 0.03, t), 3, color.stroke_width(1))),
-                )
-                .map_err(e)?;
+                .draw_series(medians.iter().map(|&p| Circle::new(p, 5, color.filled())))
+                .map_err(plot::err)?;
         }
-        medians.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
-            .draw_series(LineSeries::new(medians.clone(), color.stroke_width(2)))
-            .map_err(e)?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(medians.iter().map(|&p| Circle::new(p, 5, color.filled())))
-            .map_err(e)?;
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 15))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot::err)?;
+        root.present().map_err(plot::err)
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 15))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
-    root.present().map_err(e)
 }

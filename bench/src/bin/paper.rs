@@ -15,16 +15,17 @@
 //! and writes `recovery.json` and `recovery.md` likewise.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use veriflow_bench::machine::{loadavg, utc_now, Machine};
+use veriflow_bench::harness::{
+    cpu_text, merge, require_runs, scratch_dir, thousands, Disturbed, Quiet, Redo, Rounds, Series,
+    Session, Timed,
+};
 use veriflow_bench::{
-    rayon_tree, run_knary, wait_for_quiet, KnaryRun, RayonRun, Setting, Shape, Stats,
-    S2_FAILING_VNODE,
+    rayon_tree, run_knary, KnaryRun, RayonRun, Setting, Shape, Stats, S2_FAILING_VNODE,
 };
 
 /// Grains of the overhead series, in µs.
@@ -92,8 +93,7 @@ enum Command {
     /// Issue 13 point 8: peak RSS and the recovery time of one vnode against tasks run, with
     /// recovery checkpoints and from the whole log.
     Memory(veriflow_bench::memory::MemoryArgs),
-    /// Draw the cluster, detector and transport figures again from their JSON results in
-    /// `--results` (nothing is run).
+    /// Draw every figure again from its JSON results in `--dir` (nothing is run).
     Replot(veriflow_bench::replot::ReplotArgs),
 }
 
@@ -119,23 +119,11 @@ struct RunArgs {
     /// takes half of its 2 cores.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     quiet_wait: u64,
-    /// Repetitions (S0, S1[, S2]) that other processes disturbed (see `DISTURBED_SHARE`) are
-    /// discarded and run again, at most this many times per grain (and for the throughput
+    /// Repetitions (S0, S1[, S2]) that other processes disturbed (more than 0.05 CPU-s + 5 %
+    /// of the threads' CPU time during a run) are discarded and run again, at most this many times per grain (and for the throughput
     /// comparison); past that, disturbed repetitions are kept and counted.
     #[arg(long, default_value_t = 3)]
     retries: u32,
-}
-
-/// Other processes may use up to this many cores before a pair of runs starts.
-const QUIET_CORES: f64 = 0.25;
-
-/// A run is disturbed when other processes took more than 0.05 CPU-s plus this share of the
-/// CPU time the run's threads could use; its pair is then run again (up to `--retries`).
-const DISTURBED_SHARE: f64 = 0.05;
-
-fn disturbed(foreign_cpu_s: Option<f64>, elapsed: Duration, threads: usize) -> bool {
-    foreign_cpu_s
-        .is_some_and(|f| f > 0.05 + DISTURBED_SHARE * threads as f64 * elapsed.as_secs_f64())
 }
 
 fn main() -> Result<()> {
@@ -159,126 +147,65 @@ fn main() -> Result<()> {
     }
 }
 
-/// One invocation's common state: options, directories, the machine, the quiet waits.
-struct Session {
+/// One invocation's common state: options, the scratch directory, the report's session, and
+/// how a series is repeated.
+struct Bench {
+    session: Session,
     runs: usize,
     threads: usize,
-    quick: bool,
-    quiet_wait: u64,
-    retries: u32,
-    out: PathBuf,
     scratch: PathBuf,
-    started: Instant,
-    date: String,
-    load_before: Option<String>,
-    machine: Machine,
-    /// Repetitions that started although the machine was not quiet.
+    rounds: Rounds,
+    /// Repetitions that started although the machine was not quiet (every series).
     not_quiet: u32,
 }
 
-/// What every report states besides its measurements.
-struct Info {
-    runs: usize,
-    threads: usize,
-    quick: bool,
-    quiet_wait: u64,
-    retries: u32,
-    date: String,
-    total: Duration,
-    /// `/proc/loadavg` before and after: other work on the machine skews the times.
-    load: [Option<String>; 2],
-    /// Repetitions that started although the machine was not quiet.
-    not_quiet: u32,
-    machine: Machine,
-}
-
-/// Kept and discarded runs of one shape, interleaved over `settings`.
+/// Kept and discarded runs of one shape, interleaved over settings.
 struct Interleaved {
     shape: Shape,
-    /// Kept runs, one list per setting (in the order of `settings`).
-    runs: Vec<Vec<KnaryRun>>,
-    /// Disturbed repetitions that were run again (one run per setting each).
-    discarded: Vec<Vec<KnaryRun>>,
-    /// Disturbed repetitions kept because no retry was left.
-    kept_disturbed: u32,
+    series: Series<KnaryRun>,
 }
 
-impl Session {
-    fn start(args: &RunArgs) -> Result<Session> {
-        if args.runs < 5 && !args.quick {
-            bail!("--runs must be at least 5 (medians of >= 5 runs); use --quick for a smoke run");
-        }
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
-        let scratch = args.scratch.clone().unwrap_or_else(std::env::temp_dir);
-        std::fs::create_dir_all(&scratch).with_context(|| {
-            format!("cannot create the scratch directory {}", scratch.display())
-        })?;
-        std::fs::create_dir_all(&out)
-            .with_context(|| format!("cannot create the output directory {}", out.display()))?;
-        Ok(Session {
-            runs: args.runs as usize,
-            threads: args.threads as usize,
-            quick: args.quick,
-            quiet_wait: args.quiet_wait,
-            retries: args.retries,
-            out,
-            scratch,
-            started: Instant::now(),
-            date: utc_now(),
-            load_before: loadavg(),
+impl Bench {
+    fn start(args: &RunArgs) -> Result<Bench> {
+        require_runs(args.runs, 5, args.quick)?;
+        let runs = args.runs as usize;
+        let threads = args.threads as usize;
+        Ok(Bench {
             // Before the runs: the commit measured is the one checked out now.
-            machine: Machine::now(),
+            session: Session::start(args.out.as_deref(), args.quick)?,
+            runs,
+            threads,
+            scratch: scratch_dir(args.scratch.as_deref())?,
+            // A disturbed repetition is run again whole: its settings' times pair.
+            rounds: Rounds {
+                runs,
+                quiet: Quiet::secs(args.quiet_wait),
+                retries: args.retries,
+                disturbed: Disturbed::threads(threads),
+                redo: Redo::Round,
+                label: String::new(),
+            },
             not_quiet: 0,
         })
     }
 
-    /// Waits (up to `--quiet-wait`) for other processes to calm down; counts the failures.
-    fn quiet(&mut self) {
-        if self.quiet_wait > 0 && !wait_for_quiet(Duration::from_secs(self.quiet_wait), QUIET_CORES)
-        {
-            self.not_quiet += 1;
-            eprintln!(
-                "  (machine still busy after {} s: running anyway)",
-                self.quiet_wait
-            );
-        }
-    }
-
-    /// One knary run of this session.
+    /// One knary run of this invocation.
     fn run(&self, shape: Shape, setting: Setting) -> Result<KnaryRun> {
         run_knary(shape, setting, self.threads, &self.scratch)
     }
 
-    /// `--runs` repetitions of `settings` in turn on `shape` (S0, S1, ..., S0, S1, ...), each
-    /// after a quiet wait; a disturbed repetition is run again (up to `--retries`).
+    /// `--runs` repetitions of `settings` in turn on `shape` (S0, S1, ..., S0, S1, ...),
+    /// harness rules 1-3.
     fn interleaved(&mut self, shape: Shape, settings: &[Setting]) -> Result<Interleaved> {
-        let mut series = Interleaved {
-            shape,
-            runs: vec![Vec::new(); settings.len()],
-            discarded: Vec::new(),
-            kept_disturbed: 0,
+        let rounds = Rounds {
+            label: format!("grain {:>4} µs", shape.grain_us),
+            ..self.rounds.clone()
         };
-        let mut retries = self.retries;
-        while series.runs[0].len() < self.runs {
-            self.quiet();
-            let rep = settings
-                .iter()
-                .map(|&setting| self.run(shape, setting))
-                .collect::<Result<Vec<_>>>()?;
-            let bad = rep
-                .iter()
-                .any(|r| disturbed(r.foreign_cpu_s, r.elapsed, self.threads));
-            let mut line = format!(
-                "  grain {:>4} µs run {}/{}:",
-                shape.grain_us,
-                series.runs[0].len() + 1,
-                self.runs
-            );
-            for (setting, r) in settings.iter().zip(&rep) {
-                let _ = write!(line, " {setting:?} {:.4} s", r.elapsed.as_secs_f64());
+        let series = rounds.run(
+            settings.len(),
+            |_, i| self.run(shape, settings[i]),
+            |i, r| {
+                let mut line = format!("{:?} {:.4} s", settings[i], r.elapsed.as_secs_f64());
                 if r.events > 0 {
                     let _ = write!(line, " ({} events)", r.events);
                 }
@@ -289,139 +216,47 @@ impl Session {
                         r.failures, r.recovered_tasks, r.reused_tasks
                     );
                 }
-                line.push(',');
-            }
-            let others: Vec<String> = rep.iter().map(|r| cpu_text(r.foreign_cpu_s)).collect();
-            eprintln!(
-                "{line} other processes' CPU {} s{}",
-                others.join(" / "),
-                disturbed_note(bad, retries > 0)
-            );
-            if bad && retries > 0 {
-                retries -= 1;
-                series.discarded.push(rep);
-                continue;
-            }
-            series.kept_disturbed += u32::from(bad);
-            for (kept, r) in series.runs.iter_mut().zip(rep) {
-                kept.push(r);
-            }
-        }
-        Ok(series)
-    }
-
-    fn finish(self) -> (Info, PathBuf) {
-        let info = Info {
-            runs: self.runs,
-            threads: self.threads,
-            quick: self.quick,
-            quiet_wait: self.quiet_wait,
-            retries: self.retries,
-            date: self.date,
-            total: self.started.elapsed(),
-            load: [self.load_before, loadavg()],
-            not_quiet: self.not_quiet,
-            machine: self.machine,
-        };
-        (info, self.out)
-    }
-}
-
-fn disturbed_note(bad: bool, retry_left: bool) -> &'static str {
-    match (bad, retry_left) {
-        (false, _) => "",
-        (true, true) => " -- disturbed, run again",
-        (true, false) => " -- disturbed, kept (no retry left)",
-    }
-}
-
-impl Info {
-    /// The first line of a markdown report.
-    fn header(&self) -> String {
-        let m = &self.machine;
-        format!(
-            "Measured {} at commit {} on {} ({} cores available), {} threads, median of {} \
-             runs per setting{}; whole command {:.0} s; load average before/after: {} / {}.\n",
-            self.date,
-            m.git
-                .as_deref()
-                .map_or_else(|| "?".to_string(), short_commit),
-            m.cpu.as_deref().unwrap_or("unknown CPU"),
-            m.cores,
-            self.threads,
-            self.runs,
-            if self.quick {
-                " (--quick: small trees, not the real measurement)"
-            } else {
-                ""
+                line
             },
-            self.total.as_secs_f64(),
-            self.load[0].as_deref().unwrap_or("?"),
-            self.load[1].as_deref().unwrap_or("?"),
+        )?;
+        self.not_quiet += series.not_quiet;
+        Ok(Interleaved { shape, series })
+    }
+
+    /// The first paragraph of the markdown reports after the session's.
+    fn header(&self) -> String {
+        format!(
+            "{} threads, median of {} runs per setting.\n\n",
+            self.threads, self.runs
         )
     }
 
-    /// The fields every JSON report starts with.
-    fn json(&self, benchmark: &str) -> serde_json::Map<String, Value> {
-        let m = &self.machine;
-        let v = json!({
-            "benchmark": benchmark,
-            "date_utc": self.date,
-            "quick": self.quick,
-            "machine": {
-                "cores": m.cores,
-                "cpu_model": m.cpu,
-                "os": std::env::consts::OS,
-                "arch": std::env::consts::ARCH,
-                "kernel": m.kernel,
-                "rustc": m.rustc,
-                "git_commit": m.git,
-            },
-            "total_seconds": self.total.as_secs_f64(),
-            "pairs_started_on_a_busy_machine": self.not_quiet,
-            "loadavg_before": self.load[0],
-            "loadavg_after": self.load[1],
-        });
-        json_map(v)
+    /// The fields every JSON report of this binary has besides the session's.
+    fn json(&self) -> serde_json::Map<String, Value> {
+        json_map(json!({ "pairs_started_on_a_busy_machine": self.not_quiet }))
     }
 
-    /// The parameters every JSON report shares.
+    /// The parameters every JSON report of this binary shares.
     fn json_parameters(&self) -> serde_json::Map<String, Value> {
-        let v = json!({
-            "runs": self.runs,
-            "threads": self.threads,
-            "timing": "RunReport::elapsed (from the root's declaration until every event is \
-                       durable; runtime build and store open excluded); rayon: wall time of \
-                       pool.install",
-            "quiet_wait_s": self.quiet_wait,
-            "quiet_cores": QUIET_CORES,
-            "retries": self.retries,
-            "disturbed": format!("a run whose other processes took more than 0.05 CPU-s + \
-                                  {DISTURBED_SHARE} x threads x its wall time"),
-            "store": "fresh SledStore in a new temporary directory per S1/S2 run, default \
-                      CommitPolicy (64 KiB / 5 ms)",
-        });
-        json_map(v)
+        json_map(merge(
+            json!({
+                "runs": self.runs,
+                "threads": self.threads,
+                "timing": "RunReport::elapsed (from the root's declaration until every event is \
+                           durable; runtime build and store open excluded); rayon: wall time of \
+                           pool.install",
+                "store": "fresh SledStore in a new temporary directory per S1/S2 run, default \
+                          CommitPolicy (64 KiB / 5 ms)",
+            }),
+            self.rounds.parameters(),
+        ))
     }
-}
 
-/// Writes `<name>.json` and `<name>.md` (`<name>-quick.*` with `--quick`) in `out`, and prints
-/// the markdown.
-fn write_results(out: &Path, name: &str, quick: bool, json: &Value, md: &str) -> Result<()> {
-    let stem = if quick {
-        format!("{name}-quick")
-    } else {
-        name.to_string()
-    };
-    let json_path = out.join(format!("{stem}.json"));
-    let md_path = out.join(format!("{stem}.md"));
-    let text = serde_json::to_string_pretty(json).context("encoding the results")?;
-    std::fs::write(&json_path, text + "\n")
-        .with_context(|| format!("cannot write {}", json_path.display()))?;
-    std::fs::write(&md_path, md).with_context(|| format!("cannot write {}", md_path.display()))?;
-    println!("{md}");
-    println!("written: {} and {}", json_path.display(), md_path.display());
-    Ok(())
+    /// Writes `<name>.json` and `<name>.md` (`<name>-quick.*` with `--quick`).
+    fn write(&self, name: &str, json: serde_json::Map<String, Value>, md: &str) -> Result<()> {
+        self.session
+            .write(name, &self.session.stem(name), Value::Object(json), md)
+    }
 }
 
 /// The raw runs of one setting, and their time statistics, as JSON.
@@ -497,22 +332,24 @@ struct GrainRuns {
 }
 
 impl From<Interleaved> for GrainRuns {
-    /// The runs of `Session::interleaved` over `[S0, S1]`.
-    fn from(series: Interleaved) -> GrainRuns {
-        let mut runs = series.runs.into_iter();
+    /// The runs of `Bench::interleaved` over `[S0, S1]`.
+    fn from(i: Interleaved) -> GrainRuns {
+        let discarded = i
+            .series
+            .discarded_rounds()
+            .into_iter()
+            .filter_map(|rep| match rep[..] {
+                [a, b] => Some((*a, *b)),
+                _ => None,
+            })
+            .collect();
+        let mut runs = i.series.kept.into_iter();
         GrainRuns {
-            shape: series.shape,
+            shape: i.shape,
             s0: runs.next().unwrap_or_default(),
             s1: runs.next().unwrap_or_default(),
-            discarded: series
-                .discarded
-                .into_iter()
-                .filter_map(|rep| match rep[..] {
-                    [a, b] => Some((a, b)),
-                    _ => None,
-                })
-                .collect(),
-            kept_disturbed: series.kept_disturbed,
+            discarded,
+            kept_disturbed: i.series.kept_disturbed,
         }
     }
 }
@@ -556,19 +393,51 @@ fn median_steals(runs: &[KnaryRun]) -> String {
     Stats::of(&v).map_or_else(|| "?".to_string(), |s| format!("{}", s.median))
 }
 
-fn cpu_text(s: Option<f64>) -> String {
-    s.map_or_else(|| "?".to_string(), |s| format!("{s:.2}"))
+fn stats(values: &[f64]) -> Result<Stats> {
+    Stats::require(values)
 }
 
-fn stats(values: &[f64]) -> Result<Stats> {
-    Stats::of(values).context("no runs")
+/// A run of the throughput comparison: veriflow's or rayon's.
+#[derive(Clone, Copy, Debug)]
+enum TpRun {
+    Veriflow(KnaryRun),
+    Rayon(RayonRun),
+}
+
+impl Timed for TpRun {
+    fn seconds(&self) -> f64 {
+        match self {
+            TpRun::Veriflow(r) => r.seconds(),
+            TpRun::Rayon(r) => r.seconds(),
+        }
+    }
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        match self {
+            TpRun::Veriflow(r) => r.foreign_cpu_s,
+            TpRun::Rayon(r) => r.foreign_cpu_s,
+        }
+    }
+}
+
+impl TpRun {
+    fn veriflow(&self) -> Option<KnaryRun> {
+        match self {
+            TpRun::Veriflow(r) => Some(*r),
+            TpRun::Rayon(_) => None,
+        }
+    }
+    fn rayon(&self) -> Option<RayonRun> {
+        match self {
+            TpRun::Rayon(r) => Some(*r),
+            TpRun::Veriflow(_) => None,
+        }
+    }
 }
 
 fn overhead(args: &RunArgs) -> Result<()> {
-    let mut session = Session::start(args)?;
+    let mut bench = Bench::start(args)?;
     let plan = Plan::new(args.quick);
-    let threads = session.threads;
-    let runs = session.runs;
+    let (threads, runs) = (bench.threads, bench.runs);
     eprintln!(
         "overhead: {runs} runs per setting, {threads} threads, grain tree {:?} ({} tasks), \
          big tree {:?} ({} tasks), logs in {}",
@@ -576,16 +445,16 @@ fn overhead(args: &RunArgs) -> Result<()> {
         plan.grain(0).tasks()?,
         plan.big_tree,
         plan.big().tasks()?,
-        session.scratch.display()
+        bench.scratch.display()
     );
 
     // Warm up (page cache, allocator, sled's first files): not counted.
-    session.run(plan.grain(0), Setting::S0)?;
-    session.run(plan.grain(0), Setting::S1)?;
+    bench.run(plan.grain(0), Setting::S0)?;
+    bench.run(plan.grain(0), Setting::S1)?;
 
     let mut grains = Vec::new();
     for grain_us in GRAINS_US {
-        let series = session.interleaved(plan.grain(grain_us), &[Setting::S0, Setting::S1])?;
+        let series = bench.interleaved(plan.grain(grain_us), &[Setting::S0, Setting::S1])?;
         grains.push(GrainRuns::from(series));
     }
 
@@ -596,58 +465,53 @@ fn overhead(args: &RunArgs) -> Result<()> {
         .context("cannot start the rayon pool")?;
     let nodes = big.nodes()?;
     // Warm up both.
-    session.run(big, Setting::S0)?;
+    bench.run(big, Setting::S0)?;
     let warm = rayon_tree(&pool, big).nodes;
     if warm != nodes {
         bail!("rayon counted {warm} nodes, expected {nodes}");
     }
-    let mut tp = ThroughputRuns {
-        shape: big,
-        s0: Vec::new(),
-        s1: Vec::new(),
-        rayon: Vec::new(),
-        discarded: Vec::new(),
-        kept_disturbed: 0,
+    // S0, rayon, S1 in turn; a disturbed triple is run again whole.
+    let rounds = Rounds {
+        label: "empty tasks".into(),
+        ..bench.rounds.clone()
     };
-    let mut retries = session.retries;
-    while tp.s0.len() < runs {
-        session.quiet();
-        let s0 = session.run(big, Setting::S0)?;
-        let r = rayon_tree(&pool, big);
-        if r.nodes != nodes {
-            bail!("rayon counted {} nodes, expected {nodes}", r.nodes);
-        }
-        let s1 = session.run(big, Setting::S1)?;
-        let bad = disturbed(s0.foreign_cpu_s, s0.elapsed, threads)
-            || disturbed(r.foreign_cpu_s, r.elapsed, threads)
-            || disturbed(s1.foreign_cpu_s, s1.elapsed, threads);
-        eprintln!(
-            "  empty tasks run {}/{runs}: veriflow S0 {:.4} s, rayon {:.4} s, veriflow S1 {:.4} s{}",
-            tp.s0.len() + 1,
-            s0.elapsed.as_secs_f64(),
-            r.elapsed.as_secs_f64(),
-            s1.elapsed.as_secs_f64(),
-            disturbed_note(bad, retries > 0)
-        );
-        if bad && retries > 0 {
-            retries -= 1;
-            tp.discarded.push((s0, r, s1));
-            continue;
-        }
-        tp.kept_disturbed += u32::from(bad);
-        tp.s0.push(s0);
-        tp.rayon.push(r);
-        tp.s1.push(s1);
-    }
-    let (info, out) = session.finish();
-    let report = Report::new(info, &plan, grains, tp)?;
-    write_results(
-        &out,
-        "overhead",
-        args.quick,
-        &report.json(),
-        &report.markdown(),
-    )
+    let series = rounds.run(
+        3,
+        |_, i| match i {
+            1 => {
+                let r = rayon_tree(&pool, big);
+                if r.nodes != nodes {
+                    bail!("rayon counted {} nodes, expected {nodes}", r.nodes);
+                }
+                Ok(TpRun::Rayon(r))
+            }
+            0 => Ok(TpRun::Veriflow(bench.run(big, Setting::S0)?)),
+            _ => Ok(TpRun::Veriflow(bench.run(big, Setting::S1)?)),
+        },
+        |i, r| {
+            let name = ["veriflow S0", "rayon", "veriflow S1"][i];
+            format!("{name} {:.4} s", r.seconds())
+        },
+    )?;
+    bench.not_quiet += series.not_quiet;
+    let veriflow = |i: usize| series.kept[i].iter().filter_map(TpRun::veriflow).collect();
+    let tp = ThroughputRuns {
+        shape: big,
+        s0: veriflow(0),
+        s1: veriflow(2),
+        rayon: series.kept[1].iter().filter_map(TpRun::rayon).collect(),
+        discarded: series
+            .discarded_rounds()
+            .into_iter()
+            .filter_map(|rep| match rep[..] {
+                [a, r, b] => Some((a.veriflow()?, r.rayon()?, b.veriflow()?)),
+                _ => None,
+            })
+            .collect(),
+        kept_disturbed: series.kept_disturbed,
+    };
+    let report = Report::new(&bench, &plan, grains, tp)?;
+    bench.write("overhead", report.json(&bench), &report.markdown(&bench))
 }
 
 /// One grain's summary.
@@ -700,7 +564,6 @@ struct Target {
 }
 
 struct Report {
-    info: Info,
     grain_tree: Shape,
     grains: Vec<GrainSummary>,
     throughput: ThroughputSummary,
@@ -708,7 +571,12 @@ struct Report {
 }
 
 impl Report {
-    fn new(info: Info, plan: &Plan, grains: Vec<GrainRuns>, tp: ThroughputRuns) -> Result<Report> {
+    fn new(
+        _bench: &Bench,
+        plan: &Plan,
+        grains: Vec<GrainRuns>,
+        tp: ThroughputRuns,
+    ) -> Result<Report> {
         let mut summaries = Vec::new();
         for g in grains {
             let tasks = g.shape.tasks()? as f64;
@@ -769,7 +637,6 @@ impl Report {
             }
         }
         Ok(Report {
-            info,
             grain_tree: plan.grain(0),
             grains: summaries,
             throughput,
@@ -777,10 +644,10 @@ impl Report {
         })
     }
 
-    fn markdown(&self) -> String {
+    fn markdown(&self, bench: &Bench) -> String {
         let mut s = String::new();
         let t = &self.grain_tree;
-        s.push_str(&self.info.header());
+        s.push_str(&bench.header());
         let _ = writeln!(
             s,
             "Logging overhead: knary depth {} fanout {} serial {} ({} nodes, {} tasks), S0 = no \
@@ -792,7 +659,7 @@ impl Report {
             t.serial,
             t.nodes().unwrap_or(0),
             t.tasks().unwrap_or(0),
-            self.info.not_quiet,
+            bench.not_quiet,
         );
         s.push_str(
             "| grain | S0 median (s) | S1 median (s) | S1/S0 | (S1−S0)/task (µs) | \
@@ -893,7 +760,7 @@ impl Report {
         s
     }
 
-    fn json(&self) -> Value {
+    fn json(&self, bench: &Bench) -> serde_json::Map<String, Value> {
         let grains: Vec<Value> = self
             .grains
             .iter()
@@ -960,8 +827,8 @@ impl Report {
             })).collect::<Vec<_>>(),
             "kept_disturbed_triples": tp.runs.kept_disturbed,
         });
-        let mut report = self.info.json("overhead");
-        let mut parameters = self.info.json_parameters();
+        let mut report = bench.json();
+        let mut parameters = bench.json_parameters();
         parameters.extend(json_map(json!({
             "grains_us": GRAINS_US,
             "grain_tree": self.grain_tree,
@@ -974,7 +841,7 @@ impl Report {
             "empty_task_throughput": throughput,
             "targets": targets_json(&self.targets),
         })));
-        Value::Object(report)
+        report
     }
 }
 
@@ -1024,29 +891,28 @@ fn json_map(v: Value) -> serde_json::Map<String, Value> {
 }
 
 fn recovery(args: &RunArgs) -> Result<()> {
-    let mut session = Session::start(args)?;
+    let mut bench = Bench::start(args)?;
     let plan = Plan::new(args.quick);
     let settings = [Setting::S0, Setting::S1, Setting::S2];
     eprintln!(
         "recovery: {} runs per setting, {} threads, tree {:?} ({} tasks), vnode \
          {S2_FAILING_VNODE} failing after {} tasks in S2, logs in {}",
-        session.runs,
-        session.threads,
+        bench.runs,
+        bench.threads,
         plan.grain_tree,
         plan.grain(0).tasks()?,
         plan.grain(0).tasks()? / 2,
-        session.scratch.display()
+        bench.scratch.display()
     );
     // Warm up (page cache, allocator, sled's first files): not counted.
     for setting in settings {
-        session.run(plan.grain(0), setting)?;
+        bench.run(plan.grain(0), setting)?;
     }
     let mut grains = Vec::new();
     for grain_us in RECOVERY_GRAINS_US {
-        let series = session.interleaved(plan.grain(grain_us), &settings)?;
+        let series = bench.interleaved(plan.grain(grain_us), &settings)?;
         grains.push(RecoverySummary::new(series)?);
     }
-    let (info, out) = session.finish();
     let targets: Vec<Target> = grains
         .iter()
         .filter(|g| g.series.shape.grain_us == 1000)
@@ -1058,13 +924,13 @@ fn recovery(args: &RunArgs) -> Result<()> {
             met: g.s2_s0() <= TARGET_RECOVERY_RATIO_1MS,
         })
         .collect();
-    let md = recovery_markdown(&info, &plan, &grains, &targets);
-    let mut report = info.json("recovery");
-    let mut parameters = info.json_parameters();
+    let md = recovery_markdown(&bench, &plan, &grains, &targets);
+    let mut report = bench.json();
+    let mut parameters = bench.json_parameters();
     parameters.extend(json_map(json!({
         "grains_us": RECOVERY_GRAINS_US,
         "tree": plan.grain(0),
-        "vnodes": info.threads,
+        "vnodes": bench.threads,
         "failing_vnode": S2_FAILING_VNODE,
         "fails_after_tasks": plan.grain(0).tasks()? / 2,
         "order": "per grain: S0, S1, S2, S0, S1, S2, ... (interleaved)",
@@ -1080,7 +946,7 @@ fn recovery(args: &RunArgs) -> Result<()> {
         "grains": grains.iter().map(RecoverySummary::json).collect::<Vec<_>>(),
         "targets": targets_json(&targets),
     })));
-    write_results(&out, "recovery", args.quick, &Value::Object(report), &md)
+    bench.write("recovery", report, &md)
 }
 
 /// One grain of the recovery series.
@@ -1097,12 +963,9 @@ struct RecoverySummary {
 
 impl RecoverySummary {
     fn new(series: Interleaved) -> Result<RecoverySummary> {
-        let time = [
-            stats(&secs(&series.runs[0]))?,
-            stats(&secs(&series.runs[1]))?,
-            stats(&secs(&series.runs[2]))?,
-        ];
-        let s2 = &series.runs[2];
+        let runs = &series.series;
+        let time = [runs.stats(0)?, runs.stats(1)?, runs.stats(2)?];
+        let s2 = &runs.kept[2];
         let median_of = |f: fn(&KnaryRun) -> u64| -> Result<f64> {
             let v: Vec<f64> = s2.iter().map(|r| f(r) as f64).collect();
             Ok(stats(&v)?.median)
@@ -1131,31 +994,32 @@ impl RecoverySummary {
             "shape": shape,
             "nodes": shape.nodes().ok(),
             "tasks": shape.tasks().ok(),
-            "s0": runs_json(&self.series.runs[0], &self.time[0]),
-            "s1": runs_json(&self.series.runs[1], &self.time[1]),
-            "s2": runs_json(&self.series.runs[2], &self.time[2]),
+            "s0": runs_json(&self.series.series.kept[0], &self.time[0]),
+            "s1": runs_json(&self.series.series.kept[1], &self.time[1]),
+            "s2": runs_json(&self.series.series.kept[2], &self.time[2]),
             "ratio_s1_s0": self.s1_s0(),
             "ratio_s2_s0": self.s2_s0(),
             "recovered_tasks_median": self.recovered_tasks,
             "reused_tasks_median": self.reused_tasks,
             "failures_total": self.failures,
-            "s2_runs": self.series.runs[2].len(),
-            "discarded_disturbed_repetitions": self.series.discarded.iter().map(|rep| json!({
-                "seconds": secs(rep),
-                "other_processes_cpu_s": foreign(rep),
-            })).collect::<Vec<_>>(),
-            "kept_disturbed_repetitions": self.series.kept_disturbed,
+            "s2_runs": self.series.series.kept[2].len(),
+            "discarded_disturbed_repetitions": self.series.series.discarded_rounds().iter()
+                .map(|rep| json!({
+                    "seconds": rep.iter().map(|r| r.seconds()).collect::<Vec<_>>(),
+                    "other_processes_cpu_s": rep.iter().map(|r| r.foreign_cpu_s).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            "kept_disturbed_repetitions": self.series.series.kept_disturbed,
         })
     }
 }
 
 fn recovery_markdown(
-    info: &Info,
+    bench: &Bench,
     plan: &Plan,
     grains: &[RecoverySummary],
     targets: &[Target],
 ) -> String {
-    let mut s = info.header();
+    let mut s = bench.header();
     let t = plan.grain(0);
     let tasks = t.tasks().unwrap_or(0);
     let _ = writeln!(
@@ -1172,9 +1036,9 @@ fn recovery_markdown(
         t.fanout,
         t.serial,
         t.nodes().unwrap_or(0),
-        info.threads,
+        bench.threads,
         tasks / 2,
-        info.not_quiet,
+        bench.not_quiet,
     );
     s.push_str(
         "| grain | S0 median (s) | S1 median (s) | S2 median (s) | S1/S0 | S2/S0 | restarted \
@@ -1182,7 +1046,7 @@ fn recovery_markdown(
          disturbed |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for g in grains {
-        let runs = &g.series.runs;
+        let runs = &g.series.series;
         let _ = writeln!(
             s,
             "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.0} | {:.0} | {} in {} runs | \
@@ -1196,12 +1060,12 @@ fn recovery_markdown(
             g.recovered_tasks,
             g.reused_tasks,
             g.failures,
-            runs[2].len(),
+            runs.kept[2].len(),
             g.time[2].min,
             g.time[2].max,
-            cpu_text(max_foreign(runs.iter().flatten())),
-            g.series.discarded.len(),
-            g.series.kept_disturbed,
+            cpu_text(runs.max_foreign()),
+            runs.rerun,
+            runs.kept_disturbed,
         );
     }
     s.push('\n');
@@ -1215,24 +1079,4 @@ fn grain_text(us: u64) -> String {
         us if us >= 1000 && us % 1000 == 0 => format!("{} ms", us / 1000),
         us => format!("{us} µs"),
     }
-}
-
-/// `1234567.8` as `1,234,568`.
-fn thousands(x: f64) -> String {
-    let n = x.round() as u64;
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `abcdef0123` (the first 10 hex digits), keeping a ` (dirty)` mark.
-fn short_commit(git: &str) -> String {
-    let (hash, rest) = git.split_at(git.find(' ').unwrap_or(git.len()));
-    format!("{}{rest}", hash.get(..10).unwrap_or(hash))
 }

@@ -52,6 +52,19 @@ impl Machine {
             git,
         }
     }
+
+    /// The machine as every report's `machine` field.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cores": self.cores,
+            "cpu_model": self.cpu,
+            "os": std::env::consts::OS,
+            "arch": std::env::consts::ARCH,
+            "kernel": self.kernel,
+            "rustc": self.rustc,
+            "git_commit": self.git,
+        })
+    }
 }
 
 /// The 1, 5 and 15 minute load averages, if readable.
