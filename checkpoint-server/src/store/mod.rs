@@ -1,13 +1,20 @@
 //! The [`Store`] trait and its implementations (rules in the crate docs).
 
+mod engine;
+#[cfg(test)]
+mod engine_tests;
 mod fence;
+mod fjall_store;
 mod memory;
 mod namespace;
+mod redb_store;
 mod sled_store;
 
 pub use fence::Fences;
+pub use fjall_store::FjallStore;
 pub use memory::MemoryStore;
 pub use namespace::{check_run_name, run_names, Namespaced, MAX_RUN_NAME};
+pub use redb_store::RedbStore;
 pub use sled_store::SledStore;
 
 use std::path::PathBuf;
@@ -475,7 +482,7 @@ mod tests {
         assert!(!missing.exists());
     }
 
-    fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    pub(super) fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
         let mut out = Vec::new();
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
@@ -491,7 +498,7 @@ mod tests {
         out
     }
 
-    fn encode_for_test(n: u64) -> Vec<u8> {
+    pub(super) fn encode_for_test(n: u64) -> Vec<u8> {
         let mut out = b"VFFL".to_vec();
         out.extend_from_slice(&n.to_le_bytes());
         let digest = blake3::hash(&out);
