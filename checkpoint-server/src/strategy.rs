@@ -220,7 +220,8 @@ fn bad(msg: impl Into<String>) -> StoreError {
     StoreError::BadSpec(msg.into())
 }
 
-const SYNTAX: &str = "expected local:DIR, redb:DIR, fjall:DIR, memory, central:ADDR, replicate:R:ADDR,..., \
+const SYNTAX: &str =
+    "expected local:DIR, redb:DIR, fjall:DIR, memory, central:ADDR, replicate:R:ADDR,..., \
                       parity:M:ADDR,... or ida:M,K:ADDR,... (ADDR = HOST:PORT)";
 
 fn parse_count(what: &str, s: &str) -> Result<usize, StoreError> {
@@ -371,7 +372,9 @@ impl FromStr for StoreSpec {
             "local" => return Err(bad("local: needs a directory (local:DIR)")),
             "redb" if !rest.is_empty() => return Ok(StoreSpec::Redb(PathBuf::from(rest))),
             "fjall" if !rest.is_empty() => return Ok(StoreSpec::Fjall(PathBuf::from(rest))),
-            "redb" | "fjall" => return Err(bad(format!("{scheme}: needs a directory ({scheme}:DIR)"))),
+            "redb" | "fjall" => {
+                return Err(bad(format!("{scheme}: needs a directory ({scheme}:DIR)")))
+            }
             "central" => {
                 let addrs = parse_addrs(rest)?;
                 RemoteSpec {
