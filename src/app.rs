@@ -47,7 +47,7 @@ use veriflow_certifier::{
     VerifyError,
 };
 use veriflow_checkpoint::{
-    open_store, Key, KeyError, MemoryStore, Namespaced, SledStore, Store, StoreError, StoreSpec,
+    open_store, Key, KeyError, MemoryStore, Namespaced, Store, StoreError, StoreSpec,
 };
 use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES};
 use veriflow_runtime::{

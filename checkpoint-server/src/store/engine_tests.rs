@@ -315,3 +315,28 @@ fn restore(dir: &Path, files: &[(std::path::PathBuf, Vec<u8>)]) {
         std::fs::write(f, bytes).unwrap();
     }
 }
+
+/// `--store redb:DIR` and `fjall:DIR` open those engines; `local:DIR` stays sled.
+#[test]
+fn a_spec_names_the_engine() {
+    use crate::{open_store, StoreSpec};
+    let dir = tempfile::tempdir().unwrap();
+    for (scheme, engine) in [("local", "local"), ("redb", "redb"), ("fjall", "fjall")] {
+        let d = dir.path().join(scheme);
+        let spec: StoreSpec = format!("{scheme}:{}", d.display()).parse().unwrap();
+        assert_eq!(spec.to_string(), format!("{scheme}:{}", d.display()));
+        assert_eq!(spec.local_dir(), Some(d.as_path()));
+        let store = open_store(&spec, None).unwrap();
+        assert!(
+            store.describe().starts_with(&format!("{engine}:")),
+            "{}",
+            store.describe()
+        );
+        store.put(b"k", b"v").unwrap();
+        store.flush().unwrap();
+        drop(store);
+        let ro = spec.open_local_existing(false).unwrap().unwrap();
+        assert_eq!(ro.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+    assert!("redb:".parse::<StoreSpec>().is_err());
+}
