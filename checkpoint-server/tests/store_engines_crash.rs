@@ -153,11 +153,11 @@ fn crash_engine(engine: &str) {
         }
         let what = format!("{engine}, kill {kill} (seed {SEED:#x}, after {wait} ms)");
         // A reader first (it must not need the writer's recovery), then a writer.
-        for (how, store) in [
-            ("read-only", open_read_only(engine, &store_dir)),
-            ("writer", open(engine, &store_dir)),
-        ] {
-            let store = match store {
+        // One after the other: a redb reader in place holds a shared lock a writer waits on.
+        let opens: [(&str, fn(&str, &Path) -> Result<Arc<dyn Store>, StoreError>); 2] =
+            [("read-only", open_read_only), ("writer", open)];
+        for (how, opener) in opens {
+            let store = match opener(engine, &store_dir) {
                 Ok(s) => s,
                 // The child may be killed before its store existed.
                 Err(StoreError::Open { .. }) if acknowledged.is_none() => continue,
