@@ -47,7 +47,7 @@ use veriflow_certifier::{
     VerifyError,
 };
 use veriflow_checkpoint::{
-    open_store, Key, KeyError, MemoryStore, Namespaced, SledStore, Store, StoreError, StoreSpec,
+    open_store, Key, KeyError, MemoryStore, Namespaced, Store, StoreError, StoreSpec,
 };
 use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES};
 use veriflow_runtime::{
@@ -402,7 +402,7 @@ pub(crate) struct StoreArgs {
     /// Directory of the event logs (a sled store; short for --store local:DIR).
     #[arg(long, value_name = "DIR", conflicts_with = "store")]
     log_dir: Option<PathBuf>,
-    /// Where the event logs live: local:DIR, memory, central:ADDR, replicate:R:ADDR,...,
+    /// Where the event logs live: local:DIR (sled), redb:DIR, fjall:DIR, memory, central:ADDR, replicate:R:ADDR,...,
     /// parity:M:ADDR,... or ida:M,K:ADDR,... (checkpoint servers; add ,quorum after the
     /// numbers to acknowledge writes at M+1 servers).
     #[arg(long, value_name = "SPEC")]
@@ -491,15 +491,17 @@ impl StoreArgs {
     /// of `sled_store.rs`).
     fn open_existing(&self, write: bool) -> Result<Arc<dyn Store>, CliError> {
         let store: Arc<dyn Store> = match self.spec() {
-            Some(StoreSpec::Local(dir)) if write => Arc::new(SledStore::open_existing(&dir)?),
-            Some(StoreSpec::Local(dir)) => Arc::new(SledStore::open_read_only(&dir)?),
             Some(StoreSpec::Memory) => {
                 return Err(CliError::Usage(
                     "--store memory holds nothing once its run has ended: give the run's store"
                         .to_string(),
                 ))
             }
-            Some(spec) => open_store(&spec, self.key(&spec)?.as_ref())?,
+            // local:, redb: and fjall: open their engine's way (read-only: never writing).
+            Some(spec) => match spec.open_local_existing(write) {
+                Some(local) => local?,
+                None => open_store(&spec, self.key(&spec)?.as_ref())?,
+            },
             None => {
                 return Err(CliError::Usage(
                     "give --log-dir DIR or --store SPEC".to_string(),
@@ -873,7 +875,7 @@ fn run<P: Program>(
         // Resuming needs the run's logs: a missing directory is a usage error, not a fresh
         // store; one that exists and cannot be opened is damage.
         Some(sp) if rt.resume => {
-            let missing = matches!(sp, StoreSpec::Local(dir) if !dir.exists());
+            let missing = sp.local_dir().is_some_and(|dir| !dir.exists());
             Some(rt.store.open_existing(true).map_err(|e| match e {
                 CliError::Store(e @ StoreError::Open { .. }) if missing => {
                     CliError::Usage(format!("no run to resume: {e}"))

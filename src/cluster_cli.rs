@@ -281,7 +281,7 @@ pub(crate) fn coordinator_cmd(
 ) -> Result<(), CliError> {
     reachable_listen(&args.listen, "a coordinator", "workers and standbys")?;
     let key = Key::load(&args.key)?;
-    if matches!(args.store, StoreSpec::Local(_) | StoreSpec::Memory) {
+    if args.store.local_dir().is_some() || matches!(args.store, StoreSpec::Memory) {
         // Issue 13: a local directory or this process's memory is one process's only; the
         // workers could never reach it.
         return Err(CliError::Usage(format!(

@@ -31,6 +31,7 @@ pub mod cg_spmd;
 
 pub mod damage;
 pub mod memory;
+pub mod store_engines;
 
 pub mod transport;
 

@@ -58,8 +58,8 @@ pub mod wire;
 pub use key::{Key, KeyError};
 pub use protocol::{ServerAnswer, ServerCall, PROTOCOL_VERSION};
 pub use store::{
-    check_run_name, fill_page, page_start, run_names, Fences, MemoryStore, Namespaced, Page,
-    PageLimit, Pair, Pairs, SledStore, Store, StoreError, MAX_RUN_NAME,
+    check_run_name, fill_page, page_start, run_names, Fences, FjallStore, MemoryStore, Namespaced,
+    Page, PageLimit, Pair, Pairs, RedbStore, SledStore, Store, StoreError, MAX_RUN_NAME,
 };
 pub use strategy::{
     open_store, Ack, Layout, RemoteSpec, RemoteStore, ScrubReport, ServerLink, StoreSpec,

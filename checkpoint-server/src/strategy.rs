@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! local:DIR                      one sled directory on this machine (the embedded default)
+//! redb:DIR, fjall:DIR            one directory on this machine, in redb or fjall (judged
+//!                                against sled in store/mod.rs, "Choosing the engine")
 //! memory                         RAM of this process only (tests; nothing survives)
 //! central:ADDR                   one checkpoint server holds every value
 //! replicate:R:ADDR,...           R full copies on R servers (any 1 rebuilds)
@@ -116,7 +118,9 @@ use crate::client::{Client, ClientConfig, ClientError};
 use crate::erasure::{Codec, ErasureError};
 use crate::key::Key;
 use crate::protocol::{Request, Response, ServerAnswer, ServerCall, Slot};
-use crate::store::{MemoryStore, Page, PageLimit, Pair, Pairs, SledStore, Store, StoreError};
+use crate::store::{
+    FjallStore, MemoryStore, Page, PageLimit, Pair, Pairs, RedbStore, SledStore, Store, StoreError,
+};
 
 /// How many fragments a remote strategy makes, and which code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,8 +204,12 @@ pub struct RemoteSpec {
 /// A parsed `--store` spec (syntax in the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
-    /// `local:DIR`.
+    /// `local:DIR`: sled.
     Local(PathBuf),
+    /// `redb:DIR`.
+    Redb(PathBuf),
+    /// `fjall:DIR`.
+    Fjall(PathBuf),
     /// `memory`.
     Memory,
     /// `central:`, `replicate:`, `parity:` or `ida:`.
@@ -212,7 +220,8 @@ fn bad(msg: impl Into<String>) -> StoreError {
     StoreError::BadSpec(msg.into())
 }
 
-const SYNTAX: &str = "expected local:DIR, memory, central:ADDR, replicate:R:ADDR,..., \
+const SYNTAX: &str =
+    "expected local:DIR, redb:DIR, fjall:DIR, memory, central:ADDR, replicate:R:ADDR,..., \
                       parity:M:ADDR,... or ida:M,K:ADDR,... (ADDR = HOST:PORT)";
 
 fn parse_count(what: &str, s: &str) -> Result<usize, StoreError> {
@@ -291,6 +300,31 @@ fn parse_layout(s: &str, scheme: &str, params: &str) -> Result<(Layout, Ack), St
 }
 
 impl StoreSpec {
+    /// The directory of a store on this machine (`local:`, `redb:`, `fjall:`).
+    pub fn local_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            StoreSpec::Local(d) | StoreSpec::Redb(d) | StoreSpec::Fjall(d) => Some(d),
+            StoreSpec::Memory | StoreSpec::Remote(_) => None,
+        }
+    }
+
+    /// Opens an existing store on this machine: for writing (`--resume`; a missing store is
+    /// an error, not a new one) or read-only (never writing to it); `None` for other specs.
+    pub fn open_local_existing(&self, write: bool) -> Option<Result<Arc<dyn Store>, StoreError>> {
+        fn arc<S: Store>(r: Result<S, StoreError>) -> Result<Arc<dyn Store>, StoreError> {
+            r.map(|s| Arc::new(s) as Arc<dyn Store>)
+        }
+        Some(match (self, write) {
+            (StoreSpec::Local(d), true) => arc(SledStore::open_existing(d)),
+            (StoreSpec::Local(d), false) => arc(SledStore::open_read_only(d)),
+            (StoreSpec::Redb(d), true) => arc(RedbStore::open_existing(d)),
+            (StoreSpec::Redb(d), false) => arc(RedbStore::open_read_only(d)),
+            (StoreSpec::Fjall(d), true) => arc(FjallStore::open_existing(d)),
+            (StoreSpec::Fjall(d), false) => arc(FjallStore::open_read_only(d)),
+            (StoreSpec::Memory | StoreSpec::Remote(_), _) => return None,
+        })
+    }
+
     /// How many servers a strategy without its addresses needs: `central`, `replicate:R`,
     /// `parity:M` or `ida:M,K` (with `,quorum` or `,quorum=W`), as `APP cluster` takes it.
     pub fn servers_for(strategy: &str) -> Result<usize, StoreError> {
@@ -336,6 +370,11 @@ impl FromStr for StoreSpec {
         let spec = match scheme {
             "local" if !rest.is_empty() => return Ok(StoreSpec::Local(PathBuf::from(rest))),
             "local" => return Err(bad("local: needs a directory (local:DIR)")),
+            "redb" if !rest.is_empty() => return Ok(StoreSpec::Redb(PathBuf::from(rest))),
+            "fjall" if !rest.is_empty() => return Ok(StoreSpec::Fjall(PathBuf::from(rest))),
+            "redb" | "fjall" => {
+                return Err(bad(format!("{scheme}: needs a directory ({scheme}:DIR)")))
+            }
             "central" => {
                 let addrs = parse_addrs(rest)?;
                 RemoteSpec {
@@ -364,6 +403,8 @@ impl fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreSpec::Local(p) => write!(f, "local:{}", p.display()),
+            StoreSpec::Redb(p) => write!(f, "redb:{}", p.display()),
+            StoreSpec::Fjall(p) => write!(f, "fjall:{}", p.display()),
             StoreSpec::Memory => f.write_str("memory"),
             StoreSpec::Remote(r) => {
                 let q = match r.ack {
@@ -388,6 +429,8 @@ impl fmt::Display for StoreSpec {
 pub fn open_store(spec: &StoreSpec, key: Option<&Key>) -> Result<Arc<dyn Store>, StoreError> {
     match spec {
         StoreSpec::Local(dir) => Ok(Arc::new(SledStore::open(dir)?)),
+        StoreSpec::Redb(dir) => Ok(Arc::new(RedbStore::open(dir)?)),
+        StoreSpec::Fjall(dir) => Ok(Arc::new(FjallStore::open(dir)?)),
         StoreSpec::Memory => Ok(Arc::new(MemoryStore::default())),
         StoreSpec::Remote(r) => {
             let key = key.ok_or_else(|| {

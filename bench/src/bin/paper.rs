@@ -93,6 +93,9 @@ enum Command {
     /// Issue 13 point 8: peak RSS and the recovery time of one vnode against tasks run, with
     /// recovery checkpoints and from the whole log.
     Memory(veriflow_bench::memory::MemoryArgs),
+    /// Issue 18 point 7: sled against redb and fjall as the log's store (CPU, wall, memory,
+    /// disk, read-back and recovery time).
+    StoreEngines(veriflow_bench::store_engines::StoreEnginesArgs),
     /// Draw every figure again from its JSON results in `--dir` (nothing is run).
     Replot(veriflow_bench::replot::ReplotArgs),
 }
@@ -143,6 +146,7 @@ fn main() -> Result<()> {
         Command::Sim(args) => veriflow_bench::sim::run(&args),
         Command::Damage(args) => veriflow_bench::damage::run(&args),
         Command::Memory(args) => veriflow_bench::memory::run(&args),
+        Command::StoreEngines(args) => veriflow_bench::store_engines::run(&args),
         Command::Replot(args) => veriflow_bench::replot::run(&args),
     }
 }

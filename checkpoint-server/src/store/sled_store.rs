@@ -56,7 +56,7 @@ const LOCK_RETRIES: u32 = 20;
 const LOCK_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The file beside sled's own that records the last flush (rule 2).
-const FLUSH_FILE: &str = "veriflow.flushes";
+pub(super) const FLUSH_FILE: &str = "veriflow.flushes";
 /// sled tree of the flush counter (rule 2): a tree of its own, so no scan of the store sees it.
 const META_TREE: &[u8] = b"veriflow.meta";
 const FLUSHES_KEY: &[u8] = b"flushes";
@@ -362,7 +362,7 @@ fn check_flushes(dir: &Path, meta: &sled::Tree) -> Result<u64, StoreError> {
     Ok(in_db)
 }
 
-fn encode_flushes(n: u64) -> [u8; FLUSH_FILE_LEN] {
+pub(super) fn encode_flushes(n: u64) -> [u8; FLUSH_FILE_LEN] {
     let mut out = [0u8; FLUSH_FILE_LEN];
     out[..4].copy_from_slice(&FLUSH_MAGIC);
     out[4..12].copy_from_slice(&n.to_le_bytes());
@@ -371,7 +371,7 @@ fn encode_flushes(n: u64) -> [u8; FLUSH_FILE_LEN] {
     out
 }
 
-fn decode_flushes(bytes: &[u8]) -> Option<u64> {
+pub(super) fn decode_flushes(bytes: &[u8]) -> Option<u64> {
     if bytes.len() != FLUSH_FILE_LEN || bytes[..4] != FLUSH_MAGIC {
         return None;
     }
@@ -380,7 +380,7 @@ fn decode_flushes(bytes: &[u8]) -> Option<u64> {
 }
 
 /// Rule 1: copies the store at `from` into a fresh temporary directory, the flush file first.
-fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
+pub(super) fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
     let mut last_err = None;
     let mut places = vec![std::env::temp_dir()];
     let shm = Path::new("/dev/shm");
