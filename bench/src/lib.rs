@@ -20,6 +20,7 @@ pub mod machine;
 
 pub mod cluster;
 pub mod netns;
+pub mod scale;
 
 pub mod detector;
 

@@ -92,6 +92,10 @@ enum Command {
     /// Issue 13 point 8: peak RSS and the recovery time of one vnode against tasks run, with
     /// recovery checkpoints and from the whole log.
     Memory(veriflow_bench::memory::MemoryArgs),
+    /// knary in cluster mode at size (issue 16.4): 8-64 one-thread worker processes, 1,000
+    /// vnodes, a worker killed and replaced every 5 s; memory, coordinator CPU, heartbeats and
+    /// the termination test per member, and what would limit 1,000 hosts.
+    Scale(veriflow_bench::scale::ScaleArgs),
     /// Draw the cluster, detector and transport figures again from their JSON results in
     /// `--results` (nothing is run).
     Replot(veriflow_bench::replot::ReplotArgs),
@@ -155,6 +159,7 @@ fn main() -> Result<()> {
         Command::Sim(args) => veriflow_bench::sim::run(&args),
         Command::Damage(args) => veriflow_bench::damage::run(&args),
         Command::Memory(args) => veriflow_bench::memory::run(&args),
+        Command::Scale(args) => veriflow_bench::scale::run(&args),
         Command::Replot(args) => veriflow_bench::replot::run(&args),
     }
 }

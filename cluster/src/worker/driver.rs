@@ -102,6 +102,9 @@ impl Driver {
         let me = st.core.id();
         match a {
             Action::ToCoord(m) => {
+                if matches!(m, ToCoord::Heartbeat(_)) {
+                    veriflow_runtime::metrics::heartbeats_sent(1);
+                }
                 let _ = self.to_coord.send(m);
             }
             Action::ToPeer {
@@ -110,6 +113,9 @@ impl Driver {
                 link_key,
                 frame,
             } => {
+                if matches!(frame, Peer::Heartbeat(_)) {
+                    veriflow_runtime::metrics::heartbeats_sent(1);
+                }
                 let link = match st.links.get(&worker) {
                     Some(l) if !l.is_closed() => l.clone(),
                     _ => {

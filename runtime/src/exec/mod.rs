@@ -51,7 +51,7 @@ use self::recover::{plant_root, RecoveryContext, RootSetup};
 use self::shared::RunShared;
 pub use self::shared::{Kill, StopToken};
 use self::vnode::Vnode;
-pub use self::vnode::{Timers, VnodeStats};
+pub use self::vnode::{Timers, VnodeStats, STEAL_BACKOFF_CAP};
 pub use self::waits::{Stall, VnodeWaits};
 use crate::clock::{Clock, SystemClock};
 use crate::codec;
@@ -528,7 +528,8 @@ impl Runtime {
                 clock,
                 rng,
                 self.vnodes,
-                self.timers,
+                self.timers
+                    .per_thread(self.vnodes as usize, self.threads),
             ));
         }
 

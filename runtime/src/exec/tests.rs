@@ -144,6 +144,7 @@ fn lost_and_duplicated_messages_are_resent_and_ignored() {
     let timers = crate::Timers {
         steal_timeout: std::time::Duration::from_millis(2),
         resend_after: std::time::Duration::from_millis(3),
+        ..crate::Timers::default()
     };
     let mut lost_total = 0;
     for seed in 0..8u64 {
@@ -444,6 +445,7 @@ fn failed_vnodes_are_recovered_from_checkpoints() {
     let timers = crate::Timers {
         steal_timeout: std::time::Duration::from_millis(2),
         resend_after: std::time::Duration::from_millis(3),
+        ..crate::Timers::default()
     };
     let (mut from_checkpoints, mut restarted, mut tails) = (0, 0, 0);
     for seed in 0..60u64 {
@@ -993,4 +995,23 @@ fn a_run_stopped_by_its_token_is_durable_and_resumes_to_the_same_result() {
         let manifest = Manifest::load(&*store).unwrap().unwrap();
         assert_eq!(manifest.status, RunStatus::Finished, "vnodes {vnodes}");
     }
+}
+
+/// Rule 2 of `vnode.rs` (issue 16): a process's idle vnodes back off in proportion to the
+/// vnodes it runs per thread, up to the cap.
+#[test]
+fn the_steal_back_off_grows_with_the_vnodes_per_thread() {
+    let t = crate::Timers::default();
+    assert_eq!(t.per_thread(2, 2), t);
+    assert_eq!(t.per_thread(0, 0), t);
+    assert_eq!(
+        t.per_thread(16, 1).steal_backoff_max,
+        t.steal_backoff_max * 16
+    );
+    assert_eq!(t.per_thread(17, 2).steal_backoff_max, t.steal_backoff_max * 9);
+    assert_eq!(
+        t.per_thread(1000, 1).steal_backoff_max,
+        crate::exec::STEAL_BACKOFF_CAP
+    );
+    assert_eq!(t.per_thread(1000, 1).steal_timeout, t.steal_timeout);
 }

@@ -6,7 +6,11 @@
 //!    order). Between two tasks it reads its inbox, so a steal request waits at most one task.
 //! 2. An idle vnode sends `StealRequest` to one peer drawn from its seeded RNG; it has at most
 //!    one request out, gives up on it after `steal_timeout` ([`Timers`]), and backs off exponentially
-//!    after `StealNone` answers.
+//!    after `StealNone` answers, up to `steal_backoff_max` times the vnodes its process runs per
+//!    thread ([`Timers::per_thread`], at most [`STEAL_BACKOFF_CAP`]): however many vnodes a
+//!    process hosts, its idle ones ask about as often as one vnode per thread would (issue 16:
+//!    1,000 vnodes on 64 one-thread processes sent 21,000 requests a second for 10 steals a
+//!    second, and the heartbeats starved).
 //! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
 //!    task): it logs `Stolen`, and sends
@@ -54,6 +58,9 @@ pub struct Timers {
     pub steal_timeout: Duration,
     /// Rules 3 and 5: how long before an unacknowledged grant or return is sent again.
     pub resend_after: Duration,
+    /// Rule 2: the longest back-off of one vnode after refusals, when its process runs one
+    /// vnode per thread.
+    pub steal_backoff_max: Duration,
 }
 
 impl Default for Timers {
@@ -61,12 +68,34 @@ impl Default for Timers {
         Timers {
             steal_timeout: Duration::from_millis(100),
             resend_after: Duration::from_millis(250),
+            steal_backoff_max: Duration::from_millis(2),
         }
     }
 }
+
+/// Rule 2: the longest back-off whatever the vnodes per thread: a task that appears waits at
+/// most about this long for an idle vnode to ask for it (a fifth of a default heartbeat period).
+pub const STEAL_BACKOFF_CAP: Duration = Duration::from_millis(40);
+
+impl Timers {
+    /// Rule 2: these timers for a vnode of a process that runs `vnodes` vnodes on `threads`
+    /// threads: the back-off cap times the vnodes per thread (rounded up), at most
+    /// [`STEAL_BACKOFF_CAP`].
+    #[must_use]
+    pub fn per_thread(self, vnodes: usize, threads: usize) -> Timers {
+        let per = vnodes.div_ceil(threads.max(1)).max(1);
+        let scaled = self
+            .steal_backoff_max
+            .saturating_mul(u32::try_from(per).unwrap_or(u32::MAX));
+        Timers {
+            steal_backoff_max: scaled.min(STEAL_BACKOFF_CAP.max(self.steal_backoff_max)),
+            ..self
+        }
+    }
+}
+
 /// Rule 2: first back-off after a `StealNone`, doubled per further refusal up to the cap.
 const BACKOFF_MIN: Duration = Duration::from_micros(20);
-const BACKOFF_MAX: Duration = Duration::from_millis(2);
 
 /// Counts of what a vnode did in a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -349,8 +378,8 @@ impl Vnode {
                     self.steal_out = None;
                     self.refusals = self.refusals.saturating_add(1);
                     let backoff = BACKOFF_MIN
-                        .saturating_mul(1 << self.refusals.min(10))
-                        .min(BACKOFF_MAX);
+                        .saturating_mul(1 << self.refusals.min(16))
+                        .min(self.timers.steal_backoff_max);
                     self.next_steal = self.clock.now() + backoff;
                 }
                 Ok(())
