@@ -1015,3 +1015,22 @@ fn the_steal_back_off_grows_with_the_vnodes_per_thread() {
     );
     assert_eq!(t.per_thread(1000, 1).steal_timeout, t.steal_timeout);
 }
+
+/// Rule 1 of `exec/mod.rs` and rule 2 of `vnode.rs` (issue 16): on one thread, the idle
+/// vnodes do not steal while vnode 0 has a ready task: a stolen task would only wait for the
+/// same thread. Before, they did (and sent a request every 2 ms each all run long).
+#[test]
+fn vnodes_of_a_busy_thread_do_not_steal() {
+    for seed in 0..3 {
+        let rt = Runtime::builder(fib_registry())
+            .threads(1)
+            .vnodes(8)
+            .seed(seed)
+            .build()
+            .unwrap();
+        let r = rt.run(Fib(16), ()).unwrap();
+        assert_eq!(r.outputs.0, fib(16));
+        let adopted: u64 = r.vnodes.iter().map(|s| s.adopted).sum();
+        assert_eq!(adopted, 0, "seed {seed}: {:?}", r.vnodes);
+    }
+}

@@ -8,8 +8,11 @@
 //!    one request out, gives up on it after `steal_timeout` ([`Timers`]), and backs off exponentially
 //!    after `StealNone` answers, up to `steal_backoff_max` times the vnodes its process runs per
 //!    thread ([`Timers::per_thread`], at most [`STEAL_BACKOFF_CAP`]): however many vnodes a
-//!    process hosts, its idle ones ask about as often as one vnode per thread would (issue 16:
-//!    1,000 vnodes on 64 one-thread processes sent 21,000 requests a second for 10 steals a
+//!    process hosts, its idle ones ask about as often as one vnode per thread would. And a
+//!    vnode does not steal while another vnode driven by the same thread has a ready task
+//!    (`steal_ok`, set by the driver, `exec/mod.rs` rule 1): the thread is busy, and a stolen
+//!    task would only wait behind that work while another process could have run it (issue 16:
+//!    1,000 vnodes on 16 one-thread processes sent 21,000 requests a second for 10 steals a
 //!    second, and the heartbeats starved).
 //! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
@@ -73,9 +76,10 @@ impl Default for Timers {
     }
 }
 
-/// Rule 2: the longest back-off whatever the vnodes per thread: a task that appears waits at
-/// most about this long for an idle vnode to ask for it (a fifth of a default heartbeat period).
-pub const STEAL_BACKOFF_CAP: Duration = Duration::from_millis(40);
+/// Rule 2: the longest back-off whatever the vnodes per thread (50 vnodes a thread and more): a
+/// task that appears waits at most about this long for a given idle vnode to ask for it, while
+/// the process's other idle vnodes ask in between.
+pub const STEAL_BACKOFF_CAP: Duration = Duration::from_millis(100);
 
 impl Timers {
     /// Rule 2: these timers for a vnode of a process that runs `vnodes` vnodes on `threads`
@@ -162,6 +166,8 @@ pub(crate) struct Vnode {
     /// recognises those children (recover.rs rule 3), so they are never given away.
     pub(crate) keep: HashSet<TaskId>,
     steal_out: Option<(VnodeId, Duration)>,
+    /// Rule 2: whether this vnode may steal now (its driver thread has nothing else to run).
+    pub(crate) steal_ok: bool,
     refusals: u32,
     next_steal: Duration,
     pub(crate) stats: VnodeStats,
@@ -195,6 +201,7 @@ impl Vnode {
             adopted: HashSet::new(),
             keep: HashSet::new(),
             steal_out: None,
+            steal_ok: true,
             refusals: 0,
             next_steal: Duration::ZERO,
             stats,
@@ -244,6 +251,11 @@ impl Vnode {
     /// The vnode's clock.
     pub(crate) fn now(&self) -> Duration {
         self.clock.now()
+    }
+
+    /// Whether a task is ready to run here.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.core.ready.is_empty()
     }
 
     /// Runs up to `budget` tasks and handles messages. Returns whether anything happened.
@@ -614,7 +626,7 @@ impl Vnode {
 
     /// Rule 2.
     fn maybe_steal(&mut self, now: Duration) -> Result<(), RunError> {
-        if self.peers < 2 || self.core.shared.stopped() {
+        if self.peers < 2 || !self.steal_ok || self.core.shared.stopped() {
             return Ok(());
         }
         if let Some((_, deadline)) = self.steal_out {
