@@ -482,6 +482,7 @@ fn run_job<P: Program>(
         .threads(threads as usize)
         .vnodes(ctx.vnodes)
         .seed(job.seed)
+        .timers(worker::member_timers())
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
         .commit_policy(job.commit.policy())

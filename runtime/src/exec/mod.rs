@@ -53,7 +53,7 @@ use self::recover::{plant_root, RecoveryContext, RootSetup};
 use self::shared::RunShared;
 pub use self::shared::{Kill, StopToken};
 use self::vnode::Vnode;
-pub use self::vnode::{Timers, VnodeStats, STEAL_BACKOFF_CAP};
+pub use self::vnode::{Timers, VnodeStats, STEAL_BACKOFF_SCALE_MAX};
 pub use self::waits::{Stall, VnodeWaits};
 use crate::clock::{Clock, SystemClock};
 use crate::codec;

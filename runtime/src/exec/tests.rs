@@ -1011,7 +1011,7 @@ fn the_steal_back_off_grows_with_the_vnodes_per_thread() {
     assert_eq!(t.per_thread(17, 2).steal_backoff_max, t.steal_backoff_max * 9);
     assert_eq!(
         t.per_thread(1000, 1).steal_backoff_max,
-        crate::exec::STEAL_BACKOFF_CAP
+        t.steal_backoff_max * crate::exec::STEAL_BACKOFF_SCALE_MAX
     );
     assert_eq!(t.per_thread(1000, 1).steal_timeout, t.steal_timeout);
 }

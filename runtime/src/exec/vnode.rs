@@ -7,7 +7,7 @@
 //! 2. An idle vnode sends `StealRequest` to one peer drawn from its seeded RNG; it has at most
 //!    one request out, gives up on it after `steal_timeout` ([`Timers`]), and backs off exponentially
 //!    after `StealNone` answers, up to `steal_backoff_max` times the vnodes its process runs per
-//!    thread ([`Timers::per_thread`], at most [`STEAL_BACKOFF_CAP`]): however many vnodes a
+//!    thread ([`Timers::per_thread`], at most [`STEAL_BACKOFF_SCALE_MAX`] times): however many vnodes a
 //!    process hosts, its idle ones ask about as often as one vnode per thread would. And a
 //!    vnode does not steal while another vnode driven by the same thread has a ready task
 //!    (`steal_ok`, set by the driver, `exec/mod.rs` rule 1): the thread is busy, and a stolen
@@ -76,23 +76,24 @@ impl Default for Timers {
     }
 }
 
-/// Rule 2: the longest back-off whatever the vnodes per thread (50 vnodes a thread and more): a
-/// task that appears waits at most about this long for a given idle vnode to ask for it, while
-/// the process's other idle vnodes ask in between.
-pub const STEAL_BACKOFF_CAP: Duration = Duration::from_millis(100);
+/// Rule 2: the back-off grows with the vnodes per thread up to this many times
+/// `steal_backoff_max` (50 vnodes a thread and more): a task that appears waits at most about
+/// that long for a given idle vnode to ask for it, while the process's other idle vnodes ask in
+/// between.
+pub const STEAL_BACKOFF_SCALE_MAX: u32 = 50;
 
 impl Timers {
     /// Rule 2: these timers for a vnode of a process that runs `vnodes` vnodes on `threads`
-    /// threads: the back-off cap times the vnodes per thread (rounded up), at most
-    /// [`STEAL_BACKOFF_CAP`].
+    /// threads: the back-off cap times the vnodes per thread (rounded up, at most
+    /// [`STEAL_BACKOFF_SCALE_MAX`]).
     #[must_use]
     pub fn per_thread(self, vnodes: usize, threads: usize) -> Timers {
         let per = vnodes.div_ceil(threads.max(1)).max(1);
-        let scaled = self
-            .steal_backoff_max
-            .saturating_mul(u32::try_from(per).unwrap_or(u32::MAX));
+        let per = u32::try_from(per)
+            .unwrap_or(u32::MAX)
+            .min(STEAL_BACKOFF_SCALE_MAX);
         Timers {
-            steal_backoff_max: scaled.min(STEAL_BACKOFF_CAP.max(self.steal_backoff_max)),
+            steal_backoff_max: self.steal_backoff_max.saturating_mul(per),
             ..self
         }
     }
