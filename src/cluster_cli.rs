@@ -521,6 +521,8 @@ struct Finished {
     evictions: Vec<(u32, f64)>,
     /// The active coordinator's counters right after the job (`None`: it did not answer).
     coordinator: Option<CoordCounters>,
+    /// Workers `cluster --kill-random` killed (`None` for `submit`).
+    killed: Option<u32>,
 }
 
 /// The job spec of a job's command line: an iterative program's vnodes are its blocks.
@@ -642,6 +644,7 @@ fn follow(
             uncertified,
         } => Ok(Finished {
             coordinator: coordinator_counters(addrs, key),
+            killed: None,
             states,
             iter_stats,
             online: certificate,
@@ -755,6 +758,7 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 "uncertified": done.uncertified,
                 "evictions": done.evictions.iter().map(|(w, at)| json!({"worker": w, "at_s": at})).collect::<Vec<_>>(),
                 "coordinator": done.coordinator.as_ref().map(|c| coordinator_json(c, secs)),
+                "killed": done.killed,
             })
         );
     } else {
@@ -1088,6 +1092,7 @@ fn status_table(s: &ClusterStatus) -> String {
 #[derive(Default)]
 struct Fleet {
     procs: Vec<(Proc, bool)>,
+    killed: u32,
 }
 
 /// A child process killed (SIGKILL) and reaped when dropped.
@@ -1338,6 +1343,7 @@ pub(crate) fn cluster_cmd<P: Program>(
             return Ok(());
         };
         f.procs[v].0.kill();
+        f.killed += 1;
         if args.replace {
             let spare = f.procs[v].1;
             let (wa, log) = worker_args(u32::try_from(n).unwrap_or(u32::MAX), spare);
@@ -1435,9 +1441,16 @@ pub(crate) fn cluster_cmd<P: Program>(
             None => done,
         }
     });
+    let killed = fleet
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .killed;
     let done = match kill_error {
         Some(e) => Err(e),
-        None => done,
+        None => done.map(|d| Finished {
+            killed: Some(killed),
+            ..d
+        }),
     };
     if let Some(b) = &bar {
         b.finish_and_clear();
