@@ -796,8 +796,10 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 c.worker_heartbeats,
                 c.probe_rounds,
                 c.probe_round_us_sum as f64 / c.probe_rounds.max(1) as f64 / 1e3,
-                c.last_detection_us
-                    .map_or_else(|| "?".to_string(), |us| format!("{:.1} ms", us as f64 / 1e3)),
+                c.last_detection_us.map_or_else(
+                    || "?".to_string(),
+                    |us| format!("{:.1} ms", us as f64 / 1e3)
+                ),
             );
         }
         if let Some(cert) = &online {
@@ -1175,9 +1177,7 @@ pub(crate) fn coordinator_started(
 /// closed yet.
 fn loopback_server_config(processes: u32) -> veriflow_checkpoint::server::ServerConfig {
     let d = veriflow_checkpoint::server::ServerConfig::default();
-    let per_peer = d
-        .max_connections_per_peer
-        .max(2 * processes as usize + 16);
+    let per_peer = d.max_connections_per_peer.max(2 * processes as usize + 16);
     veriflow_checkpoint::server::ServerConfig {
         max_connections_per_peer: per_peer,
         max_connections: d.max_connections.max(per_peer),
@@ -1226,7 +1226,12 @@ pub(crate) fn cluster_cmd<P: Program>(
     for i in 0..servers {
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join(format!("cs{i}")))?);
         let server = net
-            .block_on(Server::bind_with("127.0.0.1:0", store, key.clone(), config.clone()))
+            .block_on(Server::bind_with(
+                "127.0.0.1:0",
+                store,
+                key.clone(),
+                config.clone(),
+            ))
             .map_err(|e| CliError::Invalid(format!("cannot start a checkpoint server: {e}")))?;
         addrs.push(
             server
@@ -1326,7 +1331,9 @@ pub(crate) fn cluster_cmd<P: Program>(
     for i in 0..args.workers + args.spares {
         let spare = i >= args.workers;
         let (wa, log) = worker_args(i, spare);
-        fleet.procs.push((Proc(Some(spawn_self(&wa, &log)?)), spare));
+        fleet
+            .procs
+            .push((Proc(Some(spawn_self(&wa, &log)?)), spare));
     }
     let fleet = std::sync::Mutex::new(fleet);
     // Kills the first live worker from index `draw` on and, with --replace, starts its

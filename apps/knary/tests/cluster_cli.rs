@@ -547,7 +547,16 @@ fn kill_every_kills_on_a_clock_and_replace_keeps_the_cluster_alive() {
     assert!(c["detection_ms"].as_f64().is_some(), "{out}");
 
     // Pacing kills that were not asked for is a usage error.
-    knary(&["cluster", "--kill-every", "100", "--depth", "3", "--fanout", "2"]).expect_code(2);
+    knary(&[
+        "cluster",
+        "--kill-every",
+        "100",
+        "--depth",
+        "3",
+        "--fanout",
+        "2",
+    ])
+    .expect_code(2);
 }
 
 /// Issue 16: `cluster`'s checkpoint servers take a connection from every process: 66 workers

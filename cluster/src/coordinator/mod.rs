@@ -101,9 +101,9 @@ pub use driver::{serve, serve_observed, CoordinatorConfig};
 pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
-    rejoin_message, ClusterStatus, CoordCounters, FailureStatus, FromOracle, Hosting, JobSpec, JobStatus,
-    LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus, WorkerId,
-    WorkerReport, WorkerStatus,
+    rejoin_message, ClusterStatus, CoordCounters, FailureStatus, FromOracle, Hosting, JobSpec,
+    JobStatus, LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus,
+    WorkerId, WorkerReport, WorkerStatus,
 };
 use journal::{Followed, JobRecord, MemberRecord};
 

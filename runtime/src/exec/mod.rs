@@ -530,8 +530,7 @@ impl Runtime {
                 clock,
                 rng,
                 self.vnodes,
-                self.timers
-                    .per_thread(self.vnodes as usize, self.threads),
+                self.timers.per_thread(self.vnodes as usize, self.threads),
             ));
         }
 

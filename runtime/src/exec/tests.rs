@@ -1008,7 +1008,10 @@ fn the_steal_back_off_grows_with_the_vnodes_per_thread() {
         t.per_thread(16, 1).steal_backoff_max,
         t.steal_backoff_max * 16
     );
-    assert_eq!(t.per_thread(17, 2).steal_backoff_max, t.steal_backoff_max * 9);
+    assert_eq!(
+        t.per_thread(17, 2).steal_backoff_max,
+        t.steal_backoff_max * 9
+    );
     assert_eq!(
         t.per_thread(1000, 1).steal_backoff_max,
         t.steal_backoff_max * crate::exec::STEAL_BACKOFF_SCALE_MAX
