@@ -518,7 +518,7 @@ fn markdown(
     let _ = writeln!(
         md,
         "Each row is one `knary cluster --workers N --threads 1 --vnodes {} --depth {} --fanout \
-         {} --grain-us {} --kill-random 1000 --kill-every {} --replace --seed {} --json`: a \
+         {} --grain-us {} --kill-random 1000 --kill-every {} --replace --seed {} --json {}`: a \
          worker SIGKILLed every {} s of the running job and a new one started in its place \
          (it joins the running job). Every run's result was right and its task count the \
          tree's ({} tasks: none completed twice). Memory is each worker process's peak RSS \
@@ -529,6 +529,7 @@ fn markdown(
         shape.grain_us,
         args.kill_every_ms,
         args.seed,
+        args.fd.join(" "),
         args.kill_every_ms as f64 / 1000.0,
         shape.tasks()?
     );
