@@ -612,7 +612,7 @@ fn limits(runs: &[SizeRun], args: &ScaleArgs) -> String {
     // Paper 004 rules 3-4: k + 1 per interval, and an insurance heartbeat to every other
     // link each T_insurance when nothing else went on it.
     let hb_host_1000 = (k + 1.0) / interval + (999.0 - k) / insurance;
-    let _ = write!(
+    let _ = writeln!(
         s,
         "Carried on paper, not measured at 1,000. All {} worker processes shared 2 cores here, \
          so the rates per second above fall as workers are added (each process gets less CPU) \
@@ -636,7 +636,7 @@ fn limits(runs: &[SizeRun], args: &ScaleArgs) -> String {
          aggregated per group of hosts, steals and monitors kept within a group). And at \
          this density, spurious evictions: {} live workers were evicted at {} workers \
          besides the {} kills, with detector bounds of seconds; every run still ended right, \
-         each task completed once.\n",
+         each task completed once.",
         last.workers,
         us_per_msg,
         last.workers,
@@ -715,7 +715,7 @@ fn draw<DB: DrawingBackend>(
     for (area, (title, series)) in panels.iter().zip(figures.iter()) {
         let ymax = series
             .iter()
-            .flat_map(|(_, f)| runs.iter().map(|r| f(r)))
+            .flat_map(|(_, f)| runs.iter().map(f))
             .fold(0.0f64, f64::max)
             .max(1e-3)
             * 1.2;
