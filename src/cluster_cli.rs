@@ -12,12 +12,11 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_checkpoint::server::Server;
-use veriflow_checkpoint::wire::DEFAULT_MAX_FRAME;
 use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
 use veriflow_cluster::coordinator::{self, CoordinatorConfig};
-use veriflow_cluster::protocol::{ClusterStatus, JobSpec, ToSubmit, WorkerReport};
+use veriflow_cluster::protocol::{ClusterStatus, CoordCounters, JobSpec, ToSubmit, WorkerReport};
 use veriflow_cluster::worker::{self, JobContext, WorkerConfig};
 
 use crate::app::{registry, CertifyParams, CliError, Program};
@@ -250,6 +249,16 @@ pub(crate) struct ClusterArgs<P: Program> {
     /// Kill K worker processes with SIGKILL at points drawn from --seed.
     #[arg(long, value_name = "K", default_value_t = 0)]
     kill_random: u32,
+    /// With --kill-random K: kill one worker every MS ms of the running job (the victim drawn
+    /// from --seed among the live workers) instead of at points of its progress; the kills
+    /// stop when the job ends.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    kill_every: Option<u64>,
+    /// Start a new worker in place of each one --kill-random kills (a spare for a spare): it
+    /// joins the running job as a member hosting nothing and takes vnodes when the next worker
+    /// is lost. Without it, at most --workers + --spares workers are killed.
+    #[arg(long)]
+    replace: bool,
     /// Coordinator processes: the first is active, the others stand by.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     coordinators: u32,
@@ -473,6 +482,7 @@ fn run_job<P: Program>(
         .threads(threads as usize)
         .vnodes(ctx.vnodes)
         .seed(job.seed)
+        .timers(worker::member_timers())
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
         .commit_policy(job.commit.policy())
@@ -509,6 +519,10 @@ struct Finished {
     uncertified: Option<String>,
     /// Workers the online oracle had evicted, and when (seconds after the job was accepted).
     evictions: Vec<(u32, f64)>,
+    /// The active coordinator's counters right after the job (`None`: it did not answer).
+    coordinator: Option<CoordCounters>,
+    /// Workers `cluster --kill-random` killed (`None` for `submit`).
+    killed: Option<u32>,
 }
 
 /// The job spec of a job's command line: an iterative program's vnodes are its blocks.
@@ -629,6 +643,8 @@ fn follow(
             certificate,
             uncertified,
         } => Ok(Finished {
+            coordinator: coordinator_counters(addrs, key),
+            killed: None,
             states,
             iter_stats,
             online: certificate,
@@ -650,6 +666,35 @@ fn follow(
             "the coordinator ended the job without a result".into(),
         )),
     }
+}
+
+/// The counters of the coordinator of `addrs` that holds the role, asked once.
+fn coordinator_counters(addrs: &[String], key: &Key) -> Option<CoordCounters> {
+    addrs.iter().find_map(|a| {
+        veriflow_cluster::status(a, key)
+            .ok()
+            .filter(|s| s.role == "active")
+            .map(|s| s.counters)
+    })
+}
+
+/// The coordinator's counters in a summary: its traffic and its termination test.
+fn coordinator_json(c: &CoordCounters, elapsed_s: f64) -> serde_json::Value {
+    let rounds = c.probe_rounds.max(1) as f64;
+    json!({
+        "messages_in": c.messages_in,
+        "messages_out": c.messages_out,
+        "heartbeats_in": c.heartbeats_in,
+        "heartbeats_out": c.heartbeats_out,
+        "worker_heartbeats": c.worker_heartbeats,
+        "probe_rounds": c.probe_rounds,
+        "probes_sent": c.probes_sent,
+        "words_received": c.words_received,
+        "probe_round_ms_mean": c.probe_round_us_sum as f64 / rounds / 1e3,
+        "probe_round_ms_max": c.probe_round_us_max as f64 / 1e3,
+        "probe_rounds_per_s": c.probe_rounds as f64 / elapsed_s.max(1e-9),
+        "detection_ms": c.last_detection_us.map(|us| us as f64 / 1e3),
+    })
 }
 
 /// Prints the summary of a finished job (the same fields as `run`) and checks the result.
@@ -712,6 +757,8 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
                 "online_certificate": online,
                 "uncertified": done.uncertified,
                 "evictions": done.evictions.iter().map(|(w, at)| json!({"worker": w, "at_s": at})).collect::<Vec<_>>(),
+                "coordinator": done.coordinator.as_ref().map(|c| coordinator_json(c, secs)),
+                "killed": done.killed,
             })
         );
     } else {
@@ -740,6 +787,21 @@ fn summarize<P: Program>(job: &JobArgs<P>, done: &Finished, key: &Key) -> Result
              --run {run})",
             done.events, done.store
         );
+        if let Some(c) = &done.coordinator {
+            println!(
+                "coordinator: {} heartbeats in, {} out ({} sent by the workers); {} probe \
+                 rounds of {:.1} ms; the end seen {} after the work stopped",
+                c.heartbeats_in,
+                c.heartbeats_out,
+                c.worker_heartbeats,
+                c.probe_rounds,
+                c.probe_round_us_sum as f64 / c.probe_rounds.max(1) as f64 / 1e3,
+                c.last_detection_us.map_or_else(
+                    || "?".to_string(),
+                    |us| format!("{:.1} ms", us as f64 / 1e3)
+                ),
+            );
+        }
         if let Some(cert) = &online {
             print!("{}", online_text(cert));
         }
@@ -1028,6 +1090,13 @@ fn status_table(s: &ClusterStatus) -> String {
     o
 }
 
+/// `cluster`'s worker processes, each with whether it is a spare.
+#[derive(Default)]
+struct Fleet {
+    procs: Vec<(Proc, bool)>,
+    killed: u32,
+}
+
 /// A child process killed (SIGKILL) and reaped when dropped.
 struct Proc(Option<Child>);
 
@@ -1101,12 +1170,32 @@ pub(crate) fn coordinator_started(
     Ok(addr)
 }
 
+/// The limits of `cluster`'s checkpoint servers: each of its `processes` (and the oracle, the
+/// submitting client, the certifier) holds a connection, all from 127.0.0.1, so the default
+/// cap of 64 per peer address refused the 65th process of a 64-worker cluster (issue 16);
+/// twice the processes leaves room for replacements whose predecessor's connection is not
+/// closed yet.
+fn loopback_server_config(processes: u32) -> veriflow_checkpoint::server::ServerConfig {
+    let d = veriflow_checkpoint::server::ServerConfig::default();
+    let per_peer = d.max_connections_per_peer.max(2 * processes as usize + 16);
+    veriflow_checkpoint::server::ServerConfig {
+        max_connections_per_peer: per_peer,
+        max_connections: d.max_connections.max(per_peer),
+        ..d
+    }
+}
+
 /// `APP cluster`: checkpoint servers, a coordinator and workers on loopback, one job, then
 /// everything torn down.
 pub(crate) fn cluster_cmd<P: Program>(
     args: &ClusterArgs<P>,
     argv: Vec<String>,
 ) -> Result<(), CliError> {
+    if args.kill_every.is_some() && args.kill_random == 0 {
+        return Err(CliError::Usage(
+            "--kill-every MS paces the kills of --kill-random K: give --kill-random too".into(),
+        ));
+    }
     let dir = tempfile::Builder::new()
         .prefix(&format!("veriflow-{}-cluster-", P::NAME))
         .tempdir()
@@ -1133,14 +1222,15 @@ pub(crate) fn cluster_cmd<P: Program>(
         .build()
         .map_err(|e| CliError::Invalid(format!("cannot start the network: {e}")))?;
     let mut addrs = Vec::new();
+    let config = loopback_server_config(args.workers + args.spares + args.coordinators);
     for i in 0..servers {
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join(format!("cs{i}")))?);
         let server = net
-            .block_on(Server::bind(
+            .block_on(Server::bind_with(
                 "127.0.0.1:0",
                 store,
                 key.clone(),
-                DEFAULT_MAX_FRAME,
+                config.clone(),
             ))
             .map_err(|e| CliError::Invalid(format!("cannot start a checkpoint server: {e}")))?;
         addrs.push(
@@ -1215,8 +1305,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         None
     };
     // The workers.
-    let mut workers: Vec<Proc> = Vec::new();
-    for i in 0..args.workers + args.spares {
+    let worker_args = |i: u32, spare: bool| {
         let mut wa = vec![
             "worker".to_string(),
             "--join".into(),
@@ -1226,7 +1315,7 @@ pub(crate) fn cluster_cmd<P: Program>(
             "--threads".into(),
             args.threads.to_string(),
         ];
-        if i >= args.workers {
+        if spare {
             wa.push("--spare".into());
         }
         if i < args.forge_workers {
@@ -1236,49 +1325,133 @@ pub(crate) fn cluster_cmd<P: Program>(
                 args.job.seed.wrapping_add(u64::from(i))
             ));
         }
-        let log = dir.path().join(format!("worker{i}.log"));
-        workers.push(Proc(Some(spawn_self(&wa, &log)?)));
+        (wa, dir.path().join(format!("worker{i}.log")))
+    };
+    let mut fleet = Fleet::default();
+    for i in 0..args.workers + args.spares {
+        let spare = i >= args.workers;
+        let (wa, log) = worker_args(i, spare);
+        fleet
+            .procs
+            .push((Proc(Some(spawn_self(&wa, &log)?)), spare));
     }
-    let mut kills = kill_draws(
-        args.job.seed,
-        args.kill_random.min(args.workers + args.spares),
-        args.workers + args.spares,
-    );
+    let fleet = std::sync::Mutex::new(fleet);
+    // Kills the first live worker from index `draw` on and, with --replace, starts its
+    // successor (a spare for a spare).
+    let kill_one = |draw: usize| -> Result<(), CliError> {
+        let mut f = fleet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = f.procs.len();
+        let Some(v) = (draw..draw + n)
+            .map(|i| i % n)
+            .find(|&i| f.procs[i].0 .0.is_some())
+        else {
+            return Ok(());
+        };
+        f.procs[v].0.kill();
+        f.killed += 1;
+        if args.replace {
+            let spare = f.procs[v].1;
+            let (wa, log) = worker_args(u32::try_from(n).unwrap_or(u32::MAX), spare);
+            f.procs.push((Proc(Some(spawn_self(&wa, &log)?)), spare));
+        }
+        Ok(())
+    };
+    let total = if args.replace {
+        args.kill_random
+    } else {
+        args.kill_random.min(args.workers + args.spares)
+    };
+    // Seeded kills: a worker at a fraction of the expected tasks (`kill_draws`, which `paper
+    // cluster` reads too); --kill-every draws its victims from the same seed as it goes.
+    let mut rng = ChaCha8Rng::seed_from_u64(args.job.seed ^ 0x6b69_6c6c); // "kill"
+    let mut kills: Vec<(f64, usize)> = if args.kill_every.is_some() {
+        Vec::new()
+    } else {
+        kill_draws(args.job.seed, total, args.workers + args.spares)
+    };
     let expected = args.job.program.expected_tasks();
     let spec = job_spec(&args.job, argv, args.workers + args.spares)?;
     let bar = crate::app::progress_bar(args.job.json, expected);
     let started = std::time::Instant::now();
-    let mut killed: Vec<usize> = Vec::new();
     // The active coordinator's kill, after the workers' first (or at a third of the run).
     let mut coord_kill = (args.kill_coordinator && args.coordinators > 1)
         .then(|| kills.first().map_or(0.33, |k| (k.0 + 0.05).min(0.8)));
-    let mut progress = |n: u64| {
-        if let Some(b) = &bar {
-            crate::app::advance(b, n);
+    // --kill-every: a thread kills one worker every MS ms from the job's first progress
+    // report (the job runs: every worker joined) until the job ends or K were killed.
+    let running = std::sync::Mutex::new(None::<std::time::Instant>);
+    let ended = std::sync::atomic::AtomicBool::new(false);
+    let mut kill_error: Option<CliError> = None;
+    let done = std::thread::scope(|scope| {
+        if let Some(every) = args.kill_every {
+            let every = Duration::from_millis(every);
+            let (running, ended, kill_one, kill_error) =
+                (&running, &ended, &kill_one, &mut kill_error);
+            scope.spawn(move || {
+                let mut n = 0;
+                while n < total && !ended.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Ticks of 20 ms: a kill is at most this late, and the end is seen soon.
+                    std::thread::sleep(Duration::from_millis(20));
+                    let since = *running
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if since.map_or(true, |t0| t0.elapsed() < every * (n + 1)) {
+                        continue;
+                    }
+                    if let Err(e) = kill_one(rng.random_range(0..usize::MAX)) {
+                        *kill_error = Some(e);
+                        return;
+                    }
+                    n += 1;
+                }
+            });
         }
-        let frac = match expected {
-            Some(t) if t > 0 => n as f64 / t as f64,
-            _ => started.elapsed().as_secs_f64(), // no estimate: a kill per elapsed second
+        let mut seeded_error = None;
+        let mut progress = |n: u64| {
+            if let Some(b) = &bar {
+                crate::app::advance(b, n);
+            }
+            running
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_or_insert_with(std::time::Instant::now);
+            let frac = match expected {
+                Some(t) if t > 0 => n as f64 / t as f64,
+                _ => started.elapsed().as_secs_f64(), // no estimate: a kill per elapsed second
+            };
+            while let Some(&(at, w)) = kills.first() {
+                if frac < at {
+                    break;
+                }
+                kills.remove(0);
+                if let Err(e) = kill_one(w) {
+                    seeded_error.get_or_insert(e);
+                }
+            }
+            if coord_kill.is_some_and(|at| frac >= at) {
+                coord_kill = None;
+                coordinators[0].kill();
+            }
         };
-        while let Some(&(at, w)) = kills.first() {
-            if frac < at {
-                break;
-            }
-            kills.remove(0);
-            let victim = (w..w + workers.len())
-                .map(|i| i % workers.len())
-                .find(|i| !killed.contains(i));
-            if let Some(v) = victim {
-                workers[v].kill();
-                killed.push(v);
-            }
+        let done = follow(&caddrs, &key, P::NAME, spec, args.job.json, &mut progress);
+        ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        match seeded_error {
+            Some(e) => Err(e),
+            None => done,
         }
-        if coord_kill.is_some_and(|at| frac >= at) {
-            coord_kill = None;
-            coordinators[0].kill();
-        }
+    });
+    let killed = fleet
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .killed;
+    let done = match kill_error {
+        Some(e) => Err(e),
+        None => done.map(|d| Finished {
+            killed: Some(killed),
+            ..d
+        }),
     };
-    let done = follow(&caddrs, &key, P::NAME, spec, args.job.json, &mut progress);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -1286,7 +1459,7 @@ pub(crate) fn cluster_cmd<P: Program>(
         Ok(d) => summarize(&args.job, &d, &key),
         Err(e) => Err(e),
     };
-    drop(workers);
+    drop(fleet);
     drop(coordinators);
     drop(net);
     if result.is_err() {

@@ -21,6 +21,7 @@ pub mod harness;
 
 pub mod cluster;
 pub mod netns;
+pub mod scale;
 
 pub mod detector;
 

@@ -330,6 +330,40 @@ pub struct ClusterStatus {
     pub gone: Vec<WorkerId>,
     /// How the last job ended, if one did.
     pub last_job: Option<LastJobStatus>,
+    /// What this coordinator did since it started: the per-member costs that bound a
+    /// cluster's size (`paper scale`).
+    #[serde(default)]
+    pub counters: CoordCounters,
+}
+
+/// The coordinator's own traffic and its termination test, counted over its life (they only
+/// grow; lost workers' last reports are kept). In a [`ClusterStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CoordCounters {
+    /// Messages received from workers, heartbeats included.
+    pub messages_in: u64,
+    /// Messages sent to workers, heartbeats included.
+    pub messages_out: u64,
+    /// Failure-detector heartbeats received from workers.
+    pub heartbeats_in: u64,
+    /// Failure-detector heartbeats sent to workers.
+    pub heartbeats_out: u64,
+    /// Heartbeats the workers sent (to the coordinator and to each other), as each worker's
+    /// last counters said (`ToCoord::Metrics`).
+    pub worker_heartbeats: u64,
+    /// Probe rounds of the termination test that every member answered.
+    pub probe_rounds: u64,
+    /// Probes sent (one per member per round).
+    pub probes_sent: u64,
+    /// Vnode work words those rounds' answers carried (V per complete round).
+    pub words_received: u64,
+    /// Time of the complete rounds, from the probes to the last answer, summed, in µs.
+    pub probe_round_us_sum: u64,
+    /// The longest of them, in µs.
+    pub probe_round_us_max: u64,
+    /// The last run's end as the termination test saw it: from the start of the first of the
+    /// two idle rounds that ended it to the stop, in µs.
+    pub last_detection_us: Option<u64>,
 }
 
 /// The current job in a [`ClusterStatus`].

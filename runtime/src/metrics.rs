@@ -44,10 +44,14 @@ pub struct RuntimeMetrics {
     /// Commits per bucket of [`COMMIT_BUCKETS_US`], and one more for the slower (not
     /// cumulative).
     pub commit_buckets: Vec<u64>,
+    /// Failure-detector heartbeats this process sent (a cluster worker counts its own:
+    /// [`heartbeats_sent`]).
+    pub heartbeats: u64,
 }
 
 struct Counters {
     steals: AtomicU64,
+    heartbeats: AtomicU64,
     log_bytes: AtomicU64,
     commits: AtomicU64,
     commit_us_sum: AtomicU64,
@@ -56,6 +60,7 @@ struct Counters {
 
 static COUNTERS: Counters = Counters {
     steals: AtomicU64::new(0),
+    heartbeats: AtomicU64::new(0),
     log_bytes: AtomicU64::new(0),
     commits: AtomicU64::new(0),
     commit_us_sum: AtomicU64::new(0),
@@ -80,11 +85,17 @@ pub(crate) fn committed(bytes: u64, took: Duration) {
     COUNTERS.buckets[i].fetch_add(1, Ordering::Relaxed);
 }
 
+/// `n` failure-detector heartbeats were sent (a cluster worker, as it sends them).
+pub fn heartbeats_sent(n: u64) {
+    COUNTERS.heartbeats.fetch_add(n, Ordering::Relaxed);
+}
+
 /// The counters now (rule 2).
 pub fn snapshot() -> RuntimeMetrics {
     let c = &COUNTERS;
     RuntimeMetrics {
         steals: c.steals.load(Ordering::Relaxed),
+        heartbeats: c.heartbeats.load(Ordering::Relaxed),
         log_bytes: c.log_bytes.load(Ordering::Relaxed),
         commits: c.commits.load(Ordering::Relaxed),
         commit_us_sum: c.commit_us_sum.load(Ordering::Relaxed),
@@ -106,7 +117,9 @@ mod tests {
         committed(100, Duration::from_micros(2_000));
         committed(7, Duration::from_secs(5));
         stolen();
+        heartbeats_sent(3);
         let after = snapshot();
+        assert!(after.heartbeats >= before.heartbeats + 3);
         assert!(after.log_bytes >= before.log_bytes + 107);
         assert!(after.commits >= before.commits + 2);
         assert!(after.steals > before.steals);

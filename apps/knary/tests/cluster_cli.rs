@@ -508,3 +508,76 @@ fn chaos_with_a_short_budget_loses_nothing() {
     assert!(r["faults"]["kills"].as_u64().unwrap() >= 5, "{r}");
     assert_eq!(r["jobs"], r["jobs_right"], "{r}");
 }
+
+/// Issue 16: `--kill-every MS` kills one worker every MS ms of the running job, and
+/// `--replace` starts a successor for each, which joins the running job and takes the vnodes
+/// of the next worker lost. Three kills of three workers: without successors the last kill
+/// would leave nobody to finish the job.
+#[test]
+fn kill_every_kills_on_a_clock_and_replace_keeps_the_cluster_alive() {
+    let out = knary(&[
+        "cluster",
+        "--workers",
+        "3",
+        "--depth",
+        "7",
+        "--fanout",
+        "4",
+        "--grain-us",
+        "400",
+        "--kill-random",
+        "3",
+        "--kill-every",
+        "400",
+        "--replace",
+        "--seed",
+        "5",
+        "--json",
+    ]);
+    out.expect_code(0);
+    let j = out.json();
+    expect_right(&j, "a kill every 400 ms, replaced");
+    assert_eq!(j["failures"], 3, "{out}");
+    assert!(j["recovered_tasks"].as_u64().is_some(), "{out}");
+    // The coordinator's counters come with the summary.
+    let c = &j["coordinator"];
+    assert!(c["probe_rounds"].as_u64() > Some(0), "{out}");
+    assert!(c["heartbeats_in"].as_u64() > Some(0), "{out}");
+    assert!(c["worker_heartbeats"].as_u64() > Some(0), "{out}");
+    assert!(c["detection_ms"].as_f64().is_some(), "{out}");
+
+    // Pacing kills that were not asked for is a usage error.
+    knary(&[
+        "cluster",
+        "--kill-every",
+        "100",
+        "--depth",
+        "3",
+        "--fanout",
+        "2",
+    ])
+    .expect_code(2);
+}
+
+/// Issue 16: `cluster`'s checkpoint servers take a connection from every process: 66 workers
+/// and a coordinator, all from 127.0.0.1, passed the default cap of 64 per peer address.
+#[test]
+fn a_cluster_of_more_processes_than_the_servers_default_cap_per_address_runs() {
+    let out = knary(&[
+        "cluster",
+        "--workers",
+        "66",
+        "--vnodes",
+        "132",
+        "--depth",
+        "5",
+        "--fanout",
+        "3",
+        "--json",
+    ]);
+    out.expect_code(0);
+    let j = out.json();
+    assert_eq!(j["correct"], true, "{out}");
+    assert_eq!(j["workers"], 66, "{out}");
+    assert_eq!(j["tasks"], knary::expected_tasks(5, 3).unwrap(), "{out}");
+}

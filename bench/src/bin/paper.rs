@@ -96,6 +96,10 @@ enum Command {
     /// Issue 18 point 7: sled against redb and fjall as the log's store (CPU, wall, memory,
     /// disk, read-back and recovery time).
     StoreEngines(veriflow_bench::store_engines::StoreEnginesArgs),
+    /// knary in cluster mode at size (issue 16.4): 8-64 one-thread worker processes, 1,000
+    /// vnodes, a worker killed and replaced every 5 s; memory, coordinator CPU, heartbeats and
+    /// the termination test per member, and what would limit 1,000 hosts.
+    Scale(veriflow_bench::scale::ScaleArgs),
     /// Draw every figure again from its JSON results in `--dir` (nothing is run).
     Replot(veriflow_bench::replot::ReplotArgs),
 }
@@ -147,6 +151,7 @@ fn main() -> Result<()> {
         Command::Damage(args) => veriflow_bench::damage::run(&args),
         Command::Memory(args) => veriflow_bench::memory::run(&args),
         Command::StoreEngines(args) => veriflow_bench::store_engines::run(&args),
+        Command::Scale(args) => veriflow_bench::scale::run(&args),
         Command::Replot(args) => veriflow_bench::replot::run(&args),
     }
 }

@@ -101,9 +101,9 @@ pub use driver::{serve, serve_observed, CoordinatorConfig};
 pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
-    rejoin_message, ClusterStatus, FailureStatus, FromOracle, Hosting, JobSpec, JobStatus,
-    LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus, WorkerId,
-    WorkerReport, WorkerStatus,
+    rejoin_message, ClusterStatus, CoordCounters, FailureStatus, FromOracle, Hosting, JobSpec,
+    JobStatus, LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus,
+    WorkerId, WorkerReport, WorkerStatus,
 };
 use journal::{Followed, JobRecord, MemberRecord};
 
@@ -443,6 +443,9 @@ struct Job {
     statuses: BTreeMap<WorkerId, Vec<(u32, u64)>>,
     completed: BTreeMap<WorkerId, u64>,
     last_words: Option<Vec<u64>>,
+    /// When the round that found every word idle and set `last_words` started: the
+    /// termination test's detection time is counted from there.
+    idle_since: Option<Duration>,
     stopping: bool,
     /// The manifest is being recorded (or the outputs read): the summary waits for it.
     recording: bool,
@@ -533,6 +536,10 @@ pub struct Coordinator {
     took_over: bool,
     /// The online oracle's connection and public key (rule 11).
     oracle: Option<(ClientId, [u8; 32])>,
+    /// Traffic and termination-test counts (`APP status`).
+    counters: CoordCounters,
+    /// Heartbeats each worker said it sent, lost ones' last counts kept.
+    worker_heartbeats: BTreeMap<WorkerId, u64>,
     out: Vec<Action>,
 }
 
@@ -564,6 +571,8 @@ impl Coordinator {
             last: None,
             took_over: false,
             oracle: None,
+            counters: CoordCounters::default(),
+            worker_heartbeats: BTreeMap::new(),
             out: Vec::new(),
         }
     }
@@ -607,6 +616,7 @@ impl Coordinator {
                 statuses: BTreeMap::new(),
                 completed: BTreeMap::new(),
                 last_words: None,
+                idle_since: None,
                 stopping: r.stopping,
                 recording: false,
                 outputs: None,
@@ -851,6 +861,10 @@ impl Coordinator {
             failures,
             gone: self.gone.iter().copied().collect(),
             last_job,
+            counters: CoordCounters {
+                worker_heartbeats: self.worker_heartbeats.values().sum(),
+                ..self.counters.clone()
+            },
         }
     }
 
@@ -896,6 +910,7 @@ impl Coordinator {
     }
 
     fn send(&mut self, worker: WorkerId, msg: ToWorker) {
+        self.counters.messages_out += 1;
         self.out.push(Action::ToWorker { worker, msg });
     }
 
@@ -1267,8 +1282,10 @@ impl Coordinator {
         if !self.workers.contains_key(&id) {
             return; // lost, or never admitted (rule 5)
         }
+        self.counters.messages_in += 1;
         match msg {
             ToCoord::Heartbeat(hb) => {
+                self.counters.heartbeats_in += 1;
                 self.detector.on_heartbeat(id, &hb, now);
                 return;
             }
@@ -1277,8 +1294,10 @@ impl Coordinator {
         match msg {
             ToCoord::Heartbeat(_) => {}
             ToCoord::Broken { worker } => self.on_suspicion(now, id, worker),
-            // For the driver's observers only (`observe` rule 2).
-            ToCoord::Metrics(_) => {}
+            // For the driver's observers (`observe` rule 2), and the heartbeat count.
+            ToCoord::Metrics(m) => {
+                self.worker_heartbeats.insert(id, m.heartbeats);
+            }
             ToCoord::Status {
                 job,
                 round,
@@ -1392,6 +1411,14 @@ impl Coordinator {
         j.statuses.insert(id, work);
         if j.statuses.len() == j.members.len() {
             j.outstanding = false;
+            let took =
+                u64::try_from(now.saturating_sub(j.last_round).as_micros()).unwrap_or(u64::MAX);
+            let words: u64 = j.statuses.values().map(|w| w.len() as u64).sum();
+            let c = &mut self.counters;
+            c.probe_rounds += 1;
+            c.probe_round_us_sum = c.probe_round_us_sum.saturating_add(took);
+            c.probe_round_us_max = c.probe_round_us_max.max(took);
+            c.words_received += words;
             self.check_termination(now);
         }
     }
@@ -1464,6 +1491,7 @@ impl Coordinator {
                 match a {
                     FdAction::SendHeartbeat { to, heartbeat } => {
                         if self.workers.contains_key(&to) {
+                            self.counters.heartbeats_out += 1;
                             self.send(to, ToWorker::Heartbeat(heartbeat));
                         }
                     }
@@ -1560,6 +1588,7 @@ impl Coordinator {
                 statuses: BTreeMap::new(),
                 completed: BTreeMap::new(),
                 last_words: None,
+                idle_since: None,
                 stopping: false,
                 recording: false,
                 outputs: None,
@@ -1722,6 +1751,7 @@ impl Coordinator {
         j.round += 1;
         j.statuses.clear();
         let (id, round, members) = (j.id, j.round, j.members.clone());
+        self.counters.probes_sent += members.len() as u64;
         for m in members {
             self.send(m, ToWorker::Probe { job: id, round });
         }
@@ -1769,9 +1799,13 @@ impl Coordinator {
         };
         let idle = words.iter().all(|w| w & 0xffff_ffff == 0);
         if idle && j.last_words.as_ref() == Some(&words) {
+            let since = j.idle_since.unwrap_or(j.last_round);
+            self.counters.last_detection_us =
+                Some(u64::try_from(now.saturating_sub(since).as_micros()).unwrap_or(u64::MAX));
             self.stop_all(now);
         } else {
             j.last_words = Some(words);
+            j.idle_since = idle.then_some(j.last_round);
         }
     }
 

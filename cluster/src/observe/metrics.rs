@@ -173,6 +173,7 @@ mod tests {
                     v[COMMIT_BUCKETS_US.len()] = 1;
                     v
                 },
+                heartbeats: 0,
             },
         };
         let text = encode(Scrape {

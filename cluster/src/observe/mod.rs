@@ -6,8 +6,8 @@
 //! 1. Observers never change the cluster. They read [`Coordinator::status`] snapshots, which
 //!    the driver takes between events (`coordinator` rule 1), and the workers' runtime
 //!    counters; nothing they do reaches the state machine, and the state machine stays I/O-free.
-//! 2. The workers' counters (`veriflow_runtime::metrics`) come with every probe answer
-//!    (`ToCoord::Metrics`); the driver keeps the last one of each worker, lost ones included,
+//! 2. The workers' counters (`veriflow_runtime::metrics`) come with a probe answer, at most
+//!    every 250 ms (`ToCoord::Metrics`); the driver keeps the last one of each worker, lost ones included,
 //!    so the cluster's sums never go down when a worker dies.
 //! 3. The history (throughput over time, the timeline of failures, recoveries, detector
 //!    suspicions and takeovers) is built here from successive snapshots, in bounded rings

@@ -68,7 +68,14 @@ struct State {
     links: HashMap<WorkerId, UnboundedSender<Peer>>,
     job: Option<JobState>,
     exit: Option<String>,
+    /// When the runtime's counters last went to the coordinator ([`METRICS_EVERY`]).
+    metrics_sent: Option<Duration>,
 }
+
+/// The runtime's counters go with a probe answer at most this often (`observe` rule 2): the
+/// dashboard samples every 500 ms, and at 64 workers a copy with each of ~60 probe answers a
+/// second was a third of the coordinator's messages (issue 16).
+const METRICS_EVERY: Duration = Duration::from_millis(250);
 
 struct Driver {
     key: Key,
@@ -102,6 +109,16 @@ impl Driver {
         let me = st.core.id();
         match a {
             Action::ToCoord(m) => {
+                if matches!(m, ToCoord::Heartbeat(_)) {
+                    veriflow_runtime::metrics::heartbeats_sent(1);
+                }
+                if matches!(m, ToCoord::Done { .. } | ToCoord::Failed { .. }) {
+                    // The last counts of the job, whatever METRICS_EVERY held back.
+                    st.metrics_sent = Some(self.clock.now());
+                    let _ = self
+                        .to_coord
+                        .send(ToCoord::Metrics(veriflow_runtime::metrics::snapshot()));
+                }
                 let _ = self.to_coord.send(m);
             }
             Action::ToPeer {
@@ -110,6 +127,9 @@ impl Driver {
                 link_key,
                 frame,
             } => {
+                if matches!(frame, Peer::Heartbeat(_)) {
+                    veriflow_runtime::metrics::heartbeats_sent(1);
+                }
                 let link = match st.links.get(&worker) {
                     Some(l) if !l.is_closed() => l.clone(),
                     _ => {
@@ -146,9 +166,16 @@ impl Driver {
             Action::AnswerProbe { job, round } => {
                 let status = st.job.as_ref().filter(|j| j.id == job).map(|j| &*j.status);
                 let _ = self.to_coord.send(ToCoord::status(job, round, status));
-                let _ = self
-                    .to_coord
-                    .send(ToCoord::Metrics(veriflow_runtime::metrics::snapshot()));
+                let now = self.clock.now();
+                if st
+                    .metrics_sent
+                    .map_or(true, |at| now.saturating_sub(at) >= METRICS_EVERY)
+                {
+                    st.metrics_sent = Some(now);
+                    let _ = self
+                        .to_coord
+                        .send(ToCoord::Metrics(veriflow_runtime::metrics::snapshot()));
+                }
             }
             Action::Exit(reason) => {
                 if st.exit.is_none() {
@@ -571,6 +598,7 @@ async fn serve_worker(
             links: HashMap::new(),
             job: None,
             exit: None,
+            metrics_sent: None,
         }),
         to_coord,
         lost_tx,

@@ -249,7 +249,14 @@ impl Runtime {
         let mut vnodes = Vec::new();
         for &(v, epoch) in hosted {
             shared.set_epoch(v, epoch.0);
-            vnodes.push(self.member_vnode(v, epoch, writer.as_ref(), &shared, transport)?);
+            vnodes.push(self.member_vnode(
+                v,
+                epoch,
+                writer.as_ref(),
+                &shared,
+                transport,
+                hosted.len(),
+            )?);
         }
         *status.hosted.lock().unwrap_or_else(|p| p.into_inner()) =
             hosted.iter().map(|(v, _)| *v).collect();
@@ -297,7 +304,8 @@ impl Runtime {
             // and could be neither inspected nor certified).
             ensure_manifest(&**writer.store(), &run.manifest)?;
         }
-        let mut vn = self.member_vnode(v, epoch, Some(writer), &run.shared, transport)?;
+        let here = run.vnodes.len() + 1;
+        let mut vn = self.member_vnode(v, epoch, Some(writer), &run.shared, transport, here)?;
         let r = vn.resume_from_log(&run.setup)?;
         vn.stats.failures += 1;
         vn.stats.recovered_tasks += r.restarted;
@@ -372,6 +380,7 @@ impl Runtime {
         writer: Option<&LogWriter>,
         shared: &Arc<RunShared>,
         transport: &dyn Transport,
+        here: usize,
     ) -> Result<Vnode, RunError> {
         let core = Core::new(
             v,
@@ -392,7 +401,7 @@ impl Runtime {
             self.clock.clone(),
             rng,
             self.vnodes,
-            self.timers,
+            self.timers.per_thread(here, self.threads),
         );
         vnode.reset(epoch);
         Ok(vnode)

@@ -5,7 +5,9 @@
 //! 1. A run has V vnodes (default: one per thread) and a rayon pool of T threads. Each of
 //!    min(T, V) drivers owns a fixed share of the vnodes (vnode v goes to driver v mod T) and
 //!    steps them in turn, so a vnode is only ever touched by one thread and its graph needs no
-//!    lock. Threads beyond V stay in the pool for rayon work inside task bodies.
+//!    lock. Threads beyond V stay in the pool for rayon work inside task bodies. A driver lets
+//!    its idle vnodes steal only when none of its vnodes has a ready task (`vnode.rs` rule 2:
+//!    the thread is the capacity, not the vnode).
 //! 2. The root task is declared on vnode 0 by the program (parent `None`), after the program
 //!    inputs are logged there as `Input` events. Its outputs are the terminal outputs S, pinned
 //!    on vnode 0; any vnode may steal the root, and its outputs then come home as `Returned`.
@@ -51,7 +53,7 @@ use self::recover::{plant_root, RecoveryContext, RootSetup};
 use self::shared::RunShared;
 pub use self::shared::{Kill, StopToken};
 use self::vnode::Vnode;
-pub use self::vnode::{Timers, VnodeStats};
+pub use self::vnode::{Timers, VnodeStats, STEAL_BACKOFF_SCALE_MAX};
 pub use self::waits::{Stall, VnodeWaits};
 use crate::clock::{Clock, SystemClock};
 use crate::codec;
@@ -528,7 +530,7 @@ impl Runtime {
                 clock,
                 rng,
                 self.vnodes,
-                self.timers,
+                self.timers.per_thread(self.vnodes as usize, self.threads),
             ));
         }
 
@@ -700,7 +702,10 @@ fn drive_share(
             }
         }
         let mut worked = false;
+        // Rule 1: no vnode of this thread steals while one of them has a ready task.
+        let busy = share.iter().any(|v| v.has_ready());
         for v in share.iter_mut() {
+            v.steal_ok = !busy;
             match v.step(STEP_BUDGET) {
                 Ok(w) => worked |= w,
                 Err(e) => {

@@ -144,6 +144,7 @@ fn lost_and_duplicated_messages_are_resent_and_ignored() {
     let timers = crate::Timers {
         steal_timeout: std::time::Duration::from_millis(2),
         resend_after: std::time::Duration::from_millis(3),
+        ..crate::Timers::default()
     };
     let mut lost_total = 0;
     for seed in 0..8u64 {
@@ -444,6 +445,7 @@ fn failed_vnodes_are_recovered_from_checkpoints() {
     let timers = crate::Timers {
         steal_timeout: std::time::Duration::from_millis(2),
         resend_after: std::time::Duration::from_millis(3),
+        ..crate::Timers::default()
     };
     let (mut from_checkpoints, mut restarted, mut tails) = (0, 0, 0);
     for seed in 0..60u64 {
@@ -992,5 +994,46 @@ fn a_run_stopped_by_its_token_is_durable_and_resumes_to_the_same_result() {
         assert_each_task_logged_once(&store, fib_tasks(n), &format!("vnodes {vnodes}"));
         let manifest = Manifest::load(&*store).unwrap().unwrap();
         assert_eq!(manifest.status, RunStatus::Finished, "vnodes {vnodes}");
+    }
+}
+
+/// Rule 2 of `vnode.rs` (issue 16): a process's idle vnodes back off in proportion to the
+/// vnodes it runs per thread, up to the cap.
+#[test]
+fn the_steal_back_off_grows_with_the_vnodes_per_thread() {
+    let t = crate::Timers::default();
+    assert_eq!(t.per_thread(2, 2), t);
+    assert_eq!(t.per_thread(0, 0), t);
+    assert_eq!(
+        t.per_thread(16, 1).steal_backoff_max,
+        t.steal_backoff_max * 16
+    );
+    assert_eq!(
+        t.per_thread(17, 2).steal_backoff_max,
+        t.steal_backoff_max * 9
+    );
+    assert_eq!(
+        t.per_thread(1000, 1).steal_backoff_max,
+        t.steal_backoff_max * crate::exec::STEAL_BACKOFF_SCALE_MAX
+    );
+    assert_eq!(t.per_thread(1000, 1).steal_timeout, t.steal_timeout);
+}
+
+/// Rule 1 of `exec/mod.rs` and rule 2 of `vnode.rs` (issue 16): on one thread, the idle
+/// vnodes do not steal while vnode 0 has a ready task: a stolen task would only wait for the
+/// same thread. Before, they did (and sent a request every 2 ms each all run long).
+#[test]
+fn vnodes_of_a_busy_thread_do_not_steal() {
+    for seed in 0..3 {
+        let rt = Runtime::builder(fib_registry())
+            .threads(1)
+            .vnodes(8)
+            .seed(seed)
+            .build()
+            .unwrap();
+        let r = rt.run(Fib(16), ()).unwrap();
+        assert_eq!(r.outputs.0, fib(16));
+        let adopted: u64 = r.vnodes.iter().map(|s| s.adopted).sum();
+        assert_eq!(adopted, 0, "seed {seed}: {:?}", r.vnodes);
     }
 }
