@@ -43,7 +43,6 @@
 
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -85,12 +84,12 @@ struct Inner {
     /// The copy a read-only store reads (rule 1), removed after the database is closed.
     copy: Option<tempfile::TempDir>,
     /// The first write or flush error (rule 5).
-    poisoned: Mutex<Option<String>>,
+    poisoned: super::engine::Poison,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.poisoned.get_mut().map_or(true, |p| p.is_some()) {
+        if self.poisoned.is_poisoned() {
             // Rule 5: sled's drop would wait forever for the failed write's slot.
             std::mem::forget(self.engine.take());
             return;
@@ -105,47 +104,9 @@ impl Drop for Inner {
     }
 }
 
-thread_local! {
-    /// Set while this thread is inside a guarded call into sled (rule 3).
-    static IN_SLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Installs, once, a panic hook that keeps quiet about panics inside guarded sled calls (they
-/// become errors, reported once by whoever gets them) and hands every other panic to the hook
-/// that was there before.
-fn quiet_sled_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if IN_SLED.with(|f| f.get()) {
-                tracing::debug!("the store engine panicked: {info}");
-            } else {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// Runs `f` (a call into sled), turning a panic into an error (rule 3).
+/// Runs `f` (a call into sled), turning a panic into an error (rule 3; `engine.rs` rule 1).
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
-    quiet_sled_panics();
-    let outer = IN_SLED.with(|flag| flag.replace(true));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    IN_SLED.with(|flag| flag.set(outer));
-    match result {
-        Ok(r) => r,
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            Err(StoreError::Corruption(format!(
-                "the store engine (sled) crashed in {what} (a panic, caught): {msg}"
-            )))
-        }
-    }
+    super::engine::guarded("sled", what, f)
 }
 
 impl SledStore {
@@ -179,7 +140,7 @@ impl SledStore {
                 path: path.to_path_buf(),
                 flushes: Some(Mutex::new((durable, file))),
                 copy: None,
-                poisoned: Mutex::new(None),
+                poisoned: super::engine::Poison::default(),
             }),
         })
     }
@@ -212,7 +173,7 @@ impl SledStore {
                 path: path.to_path_buf(),
                 flushes: None,
                 copy: Some(copy),
-                poisoned: Mutex::new(None),
+                poisoned: super::engine::Poison::default(),
             }),
         })
     }
@@ -237,32 +198,13 @@ impl SledStore {
         if self.inner.copy.is_some() {
             return Err(StoreError::ReadOnly(self.inner.path.clone()));
         }
-        match &*self
-            .inner
-            .poisoned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-        {
-            None => Ok(()),
-            Some(first) => Err(StoreError::Io(format!(
-                "{}: the store takes no more writes after an earlier failure ({first})",
-                self.inner.path.display()
-            ))),
-        }
+        self.inner.poisoned.check(&self.inner.path)
     }
 
     /// Rule 5: runs a write or flush, and poisons the store on its first error.
     fn write<T>(&self, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.writable()?;
-        let r = f();
-        if let Err(e) = &r {
-            self.inner
-                .poisoned
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(|| e.to_string());
-        }
-        r
+        self.inner.poisoned.write(&self.inner.path, f)
     }
 }
 
