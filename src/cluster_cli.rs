@@ -1396,7 +1396,7 @@ pub(crate) fn cluster_cmd<P: Program>(
                     let since = *running
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if since.map_or(true, |t0| t0.elapsed() < every * (n + 1)) {
+                    if since.is_none_or(|t0| t0.elapsed() < every * (n + 1)) {
                         continue;
                     }
                     if let Err(e) = kill_one(rng.random_range(0..usize::MAX)) {

@@ -128,7 +128,7 @@ fn shape_for(tasks: u64) -> Result<Shape> {
                 break;
             };
             let off = t.abs_diff(tasks);
-            if best.as_ref().map_or(true, |(b, _)| off < *b) {
+            if best.as_ref().is_none_or(|(b, _)| off < *b) {
                 best = Some((
                     off,
                     Shape {

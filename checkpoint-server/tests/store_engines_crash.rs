@@ -116,6 +116,9 @@ fn child_main() {
     }
 }
 
+/// Opens an engine's store in a directory.
+type Opener = fn(&str, &Path) -> Result<Arc<dyn Store>, StoreError>;
+
 fn crash_engine(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
@@ -154,8 +157,7 @@ fn crash_engine(engine: &str) {
         let what = format!("{engine}, kill {kill} (seed {SEED:#x}, after {wait} ms)");
         // A reader first (it must not need the writer's recovery), then a writer.
         // One after the other: a redb reader in place holds a shared lock a writer waits on.
-        let opens: [(&str, fn(&str, &Path) -> Result<Arc<dyn Store>, StoreError>); 2] =
-            [("read-only", open_read_only), ("writer", open)];
+        let opens: [(&str, Opener); 2] = [("read-only", open_read_only), ("writer", open)];
         for (how, opener) in opens {
             let store = match opener(engine, &store_dir) {
                 Ok(s) => s,

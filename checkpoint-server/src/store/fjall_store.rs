@@ -365,7 +365,7 @@ impl Store for FjallStore {
     fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
         let _held = self.fence_lock();
         self.write("raise_fence", || {
-            if self.fence_of(scope)?.map_or(true, |n| epoch > n) {
+            if self.fence_of(scope)?.is_none_or(|n| epoch > n) {
                 let mut batch = self.inner.db.batch().durability(None);
                 batch.insert(&self.inner.fences, scope, &epoch.to_le_bytes()[..]);
                 batch.commit().map_err(ferr)?;

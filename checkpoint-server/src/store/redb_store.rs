@@ -393,7 +393,7 @@ impl Store for RedbStore {
                 Some(v) => Some(engine::decode_fence(scope, v.value())?),
                 None => None,
             };
-            if newest.map_or(true, |n| epoch > n) {
+            if newest.is_none_or(|n| epoch > n) {
                 t.insert(scope, &epoch.to_le_bytes()[..]).map_err(rerr)?;
             }
             Ok(())

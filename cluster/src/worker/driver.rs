@@ -169,7 +169,7 @@ impl Driver {
                 let now = self.clock.now();
                 if st
                     .metrics_sent
-                    .map_or(true, |at| now.saturating_sub(at) >= METRICS_EVERY)
+                    .is_none_or(|at| now.saturating_sub(at) >= METRICS_EVERY)
                 {
                     st.metrics_sent = Some(now);
                     let _ = self
