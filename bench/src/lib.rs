@@ -66,6 +66,35 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// The knary tree of about `tasks` tasks (fanout 2 to 16), of grain 0.
+    pub fn about(tasks: u64) -> Result<Shape> {
+        let mut best: Option<(u64, Shape)> = None;
+        for fanout in 2..=16u32 {
+            for depth in 2..=40u32 {
+                let Some(t) = knary::expected_tasks(depth, fanout) else {
+                    break;
+                };
+                let off = t.abs_diff(tasks);
+                if best.as_ref().is_none_or(|(b, _)| off < *b) {
+                    best = Some((
+                        off,
+                        Shape {
+                            depth,
+                            fanout,
+                            serial: 0,
+                            grain_us: 0,
+                        },
+                    ));
+                }
+                if t > tasks {
+                    break;
+                }
+            }
+        }
+        best.map(|(_, s)| s)
+            .with_context(|| format!("no knary tree of about {tasks} tasks"))
+    }
+
     /// The knary program with these parameters.
     pub fn program(&self) -> knary::Knary {
         knary::Knary {

@@ -127,35 +127,6 @@ pub struct Measure {
     pub peak_graph: u64,
 }
 
-/// The knary tree of about `tasks` tasks (fanout 2 to 16).
-fn shape_for(tasks: u64) -> Result<Shape> {
-    let mut best: Option<(u64, Shape)> = None;
-    for fanout in 2..=16u32 {
-        for depth in 2..=40u32 {
-            let Some(t) = knary::expected_tasks(depth, fanout) else {
-                break;
-            };
-            let off = t.abs_diff(tasks);
-            if best.as_ref().is_none_or(|(b, _)| off < *b) {
-                best = Some((
-                    off,
-                    Shape {
-                        depth,
-                        fanout,
-                        serial: 0,
-                        grain_us: 0,
-                    },
-                ));
-            }
-            if t > tasks {
-                break;
-            }
-        }
-    }
-    best.map(|(_, s)| s)
-        .with_context(|| format!("no knary tree of about {tasks} tasks"))
-}
-
 /// The child: one run, printed as JSON on stdout.
 fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
     let tasks = *args.tasks.first().context("the child needs --tasks")?;
@@ -182,7 +153,7 @@ fn child(args: &MemoryArgs, setting: &str) -> Result<()> {
         }
         return Ok(());
     }
-    let shape = shape_for(tasks)?;
+    let shape = Shape::about(tasks)?;
     let expected = shape.tasks()?;
     let checkpoints = match setting {
         "on" => veriflow::DEFAULT_CHECKPOINT_BYTES,
@@ -309,7 +280,7 @@ pub fn run(args: &MemoryArgs) -> Result<()> {
     let mut measures: Vec<Measure> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     for &tasks in &args.tasks {
-        let shape = shape_for(tasks)?;
+        let shape = Shape::about(tasks)?;
         let actual = shape.tasks()?;
         let gib = actual as f64 * LOG_BYTES_PER_TASK / f64::from(1u32 << 30);
         if gib > args.max_log_gib {
@@ -551,7 +522,7 @@ mod tests {
     #[test]
     fn trees_are_close_to_the_sizes_asked() {
         for tasks in [1_000_000u64, 10_000_000, 100_000_000] {
-            let t = shape_for(tasks).unwrap().tasks().unwrap();
+            let t = Shape::about(tasks).unwrap().tasks().unwrap();
             let off = t.abs_diff(tasks) as f64 / tasks as f64;
             assert!(off < 0.2, "{tasks}: {t}");
         }

@@ -775,13 +775,21 @@ mod tests {
     fn proc_is_read_for_a_child() {
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
         let me = std::process::id();
-        let r = read_proc(child.id());
+        // Until the child has exec'd `sleep`, /proc shows a copy of this process: wait for it
+        // (the test read /proc at once and failed 1 run in 2 under load: the test was wrong).
+        let t0 = Instant::now();
+        let r = loop {
+            let r = read_proc(child.id());
+            if r.as_ref().is_some_and(|(.., role)| role == "5") || t0.elapsed().as_secs() >= 4 {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         let _ = child.kill();
         let _ = child.wait();
-        if let Some((ppid, _ticks, hwm, role)) = r {
-            assert_eq!(ppid, me);
-            assert!(hwm > 0);
-            assert_eq!(role, "5");
-        }
+        let (ppid, _ticks, hwm, role) = r.expect("/proc of a live child reads");
+        assert_eq!(ppid, me);
+        assert!(hwm > 0);
+        assert_eq!(role, "5");
     }
 }

@@ -119,35 +119,6 @@ pub struct Measure {
     pub recovery_events: u64,
 }
 
-/// The knary tree of about `tasks` tasks (fanout 2 to 16).
-fn shape_for(tasks: u64) -> Result<Shape> {
-    let mut best: Option<(u64, Shape)> = None;
-    for fanout in 2..=16u32 {
-        for depth in 2..=40u32 {
-            let Some(t) = knary::expected_tasks(depth, fanout) else {
-                break;
-            };
-            let off = t.abs_diff(tasks);
-            if best.as_ref().is_none_or(|(b, _)| off < *b) {
-                best = Some((
-                    off,
-                    Shape {
-                        depth,
-                        fanout,
-                        serial: 0,
-                        grain_us: 0,
-                    },
-                ));
-            }
-            if t > tasks {
-                break;
-            }
-        }
-    }
-    best.map(|(_, s)| s)
-        .with_context(|| format!("no knary tree of about {tasks} tasks"))
-}
-
 fn status_mib(field: &str) -> Option<f64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;
@@ -197,7 +168,7 @@ fn child(args: &StoreEnginesArgs, spec: &str) -> Result<()> {
     } else {
         args.tasks
     };
-    let shape = shape_for(tasks)?;
+    let shape = Shape::about(tasks)?;
     let expected = shape.tasks()?;
     let logs = engine != "none";
     let mut builder = Runtime::builder(knary_registry()?)
