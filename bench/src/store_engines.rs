@@ -39,7 +39,7 @@ use veriflow::runtime::Kill;
 use veriflow::{Program, Runtime, VnodeId};
 use veriflow_checkpoint::{FjallStore, PageLimit, RedbStore, SledStore, Store};
 
-use crate::harness::{loadavg, utc_now, Machine};
+use crate::harness::{dir_bytes, loadavg, status_mib, utc_now, Machine};
 use crate::{knary_registry, CpuSnapshot, Shape};
 
 /// The engines, in the order runs interleave ("none" is S0: no log).
@@ -117,27 +117,6 @@ pub struct Measure {
     pub recovery_ms: f64,
     /// Log events the recovery decoded.
     pub recovery_events: u64,
-}
-
-fn status_mib(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 fn open(engine: &str, dir: &Path) -> Result<Arc<dyn Store>> {
