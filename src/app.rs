@@ -455,32 +455,29 @@ impl StoreArgs {
     /// The run to read in `store`: with `--run NAME` its namespace, which must exist; without,
     /// the store's unnamed run, and a store that holds named runs only says which.
     fn existing_run(&self, store: Arc<dyn Store>) -> Result<Arc<dyn Store>, CliError> {
-        let names = || -> Result<String, CliError> {
-            let names = veriflow_checkpoint::run_names(&*store)?;
-            Ok(if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            })
-        };
         match &self.run {
             Some(name) if Namespaced::exists(&*store, name)? => {
-                Ok(Arc::new(Namespaced::new(store, name)?))
+                return Ok(Arc::new(Namespaced::new(store, name)?));
             }
+            None if store.get(veriflow_runtime::log::MANIFEST_KEY)?.is_some() => return Ok(store),
+            _ => {}
+        }
+        let names = veriflow_checkpoint::run_names(&*store)?;
+        match &self.run {
             Some(name) => Err(CliError::Usage(format!(
                 "{} holds no run named {name} (named runs there: {})",
                 store.describe(),
-                names()?
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
             ))),
-            None if store.get(veriflow_runtime::log::MANIFEST_KEY)?.is_none()
-                && !veriflow_checkpoint::run_names(&*store)?.is_empty() =>
-            {
-                Err(CliError::Usage(format!(
-                    "{} holds named runs only: choose one with --run NAME ({})",
-                    store.describe(),
-                    names()?
-                )))
-            }
+            None if !names.is_empty() => Err(CliError::Usage(format!(
+                "{} holds named runs only: choose one with --run NAME ({})",
+                store.describe(),
+                names.join(", ")
+            ))),
             None => Ok(store),
         }
     }
