@@ -199,8 +199,12 @@ enum Command<P: Program> {
     Worker(crate::cluster_cli::WorkerArgs),
     /// Run the program on a cluster and print the same summary as `run`.
     Submit(crate::cluster_cli::SubmitArgs<P>),
-    /// Show a coordinator's view of its cluster: the job, workers, vnode map and failures.
+    /// Show a coordinator's view of its cluster: its jobs, workers, vnode maps and failures.
     Status(crate::cluster_cli::StatusArgs),
+    /// List a coordinator's jobs: queued, running, and the last ones ended.
+    Jobs(crate::cluster_cli::JobsArgs),
+    /// Act on one job of a coordinator (cancel it).
+    Job(crate::cluster_cli::JobCmdArgs),
     /// Run the online oracle: certify a cluster's jobs while they run, have forgers evicted.
     Oracle(crate::cluster_cli::OracleArgs),
     /// Get workers from a resource manager (Slurm): submit, list and cancel allocations whose
@@ -775,13 +779,15 @@ impl<P: Program> App<P> {
                 }
                 certify_cmd::<P>(&args)
             }
-            Command::Coordinator(args) => crate::cluster_cli::coordinator_cmd(&args, P::NAME),
+            Command::Coordinator(args) => crate::cluster_cli::coordinator_cmd(&args),
             Command::Worker(args) => crate::cluster_cli::worker_cmd::<P>(&args),
             Command::Submit(args) => match args.job.program.validate() {
                 Ok(()) => crate::cluster_cli::submit_cmd::<P>(&args, argv),
                 Err(e) => Err(CliError::Usage(e.0)),
             },
             Command::Status(args) => crate::cluster_cli::status_cmd(&args),
+            Command::Jobs(args) => crate::cluster_cli::jobs_cmd(&args),
+            Command::Job(args) => crate::cluster_cli::job_cmd(&args),
             Command::Oracle(args) => crate::cluster_cli::oracle_cmd::<P>(&args),
             Command::Alloc(args) => crate::alloc_cli::alloc_cmd(&args, P::NAME),
             Command::Cluster(args) => match args.job.program.validate() {

@@ -229,6 +229,45 @@ pub(crate) struct StatusArgs {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct JobsArgs {
+    /// The coordinator to ask.
+    #[arg(long, value_name = "ADDR")]
+    coordinator: String,
+    /// The cluster's key file.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Print the jobs as one JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct JobCmdArgs {
+    #[command(subcommand)]
+    command: JobCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum JobCommand {
+    /// Cancel a job: a queued one is dropped; a running one stops, keeps its logs under its
+    /// run name, and is never recorded as finished. Its submitter exits with an error.
+    Cancel(CancelArgs),
+}
+
+#[derive(Args, Debug)]
+struct CancelArgs {
+    /// The job's id (`jobs` lists them).
+    #[arg(value_name = "ID")]
+    id: u64,
+    /// The coordinators' addresses (the one holding the role answers).
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    coordinator: Vec<String>,
+    /// The cluster's key file.
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct ClusterArgs<P: Program> {
     /// Worker processes.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -284,10 +323,7 @@ pub(crate) struct ClusterArgs<P: Program> {
 }
 
 /// `APP coordinator`: serves until killed.
-pub(crate) fn coordinator_cmd(
-    args: &CoordinatorArgs,
-    program: &'static str,
-) -> Result<(), CliError> {
+pub(crate) fn coordinator_cmd(args: &CoordinatorArgs) -> Result<(), CliError> {
     reachable_listen(&args.listen, "a coordinator", "workers and standbys")?;
     let key = Key::load(&args.key)?;
     if args.store.local_dir().is_some() || matches!(args.store, StoreSpec::Memory) {
@@ -307,7 +343,6 @@ pub(crate) fn coordinator_cmd(
         .map_err(|e| CliError::Invalid(e.to_string()))?;
     let store = open_store(&args.store, Some(&key))?;
     let cfg = CoordinatorConfig {
-        program: program.to_string(),
         key,
         store_spec: args.store.to_string(),
         store: store.clone(),
@@ -373,6 +408,7 @@ pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> 
         P::NAME
     );
     let cfg = veriflow_cluster::oracle::OracleConfig {
+        program: P::NAME.to_string(),
         coordinators: args.coordinator.clone(),
         key,
         oracle_key,
@@ -587,13 +623,13 @@ fn follow(
             }
         }
         // On stderr even with --json, as a takeover: a job that waits is worth knowing.
-        ToSubmit::Queued { running, ahead } => eprintln!(
-            "cluster: queued behind job {running}{}: it starts when they have ended",
-            match ahead {
-                0 => String::new(),
-                n => format!(" and {n} other submission(s)"),
-            }
-        ),
+        ToSubmit::Queued { job, ahead } => {
+            job_id = *job;
+            eprintln!(
+                "cluster: job {job} queued behind {ahead} job(s) of this program: it starts \
+                 when their workers are free (`job cancel {job}` drops it)"
+            );
+        }
         ToSubmit::Progress { completed } => on_progress(*completed),
         ToSubmit::Oracle { commitment } => {
             eprintln!(
@@ -974,6 +1010,71 @@ pub(crate) fn status_cmd(args: &StatusArgs) -> Result<(), CliError> {
     }
 }
 
+/// `APP jobs`: a coordinator's jobs (`coordinator` rule 12).
+pub(crate) fn jobs_cmd(args: &JobsArgs) -> Result<(), CliError> {
+    let key = Key::load(&args.key)?;
+    let s = veriflow_cluster::status(&args.coordinator, &key)?;
+    if s.role != "active" {
+        return Err(CliError::Invalid(format!(
+            "coordinator {} is a {}; ask the active one ({})",
+            s.coordinator,
+            s.role,
+            s.active.as_deref().unwrap_or("unknown")
+        )));
+    }
+    let text = if args.json {
+        serde_json::to_string(&s.jobs)
+            .map_err(|e| CliError::Invalid(format!("cannot print the jobs: {e}")))?
+    } else {
+        jobs_table(&s.jobs)
+    };
+    println!("{text}");
+    Ok(())
+}
+
+/// The human form of a job list.
+fn jobs_table(jobs: &[veriflow_cluster::protocol::JobStatus]) -> String {
+    use std::fmt::Write;
+    if jobs.is_empty() {
+        return "no jobs".to_string();
+    }
+    let mut o = format!(
+        "{:>5}  {:<10} {:<14} {:>12} {:>9}  {:<10} {}\n",
+        "id", "program", "state", "tasks", "time (s)", "run", "command"
+    );
+    for j in jobs {
+        let _ = writeln!(
+            o,
+            "{:>5}  {:<10} {:<14} {:>12} {:>9.1}  {:<10} {}{}",
+            j.id,
+            j.program,
+            j.state,
+            j.tasks_completed,
+            j.elapsed_s,
+            j.run,
+            j.argv.join(" "),
+            j.error
+                .as_deref()
+                .map(|e| format!("\n{:>7}{e}", ""))
+                .unwrap_or_default()
+        );
+    }
+    o.truncate(o.trim_end().len());
+    o
+}
+
+/// `APP job cancel ID`.
+pub(crate) fn job_cmd(args: &JobCmdArgs) -> Result<(), CliError> {
+    match &args.command {
+        JobCommand::Cancel(c) => {
+            let key = Key::load(&c.key)?;
+            let was = veriflow_cluster::cancel(&c.coordinator, &key, c.id)?;
+            println!("job {} cancelled ({was})", c.id);
+            Ok(())
+        }
+    }
+}
+
 /// The human form of a status snapshot.
 fn status_table(s: &ClusterStatus) -> String {
     use std::fmt::Write;
@@ -991,7 +1092,7 @@ fn status_table(s: &ClusterStatus) -> String {
     }
     let _ = writeln!(
         o,
-        "coordinator {} (active, term {:#x}{}{}), program {}",
+        "coordinator {} (active, term {:#x}{}{})",
         s.coordinator,
         s.term,
         if s.took_over { ", took over" } else { "" },
@@ -1000,7 +1101,6 @@ fn status_table(s: &ClusterStatus) -> String {
         } else {
             ""
         },
-        s.program
     );
     if s.coordinators.len() > 1 {
         let _ = writeln!(o, "coordinators: {}", s.coordinators.join(", "));
@@ -1008,35 +1108,39 @@ fn status_table(s: &ClusterStatus) -> String {
     if !s.absent.is_empty() {
         let _ = writeln!(o, "absent members: {:?}", s.absent);
     }
-    match &s.job {
-        Some(j) => {
-            let _ = writeln!(
-                o,
-                "job {}: {} ({}), {} vnodes, {} tasks completed ({:.0}/s), {:.1} s, {} worker(s) \
-                 lost",
-                j.id,
-                j.state,
-                j.argv.join(" "),
-                j.vnodes,
-                j.tasks_completed,
-                j.tasks_per_s,
-                j.elapsed_s,
-                j.workers_lost
-            );
-        }
-        None => {
-            let _ = writeln!(o, "job: none");
-        }
+    let live: Vec<_> = s
+        .jobs
+        .iter()
+        .filter(|j| !j.ended() && j.state != "queued")
+        .collect();
+    if live.is_empty() {
+        let _ = writeln!(o, "job: none");
+    }
+    for j in &live {
+        let _ = writeln!(
+            o,
+            "job {} ({}): {} ({}), {} vnodes, {} tasks completed ({:.0}/s), {:.1} s, {} \
+             worker(s) lost",
+            j.id,
+            j.program,
+            j.state,
+            j.argv.join(" "),
+            j.vnodes,
+            j.tasks_completed,
+            j.tasks_per_s,
+            j.elapsed_s,
+            j.workers_lost
+        );
     }
     if s.waiting > 0 {
-        let _ = writeln!(o, "submissions waiting for workers: {}", s.waiting);
+        let _ = writeln!(o, "jobs queued: {} (`jobs` lists them)", s.waiting);
     }
     let _ = writeln!(o, "workers: {}", s.workers.len());
     if !s.workers.is_empty() {
         let _ = writeln!(
             o,
-            "  {:>4}  {:<22} {:>7} {:>5} {:>6} {:>10}  detector",
-            "id", "address", "threads", "spare", "vnodes", "heard"
+            "  {:>4}  {:<10} {:>5}  {:<22} {:>7} {:>5} {:>6} {:>10}  detector",
+            "id", "program", "job", "address", "threads", "spare", "vnodes", "heard"
         );
     }
     for w in &s.workers {
@@ -1045,8 +1149,10 @@ fn status_table(s: &ClusterStatus) -> String {
             .map_or_else(|| "-".to_string(), |a| format!("{a:.1} s ago"));
         let _ = writeln!(
             o,
-            "  {:>4}  {:<22} {:>7} {:>5} {:>6} {:>10}  {}",
+            "  {:>4}  {:<10} {:>5}  {:<22} {:>7} {:>5} {:>6} {:>10}  {}",
             w.id,
+            w.program,
+            w.job.map_or_else(|| "-".to_string(), |j| j.to_string()),
             w.addr,
             w.threads,
             if w.spare { "yes" } else { "no" },
@@ -1055,34 +1161,40 @@ fn status_table(s: &ClusterStatus) -> String {
             w.detector
         );
     }
-    if !s.map.is_empty() {
-        let _ = writeln!(o, "vnode map (vnode: worker@epoch):");
-        for row in s.map.chunks(8) {
-            let cells: Vec<String> = row
-                .iter()
-                .map(|v| format!("{:>4}: {}@{}", v.vnode, v.worker, v.epoch))
-                .collect();
-            let _ = writeln!(o, " {}", cells.join("  "));
+    for j in &live {
+        if !j.map.is_empty() {
+            let _ = writeln!(o, "vnode map of job {} (vnode: worker@epoch):", j.id);
+            for row in j.map.chunks(8) {
+                let cells: Vec<String> = row
+                    .iter()
+                    .map(|v| format!("{:>4}: {}@{}", v.vnode, v.worker, v.epoch))
+                    .collect();
+                let _ = writeln!(o, " {}", cells.join("  "));
+            }
         }
-    }
-    let _ = writeln!(o, "failures in this job: {}", s.failures.len());
-    for f in &s.failures {
-        let _ = writeln!(
-            o,
-            "  worker {} lost {:.1} s ago ({} vnode(s) moved): {}",
-            f.worker, f.ago_s, f.moved, f.reason
-        );
+        let _ = writeln!(o, "failures in job {}: {}", j.id, j.failures.len());
+        for f in &j.failures {
+            let _ = writeln!(
+                o,
+                "  worker {} lost {:.1} s ago ({} vnode(s) moved): {}",
+                f.worker, f.ago_s, f.moved, f.reason
+            );
+        }
     }
     if !s.gone.is_empty() {
         let _ = writeln!(o, "workers lost since start: {:?}", s.gone);
     }
-    if let Some(l) = &s.last_job {
+    if let Some(l) = s.jobs.iter().rev().find(|j| j.ended()) {
         let _ = match &l.error {
-            Some(e) => writeln!(o, "last job {}: failed: {e}", l.id),
+            Some(e) => writeln!(
+                o,
+                "last job ended: {} ({}): {}: {e}",
+                l.id, l.program, l.state
+            ),
             None => writeln!(
                 o,
-                "last job {}: {}, {} tasks in {:.1} s, {} worker(s) lost",
-                l.id, l.state, l.tasks, l.elapsed_s, l.workers_lost
+                "last job ended: {} ({}): {}, {} tasks in {:.1} s, {} worker(s) lost",
+                l.id, l.program, l.state, l.tasks_completed, l.elapsed_s, l.workers_lost
             ),
         };
     }

@@ -311,7 +311,7 @@ fn one_run(
             bail!("{setting:?}: the job did not finish within {timeout:?}");
         }
         let v = status(&c)?;
-        let done = v["job"]["tasks_completed"].as_u64().unwrap_or(0) as f64 / tasks as f64;
+        let done = v["jobs"][0]["tasks_completed"].as_u64().unwrap_or(0) as f64 / tasks as f64;
         if setting == Setting::S2 && killed_at.is_none() && done >= KILL_AT {
             c.workers[VICTIM].signal("-KILL");
             killed_at = Some(done);

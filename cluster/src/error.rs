@@ -43,6 +43,14 @@ pub enum ClusterError {
     },
 
     // Refused: fix the configuration (key, program, limits).
+    /// The coordinator refused what was asked of a job (a cancel of a job that ended).
+    #[error("coordinator {addr}: {error}")]
+    Job {
+        /// The coordinator.
+        addr: String,
+        /// Why.
+        error: String,
+    },
     /// The coordinator refused us.
     #[error("coordinator {addr} refused us: {reason}")]
     Refused {

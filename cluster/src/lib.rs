@@ -21,7 +21,7 @@ pub mod worker;
 
 pub use error::ClusterError;
 pub use observe::status;
-pub use submit::submit;
+pub use submit::{cancel, submit};
 
 /// The name of job `id`'s logs in the cluster's store (`--run job-N` for `inspect` and
 /// `certify`): each job logs under its own namespace (`veriflow_checkpoint::Namespaced`), so

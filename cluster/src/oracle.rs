@@ -40,6 +40,8 @@ use crate::submit::find;
 
 /// How an oracle process runs.
 pub struct OracleConfig {
+    /// The program whose tasks `registry` holds: the oracle follows its jobs only.
+    pub program: String,
     /// Every coordinator address known.
     pub coordinators: Vec<String>,
     /// The cluster's key (authenticates the links and opens the store).
@@ -97,6 +99,7 @@ pub fn run_oracle(cfg: OracleConfig, say: &mut dyn FnMut(&str)) -> Result<u64, C
     let (cmd_tx, cmd_rx) = std_mpsc::channel::<Cmd>();
     let (said_tx, mut said_rx) = unbounded_channel::<Said>();
     let public_key = cfg.oracle_key.public().to_bytes();
+    let program = cfg.program.clone();
     let (addrs, key, once) = (cfg.coordinators.clone(), cfg.key.clone(), cfg.once);
     let thread = std::thread::Builder::new()
         .name("oracle-follower".into())
@@ -113,6 +116,7 @@ pub fn run_oracle(cfg: OracleConfig, say: &mut dyn FnMut(&str)) -> Result<u64, C
         let mut ended = 0u64;
         loop {
             let hello = Hello::Oracle {
+                program: program.clone(),
                 public_key,
                 following,
             };

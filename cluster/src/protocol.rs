@@ -16,7 +16,7 @@ pub type WorkerId = u32;
 pub enum Hello {
     /// A worker joins.
     Worker {
-        /// Program (app) it runs: must be the coordinator's.
+        /// Program (app) it runs: it serves jobs of that program only (`coordinator` rule 2).
         program: String,
         /// Where its peers reach it.
         peer_addr: String,
@@ -45,8 +45,16 @@ pub enum Hello {
     /// A client asks for the cluster's status ([`ToSubmit::Status`]); read-only, the
     /// connection closes after the answer.
     Status,
+    /// A client cancels job `job` (`coordinator` rule 12): [`ToSubmit::Cancelled`] or
+    /// [`ToSubmit::Failed`] answers, and the connection closes.
+    Cancel {
+        /// The job's id.
+        job: u64,
+    },
     /// The online oracle (`oracle` rules) follows the cluster's jobs.
     Oracle {
+        /// The program whose tasks it can re-run: it follows jobs of that program only.
+        program: String,
         /// Its Ed25519 public key, which signs its certificates.
         public_key: [u8; 32],
         /// The job it was following when its coordinator was replaced, if any.
@@ -250,9 +258,12 @@ pub enum ToSubmit {
         vnodes: u32,
         store: String,
     },
-    /// Another job runs: this one waits in the coordinator's queue, behind job `running` and
-    /// `ahead` other submissions, and starts when they have ended (`Accepted` then).
-    Queued { running: u64, ahead: u32 },
+    /// The job `job` waits in the coordinator's queue: `ahead` jobs of its program run or wait
+    /// before it, and it starts when their workers are free (`Accepted` then).
+    Queued { job: u64, ahead: u32 },
+    /// The answer to [`Hello::Cancel`]: job `job` was cancelled in state `was` (`queued` or
+    /// `running`); its own client hears `Failed`.
+    Cancelled { job: u64, was: String },
     /// Tasks completed so far.
     Progress { completed: u64 },
     /// The coordinator at `coordinator` took over the job (its predecessor was lost).
@@ -305,8 +316,6 @@ pub struct ClusterStatus {
     pub active: Option<String>,
     /// Every coordinator address known, this one first.
     pub coordinators: Vec<String>,
-    /// The program (app) the cluster runs.
-    pub program: String,
     /// This coordinator's term (`journal` rule 1).
     pub term: u64,
     /// Whether this coordinator took over from a predecessor's journal (rule 10).
@@ -317,19 +326,13 @@ pub struct ClusterStatus {
     pub absent: Vec<WorkerId>,
     /// Submissions waiting for their workers.
     pub waiting: u32,
-    /// The current job, if any.
-    pub job: Option<JobStatus>,
+    /// Every job this coordinator knows, by id: queued, running, and the last ones ended
+    /// (`coordinator` rule 12 keeps [`ENDED_KEPT`]).
+    pub jobs: Vec<JobStatus>,
     /// The workers admitted and not lost, by id.
     pub workers: Vec<WorkerStatus>,
-    /// The current job's map: every vnode's host and epoch.
-    pub map: Vec<VnodeStatus>,
-    /// Workers lost so far in the current job (this coordinator's record; the count in `job`
-    /// includes a predecessor's losses).
-    pub failures: Vec<FailureStatus>,
     /// Ids of every worker lost since the cluster started (never admitted again).
     pub gone: Vec<WorkerId>,
-    /// How the last job ended, if one did.
-    pub last_job: Option<LastJobStatus>,
     /// What this coordinator did since it started: the per-member costs that bound a
     /// cluster's size (`paper scale`).
     #[serde(default)]
@@ -366,40 +369,67 @@ pub struct CoordCounters {
     pub last_detection_us: Option<u64>,
 }
 
-/// The current job in a [`ClusterStatus`].
+/// How many ended jobs a coordinator keeps for `APP jobs` and for clients that attach after
+/// the end (`coordinator` rule 12).
+pub const ENDED_KEPT: usize = 64;
+
+/// A job in a [`ClusterStatus`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobStatus {
     pub id: u64,
+    /// The program (app) it runs.
+    pub program: String,
     /// The submit command line, as typed.
     pub argv: Vec<String>,
-    /// `checking store`, `running`, `stopping` or `recording`.
+    /// `queued`, `checking store`, `running`, `stopping`, `cancelling`, `recording`, then
+    /// `finished`, `failed` or `cancelled`.
     pub state: String,
     pub vnodes: u32,
     pub members: Vec<WorkerId>,
-    /// Tasks completed, as the last probe answers say.
+    /// Tasks completed: as the last probe answers say while it runs, the total once finished.
     pub tasks_completed: u64,
     pub tasks_per_s: f64,
     /// Time the job has run, a predecessor's included.
     pub elapsed_s: f64,
     /// Workers lost in this job.
     pub workers_lost: u32,
+    /// Its map while it runs: every vnode's host and epoch.
+    pub map: Vec<VnodeStatus>,
+    /// Workers lost in it under this coordinator (the count in `workers_lost` includes a
+    /// predecessor's losses).
+    pub failures: Vec<FailureStatus>,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
+    /// Its logs' namespace in the store (`certify --store SPEC --run NAME`).
+    pub run: String,
+}
+
+impl JobStatus {
+    /// Whether it has ended (finished, failed or cancelled).
+    pub fn ended(&self) -> bool {
+        matches!(self.state.as_str(), "finished" | "failed" | "cancelled")
+    }
 }
 
 /// A worker in a [`ClusterStatus`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerStatus {
     pub id: WorkerId,
+    /// The program (app) it runs.
+    pub program: String,
+    /// The job it is a member of, if any (a worker serves one job at a time).
+    pub job: Option<u64>,
     /// Where its peers reach it.
     pub addr: String,
     pub threads: u32,
     pub spare: bool,
-    /// Vnodes it hosts in the current job.
+    /// Vnodes it hosts in its job.
     pub vnodes: u32,
     /// Since the coordinator's detector last heard from it.
     pub last_heard_ago_s: Option<f64>,
     /// The coordinator's detector's verdict: `alive`, `unreachable` or `broken`.
     pub detector: String,
-    /// Tasks it completed in the current job, as its last probe answer says.
+    /// Tasks it completed in its job, as its last probe answer says.
     #[serde(default)]
     pub tasks_completed: u64,
 }
@@ -412,7 +442,7 @@ pub struct VnodeStatus {
     pub epoch: u64,
 }
 
-/// A worker lost in the current job.
+/// A worker lost in a job.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FailureStatus {
     pub worker: WorkerId,
@@ -421,19 +451,6 @@ pub struct FailureStatus {
     pub ago_s: f64,
     /// Vnodes that moved away from it.
     pub moved: u32,
-}
-
-/// The end of the last job in a [`ClusterStatus`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LastJobStatus {
-    pub id: u64,
-    /// `finished` or `failed`.
-    pub state: String,
-    pub tasks: u64,
-    pub elapsed_s: f64,
-    pub workers_lost: u32,
-    /// Why it failed.
-    pub error: Option<String>,
 }
 
 /// Another worker as the coordinator introduces it (rule 8 of `coordinator`).

@@ -66,7 +66,7 @@ pub fn submit(
                     lost = Some(format!("{addr} became a standby"));
                     break;
                 }
-                if let ToSubmit::Accepted { job, .. } = msg {
+                if let ToSubmit::Accepted { job, .. } | ToSubmit::Queued { job, .. } = msg {
                     accepted = Some(job);
                 }
                 on_event(&msg);
@@ -74,6 +74,34 @@ pub fn submit(
                     return Ok(msg);
                 }
             }
+        }
+    })
+}
+
+/// Cancels job `job` at whichever of the coordinators at `addrs` holds the role
+/// (`coordinator` rule 12): returns the state it was cancelled in (`queued`, `running`, ...);
+/// a job that ended already, or that the coordinator does not know, is [`ClusterError::Job`].
+pub fn cancel(addrs: &[String], key: &Key, job: u64) -> Result<String, ClusterError> {
+    if addrs.is_empty() {
+        return Err(ClusterError::Refused {
+            addr: String::new(),
+            reason: "no coordinator address given".to_string(),
+        });
+    }
+    let rt = crate::client_runtime()?;
+    rt.block_on(async {
+        let (addr, _reader, _writer, answer) =
+            find(addrs, key, &Hello::Cancel { job }, None, |m: &ToSubmit| {
+                matches!(m, ToSubmit::Standby { .. })
+            })
+            .await?;
+        match answer {
+            ToSubmit::Cancelled { was, .. } => Ok(was),
+            ToSubmit::Failed { error } => Err(ClusterError::Job { addr, error }),
+            other => Err(ClusterError::Refused {
+                addr,
+                reason: format!("it answered a cancel with {other:?}"),
+            }),
         }
     })
 }

@@ -186,22 +186,44 @@ pub fn checkpoint_server_binary() -> PathBuf {
         if std::env::var_os("VERIFLOW_CHECKPOINT_SERVER").is_some() {
             return; // the caller names its own
         }
-        let mut cargo = Command::new(env!("CARGO"));
-        // From inside the workspace, whatever the caller's directory (`paper` runs anywhere).
-        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-            "build",
-            "-p",
-            "veriflow-checkpoint",
-            "--bin",
-            "checkpoint-server",
-        ]);
-        if !cfg!(debug_assertions) {
-            cargo.arg("--release"); // beside a release build's binaries (`paper`)
-        }
-        let status = cargo.status().expect("cargo runs");
-        assert!(status.success(), "building checkpoint-server failed");
+        cargo_build("veriflow-checkpoint", "checkpoint-server");
     });
     veriflow_checkpoint::launch::server_binary().expect("built")
+}
+
+/// `cargo build -p PACKAGE --bin BIN` of this workspace, in the caller's profile.
+fn cargo_build(package: &str, bin: &str) {
+    let mut cargo = Command::new(env!("CARGO"));
+    // From inside the workspace, whatever the caller's directory (`paper` runs anywhere).
+    cargo
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "-p", package, "--bin", bin]);
+    if !cfg!(debug_assertions) {
+        cargo.arg("--release"); // beside a release build's binaries (`paper`)
+    }
+    let status = cargo.status().expect("cargo runs");
+    assert!(status.success(), "building {bin} failed");
+}
+
+/// Another app's binary (`nqueens` from a knary test: two programs on one coordinator), built
+/// up to date once per test process beside the caller's.
+pub fn app_binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !built.iter().any(|b| b == name) {
+        cargo_build(name, name);
+        built.push(name.to_string());
+    }
+    let exe = std::env::current_exe().expect("the test's path");
+    let file = format!("{name}{}", std::env::consts::EXE_SUFFIX);
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(&file))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{file} was built beside {}", exe.display()))
 }
 
 /// How [`Cluster::start_with`] starts a cluster.
@@ -392,9 +414,16 @@ impl Cluster {
 
     /// Starts one more worker of one thread (a spare if `spare`).
     pub fn add_worker(&mut self, spare: bool) {
+        let bin = self.bin.clone();
+        self.add_worker_of(&bin, spare);
+    }
+
+    /// Starts one more worker of one thread running another app's binary `bin` (a coordinator
+    /// serves every program: `coordinator` rule 2).
+    pub fn add_worker_of(&mut self, bin: &Path, spare: bool) {
         let i = self.workers.len();
         let host = self.net.as_ref().map(|net| 2 + i % (net.hosts().len() - 2));
-        let mut c = self.command(host.unwrap_or(0));
+        let mut c = self.command_of(host.unwrap_or(0), bin);
         c.args([
             "worker",
             "--join",
@@ -423,7 +452,12 @@ impl Cluster {
 
     /// `<bin> submit ... --json <program>` as a child process (see [`wait_json`]).
     pub fn submit(&self, program: &[&str]) -> Child {
-        self.command(CLIENT_HOST)
+        self.submit_of(&self.bin, program)
+    }
+
+    /// [`Cluster::submit`] of another app's binary `bin`.
+    pub fn submit_of(&self, bin: &Path, program: &[&str]) -> Child {
+        self.command_of(CLIENT_HOST, bin)
             .args([
                 "submit",
                 "--coordinator",
@@ -441,9 +475,14 @@ impl Cluster {
 
     /// The app binary on `host` of the network (rule 4), or here without one.
     pub fn command(&self, host: usize) -> Command {
+        self.command_of(host, &self.bin)
+    }
+
+    /// `bin` on `host` of the network (rule 4), or here without one.
+    fn command_of(&self, host: usize, bin: &Path) -> Command {
         match &self.net {
-            Some(net) => net.command(host, &self.bin),
-            None => Command::new(&self.bin),
+            Some(net) => net.command(host, bin),
+            None => Command::new(bin),
         }
     }
 

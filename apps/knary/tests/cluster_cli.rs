@@ -75,7 +75,10 @@ fn a_worker_killed_mid_run_is_recovered_and_no_completed_task_runs_again() {
     c.status_until(
         "a fifth of the tasks completed",
         Duration::from_secs(120),
-        |v| v["job"]["tasks_completed"].as_u64() > Some(knary::expected_tasks(7, 4).unwrap() / 5),
+        |v| {
+            v["jobs"][0]["tasks_completed"].as_u64()
+                > Some(knary::expected_tasks(7, 4).unwrap() / 5)
+        },
     );
     c.workers[2].signal("-KILL");
     let (code, v, err) = wait_json(run);
@@ -218,7 +221,7 @@ fn a_second_job_waits_its_turn_and_each_logs_apart_in_one_store() {
             knary::expected_tasks(depth, fanout).unwrap(),
             "{v}"
         );
-        queued += usize::from(err.contains("cluster: queued behind job 1"));
+        queued += usize::from(err.contains("cluster: job 2 queued behind 1 job(s)"));
         names.push((v["run"].as_str().unwrap().to_string(), depth, fanout));
     }
     assert_eq!(

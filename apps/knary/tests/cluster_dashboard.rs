@@ -209,7 +209,7 @@ fn the_dashboard_refuses_a_missing_or_wrong_token_and_a_public_address_without_t
         assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(state["status"]["program"], "knary", "{state}");
+    assert!(state["status"]["jobs"].is_array(), "{state}");
     assert_eq!(state["certification"], Value::Null, "{state}");
     let (code, body) = get(
         &addr,

@@ -72,7 +72,7 @@ fn a_knary_job_across_hosts_with_latency_and_loss_survives_a_killed_worker() {
 
     let run = c.submit(&PROGRAM);
     c.status_until("the job running with progress", LIMIT, |v| {
-        v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
+        v["jobs"][0]["state"] == "running" && v["jobs"][0]["tasks_completed"].as_u64() > Some(0)
     });
     let killed = Instant::now();
     c.workers[1].signal("-KILL");

@@ -180,7 +180,7 @@ fn a_knary_job_on_slurm_workers_survives_a_scancel_and_the_allocation_is_replace
     // A job, and one worker's allocation cancelled while it runs.
     let run = c.submit(&PROGRAM);
     c.status_until("the job running with progress", LIMIT, |v| {
-        v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
+        v["jobs"][0]["state"] == "running" && v["jobs"][0]["tasks_completed"].as_u64() > Some(0)
     });
     let victim = first[1]["id"].as_str().expect("an id").to_string();
     let cancelled = Instant::now();

@@ -33,10 +33,10 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
         v["workers"].as_array().map(Vec::len) == Some(3)
     });
     assert_eq!(v["role"], "active", "{v}");
-    assert_eq!(v["program"], "knary", "{v}");
-    assert_eq!(v["job"], Value::Null, "{v}");
-    assert_eq!(v["map"], serde_json::json!([]), "{v}");
+    assert_eq!(v["jobs"], serde_json::json!([]), "{v}");
     for w in v["workers"].as_array().unwrap() {
+        assert_eq!(w["program"], "knary", "{v}");
+        assert_eq!(w["job"], Value::Null, "{v}");
         assert_eq!(w["threads"], 1, "{v}");
         assert_eq!(w["spare"], false, "{v}");
         assert_eq!(w["detector"], "alive", "{v}");
@@ -48,10 +48,12 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     // (87381 tasks of 1 ms over 3 workers).
     let run = c.submit(&["--depth", "8", "--fanout", "4", "--grain-us", "1000"]);
     let v = c.status_until("a running job with progress", LIMIT, |v| {
-        v["job"]["state"] == "running" && v["job"]["tasks_completed"].as_u64() > Some(0)
+        v["jobs"][0]["state"] == "running" && v["jobs"][0]["tasks_completed"].as_u64() > Some(0)
     });
-    let job = &v["job"];
+    let job = &v["jobs"][0];
     assert_eq!(job["id"], 1, "{v}");
+    assert_eq!(job["program"], "knary", "{v}");
+    assert_eq!(job["run"], "job-1", "{v}");
     assert_eq!(job["argv"][0], "submit", "{v}");
     assert!(
         job["argv"]
@@ -65,7 +67,7 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     assert_eq!(job["members"], serde_json::json!([1, 2, 3]), "{v}");
     assert!(job["tasks_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(job["elapsed_s"].as_f64().unwrap() > 0.0, "{v}");
-    let map = v["map"].as_array().unwrap();
+    let map = job["map"].as_array().unwrap();
     assert_eq!(map.len(), 3, "{v}");
     for (i, m) in map.iter().enumerate() {
         assert_eq!(m["vnode"], i, "{v}");
@@ -78,7 +80,15 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
         .map(|w| w["vnodes"].as_u64().unwrap())
         .sum();
     assert_eq!(hosted, 3, "{v}");
-    assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+    assert!(
+        v["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["job"] == 1),
+        "{v}"
+    );
+    assert_eq!(job["failures"], serde_json::json!([]), "{v}");
 
     // The table says the same for people.
     let table = knary(&[
@@ -89,19 +99,20 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
         s(&c.key),
     ]);
     table.expect_code(0);
-    assert!(table.stdout.contains("job 1: running"), "{table}");
-    assert!(table.stdout.contains("vnode map"), "{table}");
+    assert!(table.stdout.contains("job 1 (knary): running"), "{table}");
+    assert!(table.stdout.contains("vnode map of job 1"), "{table}");
 
     // A worker killed: the failure shows, its vnode moved at a new epoch.
     c.workers[1].signal("-KILL");
     let v = c.status_until("a failure", LIMIT, |v| {
-        v["failures"].as_array().map(Vec::len) == Some(1)
+        v["jobs"][0]["failures"].as_array().map(Vec::len) == Some(1)
     });
-    let lost = v["failures"][0]["worker"].as_u64().unwrap();
+    let job = &v["jobs"][0];
+    let lost = job["failures"][0]["worker"].as_u64().unwrap();
     assert!(!ids(&v["workers"]).contains(&lost), "{v}");
-    assert_eq!(v["job"]["workers_lost"], 1, "{v}");
+    assert_eq!(job["workers_lost"], 1, "{v}");
     assert_eq!(v["gone"], serde_json::json!([lost]), "{v}");
-    let map = v["map"].as_array().unwrap();
+    let map = job["map"].as_array().unwrap();
     assert!(map.iter().all(|m| m["worker"] != lost), "{v}");
     assert!(map.iter().any(|m| m["epoch"] == 1), "{v}");
 
@@ -109,11 +120,13 @@ fn status_shows_the_job_workers_map_and_a_killed_worker_then_the_jobs_end() {
     let (code, done, err) = wait_json_within(run, Duration::from_secs(120), "submit");
     assert_eq!(code, 0, "{err}");
     let v = c.status();
-    assert_eq!(v["job"], Value::Null, "{v}");
-    assert_eq!(v["last_job"]["id"], 1, "{v}");
-    assert_eq!(v["last_job"]["state"], "finished", "{v}");
-    assert_eq!(v["last_job"]["tasks"], done["tasks"], "{v}");
-    assert_eq!(v["last_job"]["workers_lost"], 1, "{v}");
+    let job = &v["jobs"][0];
+    assert_eq!(v["jobs"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(job["id"], 1, "{v}");
+    assert_eq!(job["state"], "finished", "{v}");
+    assert_eq!(job["tasks_completed"], done["tasks"], "{v}");
+    assert_eq!(job["workers_lost"], 1, "{v}");
+    assert_eq!(job["map"], serde_json::json!([]), "{v}");
 }
 
 #[test]

@@ -89,7 +89,7 @@ fn transport3d_async_across_hosts_with_latency_and_loss_survives_a_killed_worker
             "--json",
         ]);
         out.expect_code(0);
-        if out.json()["job"]["state"] == "running" {
+        if out.json()["jobs"][0]["state"] == "running" {
             break;
         }
         assert!(t0.elapsed() < LIMIT, "the job did not start: {out}");

@@ -170,7 +170,7 @@ impl Demand {
     pub fn of(status: &ClusterStatus) -> Demand {
         if status.role != "active" {
             Demand::Unknown
-        } else if status.job.is_some() || status.waiting > 0 {
+        } else if status.waiting > 0 || status.jobs.iter().any(|j| !j.ended()) {
             Demand::Needed
         } else {
             Demand::Idle

@@ -188,7 +188,16 @@ fn demand_comes_from_the_job_and_the_waiting_submissions() {
     st.waiting = 1;
     assert_eq!(Demand::of(&st), Demand::Needed);
     st.waiting = 0;
-    st.job = Some(JobStatus::default());
+    st.jobs = vec![JobStatus {
+        state: "finished".into(),
+        ..JobStatus::default()
+    }];
+    assert_eq!(
+        Demand::of(&st),
+        Demand::Idle,
+        "an ended job asks for nothing"
+    );
+    st.jobs[0].state = "running".into();
     assert_eq!(Demand::of(&st), Demand::Needed);
     st.role = "standby".into();
     assert_eq!(Demand::of(&st), Demand::Unknown);

@@ -32,8 +32,6 @@ use crate::protocol::{
 /// How a coordinator process runs.
 #[derive(Clone)]
 pub struct CoordinatorConfig {
-    /// The program (app) this cluster runs.
-    pub program: String,
     /// The cluster's key.
     pub key: Key,
     /// The store every member logs into, as a spec.
@@ -53,7 +51,6 @@ pub struct CoordinatorConfig {
 impl std::fmt::Debug for CoordinatorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorConfig")
-            .field("program", &self.program)
             .field("store", &self.store_spec)
             .field("standby", &self.standby)
             .finish_non_exhaustive()
@@ -187,7 +184,7 @@ pub async fn serve_observed(
     let clock = SystemClock::default();
     let (term, found) = acquire(&cfg, &advertise, &role).await?;
     let secret = veriflow_checkpoint::key::random_bytes::<32>();
-    let mut config = Config::new(&cfg.program, &cfg.store_spec, cfg.fd, secret);
+    let mut config = Config::new(&cfg.store_spec, cfg.fd, secret);
     config.advertise = advertise.clone();
     config.coordinators = cfg.coordinators.clone();
     config.term = term;
@@ -424,7 +421,7 @@ async fn connection(
             Hello::Worker { .. } | Hello::Rejoin(_) => {
                 writer.send(&ToWorker::Standby { active }).await
             }
-            Hello::Submit { .. } | Hello::Attach { .. } | Hello::Status => {
+            Hello::Submit { .. } | Hello::Attach { .. } | Hello::Cancel { .. } | Hello::Status => {
                 writer.send(&ToSubmit::Standby { active }).await
             }
             Hello::Oracle { .. } => writer.send(&ToOracle::Standby { active }).await,
@@ -471,11 +468,22 @@ async fn connection(
             serve_client(id, Event::Attach { client: id, job }, writer, &events).await;
             return;
         }
+        Hello::Cancel { job } => {
+            serve_client(id, Event::Cancel { client: id, job }, writer, &events).await;
+            return;
+        }
         Hello::Oracle {
+            program,
             public_key,
             following,
         } => {
-            serve_oracle(id, public_key, following, reader, writer, &events).await;
+            let hello = Event::OracleJoined {
+                client: id,
+                program,
+                public_key,
+                following,
+            };
+            serve_oracle(id, hello, reader, writer, &events).await;
             return;
         }
         Hello::Status => {
@@ -531,7 +539,10 @@ async fn serve_client(
     let _ = events.send(Input::ClientConn { id, tx });
     let _ = events.send(Input::Event(event));
     while let Some(m) = rx.recv().await {
-        let last = matches!(m, ToSubmit::Finished { .. } | ToSubmit::Failed { .. });
+        let last = matches!(
+            m,
+            ToSubmit::Finished { .. } | ToSubmit::Failed { .. } | ToSubmit::Cancelled { .. }
+        );
         if writer.send(&m).await.is_err() || last {
             break;
         }
@@ -542,19 +553,14 @@ async fn serve_client(
 /// coordinator's messages to it are written until it is refused or the connection ends.
 async fn serve_oracle(
     id: ClientId,
-    public_key: [u8; 32],
-    following: Option<u64>,
+    hello: Event,
     mut reader: veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>,
     mut writer: veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>,
     events: &UnboundedSender<Input>,
 ) {
     let (tx, mut rx) = unbounded_channel::<ToOracle>();
     let _ = events.send(Input::OracleConn { id, tx });
-    let _ = events.send(Input::Event(Event::OracleJoined {
-        client: id,
-        public_key,
-        following,
-    }));
+    let _ = events.send(Input::Event(hello));
     let events2 = events.clone();
     let reading = tokio::spawn(async move {
         let reason = loop {

@@ -43,7 +43,10 @@ pub const LEASE_KEY: &[u8] = b"coord/lease";
 pub const JOURNAL_KEY: &[u8] = b"coord/journal";
 
 const LEASE_MAGIC: [u8; 4] = *b"VFCL";
-const JOURNAL_MAGIC: [u8; 4] = *b"VFCJ";
+/// Format 2 (many jobs: running, queued and ended ones).
+const JOURNAL_MAGIC: [u8; 4] = *b"VFC2";
+/// Format 1 (one job), written before issue 18: refused by name.
+const JOURNAL_MAGIC_1: [u8; 4] = *b"VFCJ";
 /// Largest journal accepted: 4,096 vnodes and a few thousand members fit many times.
 const JOURNAL_LIMIT: u64 = 64 << 20;
 
@@ -86,6 +89,8 @@ pub struct Lease {
 /// A worker admitted by a coordinator, as its successor needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
+    /// The program (app) it runs.
+    pub program: String,
     /// Where its peers reach it.
     pub peer_addr: String,
     /// Its threads.
@@ -96,11 +101,13 @@ pub struct MemberRecord {
     pub public_key: [u8; 32],
 }
 
-/// The running job, as its coordinator's successor needs it.
+/// A running job, as its coordinator's successor needs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     /// The job's id.
     pub id: u64,
+    /// The program (app) it runs.
+    pub program: String,
     /// What was submitted.
     pub spec: JobSpec,
     /// Host of each vnode.
@@ -109,8 +116,10 @@ pub struct JobRecord {
     pub epoch: Vec<u64>,
     /// The job's live members.
     pub members: Vec<WorkerId>,
-    /// The coordinator decided the run is over and told the members to stop.
+    /// The coordinator decided the run is over (or was cancelled) and told the members to stop.
     pub stopping: bool,
+    /// A client cancelled it (`coordinator` rule 12).
+    pub cancelled: bool,
     /// Workers lost so far.
     pub lost: u32,
     /// Seconds the job had run when this was written.
@@ -134,6 +143,32 @@ pub struct Followed {
     pub evicted: Vec<(WorkerId, [u8; 32])>,
 }
 
+/// A job waiting in the queue (`coordinator` rule 12).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedRecord {
+    /// The id it was given at submission.
+    pub id: u64,
+    /// The program (app) it runs.
+    pub program: String,
+    /// What was submitted.
+    pub spec: JobSpec,
+}
+
+/// A job that ended (`coordinator` rule 12).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EndedRecord {
+    /// Its id.
+    pub id: u64,
+    /// The program (app) it ran.
+    pub program: String,
+    /// The submit command line.
+    pub argv: Vec<String>,
+    /// Whether it was cancelled (its end is then `Failed`).
+    pub cancelled: bool,
+    /// Its end: `Finished` or `Failed`.
+    pub end: ToSubmit,
+}
+
 /// Everything a successor needs (rule 3).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Journal {
@@ -147,10 +182,13 @@ pub struct Journal {
     pub members: BTreeMap<WorkerId, MemberRecord>,
     /// Lost workers: never admitted again (`coordinator` rule 5).
     pub gone: BTreeSet<WorkerId>,
-    /// The running job.
-    pub job: Option<JobRecord>,
-    /// The last job's end, for a client that reattaches after it (`Finished` or `Failed`).
-    pub last: Option<(u64, ToSubmit)>,
+    /// The running jobs, by id.
+    pub jobs: Vec<JobRecord>,
+    /// The queued jobs, in submission order: a successor keeps them (`coordinator` rule 12).
+    pub queue: Vec<QueuedRecord>,
+    /// The last jobs' ends (at most [`crate::protocol::ENDED_KEPT`], oldest first), for
+    /// `APP jobs` and a client that reattaches after its job ended.
+    pub ended: Vec<EndedRecord>,
     /// Every coordinator address known (the active one first): workers and clients learn them.
     pub coordinators: Vec<String>,
 }
@@ -257,6 +295,13 @@ pub fn read_journal(store: &dyn Store) -> Result<Option<Journal>, JournalError> 
         what: "journal",
         reason,
     };
+    if bytes.starts_with(&JOURNAL_MAGIC_1) {
+        return Err(damaged(
+            "it is in format 1 (one job per coordinator), written by an older veriflow: finish \
+             its job with that version, or start the coordinators on a fresh store"
+                .to_string(),
+        ));
+    }
     let payload =
         codec::unframe(JOURNAL_MAGIC, &bytes, JOURNAL_LIMIT).map_err(|e| damaged(e.to_string()))?;
     codec::decode(payload)

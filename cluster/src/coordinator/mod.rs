@@ -10,15 +10,23 @@
 //!
 //! 1. One state machine owns all state; events are handled one at a time, in the order the
 //!    caller gives them, and the actions of one event are carried out in order.
-//! 2. A job maps its V vnodes round-robin onto the non-spare workers; every worker, spares
-//!    too, is a member of the job. The host of vnode 0 starts the run (manifest and root).
-//!    Each job logs under its own namespace of the store, `job-N` ([`crate::job_store`]), so
-//!    one store holds every job; before it starts, that namespace is checked
-//!    ([`Action::CheckStore`]): one that holds a run already (a journal lost) is refused.
-//!    One job runs at a time: a job submitted while another runs is queued
-//!    ([`ToSubmit::Queued`]) and starts, in submission order, once the jobs before it ended. A worker that joins while a job runs (not stopping, no takeover under
-//!    way) becomes a member hosting nothing: it is started with an empty share, probed from the
-//!    round under way, and is a candidate when a lost member's vnodes move (rule 5).
+//! 2. Jobs and programs. A worker runs one program (its hello says which) and serves one job
+//!    at a time; the coordinator serves any number of programs and jobs. A job of program P
+//!    starts when it is the first waiting job of P and at least its `min_workers` workers of
+//!    P are free (in no job); it takes every free worker of P: it maps its V vnodes
+//!    round-robin onto the non-spare ones, and the spares are members hosting nothing. So
+//!    jobs of different programs run at once on their own workers, and jobs of one program
+//!    run one after another in submission order (or at once, as workers free up or join). A
+//!    job waiting behind a job of its program is queued ([`ToSubmit::Queued`]) and its
+//!    `join_patience` counts only from when no job of its program runs. The host of vnode 0
+//!    starts the run (manifest and root). Each job logs under its own namespace of the
+//!    store, `job-N` ([`crate::job_store`]), so one store holds every job; before it starts,
+//!    that namespace is checked ([`Action::CheckStore`]): one that holds a run already (a
+//!    journal lost) is refused. A worker that joins while a job of its program runs (not
+//!    stopping, no takeover under way, no job of its program waiting for workers) becomes a
+//!    member of the oldest such job, hosting nothing: it is started with an empty share,
+//!    probed from the round under way, and is a candidate when a lost member's vnodes move
+//!    (rule 5). Rules 3-6 hold per job.
 //! 3. Termination: the coordinator probes every member for the work words of the vnodes it
 //!    hosts; when two complete rounds in a row cover all V vnodes, every word has no work
 //!    outstanding and no word changed, the run is over (the two-scan test of the runtime's
@@ -84,7 +92,15 @@
 //!     An oracle that fails, or is away for `oracle_patience` while the summary waits, lets
 //!     the job end with the members' outputs and `uncertified` saying why. An oracle that
 //!     comes back (`following` the job, after a takeover or a restart) hears `Follow` again,
-//!     and `Ended` if the summary waits.
+//!     and `Ended` if the summary waits. The oracle runs one program and follows one job at a
+//!     time: a job of its program that starts while no other is followed.
+//! 12. **The job list and cancel.** A job gets its id when it is submitted; the queue is
+//!     journaled (rule 9), so a successor keeps queued jobs and their clients attach by id.
+//!     The last [`crate::protocol::ENDED_KEPT`] ended jobs are kept for `APP jobs` and for
+//!     clients that attach late. `Cancel` drops a queued job, or stops a running one (rule 3's
+//!     stop, journaled first) and ends it `Failed` as cancelled when its members have reported:
+//!     a cancelled run is never recorded as finished (its manifest stays `Running`, its logs
+//!     stay in its namespace). A job already recording its end is not cancelled.
 
 pub(crate) mod driver;
 pub mod journal;
@@ -102,10 +118,10 @@ pub use journal::{Journal, LeaseParams};
 
 use crate::protocol::{
     rejoin_message, ClusterStatus, CoordCounters, FailureStatus, FromOracle, Hosting, JobSpec,
-    JobStatus, LastJobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus,
-    WorkerId, WorkerReport, WorkerStatus,
+    JobStatus, PeerInfo, Rejoin, ToCoord, ToOracle, ToSubmit, ToWorker, VnodeStatus, WorkerId,
+    WorkerReport, WorkerStatus, ENDED_KEPT,
 };
-use journal::{Followed, JobRecord, MemberRecord};
+use journal::{EndedRecord, Followed, JobRecord, MemberRecord, QueuedRecord};
 
 /// A submitting client's connection, numbered by the driver.
 pub type ClientId = u64;
@@ -149,8 +165,6 @@ impl Default for Limits {
 /// How a coordinator behaves (its I/O-free part).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The program (app) this cluster runs.
-    pub program: String,
     /// The store every member logs into, as a spec the workers open.
     pub store_spec: String,
     /// The failure detector's parameters (paper 004 §4), sent to every worker too.
@@ -185,9 +199,8 @@ pub struct Config {
 
 impl Config {
     /// A configuration with the defaults of a real coordinator.
-    pub fn new(program: &str, store_spec: &str, fd: FdParams, secret: [u8; 32]) -> Config {
+    pub fn new(store_spec: &str, fd: FdParams, secret: [u8; 32]) -> Config {
         Config {
-            program: program.to_string(),
             store_spec: store_spec.to_string(),
             fd,
             seed: u64::from_le_bytes(secret[..8].try_into().unwrap_or_default()),
@@ -211,7 +224,7 @@ impl Config {
 /// What a worker says when it joins.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Joining {
-    /// Program (app) it runs: must be the coordinator's.
+    /// Program (app) it runs: it serves jobs of that program (rule 2).
     pub program: String,
     /// Where its peers reach it.
     pub peer_addr: String,
@@ -265,6 +278,13 @@ pub enum Event {
         /// The job.
         job: JobSpec,
     },
+    /// A client cancels job `job` on a new connection, numbered `client` (rule 12).
+    Cancel {
+        /// The client.
+        client: ClientId,
+        /// The job.
+        job: u64,
+    },
     /// A client follows job `job` again on a new connection (rule 10).
     Attach {
         /// The client.
@@ -297,6 +317,8 @@ pub enum Event {
     OracleJoined {
         /// Its connection.
         client: ClientId,
+        /// The program it re-runs tasks of.
+        program: String,
         /// Its certificate-signing public key.
         public_key: [u8; 32],
         /// The job it followed before, if any.
@@ -398,6 +420,7 @@ pub fn link_key(secret: &[u8; 32], a: WorkerId, b: WorkerId) -> [u8; 32] {
 }
 
 struct Worker {
+    program: String,
     peer_addr: String,
     threads: u32,
     spare: bool,
@@ -407,6 +430,7 @@ struct Worker {
 impl Worker {
     fn record(&self) -> MemberRecord {
         MemberRecord {
+            program: self.program.clone(),
             peer_addr: self.peer_addr.clone(),
             threads: self.threads,
             spare: self.spare,
@@ -415,18 +439,34 @@ impl Worker {
     }
 }
 
-/// A submission waiting for its workers, or for the store check.
+/// A submission waiting for its workers.
 struct Waiting {
-    client: ClientId,
+    id: u64,
+    /// Its client; none after a takeover until it attaches (rule 12).
+    client: Option<ClientId>,
+    program: String,
     spec: JobSpec,
-    /// Until when it waits for its workers (from when it reached the front of the queue).
+    /// Until when it waits for its workers (from when no job of its program runs).
     deadline: Duration,
-    /// Queued behind a running job (rule 2): its deadline starts once that job has ended.
+    /// Queued behind a job of its program (rule 2): its deadline starts once none runs.
     queued: bool,
+}
+
+impl Waiting {
+    fn record(&self) -> QueuedRecord {
+        QueuedRecord {
+            id: self.id,
+            program: self.program.clone(),
+            spec: self.spec.clone(),
+        }
+    }
 }
 
 struct Job {
     id: u64,
+    program: String,
+    /// A client cancelled it (rule 12): it stops, and ends `Failed` without being recorded.
+    cancelled: bool,
     /// The following client; none after a takeover until it attaches (rule 10).
     client: Option<ClientId>,
     spec: JobSpec,
@@ -471,6 +511,8 @@ impl Job {
     fn record(&self, now: Duration, wall_zero: Duration) -> JobRecord {
         JobRecord {
             id: self.id,
+            program: self.program.clone(),
+            cancelled: self.cancelled,
             spec: self.spec.clone(),
             host: self.host.clone(),
             epoch: self.epoch.clone(),
@@ -501,6 +543,55 @@ impl Job {
     fn elapsed(&self, now: Duration) -> Duration {
         self.carried + now.saturating_sub(self.started)
     }
+
+    /// A job given its id at submission, before its store check (rule 2).
+    fn new(w: Waiting, now: Duration) -> Job {
+        Job {
+            id: w.id,
+            program: w.program,
+            cancelled: false,
+            client: w.client,
+            spec: w.spec,
+            running: false,
+            host: Vec::new(),
+            epoch: Vec::new(),
+            members: Vec::new(),
+            round: 0,
+            outstanding: false,
+            last_round: now,
+            statuses: BTreeMap::new(),
+            completed: BTreeMap::new(),
+            last_words: None,
+            idle_since: None,
+            stopping: false,
+            recording: false,
+            outputs: None,
+            done: BTreeMap::new(),
+            error: None,
+            started: now,
+            carried: Duration::ZERO,
+            lost: 0,
+            failures: Vec::new(),
+            last_progress: now,
+            followed: None,
+            awaiting: None,
+        }
+    }
+
+    /// Its state in [`JobStatus`].
+    fn state(&self) -> &'static str {
+        if !self.running {
+            "checking store"
+        } else if self.recording {
+            "recording"
+        } else if self.cancelled {
+            "cancelling"
+        } else if self.stopping {
+            "stopping"
+        } else {
+            "running"
+        }
+    }
 }
 
 /// A successor waiting for the job's members (rule 10).
@@ -519,9 +610,13 @@ pub struct Coordinator {
     workers: BTreeMap<WorkerId, Worker>,
     /// Ids of workers lost: never admitted again (rule 5).
     gone: BTreeSet<WorkerId>,
-    job: Option<Job>,
+    /// Jobs started (checking the store, running, ending), by id (rule 2).
+    jobs: BTreeMap<u64, Job>,
     next_job: u64,
+    /// Jobs waiting for their workers, in submission order (rule 2).
     waiting: Vec<Waiting>,
+    /// The last jobs ended, oldest first (rule 12).
+    ended: std::collections::VecDeque<EndedRecord>,
     detector: Detector,
     /// Who suspects whom (rule 4).
     suspicions: BTreeMap<WorkerId, BTreeMap<WorkerId, Duration>>,
@@ -530,12 +625,10 @@ pub struct Coordinator {
     /// Members of a predecessor that have not come back yet (rule 10).
     absent: BTreeMap<WorkerId, MemberRecord>,
     recovery: Option<Recovery>,
-    /// The last job's end (rule 10: a client may attach after it).
-    last: Option<(u64, ToSubmit)>,
     /// Whether this coordinator started from a predecessor's journal (rule 10).
     took_over: bool,
-    /// The online oracle's connection and public key (rule 11).
-    oracle: Option<(ClientId, [u8; 32])>,
+    /// The online oracle's connection, public key and program (rule 11).
+    oracle: Option<(ClientId, [u8; 32], String)>,
     /// Traffic and termination-test counts (`APP status`).
     counters: CoordCounters,
     /// Heartbeats each worker said it sent, lost ones' last counts kept.
@@ -547,7 +640,7 @@ impl std::fmt::Debug for Coordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coordinator")
             .field("workers", &self.workers.keys().collect::<Vec<_>>())
-            .field("job", &self.job.as_ref().map(|j| j.id))
+            .field("jobs", &self.jobs.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
@@ -560,15 +653,15 @@ impl Coordinator {
             cfg,
             workers: BTreeMap::new(),
             gone: BTreeSet::new(),
-            job: None,
+            jobs: BTreeMap::new(),
             next_job: 1,
             waiting: Vec::new(),
+            ended: std::collections::VecDeque::new(),
             detector,
             suspicions: BTreeMap::new(),
             next_worker: 1,
             absent: BTreeMap::new(),
             recovery: None,
-            last: None,
             took_over: false,
             oracle: None,
             counters: CoordCounters::default(),
@@ -585,14 +678,27 @@ impl Coordinator {
         c.next_job = journal.next_job.max(1);
         c.gone = journal.gone;
         c.absent = journal.members;
-        c.last = journal.last;
+        c.ended = journal.ended.into_iter().collect();
         c.took_over = true;
         for a in journal.coordinators {
             if a != c.cfg.advertise && !c.cfg.coordinators.contains(&a) {
                 c.cfg.coordinators.push(a);
             }
         }
-        if let Some(r) = journal.job {
+        // Rule 12: queued jobs wait again; their clients attach by id.
+        c.waiting = journal
+            .queue
+            .into_iter()
+            .map(|q| Waiting {
+                id: q.id,
+                client: None,
+                program: q.program,
+                spec: q.spec,
+                deadline: now + c.cfg.join_patience,
+                queued: true,
+            })
+            .collect();
+        for r in journal.jobs {
             // The job's time so far: from its start on the wall clock when both clocks know
             // it, else what was journaled last.
             let wall_now = (c.cfg.wall_zero + now).as_secs_f64();
@@ -602,34 +708,27 @@ impl Coordinator {
                 r.elapsed_s
             };
             let carried = Duration::from_secs_f64(elapsed.clamp(0.0, 1e12));
-            c.job = Some(Job {
-                id: r.id,
-                client: None,
-                spec: r.spec,
-                running: true,
-                host: r.host,
-                epoch: r.epoch,
-                members: r.members,
-                round: 0,
-                outstanding: false,
-                last_round: now,
-                statuses: BTreeMap::new(),
-                completed: BTreeMap::new(),
-                last_words: None,
-                idle_since: None,
-                stopping: r.stopping,
-                recording: false,
-                outputs: None,
-                done: BTreeMap::new(),
-                error: None,
-                started: now,
-                carried,
-                lost: r.lost,
-                failures: Vec::new(),
-                last_progress: now,
-                followed: r.followed,
-                awaiting: None,
-            });
+            let mut j = Job::new(
+                Waiting {
+                    id: r.id,
+                    client: None,
+                    program: r.program,
+                    spec: r.spec,
+                    deadline: now,
+                    queued: false,
+                },
+                now,
+            );
+            j.cancelled = r.cancelled;
+            j.running = true;
+            j.host = r.host;
+            j.epoch = r.epoch;
+            j.members = r.members;
+            j.stopping = r.stopping;
+            j.carried = carried;
+            j.lost = r.lost;
+            j.followed = r.followed;
+            c.jobs.insert(j.id, j);
         }
         c.recovery = Some(Recovery {
             deadline: now + c.cfg.rejoin_patience,
@@ -639,17 +738,25 @@ impl Coordinator {
         tracing::info!(
             term = c.cfg.term,
             members = c.absent.len(),
-            job = c.job.as_ref().map(|j| j.id),
+            jobs = c.jobs.len(),
+            queued = c.waiting.len(),
             "takeover: waiting for the predecessor's members"
         );
+        let jobs: Vec<String> = c.jobs.keys().map(u64::to_string).collect();
         c.note(format!(
-            "took over at term {:#x}: {} member(s) to come back{}",
+            "took over at term {:#x}: {} member(s) to come back{}{}",
             c.cfg.term,
             c.absent.len(),
-            c.job
-                .as_ref()
-                .map(|j| format!(", job {} to continue", j.id))
-                .unwrap_or_default()
+            if jobs.is_empty() {
+                String::new()
+            } else {
+                format!(", job(s) {} to continue", jobs.join(", "))
+            },
+            if c.waiting.is_empty() {
+                String::new()
+            } else {
+                format!(", {} queued", c.waiting.len())
+            }
         ));
         c.journal(now);
         c
@@ -681,12 +788,25 @@ impl Coordinator {
             next_job: self.next_job,
             members,
             gone: self.gone.clone(),
-            job: self
-                .job
-                .as_ref()
+            jobs: self
+                .jobs
+                .values()
                 .filter(|j| j.running)
-                .map(|j| j.record(now, self.cfg.wall_zero)),
-            last: self.last.clone(),
+                .map(|j| j.record(now, self.cfg.wall_zero))
+                .collect(),
+            // A job checking its store is queued still: its check is repeated.
+            queue: self
+                .jobs
+                .values()
+                .filter(|j| !j.running)
+                .map(|j| QueuedRecord {
+                    id: j.id,
+                    program: j.program.clone(),
+                    spec: j.spec.clone(),
+                })
+                .chain(self.waiting.iter().map(Waiting::record))
+                .collect(),
+            ended: self.ended.iter().cloned().collect(),
             coordinators: self.coordinators(),
         };
         self.out.push(Action::Journal(Box::new(j)));
@@ -700,19 +820,19 @@ impl Coordinator {
     /// When [`Event::Tick`] is due next.
     pub fn next_deadline(&self) -> Duration {
         let mut due = self.detector.next_deadline();
-        if let Some(j) = &self.job {
+        for j in self.jobs.values() {
             if j.running && !j.stopping && !j.outstanding {
                 due = due.min(j.last_round + self.cfg.probe_every);
             }
+            if let Some((_, Some(since))) = &j.awaiting {
+                due = due.min(*since + self.cfg.oracle_patience);
+            }
         }
-        for w in &self.waiting {
+        for w in self.waiting.iter().filter(|w| !w.queued) {
             due = due.min(w.deadline);
         }
         if let Some(r) = &self.recovery {
             due = due.min(r.deadline);
-        }
-        if let Some((_, Some(since))) = self.job.as_ref().and_then(|j| j.awaiting.as_ref()) {
-            due = due.min(*since + self.cfg.oracle_patience);
         }
         due
     }
@@ -722,9 +842,9 @@ impl Coordinator {
         self.workers.keys().copied().collect()
     }
 
-    /// The current map of the running job: each vnode's host and epoch.
-    pub fn map(&self) -> Option<Vec<(WorkerId, u64)>> {
-        let j = self.job.as_ref().filter(|j| j.running)?;
+    /// The current map of running job `job`: each vnode's host and epoch.
+    pub fn map(&self, job: u64) -> Option<Vec<(WorkerId, u64)>> {
+        let j = self.jobs.get(&job).filter(|j| j.running)?;
         Some(
             j.host
                 .iter()
@@ -734,51 +854,48 @@ impl Coordinator {
         )
     }
 
-    /// The cluster as this coordinator sees it at `now` (`APP status`): read-only, so a client
-    /// asking changes nothing (rule 1 holds: the driver calls it between events).
+    /// The cluster as this coordinator sees it at `now` (`APP status`, `APP jobs`): read-only,
+    /// so a client asking changes nothing (rule 1 holds: the driver calls it between events).
     pub fn status(&self, now: Duration) -> ClusterStatus {
         let ago = |t: Duration| now.saturating_sub(t).as_secs_f64();
-        let job = self.job.as_ref();
-        let hosted = |id: WorkerId| {
-            job.filter(|j| j.running)
-                .map_or(0, |j| j.host.iter().filter(|&&h| h == id).count())
-        };
+        let job_of = |id: WorkerId| self.job_of(id).and_then(|j| self.jobs.get(&j));
         let workers = self
             .workers
             .iter()
-            .map(|(&id, w)| WorkerStatus {
-                id,
-                addr: w.peer_addr.clone(),
-                threads: w.threads,
-                spare: w.spare,
-                vnodes: u32::try_from(hosted(id)).unwrap_or(u32::MAX),
-                last_heard_ago_s: self.detector.last_heard(id).map(ago),
-                detector: match self.detector.status(id) {
-                    Some(Status::Alive) => "alive",
-                    Some(Status::Unreachable) => "unreachable",
-                    Some(Status::Broken) => "broken",
-                    None => "unknown",
+            .map(|(&id, w)| {
+                let job = job_of(id);
+                WorkerStatus {
+                    id,
+                    program: w.program.clone(),
+                    job: job.map(|j| j.id),
+                    addr: w.peer_addr.clone(),
+                    threads: w.threads,
+                    spare: w.spare,
+                    vnodes: job.map_or(0, |j| {
+                        u32::try_from(j.host.iter().filter(|&&h| h == id).count())
+                            .unwrap_or(u32::MAX)
+                    }),
+                    last_heard_ago_s: self.detector.last_heard(id).map(ago),
+                    detector: match self.detector.status(id) {
+                        Some(Status::Alive) => "alive",
+                        Some(Status::Unreachable) => "unreachable",
+                        Some(Status::Broken) => "broken",
+                        None => "unknown",
+                    }
+                    .to_string(),
+                    tasks_completed: job.and_then(|j| j.completed.get(&id).copied()).unwrap_or(0),
                 }
-                .to_string(),
-                tasks_completed: job.and_then(|j| j.completed.get(&id).copied()).unwrap_or(0),
             })
             .collect();
-        let job_status = job.map(|j| {
+        let mut jobs: Vec<JobStatus> = self.ended.iter().map(ended_status).collect();
+        jobs.extend(self.jobs.values().map(|j| {
             let tasks_completed: u64 = j.completed.values().sum();
             let elapsed = j.elapsed(now).as_secs_f64();
             JobStatus {
                 id: j.id,
+                program: j.program.clone(),
                 argv: j.spec.argv.clone(),
-                state: if !j.running {
-                    "checking store"
-                } else if j.recording {
-                    "recording"
-                } else if j.stopping {
-                    "stopping"
-                } else {
-                    "running"
-                }
-                .to_string(),
+                state: j.state().to_string(),
                 vnodes: u32::try_from(j.host.len()).unwrap_or(u32::MAX),
                 members: j.members.clone(),
                 tasks_completed,
@@ -790,24 +907,20 @@ impl Coordinator {
                 },
                 elapsed_s: elapsed,
                 workers_lost: j.lost,
-            }
-        });
-        let map = job
-            .filter(|j| j.running)
-            .map(|j| {
-                j.full_map()
-                    .into_iter()
-                    .map(|(vnode, worker, epoch)| VnodeStatus {
-                        vnode,
-                        worker,
-                        epoch,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let failures = job
-            .map(|j| {
-                j.failures
+                map: if j.running {
+                    j.full_map()
+                        .into_iter()
+                        .map(|(vnode, worker, epoch)| VnodeStatus {
+                            vnode,
+                            worker,
+                            epoch,
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+                failures: j
+                    .failures
                     .iter()
                     .map(|(worker, reason, at, moved)| FailureStatus {
                         worker: *worker,
@@ -815,57 +928,56 @@ impl Coordinator {
                         ago_s: ago(*at),
                         moved: *moved,
                     })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let last_job = self.last.as_ref().map(|(id, end)| match end {
-            ToSubmit::Finished {
-                tasks,
-                elapsed_s,
-                workers_lost,
-                ..
-            } => LastJobStatus {
-                id: *id,
-                state: "finished".to_string(),
-                tasks: *tasks,
-                elapsed_s: *elapsed_s,
-                workers_lost: *workers_lost,
-                error: None,
-            },
-            ToSubmit::Failed { error } => LastJobStatus {
-                id: *id,
-                state: "failed".to_string(),
-                error: Some(error.clone()),
-                ..LastJobStatus::default()
-            },
-            _ => LastJobStatus {
-                id: *id,
-                state: "unknown".to_string(),
-                ..LastJobStatus::default()
-            },
-        });
+                    .collect(),
+                error: j.error.clone(),
+                run: crate::job_run_name(j.id),
+            }
+        }));
+        jobs.extend(self.waiting.iter().map(|w| JobStatus {
+            id: w.id,
+            program: w.program.clone(),
+            argv: w.spec.argv.clone(),
+            state: "queued".to_string(),
+            vnodes: w.spec.vnodes,
+            run: crate::job_run_name(w.id),
+            ..JobStatus::default()
+        }));
+        jobs.sort_by_key(|j| j.id);
         ClusterStatus {
             coordinator: self.cfg.advertise.clone(),
             role: "active".to_string(),
             active: Some(self.cfg.advertise.clone()).filter(|a| !a.is_empty()),
             coordinators: self.coordinators(),
-            program: self.cfg.program.clone(),
             term: self.cfg.term,
             took_over: self.took_over,
             recovering: self.recovery.is_some(),
             absent: self.absent.keys().copied().collect(),
             waiting: u32::try_from(self.waiting.len()).unwrap_or(u32::MAX),
-            job: job_status,
+            jobs,
             workers,
-            map,
-            failures,
             gone: self.gone.iter().copied().collect(),
-            last_job,
             counters: CoordCounters {
                 worker_heartbeats: self.worker_heartbeats.values().sum(),
                 ..self.counters.clone()
             },
         }
+    }
+
+    /// The started job worker `id` is a member of (a worker serves one job at a time).
+    fn job_of(&self, id: WorkerId) -> Option<u64> {
+        self.jobs
+            .values()
+            .find(|j| j.running && j.members.contains(&id))
+            .map(|j| j.id)
+    }
+
+    /// Workers of `program` in no job (rule 2).
+    fn free_workers(&self, program: &str) -> Vec<WorkerId> {
+        self.workers
+            .iter()
+            .filter(|(&id, w)| w.program == program && self.job_of(id).is_none())
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     /// Handles `event` at `now` and returns what to do, in order (rule 1).
@@ -879,6 +991,7 @@ impl Coordinator {
                 binding,
             } => self.on_rejoined(now, conn, *claim, &binding),
             Event::Attach { client, job } => self.on_attach(client, job),
+            Event::Cancel { client, job } => self.on_cancel(now, client, job),
             Event::FromWorker { worker, msg } => self.on_worker(now, worker, msg),
             Event::Closed { worker, reason } => {
                 self.detector.on_closed(worker, now);
@@ -894,9 +1007,10 @@ impl Coordinator {
             Event::Recorded { job, result } => self.on_recorded(now, job, result),
             Event::OracleJoined {
                 client,
+                program,
                 public_key,
                 following,
-            } => self.on_oracle_joined(now, client, public_key, following),
+            } => self.on_oracle_joined(now, client, program, public_key, following),
             Event::FromOracle { client, msg } => self.on_oracle(now, client, msg),
             Event::OracleClosed { client, reason } => self.on_oracle_closed(now, client, reason),
             Event::Tick => {}
@@ -923,11 +1037,11 @@ impl Coordinator {
     /// Rule 7: what a joining worker says is bounded.
     fn refuse_hello(&self, hello: &Joining) -> Option<String> {
         let l = &self.cfg.limits;
-        if hello.program != self.cfg.program {
+        if hello.program.is_empty() || hello.program.len() > l.max_name {
             return Some(format!(
-                "it runs {}, this cluster runs {}",
-                clip(&hello.program, l.max_name),
-                self.cfg.program
+                "its program's name has {} bytes (1..={} allowed)",
+                hello.program.len(),
+                l.max_name
             ));
         }
         if hello.threads == 0 || hello.threads > l.max_threads {
@@ -944,7 +1058,7 @@ impl Coordinator {
             ));
         }
         // Rule 11: an evicted worker's key is refused for the rest of the job.
-        if let Some(j) = &self.job {
+        for j in self.jobs.values() {
             if let Some((w, _)) = j
                 .followed
                 .as_ref()
@@ -976,17 +1090,29 @@ impl Coordinator {
         let id = self.next_worker;
         self.next_worker = self.next_worker.saturating_add(1);
         self.note(format!(
-            "worker {id} joined ({}, {} threads{})",
+            "worker {id} joined ({}, {}, {} threads{})",
+            hello.program,
             hello.peer_addr,
             hello.threads,
             if hello.spare { ", spare" } else { "" }
         ));
-        // Rule 2: a worker that joins a running job becomes one of its members, hosting
-        // nothing until a lost member's vnodes move to it (rule 5). Journaled with its
-        // admission, before it hears of the job (rule 9).
-        let joins_job =
-            self.recovery.is_none() && self.job.as_ref().is_some_and(|j| j.running && !j.stopping);
-        if let Some(j) = self.job.as_mut().filter(|_| joins_job) {
+        // Rule 2: a worker that joins while a job of its program runs becomes a member of the
+        // oldest one, hosting nothing until a lost member's vnodes move to it (rule 5), unless
+        // a job of its program waits for workers. Journaled with its admission, before it
+        // hears of the job (rule 9).
+        let wanted = self
+            .waiting
+            .iter()
+            .any(|w| w.program == hello.program && !w.queued);
+        let joins_job = if self.recovery.is_some() || wanted {
+            None
+        } else {
+            self.jobs
+                .values()
+                .find(|j| j.program == hello.program && j.running && !j.stopping)
+                .map(|j| j.id)
+        };
+        if let Some(j) = joins_job.and_then(|j| self.jobs.get_mut(&j)) {
             j.members.push(id);
         }
         self.admit(
@@ -994,15 +1120,16 @@ impl Coordinator {
             conn,
             id,
             Worker {
+                program: hello.program,
                 peer_addr: hello.peer_addr,
                 threads: hello.threads,
                 spare: hello.spare,
                 public_key: hello.public_key,
             },
         );
-        if joins_job {
+        if let Some(job) = joins_job {
             self.note(format!(
-                "worker {id} joins the running job, hosting nothing yet"
+                "worker {id} joins running job {job}, hosting nothing yet"
             ));
             self.catch_up(id, &[], true);
         }
@@ -1035,12 +1162,12 @@ impl Coordinator {
     /// log; vnode 0 plants the root if its log has none: the runtime's `exec/member.rs` rule
     /// 4).
     fn resync(&mut self, m: WorkerId, hosted: &[(u32, u64)], unstarted: bool) {
-        let Some(j) = self.job.as_ref().filter(|j| j.running) else {
+        let Some(j) = self.job_of(m).and_then(|j| self.jobs.get(&j)) else {
             return;
         };
         let (job, stopping, spec) = (j.id, j.stopping, j.spec.clone());
         let map = j.full_map();
-        let peers = self.peers_for(m);
+        let peers = self.peers_for(m, job);
         let msg = if unstarted && !stopping {
             ToWorker::Start {
                 job,
@@ -1072,11 +1199,7 @@ impl Coordinator {
     /// Rule 10: a member that reconnected hears the job again, and the order of the moment
     /// (stop, or the probe of the round it has not answered).
     fn catch_up(&mut self, m: WorkerId, hosted: &[(u32, u64)], unstarted: bool) {
-        let Some(j) = self
-            .job
-            .as_ref()
-            .filter(|j| j.running && j.members.contains(&m))
-        else {
+        let Some(j) = self.job_of(m).and_then(|j| self.jobs.get(&j)) else {
             return;
         };
         let (job, stopping, round) = (j.id, j.stopping, j.round);
@@ -1142,6 +1265,7 @@ impl Coordinator {
                 conn,
                 id,
                 Worker {
+                    program: record.program,
                     peer_addr: claim.peer_addr.clone(),
                     threads: claim.threads,
                     spare: record.spare,
@@ -1149,7 +1273,7 @@ impl Coordinator {
                 },
             );
         }
-        let job_id = self.job.as_ref().map(|j| j.id);
+        let job_id = self.job_of(id);
         let reported = claim
             .report
             .as_ref()
@@ -1181,30 +1305,28 @@ impl Coordinator {
         self.maybe_recovered(now);
     }
 
-    /// Rule 10: recovery ends when every member of the job is back, or at its deadline.
+    /// Rule 10: recovery ends when every member of every job is back, or at its deadline.
     fn maybe_recovered(&mut self, now: Duration) {
         let Some(r) = self.recovery.as_ref() else {
             return;
         };
-        let waiting_for = self.job.as_ref().map_or(0, |j| {
-            j.members
-                .iter()
-                .filter(|m| self.absent.contains_key(m))
-                .count()
-        });
+        // Members of the jobs: a worker outside them stays absent and is taken back whenever
+        // it comes (nothing of its moves).
+        let members: BTreeSet<WorkerId> = self
+            .jobs
+            .values()
+            .flat_map(|j| j.members.iter().copied())
+            .collect();
+        let waiting_for = members
+            .iter()
+            .filter(|m| self.absent.contains_key(m))
+            .count();
         if waiting_for > 0 && now < r.deadline {
             return;
         }
         let Some(r) = self.recovery.take() else {
             return;
         };
-        // Members of the job still absent are lost: their vnodes move. A worker outside the
-        // job stays absent and is taken back whenever it comes (nothing of its moves).
-        let members: BTreeSet<WorkerId> = self
-            .job
-            .as_ref()
-            .map(|j| j.members.iter().copied().collect())
-            .unwrap_or_default();
         let absent: Vec<WorkerId> = self
             .absent
             .keys()
@@ -1226,55 +1348,163 @@ impl Coordinator {
             self.drop_member(now, id, reason);
         }
         self.journal(now);
-        let Some(j) = self.job.as_ref() else {
+        if self.jobs.is_empty() {
             self.note("recovered: no job was running".to_string());
             return;
-        };
-        let (job, members, stopping) = (j.id, j.members.clone(), j.stopping);
-        let vnodes = j.host.len();
-        for &m in &members {
-            let hosted = r.hosted.get(&m).cloned().unwrap_or_default();
-            self.resync(m, &hosted, r.unstarted.contains(&m));
         }
-        if stopping {
-            if let Some(j) = self.job.as_mut() {
-                j.stopping = false;
+        let jobs: Vec<u64> = self.jobs.keys().copied().collect();
+        for job in jobs {
+            let Some(j) = self.jobs.get(&job) else {
+                continue;
+            };
+            let (members, stopping) = (j.members.clone(), j.stopping);
+            let vnodes = j.host.len();
+            for &m in &members {
+                let hosted = r.hosted.get(&m).cloned().unwrap_or_default();
+                self.resync(m, &hosted, r.unstarted.contains(&m));
             }
-            self.stop_all(now);
+            if stopping {
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.stopping = false;
+                }
+                self.stop_all(now, job);
+            }
+            tracing::info!(
+                term = self.cfg.term,
+                job,
+                members = members.len(),
+                "takeover: the job continues"
+            );
+            self.note(format!(
+                "recovered job {job}: {} member(s), {vnodes} vnodes",
+                members.len()
+            ));
+            self.maybe_finish(now, job);
         }
-        tracing::info!(
-            term = self.cfg.term,
-            job,
-            members = members.len(),
-            "takeover: the job continues"
-        );
-        self.note(format!(
-            "recovered job {job}: {} member(s), {vnodes} vnodes",
-            members.len()
-        ));
-        self.maybe_finish(now);
     }
 
-    /// Rule 10: a client follows its job again.
+    /// Rule 10: a client follows its job again (a queued one too: rule 12).
     fn on_attach(&mut self, client: ClientId, job: u64) {
         let me = self.cfg.advertise.clone();
-        if let Some(j) = self.job.as_mut().filter(|j| j.id == job) {
+        if let Some(j) = self.jobs.get_mut(&job) {
             j.client = Some(client);
             self.tell_client(Some(client), ToSubmit::Takeover { coordinator: me });
             return;
         }
-        let last = self.last.clone();
-        match last {
-            Some((id, msg)) if id == job => {
+        if let Some(at) = self.waiting.iter().position(|w| w.id == job) {
+            self.waiting[at].client = Some(client);
+            let ahead = self.ahead_of(at);
+            self.tell_client(Some(client), ToSubmit::Takeover { coordinator: me });
+            self.tell_client(Some(client), ToSubmit::Queued { job, ahead });
+            return;
+        }
+        match self
+            .ended
+            .iter()
+            .find(|e| e.id == job)
+            .map(|e| e.end.clone())
+        {
+            Some(msg) => {
                 self.tell_client(Some(client), ToSubmit::Takeover { coordinator: me });
                 self.tell_client(Some(client), msg);
             }
-            _ => self.tell_client(
+            None => self.tell_client(
                 Some(client),
                 ToSubmit::Failed {
                     error: format!("coordinator {me} knows no job {job}"),
                 },
             ),
+        }
+    }
+
+    /// How many jobs of its program run or wait before waiting job number `at` (rule 2).
+    fn ahead_of(&self, at: usize) -> u32 {
+        let program = &self.waiting[at].program;
+        let n = self.jobs.values().filter(|j| &j.program == program).count()
+            + self.waiting[..at]
+                .iter()
+                .filter(|w| &w.program == program)
+                .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Rule 12: a client cancels job `job`.
+    fn on_cancel(&mut self, now: Duration, client: ClientId, job: u64) {
+        let refuse = |error: String| ToSubmit::Failed { error };
+        if let Some(at) = self.waiting.iter().position(|w| w.id == job) {
+            let w = self.waiting.remove(at);
+            let error = format!("job {job} was cancelled while queued");
+            self.note(error.clone());
+            self.tell_client(
+                w.client,
+                ToSubmit::Failed {
+                    error: error.clone(),
+                },
+            );
+            self.remember(EndedRecord {
+                id: job,
+                program: w.program,
+                argv: w.spec.argv,
+                cancelled: true,
+                end: ToSubmit::Failed { error },
+            });
+            self.journal(now);
+            self.tell_client(
+                Some(client),
+                ToSubmit::Cancelled {
+                    job,
+                    was: "queued".to_string(),
+                },
+            );
+            return;
+        }
+        let Some(j) = self.jobs.get_mut(&job) else {
+            let msg = match self.ended.iter().find(|e| e.id == job) {
+                Some(e) => refuse(format!(
+                    "job {job} has ended already ({})",
+                    ended_status(e).state
+                )),
+                None => refuse(format!("this coordinator knows no job {job}")),
+            };
+            self.tell_client(Some(client), msg);
+            return;
+        };
+        if j.recording || j.awaiting.is_some() {
+            let msg = refuse(format!(
+                "job {job} has finished and is being recorded: too late to cancel"
+            ));
+            self.tell_client(Some(client), msg);
+            return;
+        }
+        let was = j.state().to_string();
+        if j.cancelled {
+            self.tell_client(Some(client), ToSubmit::Cancelled { job, was });
+            return;
+        }
+        j.cancelled = true;
+        j.error = Some(format!("job {job} was cancelled by a client"));
+        let running = j.running;
+        self.note(format!("job {job} cancelled ({was})"));
+        if running {
+            // Rule 3's stop, journaled first (rule 9); the end waits for the members.
+            if let Some(j) = self.jobs.get_mut(&job) {
+                j.stopping = false;
+            }
+            self.stop_all(now, job);
+            self.maybe_finish(now, job);
+        } else {
+            // Its store check is under way: nothing started.
+            let error = format!("job {job} was cancelled by a client");
+            self.end_job(now, job, ToSubmit::Failed { error });
+        }
+        self.tell_client(Some(client), ToSubmit::Cancelled { job, was });
+    }
+
+    /// Rule 12: keeps an ended job, the last [`ENDED_KEPT`] only.
+    fn remember(&mut self, e: EndedRecord) {
+        self.ended.push_back(e);
+        while self.ended.len() > ENDED_KEPT {
+            self.ended.pop_front();
         }
     }
 
@@ -1310,7 +1540,7 @@ impl Coordinator {
                     return;
                 };
                 j.done.insert(id, report);
-                self.maybe_finish(now);
+                self.maybe_finish(now, job);
             }
             ToCoord::Failed { job, error } => {
                 let Some(j) = self.member_job(id, job) else {
@@ -1318,17 +1548,17 @@ impl Coordinator {
                 };
                 j.error.get_or_insert(format!("worker {id}: {error}"));
                 j.done.insert(id, WorkerReport::default());
-                self.stop_all(now);
-                self.maybe_finish(now);
+                self.stop_all(now, job);
+                self.maybe_finish(now, job);
             }
         }
     }
 
     /// The running job `job`, if `id` is one of its members.
     fn member_job(&mut self, id: WorkerId, job: u64) -> Option<&mut Job> {
-        self.job
-            .as_mut()
-            .filter(|j| j.running && j.id == job && j.members.contains(&id))
+        self.jobs
+            .get_mut(&job)
+            .filter(|j| j.running && j.members.contains(&id))
     }
 
     /// Rule 4: a worker's report that `suspect` is broken.
@@ -1419,16 +1649,16 @@ impl Coordinator {
             c.probe_round_us_sum = c.probe_round_us_sum.saturating_add(took);
             c.probe_round_us_max = c.probe_round_us_max.max(took);
             c.words_received += words;
-            self.check_termination(now);
+            self.check_termination(now, job);
         }
     }
 
     fn on_submit(&mut self, now: Duration, client: ClientId, program: String, spec: JobSpec) {
-        if program != self.cfg.program {
+        if program.is_empty() || program.len() > self.cfg.limits.max_name {
             let error = format!(
-                "this coordinator runs {}, not {}",
-                self.cfg.program,
-                clip(&program, self.cfg.limits.max_name)
+                "the program's name has {} bytes (1..={} allowed)",
+                program.len(),
+                self.cfg.limits.max_name
             );
             self.tell_client(Some(client), ToSubmit::Failed { error });
             return;
@@ -1439,14 +1669,14 @@ impl Coordinator {
             return;
         }
         // Rule 10: a coordinator that journaled a job and died before accepting it leaves a
-        // client that submits again; the successor's job with no client and the same spec is
-        // that job (a job's result is a function of its spec: any identical submission may
-        // follow it).
+        // client that submits again; the successor's job with no client and the same program
+        // and spec is that job (a job's result is a function of its spec: any identical
+        // submission may follow it).
         let store = self.cfg.store_spec.clone();
         if let Some(j) = self
-            .job
-            .as_mut()
-            .filter(|j| j.running && j.client.is_none() && j.spec == spec)
+            .jobs
+            .values_mut()
+            .find(|j| j.running && j.client.is_none() && j.program == program && j.spec == spec)
         {
             j.client = Some(client);
             // Its hosts now, and the other members (spares).
@@ -1467,20 +1697,54 @@ impl Coordinator {
             self.tell_client(Some(client), msg);
             return;
         }
-        let queued = self.job.as_ref().map(|j| j.id);
+        if let Some(w) = self
+            .waiting
+            .iter_mut()
+            .find(|w| w.client.is_none() && w.program == program && w.spec == spec)
+        {
+            // Likewise for a job queued by a predecessor (rule 12).
+            w.client = Some(client);
+            let job = w.id;
+            self.note(format!(
+                "a submission was job {job}, queued already: it follows it"
+            ));
+            return;
+        }
+        let id = self.next_job;
+        self.next_job += 1;
         self.waiting.push(Waiting {
-            client,
+            id,
+            client: Some(client),
+            program,
             deadline: now + self.cfg.join_patience,
             spec,
-            queued: queued.is_some(),
+            queued: false,
         });
-        // Rule 2: behind a running job, a submission waits its turn.
-        if let Some(running) = queued {
-            let ahead = u32::try_from(self.waiting.len() - 1).unwrap_or(u32::MAX);
+        // Rule 12: the queue is durable before the client hears of its job.
+        self.journal(now);
+        self.queue_marks(now);
+        // Rule 2: behind a job of its program, a submission waits its turn.
+        let at = self.waiting.len() - 1;
+        if self.waiting[at].queued {
+            let ahead = self.ahead_of(at);
             self.note(format!(
-                "a job was queued behind job {running} ({ahead} ahead of it)"
+                "job {id} ({}) was queued behind {ahead} job(s) of its program",
+                self.waiting[at].program
             ));
-            self.tell_client(Some(client), ToSubmit::Queued { running, ahead });
+            self.tell_client(Some(client), ToSubmit::Queued { job: id, ahead });
+        }
+    }
+
+    /// Rule 2: marks the waiting jobs queued behind a job of their program; a job that
+    /// reaches the front of its program's queue starts its deadline.
+    fn queue_marks(&mut self, now: Duration) {
+        let mut seen: BTreeSet<String> = self.jobs.values().map(|j| j.program.clone()).collect();
+        for w in &mut self.waiting {
+            let queued = !seen.insert(w.program.clone());
+            if w.queued && !queued {
+                w.deadline = now + self.cfg.join_patience;
+            }
+            w.queued = queued;
         }
     }
 
@@ -1527,90 +1791,97 @@ impl Coordinator {
         self.maybe_recovered(now);
         self.start_waiting(now);
         self.probe(now);
-        let overdue = self
-            .job
-            .as_ref()
-            .and_then(|j| j.awaiting.as_ref())
-            .is_some_and(|(_, since)| since.is_some_and(|s| now >= s + self.cfg.oracle_patience));
-        if overdue {
+        let patience = self.cfg.oracle_patience;
+        let overdue: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.awaiting
+                    .as_ref()
+                    .is_some_and(|(_, since)| since.is_some_and(|s| now >= s + patience))
+            })
+            .map(|j| j.id)
+            .collect();
+        for job in overdue {
             self.end_uncertified(
                 now,
+                job,
                 format!(
-                    "the online oracle was away for {:?} when the run ended: certify the log \
-                     offline with `certify --store`",
-                    self.cfg.oracle_patience
+                    "the online oracle was away for {patience:?} when the run ended: certify \
+                     the log offline with `certify --store SPEC --run {}`",
+                    crate::job_run_name(job)
                 ),
             );
         }
     }
 
-    /// Submissions whose workers have joined start (or fail at their deadline).
+    /// Submissions whose workers are free start (or fail at their deadline): the first
+    /// waiting job of each program only (rule 2).
     fn start_waiting(&mut self, now: Duration) {
+        if self.recovery.is_some() {
+            return; // rule 10: the members of the jobs are not all back yet
+        }
+        self.queue_marks(now);
         let waiting = std::mem::take(&mut self.waiting);
-        for mut w in waiting {
-            // Rule 2: one job at a time, the others in submission order.
-            if self.job.is_some() {
-                w.queued = true;
+        let mut blocked: BTreeSet<String> = self
+            .jobs
+            .values()
+            .filter(|j| !j.running)
+            .map(|j| j.program.clone())
+            .collect();
+        let mut failed = false;
+        for w in waiting {
+            if !blocked.insert(w.program.clone()) {
                 self.waiting.push(w);
                 continue;
-            }
-            if std::mem::take(&mut w.queued) {
-                w.deadline = now + self.cfg.join_patience;
             }
             let wanted = w.spec.min_workers.max(1) as usize;
-            let ready = self.workers.len() >= wanted;
-            if !ready && now < w.deadline {
+            let free = self.free_workers(&w.program).len();
+            if free < wanted && (w.queued || now < w.deadline) {
                 self.waiting.push(w);
                 continue;
             }
-            if !ready {
+            if free < wanted {
+                let of = self
+                    .workers
+                    .values()
+                    .filter(|x| x.program == w.program)
+                    .count();
                 let error = format!(
-                    "{} worker(s) joined this coordinator within {:?}, the job asks for {wanted}",
-                    self.workers.len(),
-                    self.cfg.join_patience
+                    "{of} worker(s) of {} joined this coordinator within {:?}, the job asks \
+                     for {wanted}",
+                    w.program, self.cfg.join_patience
                 );
-                self.tell_client(Some(w.client), ToSubmit::Failed { error });
+                self.note(format!("job {} failed: {error}", w.id));
+                self.tell_client(
+                    w.client,
+                    ToSubmit::Failed {
+                        error: error.clone(),
+                    },
+                );
+                self.remember(EndedRecord {
+                    id: w.id,
+                    program: w.program,
+                    argv: w.spec.argv,
+                    cancelled: false,
+                    end: ToSubmit::Failed { error },
+                });
+                failed = true;
                 continue;
             }
-            let id = self.next_job;
-            self.next_job += 1;
-            self.job = Some(Job {
-                id,
-                client: Some(w.client),
-                spec: w.spec,
-                running: false,
-                host: Vec::new(),
-                epoch: Vec::new(),
-                members: Vec::new(),
-                round: 0,
-                outstanding: false,
-                last_round: now,
-                statuses: BTreeMap::new(),
-                completed: BTreeMap::new(),
-                last_words: None,
-                idle_since: None,
-                stopping: false,
-                recording: false,
-                outputs: None,
-                done: BTreeMap::new(),
-                error: None,
-                started: now,
-                carried: Duration::ZERO,
-                lost: 0,
-                failures: Vec::new(),
-                last_progress: now,
-                followed: None,
-                awaiting: None,
-            });
+            let id = w.id;
+            self.jobs.insert(id, Job::new(w, now));
             self.out.push(Action::CheckStore { job: id });
+        }
+        if failed {
+            self.journal(now);
         }
     }
 
     fn on_store_checked(&mut self, now: Duration, job: u64, result: Result<bool, String>) {
-        let Some(j) = self.job.as_ref().filter(|j| j.id == job && !j.running) else {
+        if self.jobs.get(&job).is_none_or(|j| j.running) {
             return;
-        };
-        let client = j.client;
+        }
         let error = match result {
             Ok(false) => None,
             Ok(true) => Some(format!(
@@ -1622,61 +1893,62 @@ impl Coordinator {
             Err(e) => Some(format!("cannot read the store: {e}")),
         };
         if let Some(error) = error {
-            self.job = None;
-            self.tell_client(client, ToSubmit::Failed { error });
+            self.end_job(now, job, ToSubmit::Failed { error });
             return;
         }
-        self.start_job(now);
+        self.start_job(now, job);
     }
 
-    /// Rule 2: maps the job's vnodes and starts every member.
-    fn start_job(&mut self, now: Duration) {
-        let mut active: Vec<WorkerId> = self
-            .workers
+    /// Rule 2: maps the job's vnodes onto the free workers of its program and starts them.
+    fn start_job(&mut self, now: Duration, job: u64) {
+        let Some(program) = self.jobs.get(&job).map(|j| j.program.clone()) else {
+            return;
+        };
+        let free = self.free_workers(&program);
+        let mut active: Vec<WorkerId> = free
             .iter()
-            .filter(|(_, w)| !w.spare)
-            .map(|(&id, _)| id)
+            .copied()
+            .filter(|id| !self.workers[id].spare)
             .collect();
         if active.is_empty() {
-            active = self.workers.keys().copied().collect();
+            active.clone_from(&free);
         }
-        let Some(j) = self.job.as_mut() else { return };
         if active.is_empty() {
-            let client = j.client;
-            self.job = None;
-            self.tell_client(
-                client,
-                ToSubmit::Failed {
-                    error: "every worker left before the job started".to_string(),
-                },
-            );
+            let error = format!("every worker of {program} left before the job started");
+            self.end_job(now, job, ToSubmit::Failed { error });
             return;
         }
-        let vnodes = if j.spec.vnodes > 0 {
-            j.spec.vnodes
-        } else {
-            let sum: u64 = active
-                .iter()
-                .map(|w| u64::from(self.workers[w].threads.max(1)))
-                .sum();
-            u32::try_from(sum.min(u64::from(self.cfg.limits.max_vnodes))).unwrap_or(1)
+        let vnodes = match self.jobs.get(&job) {
+            Some(j) if j.spec.vnodes > 0 => j.spec.vnodes,
+            _ => {
+                let sum: u64 = active
+                    .iter()
+                    .map(|w| u64::from(self.workers[w].threads.max(1)))
+                    .sum();
+                u32::try_from(sum.min(u64::from(self.cfg.limits.max_vnodes))).unwrap_or(1)
+            }
+        };
+        let follows = matches!(&self.oracle, Some((_, _, p)) if *p == program)
+            && !self.jobs.values().any(|j| j.followed.is_some());
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
         };
         j.host = (0..vnodes as usize)
             .map(|v| active[v % active.len()])
             .collect();
         j.epoch = vec![0; vnodes as usize];
-        j.members = self.workers.keys().copied().collect();
+        j.members = free;
         j.running = true;
         j.started = now;
         j.last_round = now;
         j.last_progress = now;
-        if self.oracle.is_some() {
+        if follows {
             j.followed = Some(Followed {
                 hosts: (0..vnodes).map(|v| (v, 0, j.host[v as usize])).collect(),
                 ..Followed::default()
             });
         }
-        let (id, spec, client) = (j.id, j.spec.clone(), j.client);
+        let (spec, client) = (j.spec.clone(), j.client);
         let map: Vec<(u32, WorkerId, u64)> =
             (0..vnodes).map(|v| (v, j.host[v as usize], 0)).collect();
         let members = j.members.clone();
@@ -1688,11 +1960,11 @@ impl Coordinator {
                 .filter(|&v| host[v as usize] == m)
                 .map(|v| (v, 0))
                 .collect();
-            let peers = self.peers_for(m);
+            let peers = self.peers_for(m, job);
             self.send(
                 m,
                 ToWorker::Start {
-                    job: id,
+                    job,
                     spec: spec.clone(),
                     vnodes,
                     hosted,
@@ -1702,78 +1974,89 @@ impl Coordinator {
                 },
             );
         }
-        let spares = u32::try_from(self.workers.len() - active.len()).unwrap_or(u32::MAX);
+        let spares = u32::try_from(members.len() - active.len()).unwrap_or(u32::MAX);
         let workers = u32::try_from(active.len()).unwrap_or(u32::MAX);
         self.tell_client(
             client,
             ToSubmit::Accepted {
-                job: id,
+                job,
                 workers,
                 spares,
                 vnodes,
                 store: self.cfg.store_spec.clone(),
             },
         );
-        tracing::info!(job = id, vnodes, workers, spares, "job started");
+        tracing::info!(job, %program, vnodes, workers, spares, "job started");
         self.note(format!(
-            "job {id} started: {vnodes} vnodes on {workers} workers ({spares} spare)"
+            "job {job} ({program}) started: {vnodes} vnodes on {workers} workers ({spares} spare)"
         ));
         self.follow(now);
     }
 
-    /// The peers `me` may talk to, with their link keys (rule 8).
-    fn peers_for(&self, me: WorkerId) -> Vec<PeerInfo> {
-        self.workers
+    /// The other members of `job` that `me` may talk to, with their link keys (rule 8).
+    fn peers_for(&self, me: WorkerId, job: u64) -> Vec<PeerInfo> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        j.members
             .iter()
-            .filter(|(&id, _)| id != me)
-            .map(|(&id, w)| PeerInfo {
-                id,
-                addr: w.peer_addr.clone(),
-                link_key: link_key(&self.cfg.secret, me, id),
+            .filter(|&&id| id != me)
+            .filter_map(|&id| {
+                self.workers.get(&id).map(|w| PeerInfo {
+                    id,
+                    addr: w.peer_addr.clone(),
+                    link_key: link_key(&self.cfg.secret, me, id),
+                })
             })
             .collect()
     }
 
-    /// Rule 3: starts a probe round when the previous one is complete.
+    /// Rule 3: starts a probe round in each running job whose previous one is complete.
     fn probe(&mut self, now: Duration) {
         let every = self.cfg.probe_every;
         if self.recovery.is_some() {
             return; // rule 10: not before the members are back
         }
-        let Some(j) = self.job.as_mut().filter(|j| j.running) else {
-            return;
-        };
-        if j.stopping || j.outstanding || now < j.last_round + every {
-            return;
+        let mut sends = Vec::new();
+        for j in self.jobs.values_mut() {
+            if !j.running || j.stopping || j.outstanding || now < j.last_round + every {
+                continue;
+            }
+            j.outstanding = true;
+            j.last_round = now;
+            j.round += 1;
+            j.statuses.clear();
+            sends.push((j.id, j.round, j.members.clone()));
         }
-        j.outstanding = true;
-        j.last_round = now;
-        j.round += 1;
-        j.statuses.clear();
-        let (id, round, members) = (j.id, j.round, j.members.clone());
-        self.counters.probes_sent += members.len() as u64;
-        for m in members {
-            self.send(m, ToWorker::Probe { job: id, round });
+        for (job, round, members) in sends {
+            self.counters.probes_sent += members.len() as u64;
+            for m in members {
+                self.send(m, ToWorker::Probe { job, round });
+            }
         }
     }
 
-    fn stop_all(&mut self, now: Duration) {
-        let Some(j) = self.job.as_mut() else { return };
+    fn stop_all(&mut self, now: Duration, job: u64) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         if j.stopping {
             return;
         }
         j.stopping = true;
-        let (id, members) = (j.id, j.members.clone());
+        let members = j.members.clone();
         // Rule 9: a deposed coordinator stops nothing.
         self.journal(now);
         for m in members {
-            self.send(m, ToWorker::Stop { job: id });
+            self.send(m, ToWorker::Stop { job });
         }
     }
 
-    fn check_termination(&mut self, now: Duration) {
+    fn check_termination(&mut self, now: Duration, job: u64) {
         let every = self.cfg.progress_every;
-        let Some(j) = self.job.as_mut() else { return };
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         let v = j.host.len();
         let mut words: Vec<Option<u64>> = vec![None; v];
         for (w, list) in &j.statuses {
@@ -1792,7 +2075,9 @@ impl Coordinator {
             let client = j.client;
             self.tell_client(client, ToSubmit::Progress { completed: total });
         }
-        let Some(j) = self.job.as_mut() else { return };
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         let Some(words) = words.into_iter().collect::<Option<Vec<u64>>>() else {
             j.last_words = None;
             return;
@@ -1802,34 +2087,36 @@ impl Coordinator {
             let since = j.idle_since.unwrap_or(j.last_round);
             self.counters.last_detection_us =
                 Some(u64::try_from(now.saturating_sub(since).as_micros()).unwrap_or(u64::MAX));
-            self.stop_all(now);
+            self.stop_all(now, job);
         } else {
             j.last_words = Some(words);
             j.idle_since = idle.then_some(j.last_round);
         }
     }
 
-    /// Rule 6: when every live member has reported, records the run, then answers the client.
-    fn maybe_finish(&mut self, now: Duration) {
+    /// Rule 6: when every live member has reported, records the run, then answers the client
+    /// (a cancelled run is not recorded: rule 12).
+    fn maybe_finish(&mut self, now: Duration, job: u64) {
         if self.recovery.is_some() {
             return; // the members that are not back yet have not reported (rule 10)
         }
-        let Some(j) = self.job.as_mut() else { return };
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         if j.recording || !j.members.iter().all(|m| j.done.contains_key(m)) {
             return;
         }
         if let Some(error) = j.error.clone() {
-            self.end_job(now, ToSubmit::Failed { error });
+            self.end_job(now, job, ToSubmit::Failed { error });
             return;
         }
         j.recording = true;
-        let id = j.id;
         let has_outputs = j.spec.iterative || j.done.values().any(|r| r.outputs.is_some());
         // Rule 6: the host of vnode 0 was lost as the job ended; its outputs are in the logs.
         self.out.push(if has_outputs {
-            Action::RecordFinished { job: id }
+            Action::RecordFinished { job }
         } else {
-            Action::ReadOutputs { job: id }
+            Action::ReadOutputs { job }
         });
     }
 
@@ -1839,7 +2126,7 @@ impl Coordinator {
         job: u64,
         result: Result<Option<Vec<Vec<u8>>>, String>,
     ) {
-        let Some(j) = self.job.as_mut().filter(|j| j.id == job && j.recording) else {
+        let Some(j) = self.jobs.get_mut(&job).filter(|j| j.recording) else {
             return;
         };
         match result {
@@ -1849,6 +2136,7 @@ impl Coordinator {
             }
             Ok(None) => self.end_job(
                 now,
+                job,
                 ToSubmit::Failed {
                     error: "the host of vnode 0 was lost as the job ended, and the logs do not \
                             hold the terminal outputs"
@@ -1857,6 +2145,7 @@ impl Coordinator {
             ),
             Err(e) => self.end_job(
                 now,
+                job,
                 ToSubmit::Failed {
                     error: format!(
                         "the host of vnode 0 was lost as the job ended, and the logs cannot be \
@@ -1868,7 +2157,7 @@ impl Coordinator {
     }
 
     fn on_recorded(&mut self, now: Duration, job: u64, result: Result<String, String>) {
-        let Some(j) = self.job.as_mut().filter(|j| j.id == job && j.recording) else {
+        let Some(j) = self.jobs.get_mut(&job).filter(|j| j.recording) else {
             return;
         };
         let msg = match result {
@@ -1912,11 +2201,10 @@ impl Coordinator {
         };
         // Rule 11: a followed job's summary waits for the oracle's certificate.
         if j.followed.is_some() && matches!(msg, ToSubmit::Finished { .. }) && !j.spec.iterative {
-            let since = match self.oracle {
-                Some((client, _)) => {
-                    let job = j.id;
+            let since = match &self.oracle {
+                Some((client, _, _)) => {
                     self.out.push(Action::ToOracle {
-                        client,
+                        client: *client,
                         msg: ToOracle::Ended { job },
                     });
                     None
@@ -1929,28 +2217,42 @@ impl Coordinator {
             ));
             return;
         }
-        self.end_job(now, msg);
+        self.end_job(now, job, msg);
     }
 
-    fn end_job(&mut self, now: Duration, msg: ToSubmit) {
-        let Some(j) = self.job.take() else { return };
-        if let (Some(_), Some((client, _))) = (&j.followed, self.oracle) {
+    fn end_job(&mut self, now: Duration, job: u64, msg: ToSubmit) {
+        let Some(j) = self.jobs.remove(&job) else {
+            return;
+        };
+        if let (Some(_), Some((client, _, _))) = (&j.followed, &self.oracle) {
             self.out.push(Action::ToOracle {
-                client,
-                msg: ToOracle::Closed { job: j.id },
+                client: *client,
+                msg: ToOracle::Closed { job },
             });
         }
         let elapsed = j.elapsed(now).as_secs_f64();
         tracing::info!(
-            job = j.id,
+            job,
             elapsed_s = elapsed,
             failed = matches!(msg, ToSubmit::Failed { .. }),
+            cancelled = j.cancelled,
             "job over"
         );
-        self.note(format!("job {} over in {elapsed:.3} s", j.id));
-        // Rule 10: a client that reattaches later reads the end from the journal.
-        self.last = Some((j.id, msg.clone()));
+        self.note(format!(
+            "job {job} {} in {elapsed:.3} s",
+            if j.cancelled { "cancelled" } else { "over" }
+        ));
+        // Rules 10 and 12: a client that reattaches later, and `APP jobs`, read the end from
+        // the journal.
+        self.remember(EndedRecord {
+            id: job,
+            program: j.program,
+            argv: j.spec.argv,
+            cancelled: j.cancelled,
+            end: msg.clone(),
+        });
         self.journal(now);
+        // Its workers are free: the next job of its program starts at the timers (rule 2).
         self.tell_client(j.client, msg);
     }
 
@@ -1973,13 +2275,11 @@ impl Coordinator {
         for by in self.suspicions.values_mut() {
             by.remove(&id);
         }
-        let Some(j) = self.job.as_mut() else {
+        let Some(j) = self.job_of(id).and_then(|j| self.jobs.get_mut(&j)) else {
             self.journal(now);
             return;
         };
-        if !j.running || !j.members.contains(&id) {
-            return;
-        }
+        let job = j.id;
         j.members.retain(|&m| m != id);
         j.lost += 1;
         let moved_away = j.host.iter().filter(|&&h| h == id).count();
@@ -1990,8 +2290,10 @@ impl Coordinator {
             u32::try_from(moved_away).unwrap_or(u32::MAX),
         ));
         if j.members.is_empty() {
-            let error = format!("every worker was lost (the last: worker {id}, {reason})");
-            self.end_job(now, ToSubmit::Failed { error });
+            let error = j.error.clone().filter(|_| j.cancelled).unwrap_or_else(|| {
+                format!("every worker was lost (the last: worker {id}, {reason})")
+            });
+            self.end_job(now, job, ToSubmit::Failed { error });
             return;
         }
         if j.stopping {
@@ -2000,7 +2302,7 @@ impl Coordinator {
             let recording = j.recording;
             self.journal(now);
             if !recording {
-                self.maybe_finish(now);
+                self.maybe_finish(now, job);
             }
             return;
         }
@@ -2041,11 +2343,11 @@ impl Coordinator {
         j.statuses.clear();
         j.last_words = None;
         j.completed.remove(&id);
-        let (job, client, members) = (j.id, j.client, j.members.clone());
+        let (client, members, followed) = (j.client, j.members.clone(), j.followed.is_some());
         // Rule 9: the new map is durable before anyone hears of it.
         self.journal(now);
         for m in members {
-            let peers = self.peers_for(m);
+            let peers = self.peers_for(m, job);
             self.send(
                 m,
                 ToWorker::Map {
@@ -2058,13 +2360,10 @@ impl Coordinator {
         for &(vnode, target, epoch) in &moved {
             self.send(target, ToWorker::Host { job, vnode, epoch });
         }
-        if let (Some((oracle, _)), true) = (
-            self.oracle,
-            self.job.as_ref().is_some_and(|j| j.followed.is_some()),
-        ) {
+        if let (Some((oracle, _, _)), true) = (&self.oracle, followed) {
             let hosts: Vec<Hosting> = moved.iter().map(|&(v, w, e)| (v, e, w)).collect();
             self.out.push(Action::ToOracle {
-                client: oracle,
+                client: *oracle,
                 msg: ToOracle::Hosts { job, hosts },
             });
         }
@@ -2080,12 +2379,21 @@ impl Coordinator {
 }
 
 impl Coordinator {
-    /// Rule 11: tells the connected oracle to follow the running job, if it is followed.
+    /// The job the oracle follows, if any (rule 11: one at a time).
+    fn followed_job(&self) -> Option<u64> {
+        self.jobs
+            .values()
+            .find(|j| j.running && j.followed.is_some())
+            .map(|j| j.id)
+    }
+
+    /// Rule 11: tells the connected oracle to follow the followed job, if one runs.
     fn follow(&mut self, _now: Duration) {
-        let Some((client, _)) = self.oracle else {
+        let Some((client, _, _)) = &self.oracle else {
             return;
         };
-        let Some(j) = self.job.as_ref().filter(|j| j.running) else {
+        let client = *client;
+        let Some(j) = self.followed_job().and_then(|j| self.jobs.get(&j)) else {
             return;
         };
         let Some(f) = &j.followed else { return };
@@ -2117,13 +2425,34 @@ impl Coordinator {
         &mut self,
         now: Duration,
         client: ClientId,
+        program: String,
         public_key: [u8; 32],
         following: Option<u64>,
     ) {
-        if let Some((other, _)) = self.oracle {
-            let reason = format!(
+        let refusal = if let Some((other, _, _)) = &self.oracle {
+            Some(format!(
                 "an online oracle already follows this cluster (connection {other}); one at a time"
-            );
+            ))
+        } else if program.is_empty() || program.len() > self.cfg.limits.max_name {
+            Some(format!(
+                "its program's name has {} bytes (1..={} allowed)",
+                program.len(),
+                self.cfg.limits.max_name
+            ))
+        } else {
+            self.followed_job()
+                .and_then(|j| self.jobs.get(&j))
+                .filter(|j| j.program != program)
+                .map(|j| {
+                    format!(
+                        "it runs {}, and job {} that an oracle followed runs {}",
+                        clip(&program, self.cfg.limits.max_name),
+                        j.id,
+                        j.program
+                    )
+                })
+        };
+        if let Some(reason) = refusal {
             self.note(format!(
                 "refused an oracle on connection {client}: {reason}"
             ));
@@ -2133,9 +2462,8 @@ impl Coordinator {
             });
             return;
         }
-        self.oracle = Some((client, public_key));
         self.note(format!(
-            "online oracle joined on connection {client}{}",
+            "online oracle of {program} joined on connection {client}{}",
             following
                 .map(|j| format!(" (it followed job {j})"))
                 .unwrap_or_default()
@@ -2144,11 +2472,12 @@ impl Coordinator {
             client,
             msg: ToOracle::Welcome {
                 store: self.cfg.store_spec.clone(),
-                program: self.cfg.program.clone(),
+                program: program.clone(),
                 coordinators: self.coordinators(),
             },
         });
-        if let Some(j) = self.job.as_mut() {
+        self.oracle = Some((client, public_key, program));
+        if let Some(j) = self.followed_job().and_then(|j| self.jobs.get_mut(&j)) {
             if let Some((_, since)) = j.awaiting.as_mut() {
                 *since = None;
             }
@@ -2157,30 +2486,33 @@ impl Coordinator {
     }
 
     fn on_oracle_closed(&mut self, now: Duration, client: ClientId, reason: String) {
-        if self.oracle.map(|(c, _)| c) != Some(client) {
+        if self.oracle.as_ref().map(|(c, _, _)| *c) != Some(client) {
             return;
         }
         self.oracle = None;
         self.note(format!("online oracle lost: {reason}"));
-        if let Some((_, since)) = self.job.as_mut().and_then(|j| j.awaiting.as_mut()) {
-            *since = Some(now);
+        for j in self.jobs.values_mut() {
+            if let Some((_, since)) = j.awaiting.as_mut() {
+                *since = Some(now);
+            }
         }
     }
 
     fn on_oracle(&mut self, now: Duration, client: ClientId, msg: FromOracle) {
-        if self.oracle.map(|(c, _)| c) != Some(client) {
+        if self.oracle.as_ref().map(|(c, _, _)| *c) != Some(client) {
             return;
         }
-        let current = |job: u64, j: &Option<Job>| {
-            j.as_ref()
-                .is_some_and(|j| j.id == job && j.followed.is_some())
+        let followed = |job: u64, jobs: &BTreeMap<u64, Job>| {
+            jobs.get(&job).is_some_and(|j| j.followed.is_some())
         };
         match msg {
             FromOracle::Committed { job, commitment } => {
-                if !current(job, &self.job) {
+                if !followed(job, &self.jobs) {
                     return;
                 }
-                let j = self.job.as_mut().expect("checked");
+                let Some(j) = self.jobs.get_mut(&job) else {
+                    return;
+                };
                 if let Some(f) = j.followed.as_mut() {
                     f.commitment = Some(commitment);
                 }
@@ -2197,10 +2529,10 @@ impl Coordinator {
                 task,
                 reason,
             } => {
-                if !current(job, &self.job) {
+                if !followed(job, &self.jobs) {
                     return;
                 }
-                self.evict(now, vnode, epoch, &task, &reason);
+                self.evict(now, job, vnode, epoch, &task, &reason);
             }
             FromOracle::Certified {
                 job,
@@ -2208,7 +2540,7 @@ impl Coordinator {
                 certificate,
                 outputs,
             } => {
-                let Some(j) = self.job.as_mut().filter(|j| j.id == job) else {
+                let Some(j) = self.jobs.get_mut(&job) else {
                     return;
                 };
                 let Some((mut msg, _)) = j.awaiting.take() else {
@@ -2224,15 +2556,11 @@ impl Coordinator {
                     *c = Some(certificate);
                 }
                 self.note(format!("job {job} certified online: {decision}"));
-                self.end_job(now, msg);
+                self.end_job(now, job, msg);
             }
             FromOracle::Failed { job, error } => {
-                if self
-                    .job
-                    .as_ref()
-                    .is_some_and(|j| j.id == job && j.awaiting.is_some())
-                {
-                    self.end_uncertified(now, format!("the online oracle failed: {error}"));
+                if self.jobs.get(&job).is_some_and(|j| j.awaiting.is_some()) {
+                    self.end_uncertified(now, job, format!("the online oracle failed: {error}"));
                 } else {
                     self.note(format!("the online oracle failed on job {job}: {error}"));
                 }
@@ -2242,13 +2570,15 @@ impl Coordinator {
         }
     }
 
-    /// Rule 11: the host of incarnation (vnode, epoch) is evicted.
-    fn evict(&mut self, now: Duration, vnode: u32, epoch: u64, task: &str, why: &str) {
-        let Some(j) = self.job.as_mut() else { return };
+    /// Rule 11: the host of incarnation (vnode, epoch) of `job` is evicted.
+    fn evict(&mut self, now: Duration, job: u64, vnode: u32, epoch: u64, task: &str, why: &str) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         let Some(f) = j.followed.as_mut() else { return };
         let Some(&(_, _, w)) = f.hosts.iter().find(|&&(v, e, _)| v == vnode && e == epoch) else {
             self.note(format!(
-                "the oracle named vnode {vnode} at epoch {epoch}, which this job never had"
+                "the oracle named vnode {vnode} at epoch {epoch}, which job {job} never had"
             ));
             return;
         };
@@ -2262,7 +2592,6 @@ impl Coordinator {
             .or_else(|| self.absent.get(&w).map(|m| m.public_key))
             .unwrap_or_default();
         f.evicted.push((w, key));
-        let job = j.id;
         tracing::warn!(
             job,
             worker = w,
@@ -2281,24 +2610,24 @@ impl Coordinator {
             }
             self.journal(now);
         }
-        if let Some((client, _)) = self.oracle {
+        if let Some((client, _, _)) = &self.oracle {
             self.out.push(Action::ToOracle {
-                client,
+                client: *client,
                 msg: ToOracle::Evicted { job, worker: w },
             });
         }
     }
 
-    /// Rule 11: the waiting summary goes out without a certificate.
-    fn end_uncertified(&mut self, now: Duration, why: String) {
-        let Some((mut msg, _)) = self.job.as_mut().and_then(|j| j.awaiting.take()) else {
+    /// Rule 11: the waiting summary of `job` goes out without a certificate.
+    fn end_uncertified(&mut self, now: Duration, job: u64, why: String) {
+        let Some((mut msg, _)) = self.jobs.get_mut(&job).and_then(|j| j.awaiting.take()) else {
             return;
         };
         if let ToSubmit::Finished { uncertified, .. } = &mut msg {
             *uncertified = Some(why.clone());
         }
-        self.note(format!("job ends uncertified: {why}"));
-        self.end_job(now, msg);
+        self.note(format!("job {job} ends uncertified: {why}"));
+        self.end_job(now, job, msg);
     }
 }
 
@@ -2345,6 +2674,41 @@ fn check_spec(spec: &JobSpec, l: &Limits) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// An ended job in a [`ClusterStatus`] (rule 12).
+fn ended_status(e: &EndedRecord) -> JobStatus {
+    let mut st = JobStatus {
+        id: e.id,
+        program: e.program.clone(),
+        argv: e.argv.clone(),
+        run: crate::job_run_name(e.id),
+        ..JobStatus::default()
+    };
+    match &e.end {
+        ToSubmit::Finished {
+            tasks,
+            elapsed_s,
+            workers_lost,
+            vnodes,
+            ..
+        } => {
+            st.state = "finished".to_string();
+            st.tasks_completed = *tasks;
+            st.elapsed_s = *elapsed_s;
+            st.workers_lost = *workers_lost;
+            st.vnodes = u32::try_from(vnodes.len()).unwrap_or(u32::MAX);
+            if *elapsed_s > 0.0 {
+                st.tasks_per_s = *tasks as f64 / elapsed_s;
+            }
+        }
+        ToSubmit::Failed { error } => {
+            st.state = if e.cancelled { "cancelled" } else { "failed" }.to_string();
+            st.error = Some(error.clone());
+        }
+        _ => st.state = "unknown".to_string(),
+    }
+    st
 }
 
 /// At most `max` bytes of `s`, for messages that quote what a peer sent.

@@ -7,12 +7,7 @@ use veriflow_runtime::detect::Heartbeat;
 use super::*;
 
 fn coord() -> Coordinator {
-    Coordinator::new(Config::new(
-        "knary",
-        "central:x:1",
-        crate::test_fd(),
-        [7; 32],
-    ))
+    Coordinator::new(Config::new("central:x:1", crate::test_fd(), [7; 32]))
 }
 
 fn ms(n: u64) -> Duration {
@@ -151,7 +146,7 @@ fn a_job_maps_vnodes_round_robin_and_gives_each_member_only_its_own_link_keys() 
     );
     // vnodes 0: the non-spare workers' threads (2 + 2), round-robin on workers 1 and 2.
     assert_eq!(
-        c.map().unwrap(),
+        c.map(1).unwrap(),
         vec![(1, 0), (2, 0), (1, 0), (2, 0)],
         "spares host nothing at the start"
     );
@@ -212,7 +207,7 @@ fn a_store_that_holds_a_run_is_refused() {
         [ToSubmit::Failed { error }] => assert!(error.contains("already holds a run"), "{error}"),
         other => panic!("{other:?}"),
     }
-    assert!(c.map().is_none());
+    assert!(c.map(1).is_none());
 }
 
 /// Answers every probe of a running job on workers 1 and 2 (hosting vnodes 0 and 1) with idle,
@@ -321,7 +316,8 @@ fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest
 #[test]
 fn jobs_submitted_while_one_runs_wait_their_turn_in_order() {
     let mut c = running(2, 0, 2);
-    for (client, ahead) in [(101, 0), (102, 1)] {
+    // Ahead of each: the running job, and the queued ones before it.
+    for (client, ahead) in [(101, 1), (102, 2)] {
         let a = c.on_event(
             ms(5),
             Event::Submit {
@@ -331,7 +327,7 @@ fn jobs_submitted_while_one_runs_wait_their_turn_in_order() {
             },
         );
         assert!(
-            matches!(to_client(&a).as_slice(), [ToSubmit::Queued { running: 1, ahead: a }] if *a == ahead),
+            matches!(to_client(&a).as_slice(), [ToSubmit::Queued { job, ahead: a }] if *a == ahead && *job == client - 99),
             "{a:?}"
         );
         assert!(!a.iter().any(|a| matches!(a, Action::CheckStore { .. })));
@@ -474,13 +470,17 @@ fn a_job_asking_for_4294967295_vnodes_is_refused_without_allocating() {
 
 /// Issue 13: workers' claimed thread counts were unchecked (and summed into the vnode count).
 #[test]
-fn a_worker_claiming_no_threads_or_a_million_or_another_program_is_refused() {
+fn a_worker_claiming_no_threads_or_a_million_or_a_nameless_program_is_refused() {
     let mut c = coord();
     for (i, h) in [
         hello(0, false),
         hello(1_000_000, false),
         Joining {
-            program: "nqueens".into(),
+            program: String::new(),
+            ..hello(1, false)
+        },
+        Joining {
+            program: "p".repeat(10_000),
             ..hello(1, false)
         },
         Joining {
@@ -647,7 +647,7 @@ fn a_report_against_a_worker_silent_here_too_is_acted_on_at_once() {
 #[test]
 fn a_lost_workers_vnodes_move_to_an_idle_spare_at_a_new_epoch_and_it_is_never_readmitted() {
     let mut c = running(3, 1, 4);
-    assert_eq!(c.map().unwrap(), vec![(1, 0), (2, 0), (1, 0), (2, 0)]);
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (2, 0), (1, 0), (2, 0)]);
     let a = c.on_event(
         ms(20),
         Event::Closed {
@@ -655,7 +655,7 @@ fn a_lost_workers_vnodes_move_to_an_idle_spare_at_a_new_epoch_and_it_is_never_re
             reason: "reset".into(),
         },
     );
-    assert_eq!(c.map().unwrap(), vec![(1, 0), (3, 1), (1, 0), (3, 1)]);
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (3, 1), (1, 0), (3, 1)]);
     let hosts: Vec<_> = to_worker(&a, 3)
         .into_iter()
         .filter_map(|m| match m {
@@ -726,7 +726,9 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
     );
     let journaled = a
         .iter()
-        .position(|a| matches!(a, Action::Journal(j) if j.job.as_ref().is_some_and(|r| r.members.contains(&3))))
+        .position(
+            |a| matches!(a, Action::Journal(j) if j.jobs.iter().any(|r| r.members.contains(&3))),
+        )
         .expect("its membership is journaled");
     let told = a
         .iter()
@@ -766,11 +768,7 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
                 },
             },
         );
-        assert_eq!(
-            c.job.as_ref().unwrap().outstanding,
-            w < 3,
-            "after worker {w}"
-        );
+        assert_eq!(c.jobs[&1].outstanding, w < 3, "after worker {w}");
     }
     // Both first members lost: the job goes on, on the newcomer.
     for w in [1, 2] {
@@ -788,7 +786,7 @@ fn a_worker_joining_a_running_job_is_probed_and_takes_over_when_the_first_member
             "{a:?}"
         );
     }
-    assert_eq!(c.map().unwrap(), vec![(3, 1), (3, 1)]);
+    assert_eq!(c.map(1).unwrap(), vec![(3, 1), (3, 1)]);
 }
 
 /// What `f` logs through `tracing` at info and above (issue 19.4), as text.
@@ -858,7 +856,7 @@ fn failures_epochs_suspicions_and_takeovers_are_traced() {
     });
     let (c, journal) = c;
     for line in [
-        "job started job=1 vnodes=4 workers=2 spares=1",
+        "job started job=1 program=knary vnodes=4 workers=2 spares=1",
         "suspicion reported reporter=1 suspect=2",
         "worker lost worker=2 reason=reset",
         "vnode moved to a new epoch job=1 vnode=1 epoch=1 from=2 to=3",
@@ -898,7 +896,7 @@ fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
         now += ms(10);
     }
     assert_eq!(c.workers(), vec![1]);
-    assert_eq!(c.map().unwrap(), vec![(1, 0), (1, 1)]);
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (1, 1)]);
 }
 
 /// Found by the simulator (then seed 538): the member hosting vnode 0 was lost after the run
@@ -961,6 +959,14 @@ fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
     }
 }
 
+/// The journal written last among `a`.
+fn last_journal(a: &[Action]) -> Option<Journal> {
+    a.iter().rev().find_map(|a| match a {
+        Action::Journal(j) => Some((**j).clone()),
+        _ => None,
+    })
+}
+
 /// Takeover (rule 10): the journal written before the last order, a successor built from it.
 mod takeover {
     use super::*;
@@ -969,13 +975,6 @@ mod takeover {
 
     fn key(w: WorkerId) -> SigningKey {
         SigningKey::from_bytes(&[u8::try_from(w).unwrap(); 32])
-    }
-
-    fn last_journal(a: &[Action]) -> Option<Journal> {
-        a.iter().rev().find_map(|a| match a {
-            Action::Journal(j) => Some((**j).clone()),
-            _ => None,
-        })
     }
 
     /// A job of 4 vnodes on 3 workers with real keys; returns the coordinator and the journal
@@ -1050,7 +1049,7 @@ mod takeover {
     }
 
     fn successor(j: Journal) -> Coordinator {
-        let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+        let mut cfg = Config::new("central:x:1", crate::test_fd(), [9; 32]);
         cfg.advertise = "127.0.0.1:2".into();
         cfg.term = journal::next_term(j.term, &cfg.advertise);
         cfg.rejoin_patience = ms(1000);
@@ -1089,15 +1088,19 @@ mod takeover {
         assert_eq!(s.coordinator, "127.0.0.1:2");
         assert_eq!(s.absent, vec![1, 2, 3]);
         assert!(s.workers.is_empty());
-        assert_eq!(s.job.as_ref().map(|j| j.state.as_str()), Some("running"));
-        let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+        assert_eq!(s.jobs[0].state.as_str(), "running");
+        let map: Vec<_> = s.jobs[0]
+            .map
+            .iter()
+            .map(|v| (v.vnode, v.worker, v.epoch))
+            .collect();
         assert_eq!(map, vec![(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 1, 0)]);
     }
 
     #[test]
     fn a_successor_takes_members_back_moves_the_absent_ones_vnodes_and_continues() {
         let (_, j) = running_with_keys();
-        let job = j.job.clone().expect("the job is journaled");
+        let job = j.jobs.first().cloned().expect("the job is journaled");
         assert_eq!(job.host, vec![1, 2, 3, 1]);
         let mut c = successor(j);
         assert!(c.recovering());
@@ -1171,7 +1174,7 @@ mod takeover {
         // Worker 3 never comes back: at the deadline its vnode moves at a new epoch.
         let a = c.on_event(ms(6001), Event::Tick);
         assert!(!c.recovering());
-        let map = c.map().unwrap();
+        let map = c.map(1).unwrap();
         assert_ne!(map[2].0, 3);
         assert_eq!(map[2].1, 1, "the moved vnode's epoch grew: {map:?}");
         let jpos = a
@@ -1318,17 +1321,17 @@ mod takeover {
     fn a_successor_counts_the_jobs_time_from_its_start_on_the_wall_clock() {
         for (wall, want) in [(true, 30.0), (false, 1.0)] {
             let (_, mut j) = running_with_keys();
-            let rec = j.job.as_mut().unwrap();
+            let rec = j.jobs.first_mut().unwrap();
             rec.elapsed_s = 1.0;
             rec.started_unix_s = 1_000_000.0;
-            let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+            let mut cfg = Config::new("central:x:1", crate::test_fd(), [9; 32]);
             cfg.term = journal::next_term(j.term, "127.0.0.1:2");
             if wall {
                 cfg.wall_zero = Duration::from_secs(1_000_025);
             }
             let mut c = Coordinator::recover(cfg, j, ms(5000));
             let a = c.on_event(ms(5000), Event::Tick);
-            let rec = last_journal(&a).unwrap().job.unwrap();
+            let rec = last_journal(&a).unwrap().jobs.into_iter().next().unwrap();
             assert!((rec.elapsed_s - want).abs() < 1e-6, "{wall}: {rec:?}");
         }
     }
@@ -1387,10 +1390,7 @@ mod takeover {
         assert!(
             matches!(
                 to_client(&a).as_slice(),
-                [ToSubmit::Queued {
-                    running: 1,
-                    ahead: 0
-                }]
+                [ToSubmit::Queued { job: 2, ahead: 1 }]
             ),
             "{a:?}"
         );
@@ -1404,7 +1404,7 @@ mod takeover {
     #[test]
     fn members_that_never_heard_of_the_job_are_started_by_the_successor() {
         let (_, j) = running_with_keys();
-        let host = j.job.as_ref().unwrap().host.clone();
+        let host = j.jobs[0].host.clone();
         let mut c = successor(j);
         let b = [6u8; 32];
         let mut a = Vec::new();
@@ -1458,7 +1458,7 @@ mod takeover {
         }
         let j = journal.expect("admissions are journaled");
         assert_eq!(j.members.len(), 2);
-        let mut cfg = Config::new("knary", "central:x:1", crate::test_fd(), [9; 32]);
+        let mut cfg = Config::new("central:x:1", crate::test_fd(), [9; 32]);
         cfg.term = journal::next_term(j.term, "127.0.0.1:2");
         let mut c = Coordinator::recover(cfg, j, ms(5000));
         // No job: the recovery ends at once, and nobody is lost.
@@ -1552,7 +1552,7 @@ mod takeover {
             now += ms(10);
         }
         let j = journal.expect("stopping is journaled");
-        assert!(j.job.as_ref().unwrap().stopping);
+        assert!(j.jobs[0].stopping);
         let mut c = successor(j);
         let b = [1u8; 32];
         for w in 1..=3u32 {
@@ -1644,10 +1644,9 @@ fn status_with_no_job_lists_the_workers_and_changes_nothing() {
     let s = c.status(ms(25));
     assert_eq!(s, c.status(ms(25)), "a snapshot is a pure function");
     assert_eq!(c.next_deadline(), deadline, "asking changes nothing");
-    assert_eq!((s.role.as_str(), s.program.as_str()), ("active", "knary"));
+    assert_eq!(s.role.as_str(), "active");
     assert!(!s.took_over && !s.recovering);
-    assert_eq!(s.job, None);
-    assert!(s.map.is_empty() && s.failures.is_empty() && s.last_job.is_none());
+    assert!(s.jobs.is_empty());
     let w: Vec<_> = s
         .workers
         .iter()
@@ -1685,17 +1684,21 @@ fn status_of_a_running_job_shows_its_map_progress_and_then_a_lost_worker() {
         );
     }
     let s = c.status(ms(103));
-    let j = s.job.as_ref().expect("a job");
+    let j = &s.jobs[0];
     assert_eq!((j.id, j.state.as_str(), j.vnodes), (1, "running", 4));
     assert_eq!(j.members, vec![1, 2, 3]);
     assert_eq!(j.tasks_completed, 60);
     assert!((j.elapsed_s - 0.1).abs() < 1e-9, "{}", j.elapsed_s);
     assert!((j.tasks_per_s - 600.0).abs() < 1e-6, "{}", j.tasks_per_s);
-    let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+    let map: Vec<_> = j.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
     assert_eq!(map, vec![(0, 1, 0), (1, 2, 0), (2, 1, 0), (3, 2, 0)]);
     let hosted: Vec<_> = s.workers.iter().map(|w| (w.id, w.vnodes)).collect();
     assert_eq!(hosted, vec![(1, 2), (2, 2), (3, 0)]);
-    assert!(s.failures.is_empty());
+    assert!(s
+        .workers
+        .iter()
+        .all(|w| w.job == Some(1) && w.program == "knary"));
+    assert!(j.failures.is_empty());
 
     let _ = c.on_event(
         ms(200),
@@ -1705,13 +1708,14 @@ fn status_of_a_running_job_shows_its_map_progress_and_then_a_lost_worker() {
         },
     );
     let s = c.status(ms(250));
-    let map: Vec<_> = s.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
+    let j = &s.jobs[0];
+    let map: Vec<_> = j.map.iter().map(|v| (v.vnode, v.worker, v.epoch)).collect();
     assert_eq!(map, vec![(0, 1, 0), (1, 3, 1), (2, 1, 0), (3, 3, 1)]);
     let ids: Vec<_> = s.workers.iter().map(|w| (w.id, w.vnodes)).collect();
     assert_eq!(ids, vec![(1, 2), (3, 2)]);
-    assert_eq!(s.job.as_ref().map(|j| j.workers_lost), Some(1));
+    assert_eq!(j.workers_lost, 1);
     assert_eq!(s.gone, vec![2]);
-    match s.failures.as_slice() {
+    match j.failures.as_slice() {
         [f] => {
             assert_eq!((f.worker, f.reason.as_str(), f.moved), (2, "reset", 2));
             assert!((f.ago_s - 0.05).abs() < 1e-9, "{}", f.ago_s);
@@ -1724,10 +1728,7 @@ fn status_of_a_running_job_shows_its_map_progress_and_then_a_lost_worker() {
 fn status_after_a_job_ended_gives_its_summary() {
     let mut c = running(2, 0, 2);
     let now = idle_until_stopped(&mut c, ms(10), 4).expect("the run ends");
-    assert_eq!(
-        c.status(now).job.map(|j| j.state),
-        Some("stopping".to_string())
-    );
+    assert_eq!(c.status(now).jobs[0].state, "stopping");
     for w in [1, 2] {
         let _ = c.on_event(
             now,
@@ -1752,12 +1753,20 @@ fn status_after_a_job_ended_gives_its_summary() {
         },
     );
     let s = c.status(now + ms(10));
-    assert_eq!(s.job, None);
-    assert!(s.map.is_empty());
     assert_eq!(s.workers.len(), 2);
-    let l = s.last_job.expect("the last job's summary");
+    assert!(s.workers.iter().all(|w| w.job.is_none()));
+    let [l] = s.jobs.as_slice() else {
+        panic!("the ended job's summary only: {:?}", s.jobs)
+    };
+    assert!(l.map.is_empty() && l.ended());
     assert_eq!(
-        (l.id, l.state.as_str(), l.tasks, l.workers_lost, l.error),
+        (
+            l.id,
+            l.state.as_str(),
+            l.tasks_completed,
+            l.workers_lost,
+            l.error.clone()
+        ),
         (1, "finished", 20, 0, None)
     );
 }
@@ -1779,6 +1788,7 @@ fn followed(n: u32, vnodes: u32) -> (Coordinator, Vec<Action>) {
     let a = c.on_event(
         ms(1),
         Event::OracleJoined {
+            program: "knary".into(),
             client: 50,
             public_key: [9; 32],
             following: None,
@@ -1819,13 +1829,14 @@ fn an_oracle_follows_the_jobs_started_after_it_joined_with_every_incarnation() {
     );
     assert!(
         a.iter().any(|a| matches!(a, Action::Journal(j)
-            if j.job.as_ref().and_then(|r| r.followed.as_ref()).and_then(|f| f.commitment) == Some([3; 32]))),
+            if j.jobs.first().and_then(|r| r.followed.as_ref()).and_then(|f| f.commitment) == Some([3; 32]))),
         "the commitment is journaled"
     );
     // A second oracle is refused while the first is there.
     let a = c.on_event(
         ms(5),
         Event::OracleJoined {
+            program: "knary".into(),
             client: 51,
             public_key: [8; 32],
             following: None,
@@ -1855,6 +1866,7 @@ fn a_job_started_without_an_oracle_is_not_followed_and_ends_at_once() {
     let a = c.on_event(
         ms(5),
         Event::OracleJoined {
+            program: "knary".into(),
             client: 50,
             public_key: [9; 32],
             following: None,
@@ -1919,7 +1931,7 @@ fn a_forger_named_by_the_oracle_is_evicted_and_its_key_refused_for_the_job() {
     let journal = a
         .iter()
         .position(|a| matches!(a, Action::Journal(j)
-            if j.job.as_ref().and_then(|r| r.followed.as_ref()).is_some_and(|f| f.evicted == vec![(2, [2; 32])])))
+            if j.jobs.first().and_then(|r| r.followed.as_ref()).is_some_and(|f| f.evicted == vec![(2, [2; 32])])))
         .expect("the eviction is journaled");
     let moved = a
         .iter()
@@ -2111,6 +2123,7 @@ fn an_oracle_that_comes_back_while_the_summary_waits_is_told_to_certify() {
     let a = c.on_event(
         now + ms(5),
         Event::OracleJoined {
+            program: "knary".into(),
             client: 52,
             public_key: [9; 32],
             following: Some(1),
@@ -2131,4 +2144,287 @@ fn an_oracle_that_comes_back_while_the_summary_waits_is_told_to_certify() {
     // No patience runs while it works.
     let a = c.on_event(now + c.config().oracle_patience * 2, Event::Tick);
     assert!(to_client(&a).is_empty(), "{a:?}");
+}
+
+/// Rule 12's view of a job in the status: its state.
+fn job_state(c: &Coordinator, now: Duration, job: u64) -> String {
+    c.status(now)
+        .jobs
+        .into_iter()
+        .find(|j| j.id == job)
+        .map_or_else(|| "unknown".to_string(), |j| j.state)
+}
+
+/// Rule 2 (issue 18.1): jobs of two programs run at once, each on its own program's workers;
+/// a loss in one moves vnodes within that job only, and the other never hears of it.
+#[test]
+fn two_programs_run_at_once_on_their_own_workers() {
+    let mut c = coord();
+    for (w, program) in [
+        (1u64, "knary"),
+        (2, "nqueens"),
+        (3, "knary"),
+        (4, "nqueens"),
+    ] {
+        let _ = c.on_event(
+            ms(1),
+            Event::Joined {
+                conn: w,
+                hello: Joining {
+                    program: program.into(),
+                    ..hello(1, false)
+                },
+            },
+        );
+    }
+    let mut checks = Vec::new();
+    for (client, program) in [(100, "knary"), (101, "nqueens")] {
+        let a = c.on_event(
+            ms(2),
+            Event::Submit {
+                client,
+                program: program.into(),
+                job: spec(4, 2),
+            },
+        );
+        assert!(to_client(&a).is_empty(), "neither is queued: {a:?}");
+        checks.extend(a.iter().filter_map(|a| match a {
+            Action::CheckStore { job } => Some(*job),
+            _ => None,
+        }));
+    }
+    assert_eq!(checks, vec![1, 2], "both start at once");
+    for job in [1, 2] {
+        let a = c.on_event(
+            ms(3),
+            Event::StoreChecked {
+                job,
+                result: Ok(false),
+            },
+        );
+        let members = if job == 1 { [1, 3] } else { [2, 4] };
+        for w in 1..=4u32 {
+            let start = to_worker(&a, w).into_iter().find_map(|m| match m {
+                ToWorker::Start { job, peers, .. } => Some((job, peers)),
+                _ => None,
+            });
+            if members.contains(&w) {
+                let (j, peers) = start.expect("a member is started");
+                assert_eq!(j, job);
+                let ids: Vec<_> = peers.iter().map(|p| p.id).collect();
+                assert_eq!(
+                    ids,
+                    members
+                        .iter()
+                        .copied()
+                        .filter(|&m| m != w)
+                        .collect::<Vec<_>>(),
+                    "its peers are its job's members only"
+                );
+            } else {
+                assert!(start.is_none(), "worker {w} is not in job {job}: {a:?}");
+            }
+        }
+    }
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (3, 0), (1, 0), (3, 0)]);
+    assert_eq!(c.map(2).unwrap(), vec![(2, 0), (4, 0), (2, 0), (4, 0)]);
+    let s = c.status(ms(4));
+    let jobs: Vec<_> = s
+        .jobs
+        .iter()
+        .map(|j| {
+            (
+                j.id,
+                j.program.as_str(),
+                j.state.as_str(),
+                j.members.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        jobs,
+        vec![
+            (1, "knary", "running", vec![1, 3]),
+            (2, "nqueens", "running", vec![2, 4])
+        ]
+    );
+    let of: Vec<_> = s.workers.iter().map(|w| (w.id, w.job)).collect();
+    assert_eq!(
+        of,
+        vec![(1, Some(1)), (2, Some(2)), (3, Some(1)), (4, Some(2))]
+    );
+    // Worker 4 (nqueens) lost: its vnodes move to worker 2; the knary job hears nothing.
+    let a = c.on_event(
+        ms(5),
+        Event::Closed {
+            worker: 4,
+            reason: "reset".into(),
+        },
+    );
+    assert_eq!(c.map(2).unwrap(), vec![(2, 0), (2, 1), (2, 0), (2, 1)]);
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (3, 0), (1, 0), (3, 0)]);
+    assert!(
+        to_worker(&a, 1).is_empty() && to_worker(&a, 3).is_empty(),
+        "{a:?}"
+    );
+    assert!(
+        to_worker(&a, 2).iter().all(|m| matches!(
+            m,
+            ToWorker::Map { job: 2, .. } | ToWorker::Host { job: 2, .. }
+        )),
+        "{a:?}"
+    );
+    // A job of a program no worker runs waits, then fails naming the program.
+    let a = c.on_event(
+        ms(6),
+        Event::Submit {
+            client: 102,
+            program: "cg".into(),
+            job: spec(0, 1),
+        },
+    );
+    assert!(to_client(&a).is_empty(), "{a:?}");
+    let a = c.on_event(ms(6) + c.config().join_patience, Event::Tick);
+    match to_client(&a).as_slice() {
+        [ToSubmit::Failed { error }] => assert!(error.starts_with("0 worker(s) of cg"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(job_state(&c, ms(7), 3), "failed");
+}
+
+/// Rule 12: a queued job is dropped by a cancel; a running one stops, ends `Failed` as
+/// cancelled once its members reported, and is never recorded as finished.
+#[test]
+fn a_cancelled_queued_job_is_dropped_and_a_cancelled_running_job_is_never_recorded() {
+    let mut c = running(2, 0, 2);
+    let _ = c.on_event(
+        ms(5),
+        Event::Submit {
+            client: 101,
+            program: "knary".into(),
+            job: spec(2, 2),
+        },
+    );
+    assert_eq!(job_state(&c, ms(5), 2), "queued");
+    let a = c.on_event(
+        ms(6),
+        Event::Cancel {
+            client: 200,
+            job: 2,
+        },
+    );
+    let msgs: Vec<_> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToClient { client, msg } => Some((*client, msg.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(msgs.as_slice(), [(101, ToSubmit::Failed { error }), (200, ToSubmit::Cancelled { job: 2, was })]
+            if error.contains("cancelled while queued") && was == "queued"),
+        "{msgs:?}"
+    );
+    assert!(last_journal(&a).is_some_and(|j| j.queue.is_empty() && j.ended.len() == 1));
+    // The running job: stopped, journaled first.
+    let a = c.on_event(
+        ms(7),
+        Event::Cancel {
+            client: 201,
+            job: 1,
+        },
+    );
+    let jpos = a
+        .iter()
+        .position(|a| matches!(a, Action::Journal(j) if j.jobs[0].cancelled && j.jobs[0].stopping));
+    let stop = a.iter().position(|a| {
+        matches!(
+            a,
+            Action::ToWorker {
+                msg: ToWorker::Stop { job: 1 },
+                ..
+            }
+        )
+    });
+    assert!(jpos.is_some() && jpos < stop, "{a:?}");
+    assert!(
+        matches!(to_client(&a).as_slice(), [ToSubmit::Cancelled { job: 1, was }] if was == "running"),
+        "{a:?}"
+    );
+    assert_eq!(job_state(&c, ms(7), 1), "cancelling");
+    let mut ends = Vec::new();
+    for w in [1, 2] {
+        ends.extend(c.on_event(
+            ms(8),
+            Event::FromWorker {
+                worker: w,
+                msg: ToCoord::Done {
+                    job: 1,
+                    report: WorkerReport {
+                        outputs: (w == 1).then(|| vec![vec![1]]),
+                        ..WorkerReport::default()
+                    },
+                },
+            },
+        ));
+    }
+    assert!(
+        !ends.iter().any(|a| matches!(
+            a,
+            Action::RecordFinished { .. } | Action::ReadOutputs { .. }
+        )),
+        "a cancelled run is not recorded: {ends:?}"
+    );
+    assert!(
+        matches!(to_client(&ends).as_slice(), [ToSubmit::Failed { error }] if error.contains("cancelled")),
+        "{ends:?}"
+    );
+    assert_eq!(job_state(&c, ms(9), 1), "cancelled");
+    assert_eq!(job_state(&c, ms(9), 2), "cancelled");
+    // Cancelling again, or a job never seen, is refused and says why.
+    for (job, why) in [(1, "has ended already (cancelled)"), (9, "knows no job 9")] {
+        let a = c.on_event(ms(10), Event::Cancel { client: 202, job });
+        assert!(
+            matches!(to_client(&a).as_slice(), [ToSubmit::Failed { error }] if error.contains(why)),
+            "{a:?}"
+        );
+    }
+}
+
+/// Rule 12: the queue is journaled; a successor keeps it, a client attaches to its queued job
+/// by id, and the job starts there when its turn comes.
+#[test]
+fn a_successor_keeps_the_queue_and_its_client_attaches_by_id() {
+    let mut c = running(2, 0, 2);
+    let a = c.on_event(
+        ms(5),
+        Event::Submit {
+            client: 101,
+            program: "knary".into(),
+            job: spec(2, 2),
+        },
+    );
+    let journal = last_journal(&a).expect("the queue is journaled before the client hears");
+    assert_eq!(journal.queue.len(), 1);
+    assert_eq!(journal.queue[0].id, 2);
+    let mut cfg = Config::new("central:x:1", crate::test_fd(), [9; 32]);
+    cfg.term = journal::next_term(journal.term, "b");
+    let mut s = Coordinator::recover(cfg, journal, ms(100));
+    assert_eq!(job_state(&s, ms(100), 2), "queued");
+    let a = s.on_event(ms(101), Event::Attach { client: 7, job: 2 });
+    assert!(
+        matches!(
+            to_client(&a).as_slice(),
+            [
+                ToSubmit::Takeover { .. },
+                ToSubmit::Queued { job: 2, ahead: 1 }
+            ]
+        ),
+        "{a:?}"
+    );
+    // Nothing starts while the predecessor's members are away, nor while job 1 runs.
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::CheckStore { .. })),
+        "{a:?}"
+    );
 }

@@ -187,7 +187,8 @@ impl Shared {
             counters: h.counters.clone(),
             workers: obs.workers.clone(),
             workers_alive: i64::try_from(obs.status.workers.len()).unwrap_or(i64::MAX),
-            vnodes: i64::try_from(obs.status.map.len()).unwrap_or(i64::MAX),
+            vnodes: i64::try_from(obs.status.jobs.iter().map(|j| j.map.len()).sum::<usize>())
+                .unwrap_or(i64::MAX),
             tasks_per_s: h.samples.back().map_or(0.0, |s| s.tasks_per_s),
         }
     }

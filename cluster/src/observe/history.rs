@@ -3,12 +3,13 @@
 //! [`Observation`] with the one before. Pure: the caller gives the time.
 //!
 //! Rules:
-//! 1. A failure is a new entry of the job's `failures` (a worker, once per job); a recovery is
-//!    a vnode whose epoch grew (it was rebuilt from its log on a new host); a suspicion is a
-//!    worker whose detector verdict left `alive`; a takeover is a snapshot that says
-//!    `took_over` under a term not seen before.
-//! 2. Tasks completed over the cluster's life are the finished jobs' tasks plus the current
-//!    job's, each job counted once, at the most it was seen at.
+//! 1. A failure is a new entry of a job's `failures` (a worker, once per job); a recovery is
+//!    a vnode of a job whose epoch grew (it was rebuilt from its log on a new host); a
+//!    suspicion is a worker whose detector verdict left `alive`; a takeover is a snapshot that
+//!    says `took_over` under a term not seen before; a job's start and end are one event
+//!    each, when it is first seen running and first seen ended.
+//! 2. Tasks completed over the cluster's life are every job's tasks, each job counted once,
+//!    at the most it was seen at (its final count once ended).
 //! 3. The online oracle's reports: a forgery is one event each (counted by the oracle's
 //!    total, so one never shown on the page still counts); a certification or a failed one
 //!    is an event when it differs from the last.
@@ -77,19 +78,20 @@ pub(crate) struct History {
     pub(crate) events: VecDeque<TimelineEvent>,
     pub(crate) counters: Counters,
     next: u64,
-    /// Tasks of finished jobs, and the current job's id and most tasks seen (rule 2).
-    done_tasks: u64,
-    counted_upto: u64,
-    current: Option<(u64, u64)>,
+    /// Each job's most tasks seen (rule 2).
+    job_tasks: BTreeMap<u64, u64>,
+    /// Jobs seen running, and seen ended (rule 1).
+    started_seen: BTreeSet<u64>,
+    ended_seen: BTreeSet<u64>,
     failures_seen: BTreeSet<(u64, WorkerId)>,
     detector: BTreeMap<WorkerId, String>,
-    epochs: BTreeMap<u32, (WorkerId, u64)>,
+    /// Each running job's vnodes: host and epoch.
+    epochs: BTreeMap<(u64, u32), (WorkerId, u64)>,
     terms_seen: BTreeSet<u64>,
     certified_seen: Option<(u64, String)>,
     failed_seen: Option<(u64, String)>,
     /// Workers that adopted vnodes, until which sample.
     adopting: BTreeMap<WorkerId, u64>,
-    last_end: Option<u64>,
 }
 
 impl History {
@@ -112,64 +114,57 @@ impl History {
                 ),
             );
         }
-        // Rule 2: tasks over the cluster's life; a job that ended since the last sample is
-        // counted at its final count, one never seen running at its last job's count.
-        let now = s.job.as_ref().map(|j| (j.id, j.tasks_completed));
-        if let Some(l) = &s.last_job {
-            match &mut self.current {
-                Some((id, most)) if *id == l.id => *most = (*most).max(l.tasks),
-                _ if l.id > self.counted_upto && now.is_none_or(|(id, _)| id != l.id) => {
-                    self.done_tasks += l.tasks;
-                    self.counted_upto = l.id;
-                }
-                _ => {}
+        // Rules 1 and 2: each job's start and end once, its tasks at the most seen.
+        for j in &s.jobs {
+            if j.state == "queued" {
+                continue;
             }
-            if self.last_end != Some(l.id) {
-                self.last_end = Some(l.id);
+            let most = self.job_tasks.entry(j.id).or_default();
+            *most = (*most).max(j.tasks_completed);
+            if j.ended() {
+                if self.ended_seen.insert(j.id) {
+                    self.started_seen.insert(j.id);
+                    event(
+                        "end",
+                        match &j.error {
+                            Some(e) => format!("job {} {}: {e}", j.id, j.state),
+                            None => format!(
+                                "job {} {}: {} tasks in {:.1} s, {} workers lost",
+                                j.id, j.state, j.tasks_completed, j.elapsed_s, j.workers_lost
+                            ),
+                        },
+                    );
+                }
+            } else if self.started_seen.insert(j.id) {
                 event(
-                    "end",
-                    match &l.error {
-                        Some(e) => format!("job {} failed: {e}", l.id),
-                        None => format!(
-                            "job {} {}: {} tasks in {:.1} s, {} workers lost",
-                            l.id, l.state, l.tasks, l.elapsed_s, l.workers_lost
-                        ),
-                    },
+                    "job",
+                    format!(
+                        "job {} ({}) started on {} workers",
+                        j.id,
+                        j.program,
+                        j.members.len()
+                    ),
                 );
             }
-        }
-        match (self.current, now) {
-            (Some((id, most)), Some((jid, tasks))) if id == jid => {
-                self.current = Some((id, most.max(tasks)));
-            }
-            (cur, now) => {
-                if let Some((id, most)) = cur {
-                    self.done_tasks += most;
-                    self.counted_upto = self.counted_upto.max(id);
-                }
-                if let Some((id, _)) = now {
-                    let n = s.job.as_ref().map_or(0, |j| j.members.len());
-                    event("job", format!("job {id} started on {n} workers"));
-                }
-                self.current = now;
-            }
-        }
-        let tasks = (self.done_tasks + self.current.map_or(0, |(_, m)| m)).max(self.counters.tasks);
-        // Rule 1: failures, once per job and worker.
-        if let Some(j) = &s.job {
-            for f in &s.failures {
+            // Rule 1: failures, once per job and worker.
+            for f in &j.failures {
                 if self.failures_seen.insert((j.id, f.worker)) {
                     self.counters.failures += 1;
                     event(
                         "failure",
                         format!(
-                            "worker {} lost ({}); {} vnodes moved",
-                            f.worker, f.reason, f.moved
+                            "worker {} lost ({}); {} vnodes of job {} moved",
+                            f.worker, f.reason, f.moved, j.id
                         ),
                     );
                 }
             }
         }
+        let tasks = self
+            .job_tasks
+            .values()
+            .sum::<u64>()
+            .max(self.counters.tasks);
         // Rule 1: suspicions (a verdict that left alive) and their end.
         for w in &s.workers {
             let before = self.detector.insert(w.id, w.detector.clone());
@@ -214,25 +209,28 @@ impl History {
             }
         }
         // Rule 1: recoveries, a vnode at a higher epoch.
-        for v in &s.map {
-            let before = self.epochs.insert(v.vnode, (v.worker, v.epoch));
-            if let Some((from, epoch)) = before {
-                if v.epoch > epoch {
-                    self.counters.recoveries += 1;
-                    self.adopting.insert(v.worker, self.next + ADOPTING_SAMPLES);
-                    event(
-                        "recovery",
-                        format!(
-                            "vnode {} rebuilt on worker {} at epoch {} (was worker {from})",
-                            v.vnode, v.worker, v.epoch
-                        ),
-                    );
+        let mut live = BTreeSet::new();
+        for j in s.jobs.iter().filter(|j| !j.map.is_empty()) {
+            live.insert(j.id);
+            for v in &j.map {
+                let before = self.epochs.insert((j.id, v.vnode), (v.worker, v.epoch));
+                if let Some((from, epoch)) = before {
+                    if v.epoch > epoch {
+                        self.counters.recoveries += 1;
+                        self.adopting.insert(v.worker, self.next + ADOPTING_SAMPLES);
+                        event(
+                            "recovery",
+                            format!(
+                                "vnode {} of job {} rebuilt on worker {} at epoch {} (was \
+                                 worker {from})",
+                                v.vnode, j.id, v.worker, v.epoch
+                            ),
+                        );
+                    }
                 }
             }
         }
-        if s.map.is_empty() {
-            self.epochs.clear();
-        }
+        self.epochs.retain(|(job, _), _| live.contains(job));
         let n = self.next;
         self.adopting.retain(|_, until| *until >= n);
         let adopted = self.adopting.keys().copied().collect();
@@ -276,9 +274,7 @@ fn push_bounded<T>(ring: &mut VecDeque<T>, item: T, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{
-        ClusterStatus, FailureStatus, JobStatus, LastJobStatus, VnodeStatus, WorkerStatus,
-    };
+    use crate::protocol::{ClusterStatus, FailureStatus, JobStatus, VnodeStatus, WorkerStatus};
 
     fn worker(id: WorkerId, detector: &str, tasks: u64) -> WorkerStatus {
         WorkerStatus {
@@ -293,21 +289,22 @@ mod tests {
         ClusterStatus {
             role: "active".into(),
             term: 7,
-            job: Some(JobStatus {
+            jobs: vec![JobStatus {
                 id: 1,
+                state: "running".into(),
                 members: vec![1, 2],
                 tasks_completed: tasks,
+                map: map
+                    .iter()
+                    .map(|&(vnode, worker, epoch)| VnodeStatus {
+                        vnode,
+                        worker,
+                        epoch,
+                    })
+                    .collect(),
                 ..JobStatus::default()
-            }),
+            }],
             workers: vec![worker(1, "alive", tasks / 2), worker(2, "alive", tasks / 2)],
-            map: map
-                .iter()
-                .map(|&(vnode, worker, epoch)| VnodeStatus {
-                    vnode,
-                    worker,
-                    epoch,
-                })
-                .collect(),
             ..ClusterStatus::default()
         }
     }
@@ -341,7 +338,7 @@ mod tests {
         // Lost: its vnode moved to worker 1 at epoch 1.
         let mut st = running(50, &[(0, 1, 0), (1, 1, 1)]);
         st.workers.pop();
-        st.failures = vec![FailureStatus {
+        st.jobs[0].failures = vec![FailureStatus {
             worker: 2,
             reason: "broken".into(),
             ago_s: 0.1,
@@ -377,14 +374,14 @@ mod tests {
     fn tasks_over_jobs_only_grow_and_a_jobs_end_is_one_event() {
         let mut h = History::default();
         h.fold(0.0, &obs(running(100, &[(0, 1, 0)])));
-        let mut ended = ClusterStatus {
+        let ended = ClusterStatus {
             role: "active".into(),
-            last_job: Some(LastJobStatus {
+            jobs: vec![JobStatus {
                 id: 1,
                 state: "finished".into(),
-                tasks: 120,
-                ..LastJobStatus::default()
-            }),
+                tasks_completed: 120,
+                ..JobStatus::default()
+            }],
             ..ClusterStatus::default()
         };
         let (s, e) = h.fold(1.0, &obs(ended.clone()));
@@ -396,10 +393,24 @@ mod tests {
         assert_eq!(s.tasks, 120);
         // A second job counts on top of the first.
         let mut next = running(5, &[(0, 1, 0)]);
-        next.job.as_mut().unwrap().id = 2;
-        next.last_job = ended.last_job.take();
-        let (s, _) = h.fold(3.0, &obs(next));
-        assert!(s.tasks >= 105, "{s:?}");
+        next.jobs[0].id = 2;
+        next.jobs.insert(0, ended.jobs[0].clone());
+        let (s, e) = h.fold(3.0, &obs(next.clone()));
+        assert_eq!(s.tasks, 125, "{s:?}");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].kind, "job");
+        // Two jobs running at once (two programs on their own workers) count side by side.
+        next.jobs.push(JobStatus {
+            id: 3,
+            program: "nqueens".into(),
+            state: "running".into(),
+            tasks_completed: 7,
+            ..JobStatus::default()
+        });
+        next.jobs[1].tasks_completed = 9;
+        let (s, e) = h.fold(4.0, &obs(next));
+        assert_eq!(s.tasks, 120 + 9 + 7, "{s:?}");
+        assert!(e[0].text.contains("(nqueens)"), "{e:?}");
     }
 
     #[test]

@@ -601,6 +601,9 @@ const WORKER_PATIENCE: Duration = Duration::from_secs(2);
 /// How often workers and the client try again to reach a coordinator.
 const RETRY: Duration = Duration::from_millis(5);
 
+/// The simulated job: the only one submitted, so the first id a coordinator gives.
+const JOB: u64 = 1;
+
 /// Runs one seed and checks it (rules 1-6).
 pub fn run(cfg: &SimConfig) -> Result<SimOutcome, SimFailure> {
     let fail = |what: String| SimFailure {
@@ -686,7 +689,7 @@ impl World {
         };
         let rt = rt.build().map_err(|e| format!("runtime: {e}"))?;
         let fd = sim_fd();
-        let mut coord_cfg = coordinator::Config::new("sim", "sim:store", fd, [0x5e; 32]);
+        let mut coord_cfg = coordinator::Config::new("sim:store", fd, [0x5e; 32]);
         coord_cfg.seed = cfg.seed;
         // A successor waits for the members about as long as a real one does, in detector
         // periods (`coordinator::Config::new`).
@@ -759,7 +762,7 @@ impl World {
             .iter()
             .filter(|c| !c.dead && c.paused_until.is_none())
             .max_by_key(|c| c.core.config().term);
-        let map = holder.and_then(|c| c.core.map()).unwrap_or_default();
+        let map = holder.and_then(|c| c.core.map(JOB)).unwrap_or_default();
         let Some((f, _)) = self.oracle.as_mut() else {
             return Ok(());
         };
@@ -1504,7 +1507,7 @@ impl World {
 
     /// The members of the job alive and not paused (rule 3 keeps one), as processes.
     fn healthy_members(&self) -> Vec<Pid> {
-        let map = self.coords.last().and_then(|c| c.core.map());
+        let map = self.coords.last().and_then(|c| c.core.map(JOB));
         let mut members: Vec<Pid> = map
             .unwrap_or_default()
             .iter()
@@ -1961,7 +1964,7 @@ impl World {
         }
         format!(
             "map {:?}; {}",
-            self.coords.last().and_then(|c| c.core.map()),
+            self.coords.last().and_then(|c| c.core.map(JOB)),
             parts.join("; ")
         )
     }
@@ -1971,7 +1974,8 @@ fn client_line(m: &ToSubmit) -> String {
     match m {
         ToSubmit::Accepted { vnodes, .. } => format!("accepted ({vnodes} vnodes)"),
         ToSubmit::Progress { completed } => format!("progress {completed}"),
-        ToSubmit::Queued { running, ahead } => format!("queued behind j{running} (+{ahead})"),
+        ToSubmit::Queued { job, ahead } => format!("j{job} queued (+{ahead})"),
+        ToSubmit::Cancelled { job, was } => format!("cancelled j{job} ({was})"),
         ToSubmit::WorkerLost { worker, moved, .. } => format!("lost w{worker}, moved {moved:?}"),
         ToSubmit::Finished { tasks, .. } => format!("finished ({tasks} tasks)"),
         ToSubmit::Failed { error } => format!("failed: {error}"),

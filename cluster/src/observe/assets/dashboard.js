@@ -69,8 +69,11 @@
     const st = m.status || {};
     $("coordinator").textContent = st.coordinator || "";
     $("role").textContent = st.role === "active" ? "active, term 0x" + (st.term || 0).toString(16) + (st.took_over ? " (took over)" : "") : (st.role || "");
-    const j = st.job;
-    $("job").textContent = j ? "job " + j.id + ": " + j.state + ", " + j.tasks_completed + " tasks, " + j.elapsed_s.toFixed(1) + " s" : "no job";
+    const jobs = st.jobs || [];
+    const ended = (j) => j.state === "finished" || j.state === "failed" || j.state === "cancelled";
+    const live = jobs.filter((j) => !ended(j) && j.state !== "queued");
+    const queued = jobs.filter((j) => j.state === "queued").length;
+    $("job").textContent = (live.length === 0 ? "no job" : live.map((j) => "job " + j.id + " (" + j.program + "): " + j.state + ", " + j.tasks_completed + " tasks, " + j.elapsed_s.toFixed(1) + " s").join("; ")) + (queued ? `; ${queued} queued` : "");
     const c = m.counters || {};
     $("c-tasks").textContent = c.tasks || 0;
     const last = samples[samples.length - 1];
@@ -86,16 +89,16 @@
     });
     $("workers").tBodies[0].innerHTML = rows.join("");
 
-    const map = st.map || [];
-    $("vnode-map").innerHTML = map.length === 0 ? '<span class="muted">no job running</span>' :
-      map.map((v) => `<span class="vnode${v.epoch > 0 ? " moved" : ""}" data-vnode="${v.vnode}" data-worker="${v.worker}" data-epoch="${v.epoch}" style="background:${color(v.worker)}">v${v.vnode} → w${v.worker} @${v.epoch}</span>`).join("");
+    const maps = live.filter((j) => (j.map || []).length > 0);
+    $("vnode-map").innerHTML = maps.length === 0 ? '<span class="muted">no job running</span>' :
+      maps.map((j) => (maps.length > 1 ? `<span class="muted">job ${j.id}:</span> ` : "") + j.map.map((v) => `<span class="vnode${v.epoch > 0 ? " moved" : ""}" data-job="${j.id}" data-vnode="${v.vnode}" data-worker="${v.worker}" data-epoch="${v.epoch}" style="background:${color(v.worker)}">v${v.vnode} → w${v.worker} @${v.epoch}</span>`).join("")).join("<br>");
 
-    const lj = st.last_job;
+    const lj = jobs.filter(ended).pop();
     if (lj) {
       $("job-end").className = "";
       $("job-end").dataset.state = lj.state;
-      $("job-end").textContent = lj.error ? `job ${lj.id} failed: ${lj.error}` :
-        `job ${lj.id} ${lj.state}: ${lj.tasks} tasks in ${lj.elapsed_s.toFixed(2)} s, ${lj.workers_lost} workers lost`;
+      $("job-end").textContent = lj.error ? `job ${lj.id} ${lj.state}: ${lj.error}` :
+        `job ${lj.id} ${lj.state}: ${lj.tasks_completed} tasks in ${lj.elapsed_s.toFixed(2)} s, ${lj.workers_lost} workers lost`;
     }
     const cert = m.certification;
     $("certification").textContent = cert == null ? "none (no online oracle)" : `job ${cert.job}: ${cert.decision}`;
