@@ -23,8 +23,8 @@
 //!    store, `job-N` ([`crate::job_store`]), so one store holds every job; before it starts,
 //!    that namespace is checked ([`Action::CheckStore`]): one that holds a run already (a
 //!    journal lost) is refused. A worker that joins while a job of its program runs (not
-//!    stopping, no takeover under way, no job of its program waiting for workers) becomes a
-//!    member of the oldest such job, hosting nothing: it is started with an empty share,
+//!    stopping, no takeover under way, no job of its program waiting) becomes a member of the
+//!    oldest such job, hosting nothing: it is started with an empty share,
 //!    probed from the round under way, and is a candidate when a lost member's vnodes move
 //!    (rule 5). Rules 3-6 hold per job.
 //! 3. Termination: the coordinator probes every member for the work words of the vnodes it
@@ -1098,12 +1098,9 @@ impl Coordinator {
         ));
         // Rule 2: a worker that joins while a job of its program runs becomes a member of the
         // oldest one, hosting nothing until a lost member's vnodes move to it (rule 5), unless
-        // a job of its program waits for workers. Journaled with its admission, before it
-        // hears of the job (rule 9).
-        let wanted = self
-            .waiting
-            .iter()
-            .any(|w| w.program == hello.program && !w.queued);
+        // a job of its program waits (it stays free for that job). Journaled with its
+        // admission, before it hears of the job (rule 9).
+        let wanted = self.waiting.iter().any(|w| w.program == hello.program);
         let joins_job = if self.recovery.is_some() || wanted {
             None
         } else {

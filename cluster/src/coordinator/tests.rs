@@ -2428,3 +2428,60 @@ fn a_successor_keeps_the_queue_and_its_client_attaches_by_id() {
         "{a:?}"
     );
 }
+
+/// Rule 2: a worker that joins while a job of its program waits is kept for that job, which
+/// then runs beside the one it waited behind.
+#[test]
+fn a_worker_joining_while_a_job_of_its_program_waits_starts_that_job_beside_the_running_one() {
+    let mut c = running(2, 0, 2);
+    let a = c.on_event(
+        ms(5),
+        Event::Submit {
+            client: 101,
+            program: "knary".into(),
+            job: spec(0, 1),
+        },
+    );
+    assert!(
+        matches!(
+            to_client(&a).as_slice(),
+            [ToSubmit::Queued { job: 2, ahead: 1 }]
+        ),
+        "{a:?}"
+    );
+    let a = c.on_event(
+        ms(6),
+        Event::Joined {
+            conn: 3,
+            hello: hello(1, false),
+        },
+    );
+    assert!(
+        to_worker(&a, 3)
+            .iter()
+            .all(|m| !matches!(m, ToWorker::Start { .. })),
+        "it does not join the running job: {a:?}"
+    );
+    assert!(
+        a.iter().any(|a| matches!(a, Action::CheckStore { job: 2 })),
+        "{a:?}"
+    );
+    let a = c.on_event(
+        ms(7),
+        Event::StoreChecked {
+            job: 2,
+            result: Ok(false),
+        },
+    );
+    assert!(
+        matches!(
+            to_worker(&a, 3).first(),
+            Some(ToWorker::Start { job: 2, .. })
+        ),
+        "{a:?}"
+    );
+    assert_eq!(c.map(2).unwrap(), vec![(3, 0)]);
+    assert_eq!(c.map(1).unwrap(), vec![(1, 0), (2, 0)]);
+    assert_eq!(job_state(&c, ms(8), 1), "running");
+    assert_eq!(job_state(&c, ms(8), 2), "running");
+}
