@@ -214,31 +214,32 @@ pub(crate) struct SubmitArgs<P: Program> {
 
 #[derive(Args, Debug)]
 pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    ask: AskArgs,
+    /// Ask again every second until interrupted.
+    #[arg(long)]
+    watch: bool,
+}
+
+/// Which coordinator `status` and `jobs` ask, and how they answer.
+#[derive(Args, Debug)]
+struct AskArgs {
     /// The coordinator to ask (a standby says so, and names the active one if it knows it).
     #[arg(long, value_name = "ADDR")]
     coordinator: String,
     /// The cluster's key file.
     #[arg(long, value_name = "FILE")]
     key: PathBuf,
-    /// Print one JSON object (one a line with --watch) instead of the table.
+    /// Print JSON (one object a line with `status --watch`; `jobs`: one array) instead of the
+    /// table.
     #[arg(long)]
     json: bool,
-    /// Ask again every second until interrupted.
-    #[arg(long)]
-    watch: bool,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct JobsArgs {
-    /// The coordinator to ask.
-    #[arg(long, value_name = "ADDR")]
-    coordinator: String,
-    /// The cluster's key file.
-    #[arg(long, value_name = "FILE")]
-    key: PathBuf,
-    /// Print the jobs as one JSON array instead of the table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    ask: AskArgs,
 }
 
 #[derive(Args, Debug)]
@@ -989,10 +990,11 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// `APP status`: the coordinator's snapshot of its cluster, as a table or one JSON object;
 /// with `--watch`, again every [`WATCH_EVERY`] until interrupted or an error.
 pub(crate) fn status_cmd(args: &StatusArgs) -> Result<(), CliError> {
-    let key = Key::load(&args.key)?;
+    let (ask, watch) = (&args.ask, args.watch);
+    let key = Key::load(&ask.key)?;
     loop {
-        let s = veriflow_cluster::status(&args.coordinator, &key)?;
-        let text = if args.json {
+        let s = veriflow_cluster::status(&ask.coordinator, &key)?;
+        let text = if ask.json {
             serde_json::to_string(&s)
                 .map_err(|e| CliError::Invalid(format!("cannot print the status: {e}")))?
         } else {
@@ -1002,7 +1004,7 @@ pub(crate) fn status_cmd(args: &StatusArgs) -> Result<(), CliError> {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             // A closed stdout (`| head`) ends the watch quietly.
-            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() || !args.watch {
+            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() || !watch {
                 return Ok(());
             }
         }
@@ -1012,6 +1014,7 @@ pub(crate) fn status_cmd(args: &StatusArgs) -> Result<(), CliError> {
 
 /// `APP jobs`: a coordinator's jobs (`coordinator` rule 12).
 pub(crate) fn jobs_cmd(args: &JobsArgs) -> Result<(), CliError> {
+    let args = &args.ask;
     let key = Key::load(&args.key)?;
     let s = veriflow_cluster::status(&args.coordinator, &key)?;
     if s.role != "active" {

@@ -21,8 +21,14 @@ pub fn server_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("VERIFLOW_CHECKPOINT_SERVER") {
         return Some(PathBuf::from(p));
     }
+    beside_this_binary(SERVER_BINARY)
+}
+
+/// The binary `name` in this process's directory or the one above it (cargo puts a test's
+/// binary in `target/PROFILE/deps`, the workspace's binaries in `target/PROFILE`).
+pub fn beside_this_binary(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let name = format!("{SERVER_BINARY}{}", std::env::consts::EXE_SUFFIX);
+    let name = format!("{name}{}", std::env::consts::EXE_SUFFIX);
     exe.ancestors()
         .skip(1)
         .take(2)

@@ -26,12 +26,6 @@ pub fn submit(
     job: JobSpec,
     on_event: &mut dyn FnMut(&ToSubmit),
 ) -> Result<ToSubmit, ClusterError> {
-    if addrs.is_empty() {
-        return Err(ClusterError::Refused {
-            addr: String::new(),
-            reason: "no coordinator address given".to_string(),
-        });
-    }
     let rt = crate::client_runtime()?;
     rt.block_on(async {
         // The job's id once a coordinator accepted it: after that, the client attaches.
@@ -82,12 +76,6 @@ pub fn submit(
 /// (`coordinator` rule 12): returns the state it was cancelled in (`queued`, `running`, ...);
 /// a job that ended already, or that the coordinator does not know, is [`ClusterError::Job`].
 pub fn cancel(addrs: &[String], key: &Key, job: u64) -> Result<String, ClusterError> {
-    if addrs.is_empty() {
-        return Err(ClusterError::Refused {
-            addr: String::new(),
-            reason: "no coordinator address given".to_string(),
-        });
-    }
     let rt = crate::client_runtime()?;
     rt.block_on(async {
         let (addr, _reader, _writer, answer) =
@@ -119,6 +107,12 @@ pub(crate) async fn find<T: serde::de::DeserializeOwned>(
     lost: Option<&str>,
     standby: impl Fn(&T) -> bool,
 ) -> Result<(String, Reader, Writer, T), ClusterError> {
+    if addrs.is_empty() {
+        return Err(ClusterError::Refused {
+            addr: String::new(),
+            reason: "no coordinator address given".to_string(),
+        });
+    }
     let start = Instant::now();
     let mut delay = Duration::from_millis(50);
     let mut last = String::new();

@@ -216,14 +216,8 @@ pub fn app_binary(name: &str) -> PathBuf {
         cargo_build(name, name);
         built.push(name.to_string());
     }
-    let exe = std::env::current_exe().expect("the test's path");
-    let file = format!("{name}{}", std::env::consts::EXE_SUFFIX);
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|d| d.join(&file))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{file} was built beside {}", exe.display()))
+    veriflow_checkpoint::launch::beside_this_binary(name)
+        .unwrap_or_else(|| panic!("{name} was built beside this test's binary"))
 }
 
 /// How [`Cluster::start_with`] starts a cluster.

@@ -100,19 +100,12 @@ fn two_programs_run_at_once_on_one_coordinator_and_a_running_job_is_cancelled() 
         in_state(v, "running").iter().any(|j| j["id"] == 3)
     });
     assert_eq!(in_state(&v, "running").len(), 1, "{v}");
-    let cancel = c.run(&[
-        "job",
-        "cancel",
-        "3",
-        "--coordinator",
-        &c.addr,
-        "--key",
-        &key,
-    ]);
-    cancel.expect_code(0);
+    let cancel = |id: &str| c.run(&["job", "cancel", id, "--coordinator", &c.addr, "--key", &key]);
+    let cancelled = cancel("3");
+    cancelled.expect_code(0);
     assert!(
-        cancel.stdout.contains("job 3 cancelled (running)"),
-        "{cancel}"
+        cancelled.stdout.contains("job 3 cancelled (running)"),
+        "{cancelled}"
     );
     let (code, _, err) = wait_json_within(long, LIMIT, "the cancelled submit");
     assert_ne!(code, 0, "a cancelled job's submitter fails: {err}");
@@ -126,28 +119,10 @@ fn two_programs_run_at_once_on_one_coordinator_and_a_running_job_is_cancelled() 
         .unwrap_or_else(|| panic!("{v}"));
     assert_eq!(job3["state"], "cancelled", "{v}");
     // Cancelling it again, or a job never submitted, is an error that says why.
-    c.run(&[
-        "job",
-        "cancel",
-        "3",
-        "--coordinator",
-        &c.addr,
-        "--key",
-        &key,
-    ])
-    .expect_code(1)
-    .stderr_has("job 3 has ended already (cancelled)");
-    c.run(&[
-        "job",
-        "cancel",
-        "77",
-        "--coordinator",
-        &c.addr,
-        "--key",
-        &key,
-    ])
-    .expect_code(1)
-    .stderr_has("knows no job 77");
+    cancel("3")
+        .expect_code(1)
+        .stderr_has("job 3 has ended already (cancelled)");
+    cancel("77").expect_code(1).stderr_has("knows no job 77");
     let ins = c.run(&[
         "inspect", "--json", "--store", &c.store, "--key", &key, "--run", "job-3",
     ]);

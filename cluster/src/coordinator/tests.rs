@@ -2146,6 +2146,18 @@ fn an_oracle_that_comes_back_while_the_summary_waits_is_told_to_certify() {
     assert!(to_client(&a).is_empty(), "{a:?}");
 }
 
+/// Client `client` submits a knary job `job` to `c` at `at`.
+fn submit(c: &mut Coordinator, at: Duration, client: ClientId, job: JobSpec) -> Vec<Action> {
+    c.on_event(
+        at,
+        Event::Submit {
+            client,
+            program: "knary".into(),
+            job,
+        },
+    )
+}
+
 /// Rule 12's view of a job in the status: its state.
 fn job_state(c: &Coordinator, now: Duration, job: u64) -> String {
     c.status(now)
@@ -2297,14 +2309,7 @@ fn two_programs_run_at_once_on_their_own_workers() {
 #[test]
 fn a_cancelled_queued_job_is_dropped_and_a_cancelled_running_job_is_never_recorded() {
     let mut c = running(2, 0, 2);
-    let _ = c.on_event(
-        ms(5),
-        Event::Submit {
-            client: 101,
-            program: "knary".into(),
-            job: spec(2, 2),
-        },
-    );
+    let _ = submit(&mut c, ms(5), 101, spec(2, 2));
     assert_eq!(job_state(&c, ms(5), 2), "queued");
     let a = c.on_event(
         ms(6),
@@ -2396,14 +2401,7 @@ fn a_cancelled_queued_job_is_dropped_and_a_cancelled_running_job_is_never_record
 #[test]
 fn a_successor_keeps_the_queue_and_its_client_attaches_by_id() {
     let mut c = running(2, 0, 2);
-    let a = c.on_event(
-        ms(5),
-        Event::Submit {
-            client: 101,
-            program: "knary".into(),
-            job: spec(2, 2),
-        },
-    );
+    let a = submit(&mut c, ms(5), 101, spec(2, 2));
     let journal = last_journal(&a).expect("the queue is journaled before the client hears");
     assert_eq!(journal.queue.len(), 1);
     assert_eq!(journal.queue[0].id, 2);
@@ -2434,14 +2432,7 @@ fn a_successor_keeps_the_queue_and_its_client_attaches_by_id() {
 #[test]
 fn a_worker_joining_while_a_job_of_its_program_waits_starts_that_job_beside_the_running_one() {
     let mut c = running(2, 0, 2);
-    let a = c.on_event(
-        ms(5),
-        Event::Submit {
-            client: 101,
-            program: "knary".into(),
-            job: spec(0, 1),
-        },
-    );
+    let a = submit(&mut c, ms(5), 101, spec(0, 1));
     assert!(
         matches!(
             to_client(&a).as_slice(),
