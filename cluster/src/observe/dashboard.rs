@@ -183,12 +183,18 @@ impl Shared {
     fn scrape(&self) -> Scrape {
         let g = self.lock();
         let (h, obs) = &*g;
+        let count = |f: fn(&crate::protocol::JobStatus) -> bool| {
+            i64::try_from(obs.status.jobs.iter().filter(|j| f(j)).count()).unwrap_or(i64::MAX)
+        };
         Scrape {
             counters: h.counters.clone(),
             workers: obs.workers.clone(),
             workers_alive: i64::try_from(obs.status.workers.len()).unwrap_or(i64::MAX),
             vnodes: i64::try_from(obs.status.jobs.iter().map(|j| j.map.len()).sum::<usize>())
                 .unwrap_or(i64::MAX),
+            coordinator: obs.status.counters.clone(),
+            jobs_running: count(|j| !j.ended() && j.state != "queued"),
+            jobs_queued: count(|j| j.state == "queued"),
             tasks_per_s: h.samples.back().map_or(0.0, |s| s.tasks_per_s),
         }
     }

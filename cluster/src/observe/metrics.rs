@@ -22,7 +22,7 @@ use veriflow_runtime::metrics::COMMIT_BUCKETS_US;
 
 use super::history::Counters;
 use super::WorkerCounters;
-use crate::protocol::WorkerId;
+use crate::protocol::{CoordCounters, WorkerId};
 
 static CERTIFICATION_CHECKS: AtomicU64 = AtomicU64::new(0);
 
@@ -36,10 +36,15 @@ pub fn certification_checked(n: u64) {
 pub(crate) struct Scrape {
     pub(crate) counters: Counters,
     pub(crate) workers: BTreeMap<WorkerId, WorkerCounters>,
+    /// The coordinator's own traffic and termination-test counts (`APP status` `counters`).
+    pub(crate) coordinator: CoordCounters,
     /// Workers admitted and not lost.
     pub(crate) workers_alive: i64,
-    /// Vnodes in the current job's map.
+    /// Vnodes of the running jobs' maps.
     pub(crate) vnodes: i64,
+    /// Jobs running (checking their store, running, ending) and jobs queued.
+    pub(crate) jobs_running: i64,
+    pub(crate) jobs_queued: i64,
     /// The last sample's tasks per second.
     pub(crate) tasks_per_s: f64,
 }
@@ -48,7 +53,8 @@ impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sum = |f: fn(&WorkerCounters) -> u64| self.workers.values().map(f).sum::<u64>();
         let c = &self.counters;
-        let counters: [(&str, &str, u64); 10] = [
+        let k = &self.coordinator;
+        let counters: [(&str, &str, u64); 17] = [
             (
                 "tasks_completed",
                 "Tasks completed in the cluster's jobs",
@@ -95,18 +101,63 @@ impl Collector for Scrape {
                 "Group commits the workers flushed",
                 sum(|w| w.runtime.commits),
             ),
+            (
+                "coordinator_messages_in",
+                "Messages the coordinator received from workers, heartbeats included",
+                k.messages_in,
+            ),
+            (
+                "coordinator_messages_out",
+                "Messages the coordinator sent to workers, heartbeats included",
+                k.messages_out,
+            ),
+            (
+                "coordinator_heartbeats_in",
+                "Failure-detector heartbeats the coordinator received",
+                k.heartbeats_in,
+            ),
+            (
+                "coordinator_heartbeats_out",
+                "Failure-detector heartbeats the coordinator sent",
+                k.heartbeats_out,
+            ),
+            (
+                "worker_heartbeats",
+                "Heartbeats the workers sent (to the coordinator and each other), as last reported",
+                k.worker_heartbeats,
+            ),
+            (
+                "probe_rounds",
+                "Termination-test rounds every member answered",
+                k.probe_rounds,
+            ),
+            (
+                "probes",
+                "Termination-test probes the coordinator sent (one per member per round)",
+                k.probes_sent,
+            ),
         ];
         for (name, help, v) in counters {
             let m = ConstCounter::new(v);
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
-        let gauges: [(&str, &str, i64); 2] = [
+        let gauges: [(&str, &str, i64); 4] = [
             (
                 "workers",
                 "Workers admitted and not lost",
                 self.workers_alive,
             ),
-            ("vnodes", "Vnodes of the current job", self.vnodes),
+            ("vnodes", "Vnodes of the running jobs", self.vnodes),
+            (
+                "jobs_running",
+                "Jobs started and not ended (checking their store, running or ending)",
+                self.jobs_running,
+            ),
+            (
+                "jobs_queued",
+                "Jobs waiting for their workers",
+                self.jobs_queued,
+            ),
         ];
         for (name, help, v) in gauges {
             let m = ConstGauge::new(v);
@@ -186,8 +237,15 @@ mod tests {
                 forgeries: 0,
             },
             workers: [(1, w(5, 2)), (2, w(7, 3))].into(),
+            coordinator: CoordCounters {
+                heartbeats_in: 9,
+                probe_rounds: 11,
+                ..CoordCounters::default()
+            },
             workers_alive: 1,
             vnodes: 4,
+            jobs_running: 2,
+            jobs_queued: 3,
             tasks_per_s: 10.5,
         })
         .unwrap();
@@ -200,6 +258,10 @@ mod tests {
             "veriflow_detector_suspicions_total 3",
             "veriflow_takeovers_total 0",
             "veriflow_workers 1",
+            "veriflow_coordinator_heartbeats_in_total 9",
+            "veriflow_probe_rounds_total 11",
+            "veriflow_jobs_running 2",
+            "veriflow_jobs_queued 3",
             "veriflow_log_commit_seconds_count 7",
             "veriflow_log_commit_seconds_sum 6.0",
             "veriflow_log_commit_seconds_bucket{le=\"0.0001\"} 5",
