@@ -1,0 +1,226 @@
+//! A fixed small log, stored byte for byte under `tests/data/`, with the log digest, the G_S
+//! Merkle root and a signed certificate that an earlier version of the certifier made of it:
+//! a faster reader or track must give the same roots, so old certificates still verify.
+//!
+//! The fixture was written by running this file with `VERIFLOW_WRITE_PINNED=1` once (a knary
+//! tree of fanout 3 and depth 4 on 3 vnodes, vnode 1 killed
+//! and recovered once); the digests below are what that version printed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use veriflow_certifier::{certify, Certificate, NoProgress, Options, OracleKey, Track};
+use veriflow_checkpoint::Key;
+use veriflow_runtime::{
+    Ctx, Kill, MemoryStore, Registry, Runtime, Store, Task, TaskResult, VnodeId, Writes,
+};
+
+/// The log digest of the fixture (the Merkle root over all of G).
+const LOG_DIGEST: &str = "4d382cc804fb74a7d2f3b012e0d0c2d1ac255bda7c5003077580662399b3b093";
+/// The Merkle root of G_S for the run's terminal outputs.
+const MERKLE_ROOT: &str = "4d382cc804fb74a7d2f3b012e0d0c2d1ac255bda7c5003077580662399b3b093";
+
+/// The size and Merkle root of G_S for the datum of lowest id alone.
+const PART_TASKS: usize = 19;
+const PART_ROOT: &str = "e27ee81c13d0d299f8a345f4f1793843f17a1ec078bd56ab8c7965e99a185fd7";
+
+#[derive(Serialize, Deserialize)]
+struct Node {
+    depth: u32,
+    fanout: u32,
+    path: u64,
+}
+
+impl Task for Node {
+    const NAME: &'static str = "node";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        if self.depth == 0 {
+            // A little work, so that idle vnodes steal (only while writing the fixture).
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(2) {
+                std::hint::spin_loop();
+            }
+            ctx.write(out, self.path.wrapping_mul(2_654_435_761) % 1_000_003);
+            return Ok(());
+        }
+        let parts: Vec<_> = (0..self.fanout)
+            .map(|i| {
+                let (r,) = ctx.spawn(
+                    Node {
+                        depth: self.depth - 1,
+                        fanout: self.fanout,
+                        path: self.path * u64::from(self.fanout) + u64::from(i) + 1,
+                    },
+                    (),
+                );
+                r
+            })
+            .collect();
+        ctx.spawn_delegate(Sum, parts, (out,));
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Sum;
+
+impl Task for Sum {
+    const NAME: &'static str = "sum";
+    type Inputs = Vec<u64>;
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, xs: Vec<u64>, (out,): Writes<Self>) -> TaskResult {
+        ctx.write(out, xs.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
+        Ok(())
+    }
+}
+
+fn registry() -> Registry {
+    Registry::new()
+        .with::<Node>()
+        .unwrap()
+        .with::<Sum>()
+        .unwrap()
+}
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn oracle() -> OracleKey {
+    OracleKey::from(Key::from_bytes([27; 32]))
+}
+
+/// Pairs as `u32 count`, then per pair `u32 len, key, u32 len, value` (little-endian).
+fn encode(pairs: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+    for (k, v) in pairs {
+        for part in [k, v] {
+            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            out.extend_from_slice(part);
+        }
+    }
+    out
+}
+
+fn decode(mut bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut take = |n: usize| {
+        let (a, b) = bytes.split_at(n);
+        bytes = b;
+        a.to_vec()
+    };
+    let count = u32::from_le_bytes(take(4).try_into().unwrap());
+    (0..count)
+        .map(|_| {
+            let klen = u32::from_le_bytes(take(4).try_into().unwrap()) as usize;
+            let k = take(klen);
+            let vlen = u32::from_le_bytes(take(4).try_into().unwrap()) as usize;
+            (k, take(vlen))
+        })
+        .collect()
+}
+
+fn pinned_store() -> Arc<dyn Store> {
+    let bytes = std::fs::read(data("pinned_log.bin")).expect("the fixture is committed");
+    let store = MemoryStore::default();
+    store.put_batch(&decode(&bytes)).unwrap();
+    Arc::new(store)
+}
+
+/// Writes the fixture (run once, by hand, with `VERIFLOW_WRITE_PINNED=1`).
+fn write_fixture() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    Runtime::builder(registry())
+        .threads(3)
+        .vnodes(3)
+        .seed(27)
+        .kills(vec![Kill {
+            vnode: VnodeId(1),
+            after: 20,
+            retarget: false,
+        }])
+        .store(store.clone())
+        .build()
+        .unwrap()
+        .run(
+            Node {
+                depth: 4,
+                fanout: 3,
+                path: 0,
+            },
+            (),
+        )
+        .unwrap();
+    let pairs = store.scan_prefix(b"").unwrap();
+    std::fs::create_dir_all(data("")).unwrap();
+    std::fs::write(data("pinned_log.bin"), encode(&pairs)).unwrap();
+    let opts = Options {
+        epsilon: 0.1,
+        q: 0.05,
+        seed: Some(27),
+        ..Options::default()
+    };
+    let mut cert = certify(store.clone(), &registry(), &opts, &NoProgress).unwrap();
+    cert.sign(&oracle()).unwrap();
+    std::fs::write(data("pinned_certificate.json"), cert.to_json()).unwrap();
+    eprintln!(
+        "log digest {}\nmerkle root {}",
+        cert.log_digest, cert.merkle_root
+    );
+}
+
+#[test]
+fn the_pinned_log_has_the_pinned_digests() {
+    if std::env::var_os("VERIFLOW_WRITE_PINNED").is_some() {
+        write_fixture();
+    }
+    let store = pinned_store();
+    let track = Track::load(store).unwrap();
+    assert!(track.conflicts.is_empty() && track.torn.is_empty());
+    let vnodes: std::collections::BTreeSet<VnodeId> =
+        track.tasks.iter().filter_map(|t| t.ran_on).collect();
+    assert!(vnodes.len() > 1, "the fixture spreads over vnodes");
+    let leaves = track.leaves();
+    let hex = |b: &[u8; 32]| veriflow_checkpoint::hex::encode(b);
+    assert_eq!(hex(&track.log_digest_of(&leaves)), LOG_DIGEST);
+    assert_eq!(hex(&track.log_digest()), LOG_DIGEST);
+    let (gs, errors) = track.terminal_subgraph(track.terminal());
+    assert!(errors.is_empty() && track.structural_check(&gs).is_empty());
+    assert_eq!(hex(&track.merkle_root(&gs)), MERKLE_ROOT);
+    assert_eq!(hex(&track.merkle_root_of(&gs, &leaves)), MERKLE_ROOT);
+    // A G_S smaller than G: the ancestors of the datum with the lowest id.
+    let low = *track.data.keys().min().unwrap();
+    let (part, errors) = track.terminal_subgraph(&[low]);
+    assert!(errors.is_empty() && part.len() < gs.len(), "{}", part.len());
+    assert_eq!(
+        (part.len(), hex(&track.merkle_root_of(&part, &leaves))),
+        (PART_TASKS, PART_ROOT.to_string())
+    );
+    assert_eq!(hex(&track.merkle_root(&part)), PART_ROOT);
+}
+
+#[test]
+fn a_certificate_of_the_pinned_log_made_before_still_verifies() {
+    let store = pinned_store();
+    let json = std::fs::read_to_string(data("pinned_certificate.json")).unwrap();
+    let cert = Certificate::from_json(&json).unwrap();
+    assert_eq!(cert.log_digest, LOG_DIGEST);
+    assert_eq!(cert.merkle_root, MERKLE_ROOT);
+    cert.verify(&oracle().public(), store.clone())
+        .expect("an old certificate verifies against its log");
+    // Certifying again gives the same roots and the same draw.
+    let opts = Options {
+        epsilon: cert.epsilon,
+        q: cert.q,
+        seed: Some(cert.seed),
+        ..Options::default()
+    };
+    let again = certify(store, &registry(), &opts, &NoProgress).unwrap();
+    assert_eq!(again.log_digest, cert.log_digest);
+    assert_eq!(again.merkle_root, cert.merkle_root);
+    assert_eq!(again.checked, cert.checked);
+}
