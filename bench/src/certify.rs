@@ -4,8 +4,12 @@
 //! ```text
 //! cargo run --release -p veriflow-bench --bin paper -- certify [--runs N] [--grain-us G]
 //!     [--store sled|memory] [--depths D,..] [--quick] [--out DIR] [--scratch DIR]
-//!     [--quiet-wait SECS] [--retries N]
+//!     [--quiet-wait SECS] [--retries N] [--linear]
 //! ```
+//!
+//! `--linear` (about 2 minutes at depths 6 and 7 on 2 cores): the linear phases, the floor and
+//! the end-to-end partial `certify` with its peak memory only (no full duplication, no plots),
+//! written as `certify-linear.*`.
 //!
 //! What it measures, in order:
 //!
@@ -22,9 +26,14 @@
 //!    (`terminal_subgraph`), the structural check, the Merkle root of G_S and the log digest
 //!    (the Merkle root over G, which `certify` computes too). The target is on
 //!    load + G_S + structural check, in tasks per second.
+//!    Then the **floor**: every byte of the store read back (a sled store's files, a memory
+//!    store's pairs) and hashed with blake3 (multithreaded), which no certifier can beat.
 //! 4. **Fig. 7**: `certify` at ε = 0.1, q = 0.01 with a given seed, partial (k tasks) and full
 //!    (`Options { full: true }`, every task of G_S re-run), `--runs` times each, interleaved;
-//!    every certificate must ACCEPT (the runs are honest) and name n = the run's tasks.
+//!    every certificate must ACCEPT (the runs are honest) and name n = the run's tasks. The
+//!    partial one is the end-to-end time set against the floor; its peak memory is this
+//!    process's `VmHWM` after a reset (`/proc/self/clear_refs`) just before it, set against the
+//!    store's size.
 //!
 //! Times are wall clock around the library call (`Instant`), with rayon's global pool (one
 //! thread per core) doing the parallel parts. Every timed call records the CPU time other
@@ -47,8 +56,8 @@ use veriflow::certifier::{sample, NoProgress, Options, Track};
 use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, SledStore, Store};
 
 use crate::harness::{
-    dir_bytes, plot, require_runs, scratch_dir, thousands, CpuSnapshot, Disturbed, Figure, Plots,
-    Quiet, Retries, Session, Stats, COLORS,
+    dir_bytes, peak_rss_mib, plot, require_runs, scratch_dir, status_mib, thousands, CpuSnapshot,
+    Disturbed, Figure, Plots, Quiet, Retries, Session, Stats, COLORS,
 };
 use crate::{knary_registry, Shape};
 
@@ -71,6 +80,12 @@ const QUICK_DEPTHS: std::ops::RangeInclusive<u32> = 3..=5;
 
 /// Target of the issue on this 2-core machine: G load + G_S + structural check.
 const TARGET_TASKS_PER_S: f64 = 1_000_000.0;
+/// Issue 17 target 1: end-to-end `certify` at most this many times the floor...
+const TARGET_FLOOR_RATIO: f64 = 5.0;
+/// ... and peak memory at most this many times the log's size.
+const TARGET_MEMORY_RATIO: f64 = 1.0;
+/// `--linear`'s depths: 12,222 to 1,222,222 tasks.
+const LINEAR_DEPTHS: std::ops::RangeInclusive<u32> = 6..=7;
 
 /// Fig. 4's and Fig. 7's colours, in the order they were first drawn with (tab10's blue,
 /// orange, green, red, ...).
@@ -125,6 +140,10 @@ pub struct CertifyArgs {
     /// (depth d has (10^d − 1)/9 + (10^(d−1) − 1)/9 tasks).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=7))]
     depths: Vec<u32>,
+    /// Only the linear phases, the floor and end-to-end partial certification with its peak
+    /// memory (no full duplication, no plots; default depths 6,7); writes certify-linear.*.
+    #[arg(long)]
+    linear: bool,
 }
 
 /// Runs `paper certify` (module docs) and writes its results.
@@ -132,16 +151,25 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
     require_runs(args.runs, 3, args.quick)?;
     let session = Session::start(args.out.as_deref(), args.quick)?;
     let scratch = scratch_dir(args.scratch.as_deref())?;
-    let stem = session.stem("certify");
+    let stem = session.stem(if args.linear {
+        "certify-linear"
+    } else {
+        "certify"
+    });
 
     eprintln!("Fig. 4: k against n");
     let fig4 = Fig4::compute()?;
-    let fig4_plots = session.plot(&format!("{stem}_fig4"), &fig4);
+    let fig4_plots = if args.linear {
+        Plots::default()
+    } else {
+        session.plot(&format!("{stem}_fig4"), &fig4)
+    };
 
-    let depths: Vec<u32> = match (&args.depths[..], args.quick) {
-        ([], false) => DEPTHS.collect(),
-        ([], true) => QUICK_DEPTHS.collect(),
-        (given, _) => given.to_vec(),
+    let depths: Vec<u32> = match (&args.depths[..], args.quick, args.linear) {
+        ([], true, _) => QUICK_DEPTHS.collect(),
+        ([], false, true) => LINEAR_DEPTHS.collect(),
+        ([], false, false) => DEPTHS.collect(),
+        (given, _, _) => given.to_vec(),
     };
     let mut sizes = Vec::new();
     for depth in depths {
@@ -157,7 +185,11 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
         );
         sizes.push(measure_size(args, shape, &scratch)?);
     }
-    let fig7_plots = session.plot(&format!("{stem}_fig7"), &Fig7::of(&sizes));
+    let fig7_plots = if args.linear {
+        Plots::default()
+    } else {
+        session.plot(&format!("{stem}_fig7"), &Fig7::of(&sizes))
+    };
 
     let report = Report {
         args,
@@ -329,6 +361,8 @@ struct Phases {
     merkle: f64,
     /// `log_digest` (Merkle root over G).
     log_digest: f64,
+    /// The floor: the store's bytes read and hashed with blake3.
+    floor: f64,
     /// Most CPU seconds other processes took during one of the phases.
     foreign_cpu_s: Option<f64>,
 }
@@ -358,6 +392,9 @@ struct SizeResult {
     n: u64,
     phases: Vec<Phases>,
     partial: Vec<Timed>,
+    /// Peak resident memory (MiB) during each partial certification, and the resident memory
+    /// just before it.
+    partial_peak_mib: Vec<(f64, f64)>,
     full: Vec<Timed>,
     /// Calls that were disturbed and run again / kept.
     rerun: u32,
@@ -376,6 +413,17 @@ impl SizeResult {
 
     fn full_stats(&self) -> Result<Stats> {
         stats(&self.full.iter().map(|t| t.seconds).collect::<Vec<_>>())
+    }
+
+    /// Medians of the end-to-end partial certification over the floor, and of its peak memory
+    /// (MiB); then that peak over the store's size.
+    fn against_floor(&self) -> Option<(f64, f64, f64, Option<f64>)> {
+        let floor = self.phase_stats(|p| p.floor).ok()?.median;
+        let e2e = self.partial_stats().ok()?.median;
+        let peaks: Vec<f64> = self.partial_peak_mib.iter().map(|p| p.0).collect();
+        let peak = stats(&peaks).ok()?.median;
+        let of_log = self.store_bytes.map(|b| peak * 1048576.0 / b as f64);
+        Some((floor, e2e / floor, peak, of_log))
     }
 }
 
@@ -451,6 +499,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         n: 0,
         phases: Vec::new(),
         partial: Vec::new(),
+        partial_peak_mib: Vec::new(),
         full: Vec::new(),
         rerun: 0,
         kept_disturbed: 0,
@@ -478,11 +527,11 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     };
     let runs = args.runs as usize;
     while size.phases.len() < runs {
-        let p = phases(&store, report.tasks)?;
+        let p = phases(&store, dir.path(), report.tasks)?;
         let bad = disturbed(p.foreign_cpu_s, p.linear_total());
         eprintln!(
             "  phases {}/{runs}: read+decode {:.4} s, load {:.4} s, G_S {:.4} s, structural {:.4} s, \
-             merkle {:.4} s, log digest {:.4} s{}",
+             merkle {:.4} s, log digest {:.4} s, floor {:.4} s{}",
             size.phases.len() + 1,
             p.read_decode,
             p.load,
@@ -490,6 +539,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             p.structural,
             p.merkle,
             p.log_digest,
+            p.floor,
             retries.note(bad)
         );
         if keep(&mut retries, bad) {
@@ -498,14 +548,17 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     }
     // Fig. 7: partial and full interleaved, a different draw seed per run.
     let mut seed = 0u64;
-    while size.partial.len() < runs || size.full.len() < runs {
+    let full_runs = if args.linear { 0 } else { runs };
+    while size.partial.len() < runs || size.full.len() < full_runs {
         for full in [false, true] {
             let done = if full { &size.full } else { &size.partial };
-            if done.len() >= runs {
+            if done.len() >= if full { full_runs } else { runs } {
                 continue;
             }
             seed += 1;
+            let before_mib = reset_peak_rss();
             let (t, cert) = certify_once(&store, &registry, full, seed)?;
+            let peak_mib = peak_rss_mib().unwrap_or(f64::NAN);
             if cert.n != report.tasks {
                 bail!(
                     "knary {shape:?}: G_S has {} tasks, the run {}",
@@ -515,11 +568,13 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             }
             let bad = disturbed(t.foreign_cpu_s, t.seconds);
             eprintln!(
-                "  {} certification: {:.4} s, {} of {} tasks re-run{}",
+                "  {} certification: {:.4} s, {} of {} tasks re-run, peak {:.0} MiB (from {:.0}){}",
                 if full { "full" } else { "partial" },
                 t.seconds,
                 cert.checked.len(),
                 cert.n,
+                peak_mib,
+                before_mib,
                 retries.note(bad)
             );
             if !keep(&mut retries, bad) {
@@ -532,6 +587,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
                 size.checked_partial = cert.checked.len() as u64;
                 size.n = cert.n;
                 size.partial.push(t);
+                size.partial_peak_mib.push((peak_mib, before_mib));
             }
         }
     }
@@ -557,8 +613,50 @@ fn time<T>(f: impl FnOnce() -> T) -> (T, Timed) {
     (out, timed)
 }
 
+/// Resets this process's peak resident memory to what it holds now (Linux: `5` written to
+/// `/proc/self/clear_refs`), and returns that (MiB; NaN where `/proc` cannot tell).
+fn reset_peak_rss() -> f64 {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("  (cannot reset the peak memory: {e}; the peak is the process's)");
+    }
+    status_mib("VmRSS:").unwrap_or(f64::NAN)
+}
+
+/// The floor of rule 3: every byte of the store read and hashed with blake3 on rayon's pool
+/// (the files of `dir` for a sled store; a memory store's pairs, already in memory).
+fn floor(store: &Arc<dyn Store>, dir: &Path) -> Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    if std::fs::read_dir(dir)?.next().is_none() {
+        for (k, v) in store.scan_prefix(b"")? {
+            h.update(&k);
+            h.update_rayon(&v);
+        }
+        return Ok(*h.finalize().as_bytes());
+    }
+    let mut files = vec![dir.to_path_buf()];
+    let mut buf = vec![0u8; 16 << 20];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                files.push(entry?.path());
+            }
+            continue;
+        }
+        let mut f = std::fs::File::open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        loop {
+            let n = std::io::Read::read(&mut f, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update_rayon(&buf[..n]);
+        }
+    }
+    Ok(*h.finalize().as_bytes())
+}
+
 /// Rule 3 of the module docs, once.
-fn phases(store: &Arc<dyn Store>, tasks: u64) -> Result<Phases> {
+fn phases(store: &Arc<dyn Store>, dir: &Path, tasks: u64) -> Result<Phases> {
     let reader = LogReader::latest(store.clone()).context("reading the log's manifest")?;
     let (logs, read) = time(|| {
         reader
@@ -590,7 +688,9 @@ fn phases(store: &Arc<dyn Store>, tasks: u64) -> Result<Phases> {
         bail!("G_S has {} tasks, the run {tasks}", gs.len());
     }
     drop(track);
-    let foreign = [read, load, gs_t, st, merkle, digest]
+    let (hashed, floor_t) = time(|| floor(store, dir));
+    hashed.context("reading the store's bytes")?;
+    let foreign = [read, load, gs_t, st, merkle, digest, floor_t]
         .iter()
         .filter_map(|t| t.foreign_cpu_s)
         .fold(None, |m: Option<f64>, f| Some(m.map_or(f, |m| m.max(f))));
@@ -601,6 +701,7 @@ fn phases(store: &Arc<dyn Store>, tasks: u64) -> Result<Phases> {
         structural: st.seconds,
         merkle: merkle.seconds,
         log_digest: digest.seconds,
+        floor: floor_t.seconds,
         foreign_cpu_s: foreign,
     })
 }
@@ -782,6 +883,15 @@ impl Report<'_> {
 
     fn markdown(&self) -> String {
         let mut md = String::new();
+        if !self.args.linear {
+            self.figures_markdown(&mut md);
+        }
+        self.linear_markdown(&mut md);
+        md
+    }
+
+    /// Fig. 4 and Fig. 7.
+    fn figures_markdown(&self, md: &mut String) {
         // Fig. 4.
         let _ = writeln!(
             md,
@@ -860,6 +970,10 @@ impl Report<'_> {
             );
         }
         md.push('\n');
+    }
+
+    /// The linear phases, and end to end against the floor.
+    fn linear_markdown(&self, md: &mut String) {
         // Phases.
         md.push_str(
             "Linear phases of a certification (medians over the runs; tasks/s = n / time): \
@@ -896,6 +1010,44 @@ impl Report<'_> {
             );
         }
         md.push('\n');
+        let _ = writeln!(
+            md,
+            "End to end against the floor (medians): the floor reads every byte of the store \
+             (the {} store's {}) and hashes it with blake3 on rayon's pool; end to end is \
+             `certify` at ε = {FIG7_EPSILON}, q = {FIG7_Q} (k tasks re-run, store already \
+             open); its peak is this process's VmHWM, reset just before the call (so it counts \
+             what the process held then: RSS before). Targets: end to end ≤ {TARGET_FLOOR_RATIO}× \
+             the floor, peak ≤ {TARGET_MEMORY_RATIO}× the store's size.\n",
+            match self.args.store {
+                StoreKind::Sled => "sled",
+                StoreKind::Memory => "memory",
+            },
+            match self.args.store {
+                StoreKind::Sled => "files",
+                StoreKind::Memory => "pairs",
+            },
+        );
+        md.push_str(
+            "| tasks n | store (MB) | floor (s) | certify (s) | certify / floor | peak (MiB) | \
+             RSS before (MiB) | peak / store |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for s in &self.sizes {
+            let Some((floor, ratio, peak, of_log)) = s.against_floor() else {
+                continue;
+            };
+            let before: Vec<f64> = s.partial_peak_mib.iter().map(|p| p.1).collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {floor:.4} | {:.4} | {ratio:.1} | {peak:.0} | {:.0} | {} |",
+                thousands(s.tasks as f64),
+                s.store_bytes
+                    .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
+                floor * ratio,
+                stats(&before).map_or(f64::NAN, |st| st.median),
+                of_log.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+            );
+        }
+        md.push('\n');
         let disturbed: u32 = self.sizes.iter().map(|s| s.rerun).sum();
         let kept: u32 = self.sizes.iter().map(|s| s.kept_disturbed).sum();
         let busy = self.sizes.iter().filter(|s| s.not_quiet).count();
@@ -914,8 +1066,22 @@ impl Report<'_> {
                 thousands(rate),
                 if met { "yes" } else { "**no**" }
             );
+            if let Some((_, ratio, _, of_log)) = s.against_floor() {
+                let yes = |met: bool| if met { "yes" } else { "**no**" };
+                let _ = writeln!(
+                    md,
+                    "| end-to-end certify ≤ {TARGET_FLOOR_RATIO}× the floor | {ratio:.1}× | {} |",
+                    yes(ratio <= TARGET_FLOOR_RATIO)
+                );
+                if let Some(r) = of_log {
+                    let _ = writeln!(
+                        md,
+                        "| peak memory ≤ {TARGET_MEMORY_RATIO}× the store's size | {r:.2}× | {} |",
+                        yes(r <= TARGET_MEMORY_RATIO)
+                    );
+                }
+            }
         }
-        md
     }
 
     fn json(&self) -> Value {
@@ -952,7 +1118,14 @@ impl Report<'_> {
                     "k": s.k,
                     "checked_partial": s.checked_partial,
                     "fraction_rerun_partial": s.checked_partial as f64 / s.n.max(1) as f64,
-                    "partial": { "runs": s.partial, "seconds": s.partial_stats().ok() },
+                    "partial": { "runs": s.partial, "seconds": s.partial_stats().ok(),
+                                 "peak_and_before_mib": s.partial_peak_mib },
+                    "against_floor": s.against_floor().map(|(floor, ratio, peak, of_log)| json!({
+                        "floor_seconds": floor,
+                        "certify_over_floor": ratio,
+                        "peak_mib": peak,
+                        "peak_over_store": of_log,
+                    })),
                     "full": { "runs": s.full, "seconds": s.full_stats().ok() },
                     "phases": {
                         "runs": s.phases,
@@ -962,6 +1135,7 @@ impl Report<'_> {
                         "structural": stat(|p| p.structural),
                         "merkle": stat(|p| p.merkle),
                         "log_digest": stat(|p| p.log_digest),
+                        "floor": stat(|p| p.floor),
                         "load_gs_structural": stat(Phases::load_gs_structural),
                         "linear_total": stat(Phases::linear_total),
                         "load_gs_structural_tasks_per_s": stat(Phases::load_gs_structural)
@@ -984,6 +1158,7 @@ impl Report<'_> {
         json!({
             "parameters": {
                 "runs": self.args.runs,
+                "linear_only": self.args.linear,
                 "grain_us": self.args.grain_us,
                 "threads_of_the_run": self.args.threads,
                 "certifier_threads": rayon::current_num_threads(),
@@ -1049,6 +1224,7 @@ mod tests {
             quiet_wait: 0,
             retries: 0,
             depths: Vec::new(),
+            linear: false,
         };
         let shape = Shape {
             depth: 3,
@@ -1061,5 +1237,7 @@ mod tests {
         assert_eq!(s.n, 122);
         assert_eq!(s.k, sample::sample_size(FIG7_EPSILON, FIG7_Q, 122).unwrap());
         assert_eq!((s.partial.len(), s.full.len(), s.phases.len()), (1, 1, 1));
+        assert!(s.phases[0].floor > 0.0);
+        assert!(s.against_floor().is_some());
     }
 }
