@@ -293,8 +293,7 @@ fn pass(
     let (gs, mut structural) = track.terminal_subgraph(outputs);
     structural.extend(track.structural_check(&gs));
     let leaves = track.leaves();
-    let merkle_root = track.merkle_root_of(&gs, &leaves);
-    let log_digest = track.log_digest_of(&leaves);
+    let (merkle_root, log_digest) = track.roots_of(&gs, &leaves);
     tracing::info!(
         generation = track.generation,
         terminal_subgraph = gs.len(),

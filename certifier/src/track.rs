@@ -3,7 +3,9 @@
 //!
 //! Rules:
 //!
-//! 1. Loading is linear in the number of events (logs decoded in parallel, one pass to merge).
+//! 1. Loading is linear in the number of events (segments decoded in parallel while the
+//!    events decoded before are merged, `LogReader::stream`; nothing of the log is held but
+//!    G itself).
 //!    Every task gets one dense index; a task's record comes from `Declared` (or the
 //!    `Adopted` copy, which must be equal), its reads from `Started`, its writes and children
 //!    from `Completed`. Two logs that disagree about one task or one datum are a
@@ -19,9 +21,10 @@
 //! 4. A task's *leaf* hashes its id, name, argument digest, input ids with the digests it read,
 //!    output ids with the digests it wrote, and its children. The Merkle root of G_S is over the
 //!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
-//!    independent of how events were spread over segments and vnodes.
+//!    independent of how events were spread over segments and vnodes. (The keyed hashers are
+//!    derived once and cloned: the same bytes as deriving them for every leaf and node.)
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -120,22 +123,17 @@ impl Track {
     /// Reads the generation `reader` reads.
     pub fn load_from(reader: &LogReader) -> Result<Track, LogError> {
         let manifest = reader.manifest()?;
-        let logs = reader
-            .vnodes()?
-            .into_par_iter()
-            .map(|v| reader.read_vnode(v))
-            .collect::<Result<Vec<_>, _>>()?;
         let mut t = Track::live(manifest, reader.generation());
-        let total: usize = logs.iter().map(|l| l.events.len()).sum();
-        t.tasks.reserve(total / 3);
-        t.index.reserve(total / 3);
-        for log in logs {
-            if let Some(torn) = log.torn {
-                t.torn.push((log.vnode, torn));
-            }
-            let v = log.vnode;
-            for e in log.events {
-                t.absorb(v, e.event);
+        let vnodes = reader.vnodes()?;
+        // About 3 events per task (declared, started, completed) and a datum per task.
+        let tasks = usize::try_from(reader.events_hint(&vnodes) / 3).unwrap_or(0);
+        t.tasks.reserve(tasks);
+        t.index.reserve(tasks);
+        t.data.reserve(tasks);
+        let read = reader.stream(&vnodes, &mut |v, e| t.absorb(v, e.event))?;
+        for r in read {
+            if let Some(torn) = r.torn {
+                t.torn.push((r.vnode, torn));
             }
         }
         Ok(t)
@@ -156,15 +154,14 @@ impl Track {
     }
 
     fn ix(&mut self, id: TaskId) -> Ix {
-        if let Some(&i) = self.index.get(&id) {
-            return i;
+        let next = self.tasks.len() as Ix;
+        let i = *self.index.entry(id).or_insert(next);
+        if i == next {
+            self.tasks.push(TaskRec {
+                id,
+                ..TaskRec::default()
+            });
         }
-        let i = self.tasks.len() as Ix;
-        self.tasks.push(TaskRec {
-            id,
-            ..TaskRec::default()
-        });
-        self.index.insert(id, i);
         i
     }
 
@@ -461,7 +458,7 @@ impl Track {
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
         let rec = &self.tasks[t as usize];
-        let mut h = blake3::Hasher::new_derive_key("veriflow certifier leaf v1");
+        let mut h = LEAF_HASHER.clone();
         h.update(&rec.id.0.to_le_bytes());
         if let Some(r) = &rec.record {
             h.update(&(r.name.len() as u64).to_le_bytes());
@@ -518,6 +515,17 @@ impl Track {
         self.merkle_root_of(&all, leaves)
     }
 
+    /// The Merkle root of `gs` (a G_S of [`Track::terminal_subgraph`]: sorted by id) and the
+    /// log digest, from leaves already computed: one tree when G_S is all of G (then both
+    /// roots are over the same leaves in the same order).
+    pub fn roots_of(&self, gs: &[Ix], leaves: &[[u8; 32]]) -> ([u8; 32], [u8; 32]) {
+        let root = self.merkle_root_of(gs, leaves);
+        if gs.len() == self.tasks.len() {
+            return (root, root);
+        }
+        (root, self.log_digest_of(leaves))
+    }
+
     /// Successors of `t` in G: the tasks that read what it wrote, and its children.
     pub(crate) fn successors<'a>(
         &'a self,
@@ -556,27 +564,101 @@ impl Track {
     }
 }
 
+/// The hasher of a leaf (rule 4), derived once.
+static LEAF_HASHER: LazyLock<blake3::Hasher> =
+    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier leaf v1"));
+/// The hasher of a node, derived once.
+static NODE_HASHER: LazyLock<blake3::Hasher> =
+    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier node v1"));
+
 /// Pairwise blake3 up to one root; an odd node is carried up; the empty tree's root is the
-/// hash of nothing under the node key.
+/// hash of nothing under the node key. Each level is hashed in place, in parallel chunks.
 pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
     if level.is_empty() {
-        return *blake3::Hasher::new_derive_key("veriflow certifier node v1")
-            .finalize()
-            .as_bytes();
+        return *NODE_HASHER.clone().finalize().as_bytes();
     }
-    while level.len() > 1 {
-        level = level
-            .par_chunks(2)
-            .map(|pair| match pair {
-                [a, b] => {
-                    let mut h = blake3::Hasher::new_derive_key("veriflow certifier node v1");
-                    h.update(a);
-                    h.update(b);
-                    *h.finalize().as_bytes()
-                }
-                _ => pair[0],
-            })
-            .collect();
+    let node = &*NODE_HASHER;
+    let mut len = level.len();
+    while len > 1 {
+        let half = len.div_ceil(2);
+        // Pair i of this level becomes node i of the next, written over the pair's first
+        // element: chunks of 2 × CHUNK leaves map to chunks of CHUNK nodes.
+        const CHUNK: usize = 4096;
+        let (done, _) = level.split_at_mut(len);
+        done.par_chunks_mut(2 * CHUNK).for_each(|chunk| {
+            for i in 0..chunk.len().div_ceil(2) {
+                chunk[i] = match chunk.get(2 * i + 1) {
+                    Some(b) => {
+                        let mut h = node.clone();
+                        h.update(&chunk[2 * i]);
+                        h.update(b);
+                        *h.finalize().as_bytes()
+                    }
+                    None => chunk[2 * i],
+                };
+            }
+        });
+        // Gather the chunks' nodes to the front.
+        for (c, from) in (0..len).step_by(2 * CHUNK).enumerate().skip(1) {
+            let n = (len - from).min(2 * CHUNK).div_ceil(2);
+            level.copy_within(from..from + n, c * CHUNK);
+        }
+        len = half;
     }
     level[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule 4's tree as first written: a new vector per level, keys derived for every node.
+    fn merkle_by_levels(mut level: Vec<[u8; 32]>) -> [u8; 32] {
+        let key = "veriflow certifier node v1";
+        if level.is_empty() {
+            return *blake3::Hasher::new_derive_key(key).finalize().as_bytes();
+        }
+        while level.len() > 1 {
+            level = level
+                .chunks(2)
+                .map(|pair| match pair {
+                    [a, b] => {
+                        let mut h = blake3::Hasher::new_derive_key(key);
+                        h.update(a);
+                        h.update(b);
+                        *h.finalize().as_bytes()
+                    }
+                    _ => pair[0],
+                })
+                .collect();
+        }
+        level[0]
+    }
+
+    #[test]
+    fn the_in_place_tree_has_the_roots_of_the_tree_by_levels() {
+        // Sizes around the parallel chunks (2 × 4096 leaves) and odd levels.
+        for n in [
+            0,
+            1,
+            2,
+            3,
+            5,
+            8191,
+            8192,
+            8193,
+            16_385,
+            3 * 8192 + 5,
+            70_001,
+        ] {
+            let leaves: Vec<[u8; 32]> = (0..n as u64)
+                .map(|i| *blake3::hash(&i.to_le_bytes()).as_bytes())
+                .collect();
+            assert_eq!(
+                merkle(leaves.clone()),
+                merkle_by_levels(leaves),
+                "{n} leaves"
+            );
+        }
+    }
 }

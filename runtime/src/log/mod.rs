@@ -90,7 +90,8 @@ pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
 pub use reader::{
-    LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, TornTail, VnodeEvents, MAX_REPEATS,
+    LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, StreamedVnode, TornTail, VnodeEvents,
+    MAX_REPEATS,
 };
 pub use state::LogState;
 pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};

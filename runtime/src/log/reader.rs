@@ -1,9 +1,20 @@
 //! Reading side of the log (rules 1, 3, 4 and 7 of `log/mod.rs`).
+//!
+//! Rules of this module:
+//!
+//! 1. A whole log is read in pages of segments ([`SEGMENT_PAGE`]), never all at once: a page's
+//!    segments are decoded in parallel while the events of the page before go, in log order,
+//!    to whoever reads them ([`LogReader::stream`]). Memory is a few pages of bytes, whatever
+//!    the log's size.
+//! 2. Decoding is pure; every check that depends on what came before (segment order, the
+//!    durable watermark, a torn *last* segment, duplicates) runs in log order on one thread
+//!    ([`Walk`]), exactly as when segments were read one by one.
 
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use veriflow_checkpoint::{Store, StoreError};
 
 use veriflow_checkpoint::PageLimit;
@@ -74,6 +85,24 @@ pub struct VnodeEvents {
 /// in [`VnodeEvents::duplicates`] but not listed event by event (16 bytes each: 16 MiB).
 pub const MAX_REPEATS: usize = 1 << 20;
 
+/// What [`LogReader::stream`] read of one vnode's log, besides its events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamedVnode {
+    /// The vnode.
+    pub vnode: VnodeId,
+    /// Segments read (the torn one included).
+    pub segments: u64,
+    /// Distinct events handed on.
+    pub events: u64,
+    /// Duplicate events dropped.
+    pub duplicates: u64,
+    /// A torn last segment, if the writer was cut off mid-write.
+    pub torn: Option<TornTail>,
+}
+
+/// One page of a log's segments, decoded (rule 1 of this module): store key and segment.
+type Decoded = Vec<(Vec<u8>, Result<segment::Segment, SegmentError>)>;
+
 /// Reads logs from a store, in one generation (`segment::generation_prefix`).
 #[derive(Clone)]
 pub struct LogReader {
@@ -135,22 +164,29 @@ impl LogReader {
     /// without a manifest (a bare log, as the log's own tests write) has the vnodes that have a
     /// watermark.
     pub fn vnodes(&self) -> Result<Vec<VnodeId>, LogError> {
-        let marked: Vec<VnodeId> = self
-            .store
-            .scan_prefix(&self.key(WATERMARK_PREFIX))?
-            .into_iter()
-            .map(|(key, _)| {
+        // Keys only, in pages: values are not needed to list vnodes.
+        let prefix = self.key(WATERMARK_PREFIX);
+        let mut marked: Vec<VnodeId> = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let (keys, more) = self.store.scan_keys(&prefix, after.as_deref(), KEY_PAGE)?;
+            for key in &keys {
                 let rest = key.get(self.prefix.len()..).unwrap_or_default();
-                parse_watermark_key(rest).ok_or_else(|| LogError::Missing {
+                let v = parse_watermark_key(rest).ok_or_else(|| LogError::Missing {
                     vnode: VnodeId(u32::MAX),
                     segment: None,
                     what: format!("a watermark key is malformed ({rest:02x?})"),
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        // Keys sort by vnode first: a vnode's watermarks are adjacent.
-        let mut marked = marked;
-        marked.dedup();
+                })?;
+                // Keys sort by vnode first: a vnode's watermarks are adjacent.
+                if marked.last() != Some(&v) {
+                    marked.push(v);
+                }
+            }
+            after = keys.last().cloned();
+            if !more || after.is_none() {
+                break;
+            }
+        }
         match Manifest::load(&*self.store)? {
             None => Ok(marked),
             Some(m) => {
@@ -176,6 +212,17 @@ impl LogReader {
                     .collect())
             }
         }
+    }
+
+    /// About how many events the logs of `vnodes` hold (their durable watermarks' sequence
+    /// numbers; duplicates counted), to size what they are read into. Unreadable watermarks
+    /// count 0: reading the log reports them.
+    pub fn events_hint(&self, vnodes: &[VnodeId]) -> u64 {
+        vnodes
+            .iter()
+            .filter_map(|&v| self.watermark(v).ok().flatten()?.last)
+            .map(|l| l.end_seq)
+            .sum()
     }
 
     /// The durable watermark of `vnode` (rule 8), if it has one: the newest readable one
@@ -233,20 +280,8 @@ impl LogReader {
 
     /// Reads, checks and de-duplicates the log of `vnode` (rules 1, 4 and 7).
     pub fn read_vnode(&self, vnode: VnodeId) -> Result<VnodeEvents, LogError> {
-        let stored = self
-            .store
-            .scan_prefix(&self.key(&segment::vnode_prefix(vnode)))?;
-        let covered = self.covered(vnode, !stored.is_empty())?;
-        let mut walk = Walk::new(vnode, covered, None);
         let mut events = Vec::new();
-        let last = stored.len().saturating_sub(1);
-        for (i, (key, value)) in stored.iter().enumerate() {
-            let key = key.get(self.prefix.len()..).unwrap_or_default();
-            if !walk.segment(key, value, i == last, &mut |e| events.push(e))? {
-                break;
-            }
-        }
-        walk.finish()?;
+        let walk = self.walk_vnode(vnode, &mut |e| events.push(e))?;
         Ok(VnodeEvents {
             vnode,
             events,
@@ -256,6 +291,100 @@ impl LogReader {
             repeats: walk.repeats,
             torn: walk.torn,
         })
+    }
+
+    /// Reads the logs of `vnodes` (from [`LogReader::vnodes`]), in order, as
+    /// [`LogReader::read_vnode`] reads them, handing each event to `sink` in log order instead
+    /// of keeping them (rule 1 of this module: pages decoded in parallel while `sink` takes the
+    /// page before).
+    pub fn stream(
+        &self,
+        vnodes: &[VnodeId],
+        sink: &mut (dyn FnMut(VnodeId, LoggedEvent) + Send),
+    ) -> Result<Vec<StreamedVnode>, LogError> {
+        vnodes
+            .iter()
+            .map(|&vnode| {
+                let walk = self.walk_vnode(vnode, &mut |e| sink(vnode, e))?;
+                Ok(StreamedVnode {
+                    vnode,
+                    segments: walk.segments,
+                    events: walk.distinct,
+                    duplicates: walk.duplicates,
+                    torn: walk.torn,
+                })
+            })
+            .collect()
+    }
+
+    /// One page of `vnode`'s segments after `after`, decoded in parallel (rule 1).
+    fn decoded_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+    ) -> Result<(Decoded, bool), LogError> {
+        let page = self.store.scan_page(prefix, after, SEGMENT_PAGE)?;
+        let decoded = page
+            .pairs
+            .into_par_iter()
+            .map(|(key, value)| {
+                let seg = segment::decode_segment(&value);
+                (key, seg)
+            })
+            .collect();
+        Ok((decoded, page.more))
+    }
+
+    /// Rules 1 and 2 of this module on the log of `vnode`: its events to `sink`, each once.
+    fn walk_vnode(
+        &self,
+        vnode: VnodeId,
+        sink: &mut (dyn FnMut(LoggedEvent) + Send),
+    ) -> Result<Walk, LogError> {
+        let prefix = self.key(&segment::vnode_prefix(vnode));
+        let first = self.store.scan_page(&prefix, None, ONE_KEY)?;
+        let covered = self.covered(vnode, !first.pairs.is_empty())?;
+        let mut walk = Walk::new(vnode, covered, None);
+        if first.pairs.is_empty() {
+            walk.finish()?;
+            return Ok(walk);
+        }
+        let skip = self.prefix.len();
+        // Only the last segment may be torn (rule 4 of `log/mod.rs`): the last one decoded is
+        // held back until the next page says whether one follows.
+        let mut pending: Option<(Vec<u8>, Result<segment::Segment, SegmentError>)> = None;
+        let mut page = self.decoded_page(&prefix, None)?;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let (decoded, more) = page;
+            if let Some((k, _)) = decoded.last() {
+                after = Some(k.clone());
+            }
+            let mut ready: Decoded = pending.take().into_iter().chain(decoded).collect();
+            pending = ready.pop();
+            let fetch = more && after.is_some();
+            let (next, applied) = rayon::join(
+                || fetch.then(|| self.decoded_page(&prefix, after.as_deref())),
+                || -> Result<(), LogError> {
+                    for (key, seg) in ready {
+                        let key = key.get(skip..).unwrap_or_default();
+                        walk.segment_decoded(key, seg, false, &mut *sink)?;
+                    }
+                    Ok(())
+                },
+            );
+            applied?;
+            match next {
+                Some(p) => page = p?,
+                None => break,
+            }
+        }
+        if let Some((key, seg)) = pending {
+            let key = key.get(skip..).unwrap_or_default();
+            walk.segment_decoded(key, seg, true, &mut *sink)?;
+        }
+        walk.finish()?;
+        Ok(walk)
     }
 
     /// What recovery needs from the log of `vnode` (rule 9): the newest sound checkpoint, with
@@ -553,6 +682,12 @@ const TAIL_PAGE: PageLimit = PageLimit {
     max_keys: 64,
     max_bytes: 16 << 20,
 };
+/// A page of a whole log's read (rule 1 of this module): 64 segments of 64 KiB, enough for
+/// both cores to decode while the page before is handed on.
+const SEGMENT_PAGE: PageLimit = PageLimit {
+    max_keys: 64,
+    max_bytes: 16 << 20,
+};
 /// Enough to know whether a vnode has any segment.
 const ONE_KEY: PageLimit = PageLimit {
     max_keys: 1,
@@ -642,6 +777,18 @@ impl Walk {
         is_last: bool,
         sink: &mut dyn FnMut(LoggedEvent),
     ) -> Result<bool, LogError> {
+        self.segment_decoded(key, segment::decode_segment(value), is_last, sink)
+    }
+
+    /// [`Walk::segment`] on a segment already decoded (`decoded`: what
+    /// [`segment::decode_segment`] made of its value).
+    fn segment_decoded(
+        &mut self,
+        key: &[u8],
+        decoded: Result<segment::Segment, SegmentError>,
+        is_last: bool,
+        sink: &mut dyn FnMut(LoggedEvent),
+    ) -> Result<bool, LogError> {
         let vnode = self.vnode;
         self.segments += 1;
         let segno = match segment::parse_segment_key(key) {
@@ -667,7 +814,7 @@ impl Walk {
         self.prev_segno = Some(segno);
         let covered = self.covered;
         let covered_by_watermark = covered.is_some_and(|c| segno <= c.segno);
-        let seg = match segment::decode_segment(value) {
+        let seg = match decoded {
             Ok(s) => s,
             Err(SegmentError::Frame(f)) if f.is_torn() && is_last && !covered_by_watermark => {
                 tracing::warn!("log of {vnode}: torn last segment {segno} skipped ({f})");
