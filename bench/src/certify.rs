@@ -1029,21 +1029,24 @@ impl Report<'_> {
         );
         md.push_str(
             "| tasks n | store (MB) | floor (s) | certify (s) | certify / floor | peak (MiB) | \
-             RSS before (MiB) | peak / store |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+             RSS before (MiB) | peak − before (MiB) | peak / store |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for s in &self.sizes {
             let Some((floor, ratio, peak, of_log)) = s.against_floor() else {
                 continue;
             };
             let before: Vec<f64> = s.partial_peak_mib.iter().map(|p| p.1).collect();
+            let added: Vec<f64> = s.partial_peak_mib.iter().map(|p| p.0 - p.1).collect();
             let _ = writeln!(
                 md,
-                "| {} | {} | {floor:.4} | {:.4} | {ratio:.1} | {peak:.0} | {:.0} | {} |",
+                "| {} | {} | {floor:.4} | {:.4} | {ratio:.1} | {peak:.0} | {:.0} | {:.0} | {} |",
                 thousands(s.tasks as f64),
                 s.store_bytes
                     .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
                 floor * ratio,
                 stats(&before).map_or(f64::NAN, |st| st.median),
+                stats(&added).map_or(f64::NAN, |st| st.median),
                 of_log.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
             );
         }

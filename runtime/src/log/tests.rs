@@ -794,3 +794,58 @@ fn an_interrupted_flush_never_loses_the_acknowledged_watermark() {
         .unwrap();
     assert_eq!(kept.len(), 2, "{kept:02x?}");
 }
+
+/// Rule 1 of `reader.rs`: a log of more segments than a page ([`super::reader`]'s 64) is read
+/// in pages, and a torn last segment is still found wherever the pages cut, a torn middle one
+/// still an error; [`LogReader::stream`] hands on exactly what `read_vnode` returns.
+#[test]
+fn a_log_of_many_pages_reads_as_one_and_only_its_last_segment_may_be_torn() {
+    // 127 whole segments, then a torn one: 128 = two full pages (the last held back across an
+    // empty third page); 128 whole and a torn one: the torn one alone on the third page.
+    for whole in [127u128, 128] {
+        let batches: Vec<Vec<Event>> = (0..whole).map(|i| vec![started(i), completed(i)]).collect();
+        let store = write(&batches);
+        let all = segments(&store);
+        assert_eq!(all.len() as u128, whole);
+        let (_, last) = all[all.len() - 1].clone();
+        let torn_no = u64::try_from(whole).unwrap();
+        store
+            .put(&segment_key(VnodeId(0), torn_no), &last[..last.len() - 5])
+            .unwrap();
+        let r = read(&store).unwrap();
+        assert_eq!(r.events.len() as u128, 2 * whole, "{whole}");
+        assert_eq!(r.torn.as_ref().map(|t| t.segment), Some(torn_no));
+        assert_eq!(r.segments, torn_no + 1);
+        let reader = LogReader::new(store.clone());
+        let mut streamed = Vec::new();
+        let s = reader
+            .stream(&[VnodeId(0)], &mut |v, e| {
+                streamed.push((v, e.segment, e.offset, e.event))
+            })
+            .unwrap();
+        let expect: Vec<_> = r
+            .events
+            .iter()
+            .map(|e| (VnodeId(0), e.segment, e.offset, e.event.clone()))
+            .collect();
+        assert_eq!(streamed, expect);
+        assert_eq!(s[0].torn, r.torn);
+        assert_eq!(
+            (s[0].events, s[0].segments),
+            (2 * whole as u64, torn_no + 1)
+        );
+        // A segment torn at a page's end or start is in the middle: an error naming it.
+        store.delete(&segment_key(VnodeId(0), torn_no)).unwrap();
+        for mid in [63usize, 64] {
+            let (key, value) = all[mid].clone();
+            store.put(&key, &value[..value.len() - 5]).unwrap();
+            let err = read(&store).unwrap_err();
+            assert!(
+                matches!(err, LogError::Corrupt { segment, .. } if segment == mid as u64),
+                "{err}"
+            );
+            store.put(&key, &value).unwrap();
+        }
+        assert_eq!(read(&store).unwrap().events.len() as u128, 2 * whole);
+    }
+}
