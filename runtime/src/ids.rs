@@ -3,15 +3,22 @@
 //! Logical ids are deterministic (DESIGN.md, "Words"):
 //!
 //! 1. the root task's id is derived from the program name and the root's argument bytes;
-//! 2. a child's id from (parent id, spawn index): re-running a task re-creates the same ids,
-//!    which is what makes logging idempotent and recovery possible;
-//! 3. a datum's id from (writer id, output index), where the writer is the task that declared
-//!    it (delegating an output does not change its id); program inputs use the root's id with
-//!    a separate derivation context.
+//! 2. a child's id, and the id of its first output, from (parent id, spawn index): re-running a
+//!    task re-creates the same ids, which is what makes logging idempotent and recovery
+//!    possible;
+//! 3. a datum's id is fixed when the task that declares it is spawned (delegating an output
+//!    does not change its id): a child's first output by rule 2, its output `i >= 1` from
+//!    (child id, `i`); the root's outputs from (root id, `i`), and program inputs from the
+//!    root's id with a separate derivation context.
 //!
-//! Ids are 128 bits from keyed blake3 (one context string per derivation, so the name spaces
-//! never meet). They are uniformly distributed, so hash maps keyed by them use [`IdHasher`],
-//! which takes the bits as they are instead of hashing them again.
+//! Ids are 128 bits from keyed blake3 (one key per derivation, so the name spaces never meet).
+//! Rule 2 is the spawn path, so it is one blake3 compression per *pair* of spawns: the 64-byte
+//! output block of the keyed hash of (parent, `index / 2`) holds the ids of children `2j` and
+//! `2j + 1` and of their first outputs ([`ChildIds`] keeps the last block, so a task spawning
+//! `n` children with one output each pays `n / 2` compressions instead of `2n`).
+//!
+//! Ids are uniformly distributed, so hash maps keyed by them use [`IdHasher`], which takes the
+//! bits as they are instead of hashing them again.
 
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -174,6 +181,54 @@ static CHILD_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
 static OUTPUT_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
 static INPUT_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
 
+/// Children per output block of the spawn hash: the block is 64 bytes, and a child takes 32
+/// (its task id and its first output's id).
+const CHILDREN_PER_BLOCK: u32 = 2;
+
+/// The ids of the children one parent spawns (rule 2), one compression per pair of spawn
+/// indices: asking for `2j` and then `2j + 1` hashes once.
+#[derive(Clone)]
+pub struct ChildIds {
+    parent: TaskId,
+    /// Pair index of `block`, or `None` before the first child.
+    pair: Option<u32>,
+    /// `[task 2j | first output 2j | task 2j+1 | first output 2j+1]`, little-endian.
+    block: [u8; 64],
+}
+
+impl ChildIds {
+    /// The children of `parent`.
+    pub fn new(parent: TaskId) -> ChildIds {
+        ChildIds {
+            parent,
+            pair: None,
+            block: [0; 64],
+        }
+    }
+
+    /// Child `index`: its task id and the id of its first output (used when it has outputs).
+    pub fn get(&mut self, index: u32) -> (TaskId, DataId) {
+        let pair = index / CHILDREN_PER_BLOCK;
+        if self.pair != Some(pair) {
+            let key = CHILD_KEY.get_or_init(|| key_for("veriflow 2026 child ids v2"));
+            let mut input = [0u8; 20];
+            input[..16].copy_from_slice(&self.parent.0.to_le_bytes());
+            input[16..].copy_from_slice(&pair.to_le_bytes());
+            let mut hasher = blake3::Hasher::new_keyed(key);
+            hasher.update(&input);
+            hasher.finalize_xof().fill(&mut self.block);
+            self.pair = Some(pair);
+        }
+        let at = 32 * (index % CHILDREN_PER_BLOCK) as usize;
+        let word = |from: usize| {
+            let mut w = [0u8; 16];
+            w.copy_from_slice(&self.block[from..from + 16]);
+            u128::from_le_bytes(w)
+        };
+        (TaskId(word(at)), DataId(word(at + 16)))
+    }
+}
+
 impl TaskId {
     /// Rule 1: the root of program `program` with encoded arguments `args`.
     pub fn root(program: &str, args: &[u8]) -> TaskId {
@@ -183,15 +238,26 @@ impl TaskId {
         ))
     }
 
-    /// Rule 2: the `index`-th child spawned by `parent`.
+    /// Rule 2: the `index`-th child spawned by `parent` (a task spawning many children uses
+    /// one [`ChildIds`], which hashes once per pair).
     pub fn child(parent: TaskId, index: u32) -> TaskId {
-        let key = CHILD_KEY.get_or_init(|| key_for("veriflow 2026 child task id"));
-        TaskId(keyed(key, parent.0, index))
+        ChildIds::new(parent).get(index).0
     }
 }
 
 impl DataId {
-    /// Rule 3: output `index` of the task `writer` that declared it.
+    /// Rule 3: the id of output `index` of the `spawn`-th child of `parent`.
+    pub fn child_output(parent: TaskId, spawn: u32, index: u32) -> DataId {
+        let (child, first) = ChildIds::new(parent).get(spawn);
+        if index == 0 {
+            first
+        } else {
+            DataId::output(child, index)
+        }
+    }
+
+    /// Rule 3: output `index` of the root `writer`, or output `index >= 1` of a child `writer`
+    /// (a child's first output comes with its id, [`ChildIds::get`]).
     pub fn output(writer: TaskId, index: u32) -> DataId {
         let key = OUTPUT_KEY.get_or_init(|| key_for("veriflow 2026 output data id"));
         DataId(keyed(key, writer.0, index))
@@ -257,9 +323,88 @@ mod tests {
         assert_ne!(c0, TaskId::child(root, 1));
         assert_ne!(DataId::output(root, 0).0, TaskId::child(root, 0).0);
         assert_ne!(DataId::output(root, 0), DataId::program_input(root, 0));
+        assert_ne!(DataId::child_output(root, 0, 0).0, c0.0);
+        assert_ne!(DataId::child_output(root, 0, 0), DataId::output(root, 0));
         let mut seen = IdSet::default();
         for i in 0..10_000 {
             assert!(seen.insert(TaskId::child(c0, i)));
+        }
+    }
+
+    /// Every task id and data id of a tree (children of many parents, each child's outputs
+    /// 0-2, the root's outputs and inputs) is distinct, as 128-bit values across the kinds.
+    #[test]
+    fn ids_of_a_tree_are_distinct_across_tasks_and_data() {
+        let root = TaskId::root("knary", b"args");
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..4 {
+            assert!(seen.insert(DataId::output(root, i).0));
+            assert!(seen.insert(DataId::program_input(root, i).0));
+        }
+        assert!(seen.insert(root.0));
+        let mut parents = vec![root];
+        for _ in 0..3 {
+            let mut next = Vec::new();
+            for &p in &parents {
+                let mut ids = ChildIds::new(p);
+                for index in 0..40 {
+                    let (t, first) = ids.get(index);
+                    assert!(seen.insert(t.0), "task {t:#} twice");
+                    assert!(seen.insert(first.0), "data {first:#} twice");
+                    for o in 1..3 {
+                        assert!(seen.insert(DataId::output(t, o).0));
+                    }
+                    next.push(t);
+                }
+            }
+            parents = next;
+        }
+        assert_eq!(seen.len(), 9 + (40 + 1_600 + 64_000) * 4);
+    }
+
+    /// The pinned values of the derivations: a change of any of them changes the ids in every
+    /// log and certificate (the second and third fix `ids.rs` rule 2's pair blocks).
+    #[test]
+    fn ids_are_pinned() {
+        let root = TaskId::root("knary", b"args");
+        let hex = |v: u128| format!("{v:032x}");
+        let got = [
+            hex(root.0),
+            hex(TaskId::child(root, 0).0),
+            hex(DataId::child_output(root, 1, 0).0),
+            hex(DataId::child_output(root, 2, 1).0),
+            hex(DataId::output(root, 0).0),
+            hex(DataId::program_input(root, 0).0),
+        ];
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 6] = [
+        "d08b040beca26462cc316406e4eec328",
+        "2905c066a22048784cfce3a55dddaaaf",
+        "c3736c3f2014e2bbd91d46f2515e295a",
+        "880b49ea332853198b2bb7fc652dd134",
+        "9e7d84adb20842d873207a13b0c196e0",
+        "51312c7801a870ac1a09f28ef2705f91",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// One `ChildIds` asked in any order gives what a fresh derivation per child gives.
+        #[test]
+        fn child_ids_cache_agrees_with_fresh_derivation(
+            parent in proptest::prelude::any::<u128>(),
+            order in proptest::collection::vec(0u32..16, 1..24),
+        ) {
+            let parent = TaskId(parent);
+            let mut ids = ChildIds::new(parent);
+            for index in order {
+                let (t, first) = ids.get(index);
+                proptest::prop_assert_eq!(t, TaskId::child(parent, index));
+                proptest::prop_assert_eq!(first, DataId::child_output(parent, index, 0));
+                proptest::prop_assert_ne!(t.0, first.0);
+            }
         }
     }
 

@@ -61,7 +61,7 @@ pub use exec::{
     Runtime, RuntimeBuilder, Stall, SteppedMember, StopToken, Timers, TransportFactory, VnodeStats,
     VnodeWaits,
 };
-pub use ids::{DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
+pub use ids::{ChildIds, DataId, Epoch, IdHasher, IdMap, IdSet, ParseIdError, TaskId, VnodeId};
 pub use task::{
     decode_outputs, Ctx, Data, InputSet, OutputReads, OutputSet, Read, Reads, Registry,
     RegistryError, Task, TaskError, TaskKind, TaskResult, Write, Writes,

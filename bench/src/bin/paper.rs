@@ -36,6 +36,11 @@ const TARGET_TASKS_PER_S: f64 = 1_000_000.0;
 const TARGET_US_PER_TASK: f64 = 5.0;
 const TARGET_RATIO_1MS: f64 = 1.01;
 const TARGET_RATIO_100US: f64 = 1.05;
+/// Issue 17 target 4: veriflow S0's cost per node at most this many times rayon's.
+const TARGET_COST_VS_RAYON: f64 = 2.5;
+/// Issue 17 target 4: the log's CPU per task on the empty-task tree, half of the 1.25 µs
+/// measured before it.
+const TARGET_LOG_CPU_US_PER_TASK: f64 = 0.625;
 
 /// Grains of the recovery series, in µs.
 const RECOVERY_GRAINS_US: [u64; 2] = [100, 1000];
@@ -131,6 +136,10 @@ struct RunArgs {
     /// comparison); past that, disturbed repetitions are kept and counted.
     #[arg(long, default_value_t = 3)]
     retries: u32,
+    /// `overhead` only: skip the grain series, run only the empty-task comparison (S0, rayon,
+    /// S1) and write `overhead-empty.*` (a few minutes).
+    #[arg(long)]
+    empty_only: bool,
 }
 
 fn main() -> Result<()> {
@@ -462,7 +471,8 @@ fn overhead(args: &RunArgs) -> Result<()> {
     bench.run(plan.grain(0), Setting::S1)?;
 
     let mut grains = Vec::new();
-    for grain_us in GRAINS_US {
+    let grains_us: &[u64] = if args.empty_only { &[] } else { &GRAINS_US };
+    for &grain_us in grains_us {
         let series = bench.interleaved(plan.grain(grain_us), &[Setting::S0, Setting::S1])?;
         grains.push(GrainRuns::from(series));
     }
@@ -520,7 +530,12 @@ fn overhead(args: &RunArgs) -> Result<()> {
         kept_disturbed: series.kept_disturbed,
     };
     let report = Report::new(&bench, &plan, grains, tp)?;
-    bench.write("overhead", report.json(&bench), &report.markdown(&bench))
+    let name = if args.empty_only {
+        "overhead-empty"
+    } else {
+        "overhead"
+    };
+    bench.write(name, report.json(&bench), &report.markdown(&bench))
 }
 
 /// One grain's summary.
@@ -560,6 +575,15 @@ impl ThroughputSummary {
     }
     fn rayon_nodes_per_s(&self) -> f64 {
         self.nodes as f64 / self.rayon.median
+    }
+    /// How many times rayon's cost per node veriflow S0's is (wall time, same process).
+    fn s0_cost_vs_rayon(&self) -> f64 {
+        self.rayon_nodes_per_s() / self.s0_nodes_per_s()
+    }
+    /// The log's CPU per task: (median CPU of S1 - median CPU of S0) / tasks, in µs.
+    fn log_cpu_us_per_task(&self) -> Option<f64> {
+        let (s0, s1) = (median_cpu(&self.runs.s0)?, median_cpu(&self.runs.s1)?);
+        Some((s1 - s0) / self.tasks as f64 * 1e6)
     }
 }
 
@@ -617,13 +641,33 @@ impl Report {
             runs: tp,
         };
 
-        let mut targets = vec![Target {
-            name: "empty_tasks_per_s".to_string(),
-            goal: format!(">= {TARGET_TASKS_PER_S:.0} empty tasks/s without checkpoint"),
-            measured: throughput.s0_tasks_per_s(),
-            unit: "tasks/s",
-            met: throughput.s0_tasks_per_s() >= TARGET_TASKS_PER_S,
-        }];
+        let mut targets = vec![
+            Target {
+                name: "empty_tasks_per_s".to_string(),
+                goal: format!(">= {TARGET_TASKS_PER_S:.0} empty tasks/s without checkpoint"),
+                measured: throughput.s0_tasks_per_s(),
+                unit: "tasks/s",
+                met: throughput.s0_tasks_per_s() >= TARGET_TASKS_PER_S,
+            },
+            Target {
+                name: "s0_cost_per_node_vs_rayon".to_string(),
+                goal: format!("veriflow S0's time per node <= {TARGET_COST_VS_RAYON} x rayon's"),
+                measured: throughput.s0_cost_vs_rayon(),
+                unit: "x",
+                met: throughput.s0_cost_vs_rayon() <= TARGET_COST_VS_RAYON,
+            },
+        ];
+        if let Some(cpu) = throughput.log_cpu_us_per_task() {
+            targets.push(Target {
+                name: "log_cpu_us_per_task_empty".to_string(),
+                goal: format!(
+                    "log CPU per empty task (CPU S1 - CPU S0) <= {TARGET_LOG_CPU_US_PER_TASK} µs"
+                ),
+                measured: cpu,
+                unit: "µs/task",
+                met: cpu <= TARGET_LOG_CPU_US_PER_TASK,
+            });
+        }
         for g in &summaries {
             let grain = g.runs.shape.grain_us;
             targets.push(Target {
@@ -657,61 +701,63 @@ impl Report {
         let mut s = String::new();
         let t = &self.grain_tree;
         s.push_str(&bench.header());
-        let _ = writeln!(
-            s,
-            "Logging overhead: knary depth {} fanout {} serial {} ({} nodes, {} tasks), S0 = no \
-             log, S1 = durable log (sled, group commit); times are `RunReport::elapsed`; \
-             \"other CPU\" is the most CPU time other processes took during one run of the row \
-             (the machine is shared); {} pair(s) of runs started on a busy machine.\n",
-            t.depth,
-            t.fanout,
-            t.serial,
-            t.nodes().unwrap_or(0),
-            t.tasks().unwrap_or(0),
-            bench.not_quiet,
-        );
-        s.push_str(
-            "| grain | S0 median (s) | S1 median (s) | S1/S0 | (S1−S0)/task (µs) | \
-             paired (µs) | events | S0 min–max (s) | S1 min–max (s) |\n",
-        );
-        s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        for g in &self.grains {
+        if !self.grains.is_empty() {
             let _ = writeln!(
                 s,
-                "| {} | {:.4} | {:.4} | {:.4} | {:.2} | {:.2} | {:.0} | {:.4}–{:.4} | {:.4}–{:.4} |",
-                grain_text(g.runs.shape.grain_us),
-                g.s0.median,
-                g.s1.median,
-                g.ratio,
-                g.us_per_task,
-                g.paired_us_per_task,
-                g.events.median,
-                g.s0.min,
-                g.s0.max,
-                g.s1.min,
-                g.s1.max,
+                "Logging overhead: knary depth {} fanout {} serial {} ({} nodes, {} tasks), S0 = no \
+                 log, S1 = durable log (sled, group commit); times are `RunReport::elapsed`; \
+                 \"other CPU\" is the most CPU time other processes took during one run of the row \
+                 (the machine is shared); {} pair(s) of runs started on a busy machine.\n",
+                t.depth,
+                t.fanout,
+                t.serial,
+                t.nodes().unwrap_or(0),
+                t.tasks().unwrap_or(0),
+                bench.not_quiet,
             );
-        }
-        s.push_str(
-            "\nSame runs, diagnostics (medians): CPU time the process used (workers, log writer, \
-             sled), steals, most CPU time other processes took during one kept run, and pairs \
-             discarded and run again because other processes disturbed them (or kept, no retry \
-             left).\n\n| grain | CPU S0 (s) | CPU S1 (s) | steals S0 | steals S1 | other CPU (s) | \
-             rerun / kept disturbed |\n|---:|---:|---:|---:|---:|---:|---:|\n",
-        );
-        for g in &self.grains {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} / {} |",
-                grain_text(g.runs.shape.grain_us),
-                cpu_text(median_cpu(&g.runs.s0)),
-                cpu_text(median_cpu(&g.runs.s1)),
-                median_steals(&g.runs.s0),
-                median_steals(&g.runs.s1),
-                cpu_text(max_foreign(g.runs.s0.iter().chain(&g.runs.s1))),
-                g.runs.discarded.len(),
-                g.runs.kept_disturbed,
+            s.push_str(
+                "| grain | S0 median (s) | S1 median (s) | S1/S0 | (S1−S0)/task (µs) | \
+                 paired (µs) | events | S0 min–max (s) | S1 min–max (s) |\n",
             );
+            s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+            for g in &self.grains {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.4} | {:.4} | {:.4} | {:.2} | {:.2} | {:.0} | {:.4}–{:.4} | {:.4}–{:.4} |",
+                    grain_text(g.runs.shape.grain_us),
+                    g.s0.median,
+                    g.s1.median,
+                    g.ratio,
+                    g.us_per_task,
+                    g.paired_us_per_task,
+                    g.events.median,
+                    g.s0.min,
+                    g.s0.max,
+                    g.s1.min,
+                    g.s1.max,
+                );
+            }
+            s.push_str(
+                "\nSame runs, diagnostics (medians): CPU time the process used (workers, log writer, \
+                 sled), steals, most CPU time other processes took during one kept run, and pairs \
+                 discarded and run again because other processes disturbed them (or kept, no retry \
+                 left).\n\n| grain | CPU S0 (s) | CPU S1 (s) | steals S0 | steals S1 | other CPU (s) | \
+                 rerun / kept disturbed |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+            );
+            for g in &self.grains {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} / {} |",
+                    grain_text(g.runs.shape.grain_us),
+                    cpu_text(median_cpu(&g.runs.s0)),
+                    cpu_text(median_cpu(&g.runs.s1)),
+                    median_steals(&g.runs.s0),
+                    median_steals(&g.runs.s1),
+                    cpu_text(max_foreign(g.runs.s0.iter().chain(&g.runs.s1))),
+                    g.runs.discarded.len(),
+                    g.runs.kept_disturbed,
+                );
+            }
         }
         let tp = &self.throughput;
         let b = tp.runs.shape;
@@ -764,6 +810,15 @@ impl Report {
             tp.rayon_nodes_per_s() / tp.s0_nodes_per_s(),
             tp.runs.discarded.len(),
             tp.runs.kept_disturbed,
+        );
+        let _ = writeln!(
+            s,
+            "CPU time of the process (medians): S0 {} s, S1 {} s, so the log costs {} µs of CPU \
+             per task.\n",
+            cpu_text(median_cpu(&tp.runs.s0)),
+            cpu_text(median_cpu(&tp.runs.s1)),
+            tp.log_cpu_us_per_task()
+                .map_or_else(|| "?".to_string(), |c| format!("{c:.3}")),
         );
         s.push_str(&targets_markdown(&self.targets));
         s
@@ -900,6 +955,9 @@ fn json_map(v: Value) -> serde_json::Map<String, Value> {
 }
 
 fn recovery(args: &RunArgs) -> Result<()> {
+    if args.empty_only {
+        bail!("--empty-only is an option of `paper overhead`, not of `paper recovery`");
+    }
     let mut bench = Bench::start(args)?;
     let plan = Plan::new(args.quick);
     let settings = [Setting::S0, Setting::S1, Setting::S2];

@@ -75,6 +75,7 @@
 //! ```
 
 pub mod checkpoint;
+mod encode;
 mod event;
 mod generation;
 mod manifest;

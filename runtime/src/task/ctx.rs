@@ -7,7 +7,7 @@ use super::value::Value;
 use super::{Boxed, Data, InputSet, OutputReads, OutputSet, Reads, Task, Write, Writes};
 use crate::error::RunError;
 use crate::exec::core::{Core, TaskSpec};
-use crate::ids::{DataId, TaskId, VnodeId};
+use crate::ids::{ChildIds, DataId, TaskId, VnodeId};
 use crate::replay::Replayer;
 use crate::task::Registry;
 
@@ -29,6 +29,8 @@ pub struct Ctx<'a> {
     pub(crate) children: Vec<TaskId>,
     pub(crate) created: IdList,
     next_index: u32,
+    /// Ids of the children, a pair per hash (`ids.rs` rule 2).
+    child_ids: ChildIds,
     pub(crate) error: Option<RunError>,
 }
 
@@ -49,6 +51,7 @@ impl<'a> Ctx<'a> {
             children: Vec::new(),
             created: IdList::new(),
             next_index: 0,
+            child_ids: ChildIds::new(task),
             error: None,
         }
     }
@@ -69,11 +72,14 @@ impl<'a> Ctx<'a> {
     /// Declares a child whose outputs are new data objects, and returns handles to them
     /// (rule 2). Returns at once; the child runs when its inputs are written.
     pub fn spawn<T: Task>(&mut self, task: T, inputs: Reads<T>) -> OutputReads<T> {
-        let (id, index) = self.next_child();
+        let (id, index, first) = self.next_child();
         let mut outs = IdList::new();
         for i in 0..T::Outputs::LEN {
             // LEN is a tuple length (at most 6), far below u32::MAX.
-            outs.push(DataId::output(id, i as u32));
+            outs.push(match i {
+                0 => first,
+                _ => DataId::output(id, i as u32),
+            });
         }
         let reads = T::Outputs::make_reads(&outs);
         for &o in &outs {
@@ -96,7 +102,7 @@ impl<'a> Ctx<'a> {
                 self.fail(e);
             }
         }
-        let (id, index) = self.next_child();
+        let (id, index, _) = self.next_child();
         self.declare(task, id, index, &inputs, outs);
     }
 
@@ -108,10 +114,12 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn next_child(&mut self) -> (TaskId, u32) {
+    /// The next child's id, spawn index and first output's id (`ids.rs` rules 2-3).
+    fn next_child(&mut self) -> (TaskId, u32, DataId) {
         let index = self.next_index;
         self.next_index += 1;
-        (TaskId::child(self.task, index), index)
+        let (id, first) = self.child_ids.get(index);
+        (id, index, first)
     }
 
     fn declare<T: Task>(

@@ -1,0 +1,211 @@
+//! The writer's encoder of the events on the task path, byte for byte postcard's.
+//!
+//! Rules:
+//!
+//! 1. [`encode_event`] writes exactly the bytes `postcard` writes for the same [`Event`] (the
+//!    log's format is postcard's, `codec.rs`; the reader decodes with postcard): a varint for
+//!    the variant index, lengths and integers, a 0/1 byte for `Option`, and ids and digests as
+//!    their fixed 16 and 32 bytes. The property test below holds it to postcard on arbitrary
+//!    events.
+//! 2. Only `Declared`, `Started` and `Completed` (three events a task, the hot path) are
+//!    encoded here; every other event goes to postcard. Through serde, postcard writes a
+//!    fixed-size id one byte at a time (a call and a capacity check per byte), which made the
+//!    ids and digests the largest part of a logged task's encoding; here each is one copy.
+
+use crate::codec::Digest;
+use crate::ids::{DataId, TaskId};
+
+use super::event::{Declared, Event, Output};
+
+/// Variant indices of [`Event`] (declaration order, as serde numbers them).
+const DECLARED: u32 = 0;
+const STARTED: u32 = 1;
+const COMPLETED: u32 = 2;
+
+/// Appends `event` to `buf` as postcard would (rule 1); `false` (nothing written) for the
+/// events left to postcard (rule 2).
+pub(crate) fn encode_event(event: &Event, buf: &mut Vec<u8>) -> bool {
+    match event {
+        Event::Declared(d) => {
+            varint(buf, u64::from(DECLARED));
+            declared(buf, d);
+        }
+        Event::Started { task, inputs } => {
+            varint(buf, u64::from(STARTED));
+            task_id(buf, *task);
+            len(buf, inputs.len());
+            for d in inputs {
+                digest(buf, d);
+            }
+        }
+        Event::Completed {
+            task,
+            outputs,
+            children,
+        } => {
+            varint(buf, u64::from(COMPLETED));
+            task_id(buf, *task);
+            len(buf, outputs.len());
+            for o in outputs {
+                output(buf, o);
+            }
+            len(buf, children.len());
+            for &c in children {
+                task_id(buf, c);
+            }
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn declared(buf: &mut Vec<u8>, d: &Declared) {
+    task_id(buf, d.task);
+    match d.parent {
+        None => buf.push(0),
+        Some(p) => {
+            buf.push(1);
+            task_id(buf, p);
+        }
+    }
+    varint(buf, u64::from(d.index));
+    bytes(buf, d.name.as_bytes());
+    bytes(buf, &d.args);
+    for ids in [&d.inputs, &d.outputs] {
+        len(buf, ids.len());
+        for &id in ids {
+            data_id(buf, id);
+        }
+    }
+}
+
+fn output(buf: &mut Vec<u8>, o: &Output) {
+    data_id(buf, o.data);
+    bytes(buf, &o.value);
+    digest(buf, &o.digest);
+}
+
+fn task_id(buf: &mut Vec<u8>, id: TaskId) {
+    buf.extend_from_slice(&id.0.to_le_bytes());
+}
+
+fn data_id(buf: &mut Vec<u8>, id: DataId) {
+    buf.extend_from_slice(&id.0.to_le_bytes());
+}
+
+fn digest(buf: &mut Vec<u8>, d: &Digest) {
+    buf.extend_from_slice(&d.0);
+}
+
+/// A length-prefixed byte string (`str`, `Vec<u8>`: postcard writes `Vec<u8>` as a sequence
+/// of u8, which is the same bytes).
+fn bytes(buf: &mut Vec<u8>, b: &[u8]) {
+    len(buf, b.len());
+    buf.extend_from_slice(b);
+}
+
+fn len(buf: &mut Vec<u8>, n: usize) {
+    // usize is at most 64 bits on every target we build for.
+    varint(buf, n as u64);
+}
+
+/// postcard's varint: 7 bits a byte, least significant first, high bit set on all but the
+/// last.
+fn varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::ids::VnodeId;
+
+    fn digests() -> impl Strategy<Value = Vec<Digest>> {
+        proptest::collection::vec(any::<[u8; 32]>().prop_map(Digest), 0..4)
+    }
+
+    /// Lengths around the varint's 1-2 byte boundary (127/128) and past 16 KiB (3 bytes).
+    fn blob() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..4),
+            proptest::collection::vec(any::<u8>(), 126..130),
+            proptest::collection::vec(any::<u8>(), 16_384..16_386),
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        let ids = || proptest::collection::vec(any::<u128>().prop_map(DataId), 0..6);
+        let declared = (
+            any::<u128>(),
+            proptest::option::of(any::<u128>()),
+            any::<u32>(),
+            "[a-z_]{0,20}",
+            blob(),
+            ids(),
+            ids(),
+        )
+            .prop_map(|(t, p, index, name, args, inputs, outputs)| {
+                Event::Declared(Declared {
+                    task: TaskId(t),
+                    parent: p.map(TaskId),
+                    index,
+                    name: name.into(),
+                    args,
+                    inputs,
+                    outputs,
+                })
+            });
+        let started = (any::<u128>(), digests()).prop_map(|(t, inputs)| Event::Started {
+            task: TaskId(t),
+            inputs,
+        });
+        let output = (any::<u128>(), blob(), any::<[u8; 32]>()).prop_map(|(d, value, g)| Output {
+            data: DataId(d),
+            value,
+            digest: Digest(g),
+        });
+        let completed = (
+            any::<u128>(),
+            proptest::collection::vec(output, 0..3),
+            proptest::collection::vec(any::<u128>().prop_map(TaskId), 0..7),
+        )
+            .prop_map(|(t, outputs, children)| Event::Completed {
+                task: TaskId(t),
+                outputs,
+                children,
+            });
+        prop_oneof![declared, started, completed]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Rule 1: the same bytes as postcard, after whatever the buffer held.
+        #[test]
+        fn task_events_encode_as_postcard(e in event(), before in blob()) {
+            let mut buf = before.clone();
+            prop_assert!(encode_event(&e, &mut buf));
+            let mut want = before;
+            want.extend(postcard::to_stdvec(&e).unwrap());
+            prop_assert_eq!(buf, want);
+        }
+    }
+
+    /// Rule 2: the other events are left to postcard, and nothing is written for them.
+    #[test]
+    fn other_events_are_left_to_postcard() {
+        let mut buf = vec![7];
+        let stolen = Event::Stolen {
+            task: TaskId(1),
+            thief: VnodeId(2),
+        };
+        assert!(!encode_event(&stolen, &mut buf));
+        assert_eq!(buf, [7]);
+    }
+}
