@@ -15,9 +15,12 @@
 //!    copied, coded and hashed in one pass while its bytes are hot: each piece's blake3 digest is
 //!    assembled from its blocks' subtree chaining values (blake3's tree: a power-of-two run of
 //!    1 KiB chunks at a multiple of its length is a subtree), so it equals `blake3::hash` of the
-//!    whole piece. Blocks are independent, so a piece of more than one block is coded on all of
-//!    rayon's threads (the current pool: `ThreadPool::install` chooses); one block runs on the
-//!    calling thread. Decoding checks the fragments' digests one fragment per task.
+//!    whole piece. Blocks are independent, so a piece of more than one block is coded on
+//!    several threads: those of the caller's rayon pool when called on one of its threads
+//!    (`ThreadPool::install` chooses), else the codec's own pool of one thread per core
+//!    ([`coding_threads`]), so that a log writer's coding never queues behind a computation's
+//!    jobs in rayon's global pool. One block runs on the calling thread. Decoding checks the
+//!    fragments' digests one fragment per task.
 //! 3. **Header.** Every fragment says: magic `VFEC`, format version, code kind, M, K, its index,
 //!    the blob length, a write stamp (chosen by the writer, larger for newer versions), the blob
 //!    digest and its own digest. The blob digest is a blake3 root over L, the code and the
@@ -51,7 +54,7 @@ mod codes;
 mod tests;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
 use rayon::prelude::*;
@@ -73,6 +76,36 @@ pub const STRIPE_BYTES: usize = 256 * 1024;
 pub const MIN_PIECE: usize = 4 * 1024;
 
 const MAGIC: &[u8; 4] = b"VFEC";
+
+/// The codec's own pool (rule 2), built on first use; `None` if the system refused threads
+/// (the codec then codes on whatever pool the calling thread reaches: rayon's global one).
+fn own_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("erasure-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Threads a codec called from this thread codes on (rule 2): the current rayon pool's on one
+/// of its threads, else the codec's own pool's (one per core, or `RAYON_NUM_THREADS`).
+pub fn coding_threads() -> usize {
+    match (rayon::current_thread_index(), own_pool()) {
+        (None, Some(pool)) => pool.current_num_threads(),
+        _ => rayon::current_num_threads(),
+    }
+}
+
+/// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
+fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    match (rayon::current_thread_index(), own_pool()) {
+        (None, Some(pool)) => pool.install(f),
+        _ => f(),
+    }
+}
 const BLOB_CONTEXT: &str = "veriflow erasure blob digest v1";
 const FRAGMENT_CONTEXT: &str = "veriflow erasure fragment digest v1";
 
@@ -222,7 +255,7 @@ impl Codec {
     fn block_len(&self, s: usize) -> usize {
         let stripe = (STRIPE_BYTES / self.data_fragments()).max(MIN_PIECE);
         let mut w = 1 << stripe.ilog2();
-        let tasks = 2 * rayon::current_num_threads();
+        let tasks = 2 * coding_threads();
         while w > MIN_PIECE && s.div_ceil(w) < tasks {
             w /= 2;
         }
@@ -259,11 +292,13 @@ impl Codec {
             col.iter().map(|p| block_digest(p, off, whole)).collect()
         };
         let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 {
-            columns
-                .into_par_iter()
-                .enumerate()
-                .map(encode_block)
-                .collect()
+            on_coding_pool(|| {
+                columns
+                    .into_par_iter()
+                    .enumerate()
+                    .map(encode_block)
+                    .collect()
+            })
         } else {
             columns.into_iter().enumerate().map(encode_block).collect()
         };
@@ -353,7 +388,7 @@ impl Codec {
             .max()
             .unwrap_or(0);
         let checks: Vec<Option<Result<_, _>>> = if largest > HEADER_LEN + MIN_PIECE {
-            fragments.par_iter().enumerate().map(check).collect()
+            on_coding_pool(|| fragments.par_iter().enumerate().map(check).collect())
         } else {
             fragments.iter().enumerate().map(check).collect()
         };
@@ -432,7 +467,7 @@ impl Codec {
             }
         };
         if s > MIN_PIECE {
-            blob.par_chunks_mut(s).enumerate().for_each(copy);
+            on_coding_pool(|| blob.par_chunks_mut(s).enumerate().for_each(copy));
         } else if s > 0 {
             blob.chunks_mut(s).enumerate().for_each(copy);
         }
@@ -500,11 +535,13 @@ impl Codec {
                     .collect())
             };
         let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 {
-            columns
-                .into_par_iter()
-                .enumerate()
-                .map(rebuild_block)
-                .collect::<Result<_, _>>()?
+            on_coding_pool(|| {
+                columns
+                    .into_par_iter()
+                    .enumerate()
+                    .map(rebuild_block)
+                    .collect::<Result<_, _>>()
+            })?
         } else {
             columns
                 .into_iter()
