@@ -1406,13 +1406,12 @@ fn units_per_second() -> f64 {
     median(&rates)
 }
 
+/// A strategy's store (none for the baseline) and its servers (none for a local one).
+type Opened = (Option<Arc<dyn Store>>, Option<Servers>);
+
 impl Bench {
     /// Opens `strategy`'s store in `dir` (servers started there for the remote ones).
-    fn open(
-        &self,
-        strategy: Strategy,
-        dir: &Path,
-    ) -> Result<(Option<Arc<dyn Store>>, Option<Servers>)> {
+    fn open(&self, strategy: Strategy, dir: &Path) -> Result<Opened> {
         Ok(match strategy {
             Strategy::None => (None, None),
             Strategy::Memory => (Some(Arc::new(MemoryStore::default())), None),

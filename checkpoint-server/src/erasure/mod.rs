@@ -404,7 +404,7 @@ impl Codec {
         }
         // Rule 5: the newest (stamp, digest, length) group; among equal stamps the larger group.
         // The length is part of the version so that every chosen piece has the same length.
-        let mut best: Option<((u64, [u8; 32], u64), usize)> = None;
+        let mut best: Option<(Version, usize)> = None;
         for (h, _) in valid.iter().flatten() {
             let id = version(h);
             let count = valid
@@ -597,8 +597,11 @@ fn piece_digest(digests: impl Iterator<Item = [u8; 32]>, blocks: usize) -> [u8; 
     }
 }
 
-/// What makes two fragments parts of one version (rule 5).
-fn version(h: &FragmentHeader) -> (u64, [u8; 32], u64) {
+/// What makes two fragments parts of one version (rule 5): stamp, blob digest, blob length.
+type Version = (u64, [u8; 32], u64);
+
+/// A fragment's [`Version`].
+fn version(h: &FragmentHeader) -> Version {
     (h.stamp, h.blob_digest, h.blob_len)
 }
 
