@@ -36,10 +36,10 @@
 //!    bytes on disk (du of the same directories) relative to the local store's.
 //! 4. **Overhead at paper 003's log rate, measured** (`paced`): `--threads` threads run a
 //!    fixed amount of computation (about `--paced-secs`) while the main thread writes 64 KiB
-//!    log segments through the strategy at 0.189 MB/s per thread (paper 003's highest rate
-//!    per core), to real servers; the extra CPU of the process and its servers over the
-//!    baseline without a log, from /proc, against the baseline's CPU. Defaults: none,
-//!    parity:3 and ida:8,2 (`--strategy` chooses others).
+//!    log segments through the strategy, 0.189 MB per second of computation (paper 003's
+//!    highest rate per core), to real servers; the extra CPU of the process and its servers
+//!    over the baseline without a log, from /proc, against the computation's CPU. Defaults:
+//!    none, parity:3 and ida:8,2 (`--strategy` chooses others).
 //!
 //! The matrix product (`storage.matmul`): C = A B for n x n matrices of small integers held as
 //! f64 (so every sum is exact and the result is checked exactly). The root spawns one `GenB`
@@ -58,6 +58,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -1346,6 +1347,8 @@ struct Paced {
     runs: Vec<Vec<PacedRun>>,
     /// Compute units per thread (one unit: a PACED_BLOCK^3 product).
     units: u64,
+    /// Units one thread ran per second on an idle core (the calibration).
+    per_second: f64,
     /// The log rate asked for, bytes per second per compute thread.
     rate: f64,
     segment: usize,
@@ -1376,8 +1379,9 @@ fn compute_unit(a: &[f64], b: &[f64], c: &mut [f64]) {
     }
 }
 
-/// Runs `units` compute units on this thread; returns its CPU seconds.
-fn compute(units: u64, seed: u64) -> Option<f64> {
+/// Runs `units` compute units on this thread, counting them in `done`; returns its CPU
+/// seconds.
+fn compute(units: u64, seed: u64, done: &AtomicU64) -> Option<f64> {
     let n = PACED_BLOCK * PACED_BLOCK;
     let a: Vec<f64> = (0..n).map(|i| entry(seed, MATRIX_A, i, 0)).collect();
     let b: Vec<f64> = (0..n).map(|i| entry(seed, MATRIX_B, i, 0) / 64.0).collect();
@@ -1386,6 +1390,7 @@ fn compute(units: u64, seed: u64) -> Option<f64> {
     for _ in 0..units {
         compute_unit(&a, &b, &mut c);
         black_box(&mut c);
+        done.fetch_add(1, Ordering::Relaxed);
     }
     Some(thread_cpu_s()? - before?)
 }
@@ -1397,7 +1402,7 @@ fn units_per_second() -> f64 {
             let t = Instant::now();
             let mut units = 0u64;
             while t.elapsed() < Duration::from_millis(300) {
-                compute(4, units);
+                compute(4, units, &AtomicU64::new(0));
                 units += 4;
             }
             units as f64 / t.elapsed().as_secs_f64()
@@ -1436,30 +1441,40 @@ impl Bench {
 
     /// One paced run: `self.threads` threads compute `units` units each while this thread
     /// writes a `segment`-byte log segment (`put_batch` and `flush`, as the runtime's log
-    /// writer does) every `segment / (rate * threads)` seconds through `strategy`.
-    fn paced(&self, strategy: Strategy, units: u64, rate: f64, segment: usize) -> Result<PacedRun> {
+    /// writer does) through `strategy` for every `segment / rate` seconds of computation
+    /// (`per_second` units a second on an idle core): the log follows the computation's
+    /// progress, as a real run's does, so a busy machine slows both alike.
+    fn paced(
+        &self,
+        strategy: Strategy,
+        units: u64,
+        per_second: f64,
+        rate: f64,
+        segment: usize,
+    ) -> Result<PacedRun> {
         let dir = tempfile::Builder::new()
             .prefix("veriflow-paced-")
             .tempdir_in(&self.scratch)
             .with_context(|| format!("cannot create a directory in {}", self.scratch.display()))?;
         let (store, servers) = self.open(strategy, dir.path())?;
-        let period = Duration::from_secs_f64(segment as f64 / (rate * self.threads as f64));
+        let units_per_segment = segment as f64 / rate * per_second;
+        let done = AtomicU64::new(0);
         let mut bytes = blob(segment, 0x5e9);
         let servers_before = servers.as_ref().and_then(Servers::cpu_s);
         let before = CpuSnapshot::now();
         let start = Instant::now();
         let (compute_cpu, log_bytes) = std::thread::scope(|scope| -> Result<_> {
+            let done = &done;
             let workers: Vec<_> = (0..self.threads)
-                .map(|t| scope.spawn(move || compute(units, t as u64)))
+                .map(|t| scope.spawn(move || compute(units, t as u64, done)))
                 .collect();
             let mut written = 0u64;
             let mut segno = 0u64;
             let mut failed = None;
             while !workers.iter().all(|w| w.is_finished()) {
-                let due = start + period * u32::try_from(segno + 1).unwrap_or(u32::MAX);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                let due = (segno + 1) as f64 * units_per_segment;
+                if (done.load(Ordering::Relaxed) as f64) < due {
+                    std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
                 if let (Some(store), None) = (&store, &failed) {
@@ -1527,7 +1542,8 @@ fn paced_series(args: &StorageArgs, scratch: &Path) -> Result<Paced> {
         key,
     };
     Quiet::secs(args.quiet_wait).wait();
-    let units = (units_per_second() * secs as f64).ceil().max(1.0) as u64;
+    let per_second = units_per_second();
+    let units = (per_second * secs as f64).ceil().max(1.0) as u64;
     let rate = PAPER_MB_PER_CORE_S * 1e6;
     let segment = args.paced_segment;
     eprintln!(
@@ -1546,7 +1562,7 @@ fn paced_series(args: &StorageArgs, scratch: &Path) -> Result<Paced> {
     }
     .run(
         strategies.len(),
-        |_, i| bench.paced(strategies[i], units, rate, segment),
+        |_, i| bench.paced(strategies[i], units, per_second, rate, segment),
         |i, r| {
             format!(
                 "{} {:.2}s, CPU {} + servers {}",
@@ -1562,6 +1578,7 @@ fn paced_series(args: &StorageArgs, scratch: &Path) -> Result<Paced> {
         strategies,
         runs: series.kept,
         units,
+        per_second,
         rate,
         segment,
         threads,
@@ -1576,8 +1593,8 @@ struct PacedRow {
     compute: Option<f64>,
     process: Option<f64>,
     servers: Option<f64>,
-    /// MB/s of log per compute thread, as written.
-    rate: f64,
+    /// MB of log per second of the compute threads' CPU, as written.
+    rate: Option<f64>,
     /// (process + servers) minus the baseline's process CPU, over the baseline's process CPU.
     extra_by_difference: Option<f64>,
     /// CPU of everything but the compute threads (this process's other threads and the
@@ -1612,12 +1629,7 @@ impl Paced {
                     compute: med(runs, &|r| r.compute_cpu_s),
                     process,
                     servers: s.servers().gt(&0).then_some(servers).flatten(),
-                    rate: median(
-                        &runs
-                            .iter()
-                            .map(|r| r.log_bytes as f64 / r.seconds / self.threads as f64 / 1e6)
-                            .collect::<Vec<_>>(),
-                    ),
+                    rate: med(runs, &|r| Some(r.log_bytes as f64 / r.compute_cpu_s? / 1e6)),
                     extra_by_difference: (*s != Strategy::None)
                         .then(|| Some((total? - base_process?) / base_process?))
                         .flatten(),
@@ -1641,8 +1653,9 @@ impl Paced {
             "\nStorage overhead measured at paper 003's log rate: {} threads each run {} \
              compute units (a {b} x {b} f64 block product; calibrated to `--paced-secs` on an \
              idle thread) while the main thread writes one {} log segment (`put_batch` + \
-             `flush`, as the runtime's log writer) every {:.3} s through the strategy: {:.3} \
-             MB/s per compute thread, paper 003's highest rate per core (see above). CPU \
+             `flush`, as the runtime's log writer) through the strategy for every {:.3} s of \
+             computation ({:.0} units; the log follows the computation's progress): {:.3} MB \
+             per second of compute, paper 003's highest rate per core (see above). CPU \
              from /proc: the compute threads' own counters, the process's, the servers'; \
              medians of {} interleaved rounds. \"Extra CPU, by difference\": (process + \
              servers) minus the baseline's process CPU, over the baseline's (includes the \
@@ -1653,13 +1666,14 @@ impl Paced {
             self.threads,
             self.units,
             size_text(self.segment),
-            self.segment as f64 / (self.rate * self.threads as f64),
+            self.segment as f64 / self.rate,
+            self.segment as f64 / self.rate * self.per_second,
             self.rate / 1e6,
             self.runs.first().map_or(0, Vec::len),
             b = PACED_BLOCK,
         );
         s.push_str(
-            "| strategy | median (s) | / none | log (MB/s per thread) | CPU compute (s) | CPU \
+            "| strategy | median (s) | / none | log (MB per compute s) | CPU compute (s) | CPU \
              process (s) | CPU servers (s) | extra CPU, by difference | extra CPU, direct |\n\
              |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
@@ -1667,11 +1681,11 @@ impl Paced {
         for r in self.rows() {
             let _ = writeln!(
                 s,
-                "| {} | {:.2} | {:.4} | {:.3} | {} | {} | {} | {} | {} |",
+                "| {} | {:.2} | {:.4} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.seconds,
                 r.ratio,
-                r.rate,
+                opt_text(r.rate, |x| format!("{x:.3}")),
                 cpu_text(r.compute),
                 cpu_text(r.process),
                 cpu_text(r.servers),
@@ -1736,7 +1750,7 @@ impl Paced {
             .map(|r| {
                 json!({
                     "strategy": r.name, "median_s": r.seconds, "ratio": r.ratio,
-                    "log_mb_per_s_per_thread": r.rate,
+                    "log_mb_per_compute_cpu_s": r.rate,
                     "extra_cpu_by_difference": r.extra_by_difference,
                     "extra_cpu_direct": r.extra_direct,
                 })
@@ -1745,8 +1759,9 @@ impl Paced {
         json!({
             "threads": self.threads,
             "units_per_thread": self.units,
+            "units_per_second_idle": self.per_second,
             "unit": format!("{b} x {b} f64 block product", b = PACED_BLOCK),
-            "rate_bytes_per_s_per_thread": self.rate,
+            "rate_bytes_per_compute_cpu_s": self.rate,
             "segment_bytes": self.segment,
             "rows": rows,
             "strategies": runs,
