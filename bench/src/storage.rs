@@ -129,7 +129,7 @@ pub struct StorageArgs {
     /// Skip the overhead measured at paper 003's rate (part 4).
     #[arg(long)]
     pub skip_paced: bool,
-    /// Part 4: seconds of computation per run (calibrated on an idle thread) [--quick: 3].
+    /// Part 4: CPU seconds of computation per thread and run [--quick: 3].
     #[arg(long, value_name = "SECS", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub paced_secs: u64,
@@ -1347,7 +1347,7 @@ struct Paced {
     runs: Vec<Vec<PacedRun>>,
     /// Compute units per thread (one unit: a PACED_BLOCK^3 product).
     units: u64,
-    /// Units one thread ran per second on an idle core (the calibration).
+    /// Units one thread ran per second of its CPU (the calibration).
     per_second: f64,
     /// The log rate asked for, bytes per second per compute thread.
     rate: f64,
@@ -1395,17 +1395,23 @@ fn compute(units: u64, seed: u64, done: &AtomicU64) -> Option<f64> {
     Some(thread_cpu_s()? - before?)
 }
 
-/// Compute units one thread runs per second (median of three 0.3 s loops).
+/// Compute units one thread runs per second of its own CPU (median of three loops of 0.3 CPU
+/// seconds; CPU, not wall time, so that a busy machine does not change the log's rate).
 fn units_per_second() -> f64 {
     let rates: Vec<f64> = (0..3)
         .map(|_| {
             let t = Instant::now();
+            let cpu = thread_cpu_s();
             let mut units = 0u64;
-            while t.elapsed() < Duration::from_millis(300) {
+            let spent = || match (thread_cpu_s(), cpu) {
+                (Some(now), Some(before)) => now - before,
+                _ => t.elapsed().as_secs_f64(),
+            };
+            while spent() < 0.3 {
                 compute(4, units, &AtomicU64::new(0));
                 units += 4;
             }
-            units as f64 / t.elapsed().as_secs_f64()
+            units as f64 / spent()
         })
         .collect();
     median(&rates)
@@ -1442,7 +1448,7 @@ impl Bench {
     /// One paced run: `self.threads` threads compute `units` units each while this thread
     /// writes a `segment`-byte log segment (`put_batch` and `flush`, as the runtime's log
     /// writer does) through `strategy` for every `segment / rate` seconds of computation
-    /// (`per_second` units a second on an idle core): the log follows the computation's
+    /// (`per_second` units a CPU second): the log follows the computation's
     /// progress, as a real run's does, so a busy machine slows both alike.
     fn paced(
         &self,
@@ -1651,8 +1657,8 @@ impl Paced {
         let _ = write!(
             s,
             "\nStorage overhead measured at paper 003's log rate: {} threads each run {} \
-             compute units (a {b} x {b} f64 block product; calibrated to `--paced-secs` on an \
-             idle thread) while the main thread writes one {} log segment (`put_batch` + \
+             compute units (a {b} x {b} f64 block product; calibrated to `--paced-secs` of one \
+             thread's CPU) while the main thread writes one {} log segment (`put_batch` + \
              `flush`, as the runtime's log writer) through the strategy for every {:.3} s of \
              computation ({:.0} units; the log follows the computation's progress): {:.3} MB \
              per second of compute, paper 003's highest rate per core (see above). CPU \
@@ -1759,7 +1765,7 @@ impl Paced {
         json!({
             "threads": self.threads,
             "units_per_thread": self.units,
-            "units_per_second_idle": self.per_second,
+            "units_per_cpu_second": self.per_second,
             "unit": format!("{b} x {b} f64 block product", b = PACED_BLOCK),
             "rate_bytes_per_compute_cpu_s": self.rate,
             "segment_bytes": self.segment,
