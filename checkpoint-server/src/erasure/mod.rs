@@ -9,9 +9,18 @@
 //!    bytes (the last one padded with zeros); the K parity pieces have the same length. Fragment
 //!    `i` is a [`HEADER_LEN`]-byte header followed by piece `i`. For replication M = 1 and every
 //!    fragment holds the whole blob.
-//! 2. **Striping.** Coding runs column by column over stripes of M pieces of at most
-//!    [`STRIPE_BYTES`]` / M` bytes each, so a stripe's inputs and outputs stay in cache; each
-//!    fragment's digest is updated stripe by stripe while its bytes are still hot.
+//! 2. **Blocks.** Coding runs column by column over blocks: a block is the same `w` bytes of
+//!    every piece, `w` a power of two of at least [`MIN_PIECE`] and at most
+//!    [`STRIPE_BYTES`]` / M` bytes, so a block's inputs and outputs stay in cache. A block is
+//!    copied, coded and hashed in one pass while its bytes are hot: each piece's blake3 digest is
+//!    assembled from its blocks' subtree chaining values (blake3's tree: a power-of-two run of
+//!    1 KiB chunks at a multiple of its length is a subtree), so it equals `blake3::hash` of the
+//!    whole piece. Blocks are independent, so a piece of more than one block is coded on
+//!    several threads: those of the caller's rayon pool when called on one of its threads
+//!    (`ThreadPool::install` chooses), else the codec's own pool of one thread per core
+//!    ([`coding_threads`]), so that a log writer's coding never queues behind a computation's
+//!    jobs in rayon's global pool. One block runs on the calling thread. Decoding checks the
+//!    fragments' digests one fragment per task.
 //! 3. **Header.** Every fragment says: magic `VFEC`, format version, code kind, M, K, its index,
 //!    the blob length, a write stamp (chosen by the writer, larger for newer versions), the blob
 //!    digest and its own digest. The blob digest is a blake3 root over L, the code and the
@@ -45,7 +54,10 @@ mod codes;
 mod tests;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
+use rayon::prelude::*;
 
 pub use codes::{CodeKind, ErasureCode, ReedSolomonCode, Replication, XorParity};
 
@@ -59,10 +71,41 @@ pub const MAX_FRAGMENTS: usize = 256;
 /// Bytes of blob per coding stripe (rule 2): 256 KiB of data plus its parity fits in the 1-2 MiB
 /// L2 cache of current server cores.
 pub const STRIPE_BYTES: usize = 256 * 1024;
-/// Lower bound on a stripe's piece: below 4 KiB per-call overhead of the coder shows.
-const MIN_PIECE: usize = 4 * 1024;
+/// Lower bound on a block's width (rule 2): below 4 KiB per-call overhead of the coder shows, and
+/// blake3 has fewer than four 1 KiB chunks to hash side by side in its SIMD lanes.
+pub const MIN_PIECE: usize = 4 * 1024;
 
 const MAGIC: &[u8; 4] = b"VFEC";
+
+/// The codec's own pool (rule 2), built on first use; `None` if the system refused threads
+/// (the codec then codes on whatever pool the calling thread reaches: rayon's global one).
+fn own_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("erasure-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Threads a codec called from this thread codes on (rule 2): the current rayon pool's on one
+/// of its threads, else the codec's own pool's (one per core, or `RAYON_NUM_THREADS`).
+pub fn coding_threads() -> usize {
+    match (rayon::current_thread_index(), own_pool()) {
+        (None, Some(pool)) => pool.current_num_threads(),
+        _ => rayon::current_num_threads(),
+    }
+}
+
+/// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
+fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    match (rayon::current_thread_index(), own_pool()) {
+        (None, Some(pool)) => pool.install(f),
+        _ => f(),
+    }
+}
 const BLOB_CONTEXT: &str = "veriflow erasure blob digest v1";
 const FRAGMENT_CONTEXT: &str = "veriflow erasure fragment digest v1";
 
@@ -207,8 +250,16 @@ impl Codec {
         blob_len.div_ceil(self.data_fragments())
     }
 
-    fn stripe_piece(&self) -> usize {
-        (STRIPE_BYTES / self.data_fragments()).max(MIN_PIECE)
+    /// Block width for pieces of `s` bytes (rule 2): the largest power of two within the
+    /// stripe, halved (down to [`MIN_PIECE`]) until every thread of the pool has two blocks.
+    fn block_len(&self, s: usize) -> usize {
+        let stripe = (STRIPE_BYTES / self.data_fragments()).max(MIN_PIECE);
+        let mut w = 1 << stripe.ilog2();
+        let tasks = 2 * coding_threads();
+        while w > MIN_PIECE && s.div_ceil(w) < tasks {
+            w /= 2;
+        }
+        w
     }
 
     /// Codes `blob` into M + K fragments, fragment `i` for slot `i` (rules 1-3).
@@ -216,40 +267,46 @@ impl Codec {
         let m = self.data_fragments();
         let k = self.parity_fragments();
         let s = self.piece_len(blob.len());
-        let mut data: Vec<Vec<u8>> = (0..m)
-            .map(|i| {
-                let mut f = Vec::with_capacity(HEADER_LEN + s);
-                f.resize(HEADER_LEN, 0);
-                let start = (i * s).min(blob.len());
-                let end = ((i + 1) * s).min(blob.len());
-                f.extend_from_slice(&blob[start..end]);
-                f.resize(HEADER_LEN + s, 0);
-                f
-            })
-            .collect();
-        let mut parity: Vec<Vec<u8>> = (0..k).map(|_| vec![0u8; HEADER_LEN + s]).collect();
-        let mut hashers: Vec<blake3::Hasher> = (0..m + k).map(|_| blake3::Hasher::new()).collect();
-        let piece = self.stripe_piece();
-        let mut off = 0;
-        while off < s {
-            let end = (off + piece).min(s);
-            let range = HEADER_LEN + off..HEADER_LEN + end;
-            let ins: Vec<&[u8]> = data.iter().map(|f| &f[range.clone()]).collect();
-            let mut outs: Vec<&mut [u8]> =
-                parity.iter_mut().map(|f| &mut f[range.clone()]).collect();
-            self.code.encode(&ins, &mut outs);
-            for (h, p) in hashers
-                .iter_mut()
-                .zip(ins.iter().copied().chain(outs.iter().map(|o| &**o)))
-            {
-                h.update(p);
+        let w = self.block_len(s);
+        let blocks = s.div_ceil(w);
+        let mut frags: Vec<Vec<u8>> = (0..m + k).map(|_| vec![0u8; HEADER_LEN + s]).collect();
+        // Block b of every fragment, in slot order: disjoint borrows, one set per task.
+        let mut columns: Vec<Vec<&mut [u8]>> =
+            (0..blocks).map(|_| Vec::with_capacity(m + k)).collect();
+        for f in frags.iter_mut() {
+            for (col, part) in columns.iter_mut().zip(f[HEADER_LEN..].chunks_mut(w)) {
+                col.push(part);
             }
-            off = end;
         }
-        let piece_digests: Vec<[u8; 32]> =
-            hashers.iter().map(|h| *h.finalize().as_bytes()).collect();
+        let whole = blocks == 1;
+        let encode_block = |(b, mut col): (usize, Vec<&mut [u8]>)| -> Vec<[u8; 32]> {
+            let off = b * w;
+            for (i, dst) in col.iter_mut().take(m).enumerate() {
+                let start = (i * s + off).min(blob.len());
+                let end = (i * s + off + dst.len()).min(blob.len());
+                dst[..end - start].copy_from_slice(&blob[start..end]);
+            }
+            let (data, parity) = col.split_at_mut(m);
+            let ins: Vec<&[u8]> = data.iter().map(|d| &**d).collect();
+            self.code.encode(&ins, parity);
+            col.iter().map(|p| block_digest(p, off, whole)).collect()
+        };
+        let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 {
+            on_coding_pool(|| {
+                columns
+                    .into_par_iter()
+                    .enumerate()
+                    .map(encode_block)
+                    .collect()
+            })
+        } else {
+            columns.into_iter().enumerate().map(encode_block).collect()
+        };
+        let piece_digests: Vec<[u8; 32]> = (0..m + k)
+            .map(|i| piece_digest(digests.iter().map(|d| d[i]), blocks))
+            .collect();
         let blob_digest = self.blob_digest(blob.len() as u64, &piece_digests[..m]);
-        for (i, f) in data.iter_mut().chain(parity.iter_mut()).enumerate() {
+        for (i, f) in frags.iter_mut().enumerate() {
             let h = FragmentHeader {
                 kind: self.kind(),
                 m,
@@ -261,8 +318,7 @@ impl Codec {
             };
             write_header(&mut f[..HEADER_LEN], &h, &piece_digests[i]);
         }
-        data.extend(parity);
-        data
+        frags
     }
 
     fn blob_digest(&self, blob_len: u64, data_digests: &[[u8; 32]]) -> [u8; 32] {
@@ -307,7 +363,10 @@ impl Codec {
 
     /// Rebuilds the blob from `fragments[i]` = what slot `i` holds (rules 4-6). Needs
     /// `fragments.len() == M + K` and at least M valid fragments of the newest version.
-    pub fn decode<F: AsRef<[u8]>>(&self, fragments: &[Option<F>]) -> Result<Decoded, ErasureError> {
+    pub fn decode<F: AsRef<[u8]> + Sync>(
+        &self,
+        fragments: &[Option<F>],
+    ) -> Result<Decoded, ErasureError> {
         let m = self.data_fragments();
         let n = self.total_fragments();
         if fragments.len() != n {
@@ -318,8 +377,23 @@ impl Codec {
         }
         let mut valid: Vec<Option<(FragmentHeader, [u8; 32])>> = Vec::with_capacity(n);
         let mut corrupt = Vec::new();
-        for (slot, f) in fragments.iter().enumerate() {
-            match f.as_ref().map(|b| self.check_fragment(slot, b.as_ref())) {
+        // Rule 2: one fragment per task when there is enough to hash.
+        let check = |(slot, f): (usize, &Option<F>)| {
+            f.as_ref().map(|b| self.check_fragment(slot, b.as_ref()))
+        };
+        let largest = fragments
+            .iter()
+            .flatten()
+            .map(|f| f.as_ref().len())
+            .max()
+            .unwrap_or(0);
+        let checks: Vec<Option<Result<_, _>>> = if largest > HEADER_LEN + MIN_PIECE {
+            on_coding_pool(|| fragments.par_iter().enumerate().map(check).collect())
+        } else {
+            fragments.iter().enumerate().map(check).collect()
+        };
+        for (slot, c) in checks.into_iter().enumerate() {
+            match c {
                 None => valid.push(None),
                 Some(Ok(v)) => valid.push(Some(v)),
                 Some(Err(_)) => {
@@ -328,18 +402,19 @@ impl Codec {
                 }
             }
         }
-        // Rule 5: the newest (stamp, digest) group; among equal stamps the larger group.
-        let mut best: Option<((u64, [u8; 32]), usize)> = None;
+        // Rule 5: the newest (stamp, digest, length) group; among equal stamps the larger group.
+        // The length is part of the version so that every chosen piece has the same length.
+        let mut best: Option<(Version, usize)> = None;
         for (h, _) in valid.iter().flatten() {
-            let id = (h.stamp, h.blob_digest);
+            let id = version(h);
             let count = valid
                 .iter()
                 .flatten()
-                .filter(|(o, _)| (o.stamp, o.blob_digest) == id)
+                .filter(|(o, _)| version(o) == id)
                 .count();
             let better = match best {
                 None => true,
-                Some(((s, _), c)) => h.stamp > s || (h.stamp == s && count > c),
+                Some(((s, _, _), c)) => h.stamp > s || (h.stamp == s && count > c),
             };
             if better {
                 best = Some((id, count));
@@ -348,7 +423,7 @@ impl Codec {
         let chosen: Vec<bool> = valid
             .iter()
             .map(|v| match (v, best) {
-                (Some((h, _)), Some((id, _))) => (h.stamp, h.blob_digest) == id,
+                (Some((h, _)), Some((id, _))) => version(h) == id,
                 _ => false,
             })
             .collect();
@@ -367,37 +442,39 @@ impl Codec {
                 missing,
             });
         }
-        let Some(((stamp, blob_digest), _)) = best else {
+        let Some((id @ (stamp, blob_digest, _), _)) = best else {
             return Err(ErasureError::Inconsistent("no version chosen".into()));
         };
         let header = valid
             .iter()
             .flatten()
-            .find(|(h, _)| h.stamp == stamp && h.blob_digest == blob_digest)
+            .find(|(h, _)| version(h) == id)
             .map(|(h, _)| h.clone())
             .ok_or_else(|| ErasureError::Inconsistent("no header".into()))?;
         let blob_len = usize::try_from(header.blob_len)
             .map_err(|_| ErasureError::Inconsistent("blob length overflows".into()))?;
         let s = self.piece_len(blob_len);
-        let mut blob: Vec<u8> = Vec::with_capacity(m * s);
-        let mut digests: Vec<[u8; 32]> = Vec::with_capacity(m);
-        for (i, f) in fragments.iter().enumerate().take(m) {
-            match (chosen[i], f, &valid[i]) {
-                (true, Some(b), Some((_, d))) => {
-                    blob.extend_from_slice(&b.as_ref()[HEADER_LEN..]);
-                    digests.push(*d);
-                }
-                _ => {
-                    blob.resize(blob.len() + s, 0);
-                    digests.push([0; 32]);
-                }
+        let mut blob = vec![0u8; m * s];
+        let mut digests: Vec<[u8; 32]> = (0..m)
+            .map(|i| match (chosen[i], &valid[i]) {
+                (true, Some((_, d))) => *d,
+                _ => [0; 32],
+            })
+            .collect();
+        let copy = |(i, piece): (usize, &mut [u8])| {
+            if let (true, Some(f)) = (chosen[i], &fragments[i]) {
+                piece.copy_from_slice(&f.as_ref()[HEADER_LEN..]);
             }
+        };
+        if s > MIN_PIECE {
+            on_coding_pool(|| blob.par_chunks_mut(s).enumerate().for_each(copy));
+        } else if s > 0 {
+            blob.chunks_mut(s).enumerate().for_each(copy);
         }
         let lost_data: Vec<usize> = (0..m).filter(|&i| !chosen[i]).collect();
         if !lost_data.is_empty() {
-            self.rebuild(&mut blob, s, fragments, &chosen)?;
-            for &i in &lost_data {
-                digests[i] = *blake3::hash(&blob[i * s..(i + 1) * s]).as_bytes();
+            for (i, d) in self.rebuild(&mut blob, s, fragments, &chosen)? {
+                digests[i] = d;
             }
         }
         if self.blob_digest(header.blob_len, &digests) != blob_digest {
@@ -415,47 +492,117 @@ impl Codec {
         })
     }
 
-    /// Rebuilds the lost data pieces of `blob` (M pieces of `s` bytes), stripe by stripe.
-    fn rebuild<F: AsRef<[u8]>>(
+    /// Rebuilds the lost data pieces of `blob` (M pieces of `s` bytes), block by block (rule
+    /// 2), and returns the digest of each rebuilt piece, computed while its blocks are hot.
+    fn rebuild<F: AsRef<[u8]> + Sync>(
         &self,
         blob: &mut [u8],
         s: usize,
         fragments: &[Option<F>],
         chosen: &[bool],
-    ) -> Result<(), ErasureError> {
+    ) -> Result<Vec<(usize, [u8; 32])>, ErasureError> {
         let m = self.data_fragments();
         let k = self.parity_fragments();
-        let piece = self.stripe_piece();
-        let mut scratch = vec![0u8; k * piece.min(s)];
-        let mut off = 0;
-        while off < s {
-            let end = (off + piece).min(s);
-            let w = end - off;
-            let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(m + k);
-            let mut rest: &mut [u8] = blob;
-            for _ in 0..m {
-                let (p, r) = rest.split_at_mut(s);
-                pieces.push(&mut p[off..end]);
-                rest = r;
-            }
-            let mut sc: &mut [u8] = &mut scratch;
-            for j in 0..k {
-                let (p, r) = sc.split_at_mut(piece.min(s));
-                let p = &mut p[..w];
-                if chosen[m + j] {
-                    if let Some(f) = &fragments[m + j] {
-                        let src = &f.as_ref()[HEADER_LEN + off..HEADER_LEN + end];
-                        p.copy_from_slice(src);
-                    }
-                }
-                pieces.push(p);
-                sc = r;
-            }
-            self.code.reconstruct_data(&mut pieces, chosen)?;
-            off = end;
+        if s == 0 {
+            let empty = *blake3::hash(&[]).as_bytes();
+            return Ok((0..m).filter(|&i| !chosen[i]).map(|i| (i, empty)).collect());
         }
-        Ok(())
+        let w = self.block_len(s);
+        let blocks = s.div_ceil(w);
+        let whole = blocks == 1;
+        let mut columns: Vec<Vec<&mut [u8]>> = (0..blocks).map(|_| Vec::with_capacity(m)).collect();
+        for piece in blob.chunks_mut(s) {
+            for (col, part) in columns.iter_mut().zip(piece.chunks_mut(w)) {
+                col.push(part);
+            }
+        }
+        let rebuild_block =
+            |(b, mut col): (usize, Vec<&mut [u8]>)| -> Result<Vec<[u8; 32]>, ErasureError> {
+                let off = b * w;
+                let len = col[0].len();
+                let mut scratch = vec![0u8; k * len];
+                let mut pieces: Vec<&mut [u8]> = col.iter_mut().map(|p| &mut **p).collect();
+                for (j, p) in scratch.chunks_mut(len).enumerate() {
+                    if let (true, Some(f)) = (chosen[m + j], &fragments[m + j]) {
+                        p.copy_from_slice(&f.as_ref()[HEADER_LEN + off..HEADER_LEN + off + len]);
+                    }
+                    pieces.push(p);
+                }
+                self.code.reconstruct_data(&mut pieces, chosen)?;
+                Ok((0..m)
+                    .filter(|&i| !chosen[i])
+                    .map(|i| block_digest(pieces[i], off, whole))
+                    .collect())
+            };
+        let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 {
+            on_coding_pool(|| {
+                columns
+                    .into_par_iter()
+                    .enumerate()
+                    .map(rebuild_block)
+                    .collect::<Result<_, _>>()
+            })?
+        } else {
+            columns
+                .into_iter()
+                .enumerate()
+                .map(rebuild_block)
+                .collect::<Result<_, _>>()?
+        };
+        Ok((0..m)
+            .filter(|&i| !chosen[i])
+            .enumerate()
+            .map(|(j, i)| (i, piece_digest(digests.iter().map(|d| d[j]), blocks)))
+            .collect())
     }
+}
+
+/// The blake3 digest of block `bytes` at offset `off` of its piece (rule 2): the root hash when
+/// it is the `whole` piece, else its subtree's chaining value (`off` is a multiple of the
+/// block's power-of-two width, so the block is a subtree of the piece's tree).
+fn block_digest(bytes: &[u8], off: usize, whole: bool) -> [u8; 32] {
+    if whole {
+        *blake3::hash(bytes).as_bytes()
+    } else {
+        blake3::Hasher::new()
+            .set_input_offset(off as u64)
+            .update(bytes)
+            .finalize_non_root()
+    }
+}
+
+/// A piece's digest from its `blocks` block digests ([`block_digest`]), in order: the empty
+/// piece's hash for none, the root hash itself for one, else the chaining values merged as
+/// blake3's left-balanced tree does (the left subtree takes the largest power of two of blocks
+/// below their count, the blocks being of equal power-of-two width but the last).
+fn piece_digest(digests: impl Iterator<Item = [u8; 32]>, blocks: usize) -> [u8; 32] {
+    fn merge(cvs: &[[u8; 32]]) -> [u8; 32] {
+        match cvs {
+            [one] => *one,
+            _ => {
+                let left = 1 << (cvs.len() - 1).ilog2();
+                merge_subtrees_non_root(&merge(&cvs[..left]), &merge(&cvs[left..]), Mode::Hash)
+            }
+        }
+    }
+    let cvs: Vec<[u8; 32]> = digests.collect();
+    debug_assert_eq!(cvs.len(), blocks);
+    match cvs.as_slice() {
+        [] => *blake3::hash(&[]).as_bytes(),
+        [root] => *root,
+        _ => {
+            let left = 1 << (cvs.len() - 1).ilog2();
+            *merge_subtrees_root(&merge(&cvs[..left]), &merge(&cvs[left..]), Mode::Hash).as_bytes()
+        }
+    }
+}
+
+/// What makes two fragments parts of one version (rule 5): stamp, blob digest, blob length.
+type Version = (u64, [u8; 32], u64);
+
+/// A fragment's [`Version`].
+fn version(h: &FragmentHeader) -> Version {
+    (h.stamp, h.blob_digest, h.blob_len)
 }
 
 fn fragment_digest(header_fields: &[u8], piece_digest: &[u8; 32]) -> [u8; 32] {

@@ -301,3 +301,297 @@ proptest! {
         }
     }
 }
+
+/// Fragments written by format version 1 before the parallel coder (commit 01e0afb), as blake3
+/// of every fragment of one blob in slot order: the bytes on the servers must not change, or
+/// stored fragments would no longer read.
+const FORMAT_1_FRAGMENTS: &[(&str, usize, &str)] = &[
+    (
+        "replicate(3)",
+        0,
+        "f9405b29b5acf59acfbe86798ca07d50767cc4b7f8b4799d9cad4cea170d685f",
+    ),
+    (
+        "replicate(3)",
+        1,
+        "71a7e81f9829bb3ee97f078603cf59dc5509aded8a826f505b625ccd61f66ab0",
+    ),
+    (
+        "replicate(3)",
+        1025,
+        "c47862b7f02a1a564cd32a82c8b0340a03b344ffc9ecd4fdfaefc9860b01ef98",
+    ),
+    (
+        "replicate(3)",
+        65536,
+        "6fe48f5853bd8505abe827783ed549a13d392093270f53426269d8c43daf4aa2",
+    ),
+    (
+        "replicate(3)",
+        1048576,
+        "13eb199d5392375f79704029db3808de3393031f0a2ff85f7282565bf97159dd",
+    ),
+    (
+        "replicate(3)",
+        790531,
+        "d872cf774d1efbe279c1da89efdfd9b304bc4a728956a9eb0a2b32f39ed1f6d7",
+    ),
+    (
+        "parity(9)",
+        0,
+        "166cda249e955018302132719bbb2fdccdd3c9808ec0925cf01b7bd84f4b1633",
+    ),
+    (
+        "parity(9)",
+        1,
+        "8436aaad1ac02ca7c75ba613cfeeecb5e805e655c577497674371a98fa9e1661",
+    ),
+    (
+        "parity(9)",
+        1025,
+        "d08cf65c350cf9ad53feb567a845ae24004eaecadc72d5b85151a80b487fd4f9",
+    ),
+    (
+        "parity(9)",
+        65536,
+        "a7b6a178e2f7e9b4f71e76f36adae64ad68884c756c04866cd8c29f7c23a222c",
+    ),
+    (
+        "parity(9)",
+        1048576,
+        "ef3733f9fb31ebd750c08e6d1c0fa8c1d5de361e5178f2f7d6134da2c4a42783",
+    ),
+    (
+        "parity(9)",
+        790531,
+        "4387951088cbace3ef0ce838c811e7baeb82844eff658ce09dd0f9e1645d880d",
+    ),
+    (
+        "ida(8,2)",
+        0,
+        "e5aa177dcde1ba605746dfa530256aa3ed804795c3dcd25ec260bb647aa590c0",
+    ),
+    (
+        "ida(8,2)",
+        1,
+        "076ed70d992aed8aa787d9b89996d87e48f938c3e8254a6e2f360475366e6fe9",
+    ),
+    (
+        "ida(8,2)",
+        1025,
+        "c504133cca4c067c7ac4cb18526149993da4c6a323d202c2ffc75c8cbe8f54f6",
+    ),
+    (
+        "ida(8,2)",
+        65536,
+        "261ead4262235ffe072991b1488fdba24cac47b206a8f95d208750ec34dddc8b",
+    ),
+    (
+        "ida(8,2)",
+        1048576,
+        "b59a40cc9665c230840f6e473c697a90971c7da04bcffc29841c55b745b72a51",
+    ),
+    (
+        "ida(8,2)",
+        790531,
+        "48b6c1e10384fda7b880438bdf12ddaaf37a04bcd956eec3df9d24459fb72afd",
+    ),
+    (
+        "ida(24,8)",
+        0,
+        "1d5a6a0e7d995dbfbb36a4e6939b5ad293f7a04e4ad6288abd264c71c3c5c5cf",
+    ),
+    (
+        "ida(24,8)",
+        1,
+        "27d79f15acaf109669fdf7ee75b0bcb17d834e16454f7134c5e7bb038738e880",
+    ),
+    (
+        "ida(24,8)",
+        1025,
+        "973c478c36648010be3965c019c84f8fa329ba3b7666efb38ea1ef5a4f68097f",
+    ),
+    (
+        "ida(24,8)",
+        65536,
+        "f986e9dc765b3b5acb82368e68c5189c5e13e5598d848392b93ae50bc71a836d",
+    ),
+    (
+        "ida(24,8)",
+        1048576,
+        "dd572b253b0d01a24084b273002c0f7bb7f5cec0bb2b2b1b464c118c6e925687",
+    ),
+    (
+        "ida(24,8)",
+        790531,
+        "26c71a53ab6061606ca4f846c6d8c29edbfd04dadf4f3e1b1679d4481a5da8d2",
+    ),
+];
+
+fn fragments_digest(codec: &Codec, len: usize) -> String {
+    let data = blob(len, len as u64 ^ 0x5eed);
+    let mut h = blake3::Hasher::new();
+    for f in codec.encode(&data, 42) {
+        h.update(&(f.len() as u64).to_le_bytes());
+        h.update(&f);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+fn golden_codecs() -> Vec<Codec> {
+    vec![
+        Codec::replicate(3).unwrap(),
+        Codec::parity(9).unwrap(),
+        Codec::ida(8, 2).unwrap(),
+        Codec::ida(24, 8).unwrap(),
+    ]
+}
+
+const GOLDEN_SIZES: &[usize] = &[0, 1, 1025, 64 << 10, 1 << 20, 3 * STRIPE_BYTES + 4099];
+
+/// Rule 3: the format is unchanged by the parallel coder, on one thread and on several.
+#[test]
+fn fragments_are_byte_identical_to_format_1() {
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let codecs = golden_codecs();
+            for &(name, len, want) in FORMAT_1_FRAGMENTS {
+                let c = codecs.iter().find(|c| c.to_string() == name).unwrap();
+                assert_eq!(
+                    fragments_digest(c, len),
+                    want,
+                    "{name} len {len} on {threads} threads"
+                );
+            }
+        });
+    }
+    assert_eq!(
+        FORMAT_1_FRAGMENTS.len(),
+        golden_codecs().len() * GOLDEN_SIZES.len()
+    );
+}
+
+/// Rule 2: a piece's digest assembled from its blocks' chaining values is blake3 of the piece,
+/// for every block count (one, powers of two and between) and a short or full last block.
+#[test]
+fn block_digests_merge_to_blake3_of_the_piece() {
+    for w in [MIN_PIECE, 2 * MIN_PIECE, 32 * 1024] {
+        for blocks in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
+            for tail in [1, 1023, 1024, 1025, w - 1, w] {
+                let len = (blocks - 1) * w + tail;
+                let piece = blob(len, (w + blocks * 31 + tail) as u64);
+                let whole = blocks == 1;
+                let parts = piece
+                    .chunks(w)
+                    .enumerate()
+                    .map(|(b, p)| block_digest(p, b * w, whole));
+                assert_eq!(
+                    piece_digest(parts, blocks),
+                    *blake3::hash(&piece).as_bytes(),
+                    "w {w} blocks {blocks} tail {tail}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        piece_digest(std::iter::empty(), 0),
+        *blake3::hash(&[]).as_bytes()
+    );
+}
+
+/// Runs `f` in a rayon pool of `threads` threads (the codec codes on the current pool).
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+/// The parallel path (pieces of many blocks, rule 2) on 1, 2 and 4 threads: encoding gives the
+/// same fragments, any K lost data fragments are rebuilt, and a byte flipped in any block of
+/// any fragment (the first, a middle and the last block, and the header) is caught by the
+/// fragment's digest and counted as lost.
+#[test]
+fn parallel_coding_rebuilds_k_lost_and_catches_corruption() {
+    for codec in [
+        Codec::ida(8, 2).unwrap(),
+        Codec::parity(9).unwrap(),
+        Codec::ida(3, 3).unwrap(),
+    ] {
+        let (m, k) = (codec.data_fragments(), codec.parity_fragments());
+        let data = blob(m * 5 * MIN_PIECE * 4 + 12_345, m as u64);
+        let serial = on_threads(1, || codec.encode(&data, 9));
+        for threads in [1, 2, 4] {
+            on_threads(threads, || {
+                let frags = codec.encode(&data, 9);
+                assert_eq!(frags, serial, "{codec} on {threads} threads");
+                // Every pattern of K lost data fragments that are consecutive, and the last K.
+                for first in 0..=m.saturating_sub(k) {
+                    let mut s = slots(&frags);
+                    for slot in s.iter_mut().skip(first).take(k) {
+                        *slot = None;
+                    }
+                    let d = codec.decode(&s).unwrap_or_else(|e| panic!("{codec}: {e}"));
+                    assert_eq!(d.blob, data, "{codec} lost {first}.. on {threads} threads");
+                    assert_eq!(d.repair, (first..first + k).collect::<Vec<_>>());
+                }
+                let len = frags[0].len();
+                for f in [0, m - 1, m + k - 1] {
+                    for pos in [5, HEADER_LEN, HEADER_LEN + len / 2, len - 1] {
+                        let mut s = slots(&frags);
+                        if let Some(b) = s[f].as_mut() {
+                            b[pos] ^= 1;
+                        }
+                        let d = codec.decode(&s).unwrap();
+                        assert_eq!(d.blob, data);
+                        assert_eq!(d.corrupt, vec![f], "{codec} frag {f} byte {pos}");
+                        // With K other data fragments gone too, the flip is one loss too many.
+                        let mut gone = 0;
+                        for (i, slot) in s.iter_mut().enumerate() {
+                            if i != f && gone < k {
+                                *slot = None;
+                                gone += 1;
+                            }
+                        }
+                        assert!(matches!(
+                            codec.decode(&s),
+                            Err(ErasureError::TooFewFragments { .. })
+                        ));
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Rule 5: a fragment that claims the chosen version's stamp and blob digest with another blob
+/// length (a forged header with a valid fragment digest: the fragment digest is not a MAC) is
+/// another version: outvoted and reported for repair, never copied into the blob.
+#[test]
+fn a_forged_length_is_another_version() {
+    let codec = Codec::ida(4, 2).unwrap();
+    let data = blob(40_000, 4);
+    let frags = codec.encode(&data, 5);
+    let mut h = parse_header(&frags[1]).unwrap();
+    h.blob_len += 4 * 100;
+    let mut forged = vec![0u8; HEADER_LEN];
+    forged.extend_from_slice(&frags[1][HEADER_LEN..]);
+    forged.resize(HEADER_LEN + (h.blob_len as usize).div_ceil(4), 7);
+    let piece = *blake3::hash(&forged[HEADER_LEN..]).as_bytes();
+    write_header(&mut forged[..HEADER_LEN], &h, &piece);
+    assert!(verify_fragment(&forged).is_ok());
+    for threads in [1, 2] {
+        on_threads(threads, || {
+            let mut s = slots(&frags);
+            s[1] = Some(forged.clone());
+            let d = codec.decode(&s).unwrap();
+            assert_eq!(d.blob, data);
+            assert_eq!(d.repair, vec![1]);
+        });
+    }
+}
