@@ -12,7 +12,11 @@
 //!    `backoff × 2^attempt` between tries. Every request is idempotent (puts carry a stamp
 //!    chosen before the first try), so a retried write cannot do harm.
 //! 3. **Down marks.** A server that failed every try is skipped for [`ClientConfig::down_for`],
-//!    so a dead server costs one round of retries, not one per key.
+//!    so a dead server costs one round of retries, not one per key. But a call in which
+//!    another server fails for real tries the marked ones again at once, mark ignored: a
+//!    second server going down is when the operation may need a marked one, and it may be
+//!    back (a checkpoint server killed and restarted a second later, then another killed, made
+//!    a quorum write fail with "2 of 6 unreachable" while only one was: `knary chaos`, seed 3).
 //! 4. **No retry on a wrong key** or a protocol violation: those are configuration errors or
 //!    bugs, reported at once with the server's address.
 //! 5. **Versions** (protocol rule 6): [`Client::hello_all`] asks each server its protocol
@@ -188,30 +192,57 @@ impl Client {
         reqs: Vec<(usize, Request)>,
     ) -> Vec<(usize, Result<Response, ClientError>)> {
         self.rt.block_on(async {
-            let handles: Vec<_> = reqs
+            // Rule 3: the marked servers wait, unless another one fails for real.
+            let (marked, tried): (Vec<_>, Vec<_>) = reqs
                 .into_iter()
-                .map(|(i, req)| {
-                    let remote = self.servers[i].clone();
-                    let key = self.key.clone();
-                    let cfg = self.config.clone();
-                    (
-                        i,
-                        tokio::spawn(async move { call(&remote, &key, &cfg, req).await }),
-                    )
-                })
-                .collect();
-            let mut out = Vec::with_capacity(handles.len());
-            for (i, h) in handles {
-                let r = h.await.unwrap_or_else(|e| {
-                    Err(ClientError::Protocol {
-                        addr: self.servers[i].addr.clone(),
-                        reason: format!("client task failed: {e}"),
-                    })
-                });
-                out.push((i, r));
+                .partition(|(i, _)| down_reason(&self.servers[*i]).is_some());
+            let mut out = self.spawn_all(tried).await;
+            let failed = out
+                .iter()
+                .any(|(_, r)| matches!(r, Err(ClientError::Unreachable { .. })));
+            if failed {
+                out.extend(self.spawn_all(marked).await);
+            } else {
+                out.extend(marked.into_iter().map(|(i, _)| {
+                    let remote = &self.servers[i];
+                    let reason = down_reason(remote).unwrap_or_default();
+                    let addr = remote.addr.clone();
+                    (i, Err(ClientError::Unreachable { addr, reason }))
+                }));
             }
+            out.sort_by_key(|(i, _)| *i);
             out
         })
+    }
+
+    /// Runs `reqs` in parallel, down marks ignored (the caller decided to try them).
+    async fn spawn_all(
+        &self,
+        reqs: Vec<(usize, Request)>,
+    ) -> Vec<(usize, Result<Response, ClientError>)> {
+        let handles: Vec<_> = reqs
+            .into_iter()
+            .map(|(i, req)| {
+                let remote = self.servers[i].clone();
+                let key = self.key.clone();
+                let cfg = self.config.clone();
+                (
+                    i,
+                    tokio::spawn(async move { call(&remote, &key, &cfg, req).await }),
+                )
+            })
+            .collect();
+        let mut out = Vec::with_capacity(handles.len());
+        for (i, h) in handles {
+            let r = h.await.unwrap_or_else(|e| {
+                Err(ClientError::Protocol {
+                    addr: self.servers[i].addr.clone(),
+                    reason: format!("client task failed: {e}"),
+                })
+            });
+            out.push((i, r));
+        }
+        out
     }
 }
 
@@ -233,12 +264,6 @@ async fn call(
     cfg: &ClientConfig,
     req: Request,
 ) -> Result<Response, ClientError> {
-    if let Some(why) = down_reason(remote) {
-        return Err(ClientError::Unreachable {
-            addr: remote.addr.clone(),
-            reason: why,
-        });
-    }
     let mut last = String::new();
     for attempt in 0..=cfg.retries {
         if attempt > 0 {

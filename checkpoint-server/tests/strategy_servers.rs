@@ -368,3 +368,27 @@ fn an_overwrite_that_reached_fewer_than_m_servers_reads_as_the_version_before_it
     store.put(b"wm/0", b"newer").unwrap();
     assert_eq!(reader.get(b"wm/0").unwrap().as_deref(), Some(&b"newer"[..]));
 }
+
+/// Client rule 3 (found by `knary chaos --seed 3`): a server marked down that has come back is
+/// tried again at once when another server fails, so a quorum write (5 of 6 under
+/// `ida:4,2,quorum`) succeeds with one server down, not "2 of 6 unreachable".
+#[test]
+fn a_server_marked_down_that_came_back_counts_when_another_goes_down() {
+    let s = Setup::new();
+    let mut servers = s.servers(6, false);
+    let all = addrs(&servers);
+    let quorum = open(&format!("ida:4,2,quorum:{all}"), &s.key);
+    quorum.put(b"a", b"1").unwrap();
+    // Server 0 dies: the write goes on at 5 of 6, and the client marks it down.
+    servers[0].kill();
+    quorum.put(b"b", b"2").unwrap();
+    // It comes back within its down mark; then server 1 dies.
+    servers[0].restart(&s.key_path);
+    servers[1].kill();
+    quorum
+        .put(b"c", b"3")
+        .expect("servers 0 and 2-5 are up: the write reaches 5 of 6");
+    for (k, v) in [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")] {
+        assert_eq!(quorum.get(k).unwrap().as_deref(), Some(&v[..]));
+    }
+}
