@@ -14,7 +14,13 @@ const WATERMARKS_PER_BATCH: usize = 4096;
 
 /// Store key of the manifest.
 pub const MANIFEST_KEY: &[u8] = b"manifest";
-const MANIFEST_MAGIC: [u8; 4] = *b"VFMF";
+/// Runs whose task and data ids come from `ids.rs`' derivation 2 (a pair of spawns per
+/// blake3 block, 2026-11-26).
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM2";
+/// Runs of derivation 1: their ids cannot be re-created by this version (a resumed task would
+/// spawn children of other ids, and the certifier would find every re-run parent forged), so
+/// they are refused by name.
+const MANIFEST_MAGIC_1: [u8; 4] = *b"VFMF";
 const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// Where a run stands.
@@ -97,6 +103,14 @@ impl Manifest {
         let Some(bytes) = store.get(MANIFEST_KEY)? else {
             return Ok(None);
         };
+        if bytes.starts_with(&MANIFEST_MAGIC_1) {
+            return Err(LogError::NotALog(
+                "its manifest is of an older veriflow, whose task ids are derived differently \
+                 (id derivation 1, before 2026-11-26): inspect, resume and certify it with that \
+                 version"
+                    .to_string(),
+            ));
+        }
         let payload = codec::unframe(MANIFEST_MAGIC, &bytes, MAX_MANIFEST_BYTES)
             .map_err(|e| LogError::NotALog(format!("manifest: {e}")))?;
         codec::decode(payload)

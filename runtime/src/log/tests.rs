@@ -293,6 +293,25 @@ fn a_manifest_is_required_to_read_a_run() {
     assert!(err.to_string().contains("manifest"), "{err}");
 }
 
+/// A run of the older id derivation is refused by name (its ids cannot be re-created: a resume
+/// would spawn children of other ids, and certify would find every re-run parent forged); one
+/// of this version reads.
+#[test]
+fn a_run_of_the_older_id_derivation_is_refused_by_name() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let bytes = crate::codec::encode(&manifest(1)).unwrap();
+    store
+        .put(MANIFEST_KEY, &crate::codec::frame(*b"VFMF", &bytes))
+        .unwrap();
+    let err = LogReader::new(store.clone()).manifest().unwrap_err();
+    assert!(
+        err.to_string().contains("id derivation 1") && matches!(err, LogError::NotALog(_)),
+        "{err}"
+    );
+    manifest(1).store(store.as_ref()).unwrap();
+    assert_eq!(LogReader::new(store).manifest().unwrap(), manifest(1));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
