@@ -1049,6 +1049,9 @@ impl Timed for MatRun {
     }
 }
 
+/// The sled directory of the `local` strategy inside a run's directory.
+const LOCAL_DIR: &str = "local";
+
 /// The state of one `paper storage` overhead series.
 struct Bench {
     threads: usize,
@@ -1068,35 +1071,8 @@ impl Bench {
             .prefix("veriflow-storage-")
             .tempdir_in(&self.scratch)
             .with_context(|| format!("cannot create a directory in {}", self.scratch.display()))?;
-        let mut servers = None;
-        let mut local_dir = None;
-        let store: Option<Arc<dyn Store>> = match strategy {
-            Strategy::None => None,
-            Strategy::Memory => Some(Arc::new(MemoryStore::default())),
-            Strategy::Local => {
-                let d = dir.path().join("local");
-                let s = SledStore::open(&d)
-                    .with_context(|| format!("cannot open a sled store in {}", d.display()))?;
-                local_dir = Some(d);
-                Some(Arc::new(s))
-            }
-            _ => {
-                let s = Servers::start(
-                    &self.server_bin,
-                    &self.key_file,
-                    dir.path(),
-                    strategy.servers(),
-                )?;
-                let text = strategy.spec(&s.addrs);
-                let spec: StoreSpec = text
-                    .parse()
-                    .with_context(|| format!("bad store spec {text}"))?;
-                let store = open_store(&spec, Some(&self.key))
-                    .with_context(|| format!("cannot open {text}"))?;
-                servers = Some(s);
-                Some(store)
-            }
-        };
+        let (store, mut servers) = self.open(strategy, dir.path())?;
+        let local_dir = matches!(strategy, Strategy::Local).then(|| dir.path().join(LOCAL_DIR));
         let mut builder = Runtime::builder(matmul_registry()?)
             .program("storage-matmul")
             .threads(self.threads)
@@ -1427,7 +1403,7 @@ impl Bench {
             Strategy::None => (None, None),
             Strategy::Memory => (Some(Arc::new(MemoryStore::default())), None),
             Strategy::Local => {
-                let d = dir.join("local");
+                let d = dir.join(LOCAL_DIR);
                 let s = SledStore::open(&d)
                     .with_context(|| format!("cannot open a sled store in {}", d.display()))?;
                 (Some(Arc::new(s)), None)
