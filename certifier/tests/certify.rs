@@ -1,74 +1,19 @@
 //! Certification of real runs: honest runs accepted, forgeries found, named and corrected,
 //! certificates verified against their log.
 
+mod common;
+
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use common::{registry, Node};
 use veriflow_certifier::{
     certify, Certificate, Decision, NoProgress, Options, OracleKey, OraclePublicKey, Track,
     VerifyError,
 };
 use veriflow_checkpoint::Key;
 use veriflow_runtime::{
-    Ctx, Forge, ForgeMode, IdSet, Kill, MemoryStore, Registry, RunReport, Runtime, Store, Task,
-    TaskId, TaskResult, VnodeId, Writes,
+    Forge, ForgeMode, IdSet, Kill, MemoryStore, RunReport, Runtime, Store, TaskId, VnodeId,
 };
-
-/// A k-ary tree: leaves write a value that depends on their path; inner nodes sum children.
-#[derive(Serialize, Deserialize)]
-struct Node {
-    depth: u32,
-    fanout: u32,
-    path: u64,
-}
-
-impl Task for Node {
-    const NAME: &'static str = "node";
-    type Inputs = ();
-    type Outputs = (u64,);
-    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
-        if self.depth == 0 {
-            ctx.write(out, self.path.wrapping_mul(2_654_435_761) % 1_000_003);
-            return Ok(());
-        }
-        let parts: Vec<_> = (0..self.fanout)
-            .map(|i| {
-                let (r,) = ctx.spawn(
-                    Node {
-                        depth: self.depth - 1,
-                        fanout: self.fanout,
-                        path: self.path * u64::from(self.fanout) + u64::from(i) + 1,
-                    },
-                    (),
-                );
-                r
-            })
-            .collect();
-        ctx.spawn_delegate(Sum, parts, (out,));
-        Ok(())
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct Sum;
-
-impl Task for Sum {
-    const NAME: &'static str = "sum";
-    type Inputs = Vec<u64>;
-    type Outputs = (u64,);
-    fn run(self, ctx: &mut Ctx<'_>, xs: Vec<u64>, (out,): Writes<Self>) -> TaskResult {
-        ctx.write(out, xs.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
-        Ok(())
-    }
-}
-
-fn registry() -> Registry {
-    Registry::new()
-        .with::<Node>()
-        .unwrap()
-        .with::<Sum>()
-        .unwrap()
-}
 
 fn run(
     depth: u32,

@@ -9,15 +9,15 @@
 //! refused by name, `log/manifest.rs`), after the faster reader had been checked against the
 //! derivation-1 fixture and its pins.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use common::{registry, Node, LEAF_WORK};
 use veriflow_certifier::{certify, Certificate, NoProgress, Options, OracleKey, Track};
 use veriflow_checkpoint::Key;
-use veriflow_runtime::{
-    Ctx, Kill, MemoryStore, Registry, Runtime, Store, Task, TaskResult, VnodeId, Writes,
-};
+use veriflow_runtime::{Kill, MemoryStore, Runtime, Store, VnodeId};
 
 /// The log digest of the fixture (the Merkle root over all of G).
 const LOG_DIGEST: &str = "47f24e0f25e2ec7a7e1ce20a7c8ff2db5d9090cd69f253301d688a43bcc4f600";
@@ -27,66 +27,6 @@ const MERKLE_ROOT: &str = "47f24e0f25e2ec7a7e1ce20a7c8ff2db5d9090cd69f253301d688
 /// The size and Merkle root of G_S for the datum of lowest id alone.
 const PART_TASKS: usize = 8;
 const PART_ROOT: &str = "98c10a26b04040449461d4bb9b091d4f2e16ab04d296294e86925d19a38dc86f";
-
-#[derive(Serialize, Deserialize)]
-struct Node {
-    depth: u32,
-    fanout: u32,
-    path: u64,
-}
-
-impl Task for Node {
-    const NAME: &'static str = "node";
-    type Inputs = ();
-    type Outputs = (u64,);
-    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
-        if self.depth == 0 {
-            // A little work, so that idle vnodes steal (only while writing the fixture).
-            let start = std::time::Instant::now();
-            while start.elapsed() < std::time::Duration::from_millis(2) {
-                std::hint::spin_loop();
-            }
-            ctx.write(out, self.path.wrapping_mul(2_654_435_761) % 1_000_003);
-            return Ok(());
-        }
-        let parts: Vec<_> = (0..self.fanout)
-            .map(|i| {
-                let (r,) = ctx.spawn(
-                    Node {
-                        depth: self.depth - 1,
-                        fanout: self.fanout,
-                        path: self.path * u64::from(self.fanout) + u64::from(i) + 1,
-                    },
-                    (),
-                );
-                r
-            })
-            .collect();
-        ctx.spawn_delegate(Sum, parts, (out,));
-        Ok(())
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct Sum;
-
-impl Task for Sum {
-    const NAME: &'static str = "sum";
-    type Inputs = Vec<u64>;
-    type Outputs = (u64,);
-    fn run(self, ctx: &mut Ctx<'_>, xs: Vec<u64>, (out,): Writes<Self>) -> TaskResult {
-        ctx.write(out, xs.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
-        Ok(())
-    }
-}
-
-fn registry() -> Registry {
-    Registry::new()
-        .with::<Node>()
-        .unwrap()
-        .with::<Sum>()
-        .unwrap()
-}
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -136,6 +76,7 @@ fn pinned_store() -> Arc<dyn Store> {
 
 /// Writes the fixture (run once, by hand, with `VERIFLOW_WRITE_PINNED=1`).
 fn write_fixture() {
+    LEAF_WORK.store(true, std::sync::atomic::Ordering::Relaxed);
     let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
     Runtime::builder(registry())
         .threads(3)
