@@ -16,8 +16,9 @@
 //! 2. The allocations of one pool are told apart in the resource manager's own listing, with
 //!    no state kept here: job name `veriflow-<program>`, comment
 //!    `veriflow:<worker|spare>:<coordinators>`.
-//! 3. An allocation counts towards the pool while it is queued or running ([`AllocState`]);
-//!    one that is ending or ended does not.
+//! 3. An allocation counts towards the pool while it is queued, running or ending
+//!    ([`AllocState`]; while Slurm finishes a job its node is still held, and how it ended is
+//!    not known yet); one that ended does not.
 //! 4. Automatic allocation keeps `workers` worker and `spares` spare allocations counted
 //!    (rule 3) while the coordinator has a job or submissions waiting for workers
 //!    ([`Demand::Needed`]); until the pool the user asked for has been complete once, it
@@ -33,7 +34,8 @@
 //!    [`MAX_SHORT_LIVED`] of them in a row the watcher stops rather than submit forever. Any
 //!    other end of an allocation that ran, or lived that long, resets the count (a scancel, a
 //!    time limit, a lost node); one cancelled while queued is neither. An allocation first
-//!    seen already ended (an earlier watcher's) is not counted.
+//!    seen already ending or ended (an earlier watcher's) is not counted. One seen ending
+//!    ([`AllocState::Ending`], Slurm's `COMPLETING`) is judged by the state it ends in.
 
 pub mod slurm;
 
@@ -96,7 +98,11 @@ pub enum AllocState {
     Queued,
     /// Its worker runs.
     Running,
-    /// Ending or ended (cancelled, timed out, its node lost, completed): it no longer counts.
+    /// Its worker stopped and Slurm is finishing it (`COMPLETING`): it still counts (rule 3),
+    /// and how it ended (rule 7) is known once it is [`Ended`](Self::Ended) or
+    /// [`Failed`](Self::Failed).
+    Ending,
+    /// Ended (cancelled, timed out, its node lost, completed): it no longer counts.
     Ended,
     /// Ended with its worker failing (rule 7): it no longer counts.
     Failed,
@@ -126,7 +132,10 @@ pub struct Allocation {
 impl Allocation {
     /// Whether it counts towards its pool (rule 3).
     pub fn counts(&self) -> bool {
-        matches!(self.state, AllocState::Queued | AllocState::Running)
+        matches!(
+            self.state,
+            AllocState::Queued | AllocState::Running | AllocState::Ending
+        )
     }
 }
 
@@ -251,8 +260,8 @@ impl AutoAlloc {
         for a in allocs {
             let seen = match self.seen.get_mut(&a.id) {
                 Some(seen) => seen,
-                // First seen ended: an earlier watcher's, not counted.
-                None if !a.counts() => continue,
+                // First seen ending or ended: an earlier watcher's, not counted.
+                None if !matches!(a.state, AllocState::Queued | AllocState::Running) => continue,
                 None => self.seen.entry(a.id.clone()).or_insert(Seen {
                     since: now,
                     ran: false,

@@ -234,7 +234,9 @@ fn state_of(state: &str) -> AllocState {
         "RUNNING" => AllocState::Running,
         // The script (the worker) exited non-zero.
         "FAILED" | "OUT_OF_MEMORY" => AllocState::Failed,
-        // COMPLETING, SUSPENDED (its worker is stopped, so lost), and every other end.
+        // Its script ended, Slurm still cleans up: ended how is known after.
+        "COMPLETING" | "STAGE_OUT" | "SIGNALING" => AllocState::Ending,
+        // SUSPENDED (its worker is stopped, so lost), and every other end.
         _ => AllocState::Ended,
     }
 }

@@ -109,10 +109,12 @@ fn nothing_is_resubmitted_while_the_coordinator_is_idle() {
 }
 
 #[test]
-fn queued_and_running_allocations_count_ending_ones_do_not() {
+fn queued_running_and_ending_allocations_count_ended_ones_do_not() {
     let mut allocs = full();
     assert_eq!(missing(POOL, &allocs), Pool::default());
     allocs.push(alloc(9, Role::Worker, AllocState::Queued)); // more than asked: no cancel
+    assert_eq!(missing(POOL, &allocs), Pool::default());
+    allocs[0].state = AllocState::Ending; // Slurm still holds its node
     assert_eq!(missing(POOL, &allocs), Pool::default());
     for a in &mut allocs {
         a.state = AllocState::Ended;
@@ -305,10 +307,10 @@ fn squeue_lines_become_the_pools_allocations() {
     assert_eq!(a[0].nodes, "vm");
     assert_eq!((a[1].role, a[1].state), (Role::Spare, AllocState::Queued));
     assert_eq!(a[1].nodes, "(Resources)");
-    assert_eq!(a[2].state, AllocState::Ended);
+    assert_eq!(a[2].state, AllocState::Ending);
     assert_eq!(a[3].state, AllocState::Failed);
     assert_eq!(a[4].state, AllocState::Ended);
-    assert!(a[..2].iter().all(Allocation::counts) && !a[2..].iter().any(Allocation::counts));
+    assert!(a[..3].iter().all(Allocation::counts) && !a[3..].iter().any(Allocation::counts));
     assert!(parse_squeue("12|RUNNING").is_err());
     assert_eq!(parse_squeue("").unwrap(), vec![]);
 }
@@ -403,4 +405,37 @@ fn an_earlier_watchers_failed_allocations_are_not_counted() {
     let mut now = old.clone();
     now.push(alloc(6, Role::Worker, AllocState::Running));
     assert_eq!(round(&mut a, 1, &now), Step::Wait);
+}
+
+/// Slurm lists a failing job as `COMPLETING` for a moment before `FAILED`: a watcher that
+/// sees it then waits for its end instead of taking it for an ordinary end and submitting a
+/// replacement (which the knary Slurm test caught as a fourth allocation).
+#[test]
+fn an_allocation_seen_completing_is_judged_by_the_state_it_ends_in() {
+    let mut a = AutoAlloc::new(ONE);
+    for i in 1..=MAX_SHORT_LIVED {
+        let t = u64::from(i) * 3;
+        assert_eq!(round(&mut a, t, &[]), Step::Submit(ONE), "round {i}");
+        a.submitted(s(t), Ok(i.to_string()));
+        // Still holding its node, and how it ends is not known: nothing is submitted.
+        let completing = [alloc(i, Role::Worker, AllocState::Ending)];
+        assert_eq!(round(&mut a, t + 1, &completing), Step::Wait, "round {i}");
+        let step = round(&mut a, t + 2, &[alloc(i, Role::Worker, AllocState::Failed)]);
+        if i < MAX_SHORT_LIVED {
+            assert_eq!(step, Step::Submit(ONE), "round {i}");
+        } else {
+            assert!(matches!(step, Step::Stop(_)), "round {i}: {step:?}");
+        }
+    }
+    // An earlier watcher's allocation first seen ending is not counted when it fails.
+    let mut b = AutoAlloc::new(ONE);
+    let old = alloc(9, Role::Worker, AllocState::Ending);
+    assert_eq!(round(&mut b, 0, &[old.clone()]), Step::Wait);
+    for t in 1..=MAX_SHORT_LIVED {
+        let failed = alloc(9 + t as u32, Role::Worker, AllocState::Failed);
+        assert!(!matches!(
+            round(&mut b, u64::from(t), &[failed]),
+            Step::Stop(_)
+        ));
+    }
 }
