@@ -20,7 +20,10 @@
 //!    (`ThreadPool::install` chooses), else the codec's own pool of one thread per core
 //!    ([`coding_threads`]), so that a log writer's coding never queues behind a computation's
 //!    jobs in rayon's global pool. One block runs on the calling thread. Decoding checks the
-//!    fragments' digests one fragment per task.
+//!    fragments' digests one fragment per task, and copies the data pieces one per task, when
+//!    there are several holding more than [`STRIPE_BYTES`] together; less is done on the
+//!    calling thread, where it takes less time than waking a pool (a log segment read back
+//!    through a replicated store: one fragment).
 //! 3. **Header.** Every fragment says: magic `VFEC`, format version, code kind, M, K, its index,
 //!    the blob length, a write stamp (chosen by the writer, larger for newer versions), the blob
 //!    digest and its own digest. The blob digest is a blake3 root over L, the code and the
@@ -101,6 +104,8 @@ pub fn coding_threads() -> usize {
 
 /// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
 fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    #[cfg(test)]
+    tests::DISPATCHED.with(|d| d.set(d.get() + 1));
     match (rayon::current_thread_index(), own_pool()) {
         (None, Some(pool)) => pool.install(f),
         _ => f(),
@@ -381,13 +386,11 @@ impl Codec {
         let check = |(slot, f): (usize, &Option<F>)| {
             f.as_ref().map(|b| self.check_fragment(slot, b.as_ref()))
         };
-        let largest = fragments
+        let (present, bytes) = fragments
             .iter()
             .flatten()
-            .map(|f| f.as_ref().len())
-            .max()
-            .unwrap_or(0);
-        let checks: Vec<Option<Result<_, _>>> = if largest > HEADER_LEN + MIN_PIECE {
+            .fold((0usize, 0usize), |(n, b), f| (n + 1, b + f.as_ref().len()));
+        let checks: Vec<Option<Result<_, _>>> = if present > 1 && bytes > STRIPE_BYTES {
             on_coding_pool(|| fragments.par_iter().enumerate().map(check).collect())
         } else {
             fragments.iter().enumerate().map(check).collect()
@@ -466,7 +469,7 @@ impl Codec {
                 piece.copy_from_slice(&f.as_ref()[HEADER_LEN..]);
             }
         };
-        if s > MIN_PIECE {
+        if m > 1 && m * s > STRIPE_BYTES {
             on_coding_pool(|| blob.par_chunks_mut(s).enumerate().for_each(copy));
         } else if s > 0 {
             blob.chunks_mut(s).enumerate().for_each(copy);

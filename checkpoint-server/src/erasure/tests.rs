@@ -595,3 +595,34 @@ fn a_forged_length_is_another_version() {
         });
     }
 }
+
+thread_local! {
+    /// Calls of `on_coding_pool` from this thread (rule 2).
+    pub(super) static DISPATCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn dispatched() -> u64 {
+    DISPATCHED.with(std::cell::Cell::get)
+}
+
+/// Rule 2: a log segment read back through a replicated store (one fragment, or a few small
+/// ones) is decoded on the calling thread; only large blobs in several fragments go to a pool.
+#[test]
+fn small_or_single_fragment_decodes_stay_on_the_calling_thread() {
+    let blob: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let replicas = Codec::replicate(3).unwrap();
+    let frags = replicas.encode(&blob, 1);
+    let one: Vec<Option<&[u8]>> = vec![Some(&frags[0][..]), None, None];
+    let ida = Codec::ida(4, 2).unwrap();
+    let small: Vec<Option<Vec<u8>>> = ida.encode(&blob, 1).into_iter().map(Some).collect();
+    let before = dispatched();
+    assert_eq!(replicas.decode(&one).unwrap().blob, blob);
+    assert_eq!(ida.decode(&small).unwrap().blob, blob);
+    assert_eq!(dispatched(), before, "a small decode woke the coding pool");
+    // A large blob in several fragments is still checked and copied in parallel.
+    let large: Vec<u8> = (0..4_000_000u32).map(|i| (i % 253) as u8).collect();
+    let frags: Vec<Option<Vec<u8>>> = ida.encode(&large, 2).into_iter().map(Some).collect();
+    let before = dispatched();
+    assert_eq!(ida.decode(&frags).unwrap().blob, large);
+    assert!(dispatched() > before, "a large decode ran on one thread");
+}
