@@ -161,6 +161,11 @@ pub(crate) struct OracleArgs {
     /// this probability, whatever the worker did before.
     #[arg(long, value_name = "F", default_value_t = 0.02)]
     spot_floor: f64,
+    /// At most this fraction of the completed tasks is re-run ahead for the final draw, smallest
+    /// priority first; the final pass re-runs the rest of it. 1 checks every candidate at once
+    /// (the shortest wait for the certificate, the most CPU).
+    #[arg(long, value_name = "F", default_value_t = veriflow_certifier::online::DRAW_AHEAD)]
+    draw_ahead: f64,
     /// How often the logs are read, in ms.
     #[arg(long, value_name = "MS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -402,6 +407,12 @@ pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> 
             args.spot_floor
         )));
     }
+    if !(0.0..=1.0).contains(&args.draw_ahead) {
+        return Err(CliError::Usage(format!(
+            "--draw-ahead must be in [0, 1], not {}",
+            args.draw_ahead
+        )));
+    }
     eprintln!(
         "oracle: signing with {} (public key {}): `{} public-key` prints it for verifiers",
         key_path.display(),
@@ -417,6 +428,7 @@ pub(crate) fn oracle_cmd<P: Program>(args: &OracleArgs) -> Result<(), CliError> 
         epsilon: args.params.epsilon,
         q: args.params.q,
         spot_floor: args.spot_floor,
+        draw_ahead: args.draw_ahead,
         poll_every: Duration::from_millis(args.poll_ms),
         certificates: args.certificates.clone(),
         once: args.once,

@@ -174,6 +174,47 @@ pub fn certify_with(
     prior: &Prior,
     progress: &dyn Progress,
 ) -> Result<Certificate, CertifyError> {
+    certify_from(store, registry, opts, prior, progress, None).map(|(cert, _)| cert)
+}
+
+/// What [`certify_followed`] gives the online oracle.
+#[derive(Debug)]
+pub struct Followed {
+    /// The certificate (unsigned).
+    pub certificate: Certificate,
+    /// The terminal outputs of the generation certified, in the manifest's order, if every
+    /// one is in its log.
+    pub outputs: Option<Vec<Vec<u8>>>,
+}
+
+/// [`certify_with`] for an online oracle: `track` is the log as it followed it
+/// ([`online::Follower::final_track`]: every segment of the store read), so the first pass does
+/// not read the log again; the terminal outputs come from the track certified.
+pub fn certify_followed(
+    store: Arc<dyn Store>,
+    registry: &Registry,
+    opts: &Options,
+    prior: &Prior,
+    progress: &dyn Progress,
+    track: Option<Track>,
+) -> Result<Followed, CertifyError> {
+    let (certificate, track) = certify_from(store, registry, opts, prior, progress, track)?;
+    Ok(Followed {
+        certificate,
+        outputs: track.terminal_values(),
+    })
+}
+
+/// Rules 1-6, starting from `followed`, the current generation already read, if given; with
+/// the track of the generation certified.
+fn certify_from(
+    store: Arc<dyn Store>,
+    registry: &Registry,
+    opts: &Options,
+    prior: &Prior,
+    progress: &dyn Progress,
+    mut followed: Option<Track>,
+) -> Result<(Certificate, Track), CertifyError> {
     let n_eps_q = sample::n_eps_q(opts.epsilon, opts.q)?;
     let mut corrections: Vec<CorrectionRecord> = Vec::new();
     let later = Prior {
@@ -184,7 +225,14 @@ pub fn certify_with(
     loop {
         let reader = LogReader::latest(store.clone())?;
         let loading = std::time::Instant::now();
-        let track = Track::load_from(&reader)?;
+        let track = match followed.take() {
+            // Its manifest is the one read when following began: the run's end is in this one.
+            Some(mut t) if t.generation == reader.generation() => {
+                t.manifest = reader.manifest()?;
+                t
+            }
+            _ => Track::load_from(&reader)?,
+        };
         tracing::info!(
             generation = track.generation,
             tasks = track.len(),
@@ -222,14 +270,14 @@ pub fn certify_with(
         let can_correct =
             opts.correct && cert.structural.is_empty() && track.generation < opts.max_generations;
         if !can_correct {
-            return Ok(cert);
+            return Ok((cert, track));
         }
         let (in_gf, redone) = match outcome.correction {
             Some(c) => c?,
-            None => return Ok(cert),
+            None => return Ok((cert, track)),
         };
         if !in_gf.iter().any(|&b| b) {
-            return Ok(cert);
+            return Ok((cert, track));
         }
         let logs = correct::next_generation(&reader, &track, &in_gf, &redone)?;
         let mut manifest = track.manifest.clone();

@@ -275,6 +275,19 @@ impl Track {
         &self.manifest.terminal
     }
 
+    /// The logged values of the terminal outputs, in the manifest's order, or `None` if one
+    /// is in no log read (`log::terminal_outputs` from a track already read).
+    pub fn terminal_values(&self) -> Option<Vec<Vec<u8>>> {
+        self.manifest
+            .terminal
+            .iter()
+            .map(|d| {
+                let v = self.data.get(d)?.value.as_ref()?;
+                Some(v.0.as_ref().clone())
+            })
+            .collect()
+    }
+
     /// G_S for the outputs `s` (rule 2), as a sorted list of task indexes, with the structural
     /// errors met on the way (a datum of S or an input nobody wrote).
     pub fn terminal_subgraph(&self, s: &[DataId]) -> (Vec<Ix>, Vec<StructuralError>) {

@@ -540,3 +540,283 @@ fn an_online_oracles_distrust_corrects_what_the_draw_did_not_check() {
     assert!(counted.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     assert_eq!(terminal_value(&store), terminal_value(&honest));
 }
+
+/// Follows a finished run's store to its end (`online` rules 1 and 7).
+fn followed(store: &Arc<dyn Store>) -> veriflow_certifier::online::Follower {
+    followed_with(store, 0.1, 0.02, veriflow_certifier::online::DRAW_AHEAD)
+}
+
+fn followed_with(
+    store: &Arc<dyn Store>,
+    q: f64,
+    floor: f64,
+    ahead: f64,
+) -> veriflow_certifier::online::Follower {
+    let mut f = veriflow_certifier::online::Follower::new(
+        store.clone(),
+        Arc::new(registry()),
+        &[7; 32],
+        0.1,
+        q,
+        floor,
+    )
+    .unwrap()
+    .draw_ahead(ahead)
+    .unwrap();
+    while f.poll().unwrap().events > 0 {}
+    f
+}
+
+/// `online` rule 2: the draw is checked ahead within its budget, a fraction of the tasks
+/// completed, instead of every candidate at once; 1 checks every candidate as it completes.
+/// The log is followed as it would grow, one segment of each vnode per poll.
+#[test]
+fn the_draw_is_checked_ahead_within_its_budget() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let report = Runtime::builder(registry())
+        .threads(2)
+        .vnodes(3)
+        .seed(2)
+        .store(store.clone())
+        .commit_policy(veriflow_runtime::log::CommitPolicy {
+            max_bytes: 2 << 10,
+            max_delay: std::time::Duration::from_secs(60),
+        })
+        .build()
+        .unwrap()
+        .run(
+            Node {
+                depth: 6,
+                fanout: 3,
+                path: 0,
+            },
+            (),
+        )
+        .unwrap();
+    let n = report.tasks as f64;
+    let n_eps_q = veriflow_certifier::sample::n_eps_q(0.1, 0.02).unwrap();
+    assert!(
+        2.0 * n_eps_q < n / 4.0,
+        "a run long enough to tell: {n} tasks"
+    );
+    let checked = |ahead: f64| {
+        let growing = Arc::new(Growing {
+            inner: store.clone(),
+            shown: Default::default(),
+        });
+        let as_store: Arc<dyn Store> = growing.clone();
+        let mut f = veriflow_certifier::online::Follower::new(
+            as_store,
+            Arc::new(registry()),
+            &[7; 32],
+            0.1,
+            0.02,
+            1e-9, // spot checks only while a worker is new
+        )
+        .unwrap()
+        .draw_ahead(ahead)
+        .unwrap();
+        let mut quiet = 0;
+        while quiet < 2 {
+            growing
+                .shown
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            quiet = if f.poll().unwrap().events == 0 {
+                quiet + 1
+            } else {
+                0
+            };
+        }
+        assert_eq!(f.completed() as f64, n, "followed to the end");
+        f.checked() as f64
+    };
+    let (spot, budget, all) = (checked(0.0), checked(0.01), checked(1.0));
+    assert!(
+        budget <= spot + 0.01 * n + 1.0,
+        "{budget} > {spot} + 1 % of {n}"
+    );
+    assert!(budget > spot, "nothing was checked ahead: {budget}");
+    assert!(
+        all >= spot + n_eps_q,
+        "every candidate is checked at once: {all} (spot {spot}, N {n_eps_q})"
+    );
+    assert!(veriflow_certifier::online::Follower::new(
+        store,
+        Arc::new(registry()),
+        &[7; 32],
+        0.1,
+        0.02,
+        0.02
+    )
+    .unwrap()
+    .draw_ahead(1.5)
+    .is_err());
+}
+
+/// A finished run's store shown as it grew: the first `shown` segments of each vnode.
+struct Growing {
+    inner: Arc<dyn Store>,
+    shown: std::sync::atomic::AtomicU64,
+}
+
+impl Store for Growing {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.put(key, value)
+    }
+    fn put_batch(
+        &self,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.put_batch(pairs)
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan_prefix(
+        &self,
+        prefix: &[u8],
+    ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
+        self.inner.scan_prefix(prefix)
+    }
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: veriflow_checkpoint::PageLimit,
+    ) -> Result<veriflow_checkpoint::Page, veriflow_checkpoint::StoreError> {
+        let mut page = self.inner.scan_page(prefix, after, limit)?;
+        if prefix.starts_with(b"seg/") {
+            let shown = self.shown.load(std::sync::atomic::Ordering::Relaxed);
+            let before = page.pairs.len();
+            page.pairs.retain(|(k, _)| {
+                let segno = u64::from_be_bytes(k[k.len() - 8..].try_into().unwrap());
+                segno < shown
+            });
+            page.more &= page.pairs.len() == before;
+        }
+        Ok(page)
+    }
+    fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.delete(key)
+    }
+    fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// `online` rule 7: the final certificate from the log as followed is the certificate of the
+/// log loaded again (same roots, draw and decision, corrections included), with the same
+/// terminal outputs; a segment past what the tails read makes the oracle load the log.
+#[test]
+fn a_log_as_followed_certifies_as_the_log_loaded_again() {
+    let mut o = opts(0.1, 0.1);
+    o.correct = true;
+    o.secret = Some([7; 32]);
+    let (honest, _) = run(5, 3, 11, None);
+    let lie = writers(&honest)[40];
+    for (store, generation) in [
+        (honest.clone(), 0),
+        (run(5, 3, 11, Some(forge_tasks(&[lie]))).0, 1),
+    ] {
+        // Twice the same run: certifying writes the corrected generation into its store.
+        let copy: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        for (k, v) in store.scan_prefix(b"").unwrap() {
+            copy.put(&k, &v).unwrap();
+        }
+        let mut f = followed(&store);
+        let prior = f.prior();
+        let track = f.final_track().unwrap();
+        assert!(track.is_some(), "every segment was read");
+        let counted = Arc::new(SegmentReads {
+            inner: store.clone(),
+            reads: Default::default(),
+        });
+        let got = veriflow_certifier::certify_followed(
+            counted.clone(),
+            &registry(),
+            &o,
+            &prior,
+            &NoProgress,
+            track,
+        )
+        .unwrap();
+        let want =
+            veriflow_certifier::certify_with(copy.clone(), &registry(), &o, &prior, &NoProgress)
+                .unwrap();
+        let c = &got.certificate;
+        assert_eq!(c.decision, Decision::Accept, "{c:?}");
+        assert_eq!(c.generation, generation);
+        // The generation followed is not read again; a corrected one is read once.
+        let reads = counted.reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(reads > 0, generation > 0, "{reads} segment scans");
+        assert_eq!(
+            (&c.merkle_root, &c.log_digest, c.n, &c.checked),
+            (&want.merkle_root, &want.log_digest, want.n, &want.checked)
+        );
+        assert_eq!(got.outputs, Some(vec![terminal_value(&honest)]));
+    }
+    // A torn segment past the tail (a crash's leftover the watermark never covered).
+    let f_store = run(4, 2, 3, None).0;
+    let mut f = followed(&f_store);
+    let last = veriflow_runtime::log::segment::segment_key(VnodeId(1), 1 << 40);
+    f_store.put(&last, b"torn").unwrap();
+    assert!(f.final_track().unwrap().is_none());
+}
+
+/// A store that counts the scans of log segments made through it.
+struct SegmentReads {
+    inner: Arc<dyn Store>,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl SegmentReads {
+    fn count(&self, prefix: &[u8]) {
+        if prefix.starts_with(b"seg/") {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Store for SegmentReads {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.put(key, value)
+    }
+    fn put_batch(
+        &self,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.put_batch(pairs)
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan_prefix(
+        &self,
+        prefix: &[u8],
+    ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
+        self.count(prefix);
+        self.inner.scan_prefix(prefix)
+    }
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: veriflow_checkpoint::PageLimit,
+    ) -> Result<veriflow_checkpoint::Page, veriflow_checkpoint::StoreError> {
+        self.count(prefix);
+        self.inner.scan_page(prefix, after, limit)
+    }
+    fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.delete(key)
+    }
+    fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}

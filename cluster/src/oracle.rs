@@ -14,7 +14,7 @@
 //!    own (store calls block); each forger it names is reported at once (`Forged`), and the
 //!    coordinator evicts it.
 //! 4. When the run ends (`Ended`) it certifies the finished log with what it learned
-//!    (`certify_with`, correcting: G_F starts with every task of an evicted worker), signs the
+//!    (`certify_followed`, from the log as followed, correcting: G_F starts with every task of an evicted worker), signs the
 //!    certificate with the online record attached, saves it when asked, and sends it with the
 //!    terminal outputs of the generation it certified. It keeps that answer and sends it again
 //!    if asked again (a new coordinator after a takeover): a correction is written once.
@@ -29,9 +29,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use veriflow_certifier::online::{Finding, Follower};
-use veriflow_certifier::{certify_with, NoProgress, Options, OracleKey};
+use veriflow_certifier::{certify_followed, NoProgress, Options, OracleKey};
 use veriflow_checkpoint::{open_store, Key, Store, StoreSpec};
-use veriflow_runtime::log::{terminal_outputs, LogReader};
 use veriflow_runtime::Registry;
 
 use crate::error::ClusterError;
@@ -56,6 +55,8 @@ pub struct OracleConfig {
     pub q: f64,
     /// The spot-check floor of each worker (`online` rule 4).
     pub spot_floor: f64,
+    /// The fraction of completed tasks checked ahead for the final draw (`online` rule 2).
+    pub draw_ahead: f64,
     /// How often the store is polled.
     pub poll_every: Duration,
     /// Where certificates are saved (`job-<id>.json`), if anywhere.
@@ -375,6 +376,7 @@ fn start(cfg: &OracleConfig, id: u64, store: &str) -> Result<Job, String> {
         cfg.q,
         cfg.spot_floor,
     )
+    .and_then(|f| f.draw_ahead(cfg.draw_ahead))
     .map_err(|e| e.to_string())?;
     Ok(Job {
         id,
@@ -400,18 +402,33 @@ fn certify_job(cfg: &OracleConfig, j: &mut Job, note: &dyn Fn(String)) -> FromOr
         ..Options::default()
     };
     let prior = j.follower.prior();
-    let mut cert = match certify_with(j.store.clone(), &cfg.registry, &opts, &prior, &NoProgress) {
+    // Rule 4: the log as followed, when it is all of it (`online` rule 7).
+    let track = match j.follower.final_track() {
+        Ok(t) => t,
+        Err(e) => {
+            note(format!("oracle: job {}: reading the log again: {e}", j.id));
+            None
+        }
+    };
+    let followed = match certify_followed(
+        j.store.clone(),
+        &cfg.registry,
+        &opts,
+        &prior,
+        &NoProgress,
+        track,
+    ) {
         Ok(c) => c,
         Err(e) => return failed(e.to_string()),
     };
+    let mut cert = followed.certificate;
     cert.online = Some(j.follower.record(j.id));
     if let Err(e) = cert.sign(&cfg.oracle_key) {
         return failed(format!("cannot sign the certificate: {e}"));
     }
-    let outputs = match LogReader::latest(j.store.clone()).and_then(|r| terminal_outputs(&r)) {
-        Ok(Some(o)) => o,
-        Ok(None) => return failed("the certified log does not hold the outputs".to_string()),
-        Err(e) => return failed(format!("cannot read the certified outputs: {e}")),
+    let outputs = match followed.outputs {
+        Some(o) => o,
+        None => return failed("the certified log does not hold the outputs".to_string()),
     };
     let json = cert.to_json();
     if let Some(dir) = &cfg.certificates {

@@ -640,6 +640,14 @@ impl LogTail {
         Ok(events)
     }
 
+    /// Whether the store holds no segment of this vnode past the last one read: none the
+    /// watermark did not cover yet, nor a torn one (keys only, one page of one key).
+    pub fn caught_up(&self, reader: &LogReader) -> Result<bool, LogError> {
+        let prefix = reader.key(&segment::vnode_prefix(self.walk.vnode));
+        let (keys, _) = reader.store.scan_keys(&prefix, self.after.as_deref(), 1)?;
+        Ok(keys.is_empty())
+    }
+
     /// The last segment read, if any.
     pub fn last_segment(&self) -> Option<u64> {
         self.walk.last_read
