@@ -26,7 +26,9 @@
 //!    its check reads is in the logs read: its record, its completion, its inputs' values and
 //!    its children's records. Until then it waits; nothing is decided on a partial log.
 //! 4. **Credibility.** Each completed task of worker w is also spot-checked with probability
-//!    s_w = max(f, 1/(1 + c_w)), where c_w counts w's clean checks so far and f is the floor
+//!    s_w = max(f, 1/(1 + c_w)), where c_w counts the checks of w's tasks drawn so far (done,
+//!    or waiting for their inputs: within one poll's batch the rate falls as checks are drawn,
+//!    not all at once when they are done) and f is the floor
 //!    ([`Follower::new`]), drawn with the spot key (`draw.rs` rule 3, so the uniform draw stays
 //!    uniform). A new worker is checked at once and often, one with a history at the floor.
 //!    Each forged task is caught with probability at least f, whatever the worker did before:
@@ -99,6 +101,8 @@ struct Counts {
     checked: u64,
     clean: u64,
     forged: u64,
+    /// Checks drawn (rule 4's c_w).
+    drawn: u64,
 }
 
 /// What one [`Follower::poll`] did.
@@ -242,6 +246,7 @@ impl Follower {
             c.tasks += n.tasks;
             c.checked += n.checked;
             c.clean += n.clean;
+            c.drawn += n.drawn;
             c.forged += n.forged;
         }
         c
@@ -250,11 +255,11 @@ impl Follower {
     /// Rule 4: the spot-check rate of the worker behind `inc` (its incarnation's own history
     /// while the map has not named it).
     fn spot_rate(&self, inc: Incarnation) -> f64 {
-        let clean = match self.hosts.get(&inc) {
-            Some(&w) => self.worker_counts(w).clean,
-            None => self.by_inc.get(&inc).map_or(0, |c| c.clean),
+        let drawn = match self.hosts.get(&inc) {
+            Some(&w) => self.worker_counts(w).drawn,
+            None => self.by_inc.get(&inc).map_or(0, |c| c.drawn),
         };
-        (1.0 / (1.0 + clean as f64)).max(self.floor)
+        (1.0 / (1.0 + drawn as f64)).max(self.floor)
     }
 
     /// Reads what became durable, selects and checks (rules 1-5).
@@ -316,6 +321,7 @@ impl Follower {
         let priority = self.draw.uniform(task);
         if self.spot.uniform(task) < self.spot_rate(inc) {
             self.pending.insert(t);
+            self.by_inc.entry(inc).or_default().drawn += 1;
         } else if priority < self.threshold() {
             self.candidates.push(Reverse((priority.to_bits(), t)));
         }
@@ -340,6 +346,10 @@ impl Follower {
             }
             if self.pending.insert(t) {
                 self.taken += 1;
+                let track = self.track.as_ref().expect("candidates come from it");
+                if let Some(inc) = self.done_in.get(&track.tasks[t as usize].id) {
+                    self.by_inc.entry(*inc).or_default().drawn += 1;
+                }
             }
         }
     }
@@ -473,7 +483,7 @@ impl Follower {
             r.tasks = c.tasks;
             r.checked = c.checked;
             r.forged = c.forged;
-            r.spot_rate = (1.0 / (1.0 + c.clean as f64)).max(self.floor);
+            r.spot_rate = (1.0 / (1.0 + c.drawn as f64)).max(self.floor);
             // A worker caught forging has no bound: its clean checks say nothing more.
             r.q_hat = if c.forged > 0 {
                 1.0
