@@ -25,7 +25,8 @@ use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::harness::{
-    knary_binary, loadavg, require_runs, Disturbed, Quiet, Redo, Rounds, Session, Stats,
+    knary_binary, loadavg, require_runs, CpuSnapshot, Disturbed, Quiet, Redo, Rounds, Session,
+    Stats, Timed,
 };
 
 /// `paper online` options.
@@ -34,6 +35,14 @@ pub struct OnlineArgs {
     /// Runs per rate, and per setting of the slowdown (medians).
     #[arg(long, default_value_t = 5)]
     pub runs: u32,
+    /// Measure only the cost of following an honest run (part 2); part 1 keeps its section of
+    /// an existing online.json.
+    #[arg(long)]
+    pub honest_only: bool,
+    /// Wait up to this many seconds for other processes to use less than a quarter of a core
+    /// before each round of part 2.
+    #[arg(long, default_value_t = 0)]
+    pub quiet_wait: u64,
     /// Depth of the knary tree (fanout 4).
     #[arg(long, default_value_t = 8)]
     pub depth: u32,
@@ -144,9 +153,17 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
     } else {
         (args.depth, args.rates.clone(), args.runs)
     };
-    // Part 1.
+    // Part 1 (or its section of an earlier report).
     let mut detection = Vec::new();
-    for &q in &rates {
+    if args.honest_only {
+        let earlier = session.out.join("online.json");
+        detection = std::fs::read_to_string(&earlier)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["detection"].as_array().cloned())
+            .with_context(|| format!("--honest-only keeps part 1 of {}", earlier.display()))?;
+    }
+    for &q in rates.iter().filter(|_| !args.honest_only) {
         let mut at = Vec::new();
         let mut tasks = Vec::new();
         let mut rows = Vec::new();
@@ -197,7 +214,7 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
     // Part 2: honest runs, without and with the oracle, interleaved (seed = round + 1).
     let honest = Rounds {
         runs: runs as usize,
-        quiet: Quiet::secs(0),
+        quiet: Quiet::secs(args.quiet_wait),
         retries: 0,
         disturbed: Disturbed::cores(),
         redo: Redo::Round,
@@ -212,16 +229,36 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
                 vec![]
             };
             let seed = round as u64 + 1;
+            let before = CpuSnapshot::with_children();
             let v = run_json(&knary, &argv(depth, args.grain_us, seed, &extra))?;
+            let (cpu_s, foreign_cpu_s) = CpuSnapshot::since(before);
             if v["correct"] != true {
                 bail!("an honest run was wrong: {v}");
             }
-            v["elapsed_s"].as_f64().context("no elapsed_s")
+            Ok(Honest {
+                elapsed_s: v["elapsed_s"].as_f64().context("no elapsed_s")?,
+                cpu_s,
+                foreign_cpu_s,
+            })
         },
-        |oracle, t| format!("{} {t:.3} s", ["without", "with the oracle"][oracle]),
+        |oracle, r| {
+            format!(
+                "{} {:.3} s, CPU {}",
+                ["without", "with the oracle"][oracle],
+                r.elapsed_s,
+                r.cpu_s.map_or("?".into(), |c| format!("{c:.2} s"))
+            )
+        },
     )?;
     let (p, f) = (honest.stats(0)?, honest.stats(1)?);
-    let (plain, followed) = (&honest.kept[0], &honest.kept[1]);
+    let times = |i: usize| -> Vec<f64> { honest.kept[i].iter().map(|r| r.elapsed_s).collect() };
+    let cpus = |i: usize| -> Vec<f64> { honest.kept[i].iter().filter_map(|r| r.cpu_s).collect() };
+    let (plain, followed) = (times(0), times(1));
+    let cpu = (Stats::of(&cpus(0)), Stats::of(&cpus(1)));
+    let cpu_ratio = match cpu {
+        (Some(a), Some(b)) => Some(b.median / a.median),
+        _ => None,
+    };
     let ratio = f.median / p.median;
     let summary = json!({
         // The names this report had before the harness's `date_utc` and `loadavg_after`.
@@ -240,13 +277,38 @@ pub fn run(args: &OnlineArgs) -> Result<()> {
             "median_with_s": f.median,
             "slowdown": ratio,
             "goal": 1.03,
+            "cpu_without_s": cpus(0),
+            "cpu_with_s": cpus(1),
+            "cpu_ratio": cpu_ratio,
+            "not_quiet_rounds": honest.not_quiet,
         },
     });
-    let md = markdown(&detection, (p.median, f.median, ratio));
+    let md = markdown(&detection, (p.median, f.median, ratio), cpu, cpu_ratio);
     session.write("online", &session.stem("online"), summary, &md)
 }
 
-fn markdown(detection: &[Value], honest: (f64, f64, f64)) -> String {
+/// One honest run of part 2: the job's time and the CPU of all its processes.
+struct Honest {
+    elapsed_s: f64,
+    cpu_s: Option<f64>,
+    foreign_cpu_s: Option<f64>,
+}
+
+impl Timed for Honest {
+    fn seconds(&self) -> f64 {
+        self.elapsed_s
+    }
+    fn foreign_cpu_s(&self) -> Option<f64> {
+        self.foreign_cpu_s
+    }
+}
+
+fn markdown(
+    detection: &[Value],
+    honest: (f64, f64, f64),
+    cpu: (Option<Stats>, Option<Stats>),
+    cpu_ratio: Option<f64>,
+) -> String {
     let mut md = String::from(
         "The online oracle (`paper online`): loopback clusters of real processes: `knary cluster --workers 4 --oracle`, one worker \
          lying at rate q (the test-only `--forge-workers 1 --forge-rate q`).\n\n\
@@ -268,10 +330,16 @@ fn markdown(detection: &[Value], honest: (f64, f64, f64)) -> String {
     }
     md.push_str(&format!(
         "\nAn honest run, with and without the oracle following it (interleaved, medians): \
-         {:.3} s without, {:.3} s with: slowdown {:.3} (goal ≤ 1.03).\n\n\
+         {:.3} s without, {:.3} s with: slowdown {:.3} (goal ≤ 1.03). CPU of all the run's \
+         processes (the oracle's included): {} without, {} with: {}.\n\n\
          Machine and parameters: `online.json`. Command: `cargo run --release -p \
          veriflow-bench --bin paper -- online`.\n",
-        honest.0, honest.1, honest.2
+        honest.0,
+        honest.1,
+        honest.2,
+        cpu.0.map_or("?".into(), |c| format!("{:.2} s", c.median)),
+        cpu.1.map_or("?".into(), |c| format!("{:.2} s", c.median)),
+        cpu_ratio.map_or("?".into(), |r| format!("{r:.3}x")),
     ));
     md
 }
