@@ -242,6 +242,7 @@ fn no_false_convergence_in_120_seeded_runs() {
                 seed,
             }),
             replace_after: Duration::from_millis(1),
+            ..Embedded::default()
         };
         let tag = format!("seed {seed} ({blocks} blocks, {mode:?}, {opts:?})");
         let (report, checked) = run(&p, mode, &opts, &tag);
