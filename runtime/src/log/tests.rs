@@ -879,7 +879,12 @@ fn old_watermarks_go_in_batches_not_one_delete_per_flush() {
     drop(log);
     writer.shutdown().unwrap();
     let deletes = store.deletes.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(deletes, 2, "one delete per {} old watermarks", writer::WATERMARK_DELETE_BATCH);
+    assert_eq!(
+        deletes,
+        2,
+        "one delete per {} old watermarks",
+        writer::WATERMARK_DELETE_BATCH
+    );
     let left = store
         .scan_prefix(&watermark::watermark_prefix(VnodeId(0)))
         .unwrap()
