@@ -118,8 +118,13 @@ pub const KILL_SEED: u64 = 109;
 pub(crate) const DEFAULT_DEPTH: u32 = 7;
 pub(crate) const DEFAULT_GRAIN_US: u64 = 300;
 
-/// Target of issue 6: S2/S0 on the medians.
+/// Target of issues 6 and 17: S2/S0 on the medians.
 const TARGET_S2_S0: f64 = 1.05;
+/// Target of issue 17 (target 2): S1/S0 on the medians.
+const TARGET_S1_S0: f64 = 1.03;
+/// Target of issue 17 (target 2): the cluster's CPU for logging, per task, in µs (median CPU
+/// of S1 minus that of S0, over the tasks).
+const TARGET_LOG_CPU_US: f64 = 5.0;
 
 /// The repetition of `paper cluster` and `paper detector`'s slowdown: rounds of every
 /// setting, a disturbed round run again whole (harness rule 3), every core counted (a
@@ -424,6 +429,45 @@ impl Report {
         self.time[2].median / self.time[0].median
     }
 
+    /// Median CPU of the cluster in setting `i`, when measured.
+    fn cpu_median(&self, i: usize) -> Option<f64> {
+        let v: Vec<f64> = self.series.kept[i].iter().filter_map(|r| r.cpu_s).collect();
+        Stats::of(&v).map(|s| s.median)
+    }
+
+    /// The cluster's CPU for logging per task, in µs: median CPU of S1 minus that of S0.
+    fn log_cpu_us_per_task(&self) -> Option<f64> {
+        let tasks = self.plan.shape.tasks().ok()? as f64;
+        Some((self.cpu_median(1)? - self.cpu_median(0)?) / tasks * 1e6)
+    }
+
+    /// (name, goal, measured, met) of every target of this table.
+    fn targets(&self) -> Vec<(&'static str, String, Option<f64>, bool)> {
+        let log = self.log_cpu_us_per_task();
+        vec![
+            (
+                "ratio_s1_s0",
+                format!("S1/S0 <= {TARGET_S1_S0}"),
+                Some(self.s1_s0()),
+                self.s1_s0() <= TARGET_S1_S0,
+            ),
+            (
+                "ratio_s2_s0",
+                format!("S2/S0 <= {TARGET_S2_S0}"),
+                Some(self.s2_s0()),
+                self.s2_s0() <= TARGET_S2_S0,
+            ),
+            (
+                "log_cpu_us_per_task",
+                format!(
+                    "CPU of the cluster for logging (S1 - S0) <= {TARGET_LOG_CPU_US} µs per task"
+                ),
+                log,
+                log.is_some_and(|l| l <= TARGET_LOG_CPU_US),
+            ),
+        ]
+    }
+
     /// Median over the S2 runs of a counter.
     fn s2_median(&self, f: fn(&ClusterRun) -> u64) -> f64 {
         let v: Vec<f64> = self.series.kept[2].iter().map(|r| f(r) as f64).collect();
@@ -519,17 +563,26 @@ impl Report {
             self.series.rerun,
             self.series.kept_disturbed,
         );
-        md.push_str("| target | measured | met |\n|---|---:|---|\n");
         let _ = writeln!(
             md,
-            "| S2/S0 <= {TARGET_S2_S0} | {:.4} | {} |",
-            self.s2_s0(),
-            if self.s2_s0() <= TARGET_S2_S0 {
-                "yes"
-            } else {
-                "**no**"
-            }
+            "CPU of the cluster for logging: {} µs per task (median CPU of S1 minus that of \
+             S0, over the {} tasks). The grain is a busy loop on the clock and the workers \
+             outnumber the cores, so a run keeps every core busy: CPU taken by logging \
+             (writers, checkpoint server) is CPU the compute threads do not get, and shows \
+             as time.\n",
+            self.log_cpu_us_per_task()
+                .map_or_else(|| "unmeasured".to_string(), |l| format!("{l:.1}")),
+            p.shape.tasks().unwrap_or(0),
         );
+        md.push_str("| target | measured | met |\n|---|---:|---|\n");
+        for (_, goal, measured, met) in self.targets() {
+            let _ = writeln!(
+                md,
+                "| {goal} | {} | {} |",
+                measured.map_or_else(|| "unmeasured".to_string(), |m| format!("{m:.4}")),
+                if met { "yes" } else { "**no**" }
+            );
+        }
         let _ = writeln!(md, "\nPlots: {}.", plots.markdown());
         md
     }
@@ -586,12 +639,13 @@ impl Report {
             "discarded_disturbed_repetitions": self.series.discarded_rounds(),
             "kept_disturbed_repetitions": self.series.kept_disturbed,
             "plots": plots.json(),
-            "targets": [{
-                "name": "ratio_s2_s0",
-                "goal": format!("S2/S0 <= {TARGET_S2_S0}"),
-                "measured": self.s2_s0(),
-                "met": self.s2_s0() <= TARGET_S2_S0,
-            }],
+            "log_cpu_us_per_task": self.log_cpu_us_per_task(),
+            "targets": self.targets().into_iter().map(|(name, goal, measured, met)| json!({
+                "name": name,
+                "goal": goal,
+                "measured": measured,
+                "met": met,
+            })).collect::<Vec<_>>(),
         })
     }
 }

@@ -120,6 +120,7 @@ fn request_bytes(r: &Request) -> usize {
             fences.iter().map(|(s, _)| s.len()).sum::<usize>()
                 + pairs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         }
+        Request::DeleteBatch { keys } => keys.iter().map(|k| k.len()).sum(),
     }
 }
 

@@ -23,12 +23,16 @@
 //!    epoch; `FencedBatch` is a `Batch` applied only if each (scope, epoch) is at or above its
 //!    scope's fence, checked and written under one lock so that no fence moves in between,
 //!    else refused whole with `Fenced`.
+//! 8. **Deletes in one request** (protocol 3): `DeleteBatch` removes every key it names and
+//!    is answered `Done` once that is durable (rule 2), one flush for all of them: the log
+//!    writer deletes its old watermarks so, not one request and one flush per key.
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-/// The checkpoint protocol's version (rule 6): 2 added `Hello`, `RaiseFence` and `FencedBatch`.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// The checkpoint protocol's version (rule 6): 2 added `Hello`, `RaiseFence` and `FencedBatch`;
+/// 3 added `DeleteBatch` (rule 8).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A request from a client.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +63,9 @@ pub(crate) enum Request {
         fences: Vec<(ByteBuf, u64)>,
         pairs: Vec<(ByteBuf, ByteBuf)>,
     },
+    // --- protocol 3 (rule 6) ---
+    /// Remove every key named (rule 8); answered `Done` once durable.
+    DeleteBatch { keys: Vec<ByteBuf> },
 }
 
 /// A stored fragment as a server reports it (rule 4).

@@ -7,8 +7,8 @@
 //! 1. Each connection is authenticated first (wire rule 2); a connection that fails the
 //!    handshake or breaks the protocol later is closed and logged; the server keeps serving
 //!    every other connection.
-//! 2. Store calls are blocking (sled), so they run on tokio's blocking pool, never on a worker
-//!    that drives sockets.
+//! 2. Store calls are blocking (sled), so they never run on a worker that drives sockets:
+//!    reads run on tokio's blocking pool, writes on the server's committer thread (rule 6).
 //! 3. Requests on one connection are answered in order; connections are independent.
 //! 4. **Every size and count is bounded** ([`ServerConfig`]): at most `max_connections` open
 //!    connections, and `max_connections_per_peer` from one IP address; an extra one is closed
@@ -22,6 +22,22 @@
 //!    that page from the store; clients page through (protocol rule 5).
 //! 5. A failing `accept` (out of file descriptors, ...) is retried after a pause that doubles
 //!    from [`ACCEPT_BACKOFF_MIN`] to [`ACCEPT_BACKOFF_MAX`] while it keeps failing.
+//! 6. **Group commit.** Every write request (`Put`, `Batch`, `FencedBatch`, `Delete`,
+//!    `DeleteBatch`, `RaiseFence`), from whichever connection, is checked on its connection
+//!    (fragments, protocol rule 1) and then queued for one committer thread. The committer
+//!    takes every request queued, applies each to the store as its own atomic write (a fenced
+//!    batch still checks its fences and writes under one lock, protocol rule 7; one request's
+//!    refusal answers that request only), then flushes the store **once** for all that it
+//!    applied, and only then answers them `Done` (protocol rule 2); if the flush fails, each of
+//!    them is answered `Failed`. So requests that arrive while a flush runs share the next
+//!    one: N concurrent writers cost about one flush per flush time, not N, and no request
+//!    waits for a thread of its own.
+//!
+//!    ```text
+//!    conn A: FencedBatch ─┐                        ┌─ Done (A)
+//!    conn B: FencedBatch ─┼─ queue ─ apply A, B, C ─ flush ─┼─ Done (B)
+//!    conn C: DeleteBatch ─┘                        └─ Done (C)
+//!    ```
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -137,6 +153,18 @@ pub enum ServerError {
 pub struct ServerStats {
     budget: FrameBudget,
     conns: Arc<ConnTable>,
+    commits: Arc<CommitCounters>,
+}
+
+/// What the committer did (rule 6).
+#[derive(Debug, Default)]
+struct CommitCounters {
+    /// Write requests queued and not yet taken by the committer.
+    waiting: AtomicUsize,
+    /// Write requests applied.
+    writes: AtomicU64,
+    /// Store flushes the committer called.
+    flushes: AtomicU64,
 }
 
 impl ServerStats {
@@ -155,6 +183,18 @@ impl ServerStats {
     /// The request frame budget and its counters (bytes reserved, buffered, peak).
     pub fn budget(&self) -> &FrameBudget {
         &self.budget
+    }
+    /// Write requests queued for the committer and not yet taken (rule 6).
+    pub fn writes_waiting(&self) -> usize {
+        self.commits.waiting.load(Ordering::SeqCst)
+    }
+    /// Write requests the committer applied so far (rule 6).
+    pub fn writes(&self) -> u64 {
+        self.commits.writes.load(Ordering::SeqCst)
+    }
+    /// Store flushes the committer called so far (rule 6): at most one per round of writes.
+    pub fn flushes(&self) -> u64 {
+        self.commits.flushes.load(Ordering::SeqCst)
     }
 }
 
@@ -278,6 +318,89 @@ struct Shared {
     config: ServerConfig,
     budget: FrameBudget,
     requests: Arc<tokio::sync::Semaphore>,
+    committer: Committer,
+}
+
+/// A write request waiting for the committer, and where its answer goes (rule 6).
+struct Job {
+    req: Request,
+    reply: tokio::sync::oneshot::Sender<Response>,
+}
+
+/// The queue of the committer thread (rule 6). The thread ends when the queue's last sender
+/// (this) is dropped with the server.
+struct Committer {
+    queue: std::sync::mpsc::Sender<Job>,
+    counters: Arc<CommitCounters>,
+}
+
+impl Committer {
+    fn start(store: Arc<dyn Store>) -> std::io::Result<Committer> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let counters = Arc::new(CommitCounters::default());
+        let c = counters.clone();
+        std::thread::Builder::new()
+            .name("ckpt-committer".to_string())
+            .spawn(move || commit_loop(&*store, &rx, &c))?;
+        Ok(Committer {
+            queue: tx,
+            counters,
+        })
+    }
+
+    /// Queues `req` and waits for its answer.
+    async fn call(&self, req: Request) -> Response {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.counters.waiting.fetch_add(1, Ordering::SeqCst);
+        let sent = self.queue.send(Job { req, reply });
+        if sent.is_err() {
+            self.counters.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Response::Failed("the server's committer has stopped".to_string());
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Response::Failed("the server's committer has stopped".to_string()))
+    }
+}
+
+/// Most write requests applied before one flush: bounds the wait of the first of them (the
+/// request slots of rule 4 already bound it to `max_requests` in practice).
+const MAX_GROUP: usize = 256;
+
+/// The committer thread (rule 6): takes every queued write, applies each, flushes once,
+/// answers.
+fn commit_loop(store: &dyn Store, rx: &std::sync::mpsc::Receiver<Job>, counters: &CommitCounters) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        counters.waiting.fetch_sub(jobs.len(), Ordering::SeqCst);
+        let mut answers: Vec<(tokio::sync::oneshot::Sender<Response>, Option<Response>)> =
+            Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let early = apply(store, job.req).err();
+            answers.push((job.reply, early));
+        }
+        let applied = answers.iter().filter(|(_, a)| a.is_none()).count();
+        let flushed = if applied > 0 {
+            counters.writes.fetch_add(applied as u64, Ordering::SeqCst);
+            counters.flushes.fetch_add(1, Ordering::SeqCst);
+            store.flush().map_err(|e| e.to_string())
+        } else {
+            Ok(())
+        };
+        for (reply, early) in answers {
+            let resp = early.unwrap_or_else(|| match &flushed {
+                Ok(()) => Response::Done,
+                Err(e) => Response::Failed(e.clone()),
+            });
+            let _ = reply.send(resp); // a connection that went away needs no answer
+        }
+    }
 }
 
 /// A checkpoint server bound to an address.
@@ -319,6 +442,7 @@ impl Server {
     ) -> Result<Server, ServerError> {
         config.validate()?;
         let listener = TcpListener::bind(addr).await?;
+        let committer = Committer::start(store.clone())?;
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
@@ -327,6 +451,7 @@ impl Server {
                 budget: FrameBudget::new(config.memory_budget),
                 requests: Arc::new(tokio::sync::Semaphore::new(config.max_requests)),
                 config,
+                committer,
             }),
             conns: Arc::new(ConnTable::default()),
         })
@@ -342,6 +467,7 @@ impl Server {
         ServerStats {
             budget: self.shared.budget.clone(),
             conns: self.conns.clone(),
+            commits: self.shared.committer.counters.clone(),
         }
     }
 
@@ -409,10 +535,21 @@ async fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), Wire
             .acquire_owned()
             .await
             .map_err(|_| WireError::Closed)?; // never closed
-        let store = shared.store.clone();
-        let resp = tokio::task::spawn_blocking(move || handle(&*store, req, limit))
-            .await
-            .unwrap_or_else(|e| Response::Failed(format!("request handler panicked: {e}")));
+        let resp = match req {
+            Request::Ping => Response::Done,
+            Request::Hello { .. } => hello(),
+            // Rule 6: checked here, applied and flushed by the committer with the others.
+            req if is_write(&req) => match check_request(&*shared.store, &req) {
+                Err(refused) => refused,
+                Ok(()) => shared.committer.call(req).await,
+            },
+            req => {
+                let store = shared.store.clone();
+                tokio::task::spawn_blocking(move || handle(&*store, req, limit))
+                    .await
+                    .unwrap_or_else(|e| Response::Failed(format!("request handler panicked: {e}")))
+            }
+        };
         drop(reservation); // the request is consumed; its bytes are free
         tokio::time::timeout(cfg.frame_timeout, conn.send(&resp))
             .await
@@ -421,7 +558,7 @@ async fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), Wire
     }
 }
 
-fn check(key: &[u8], value: &[u8]) -> Result<(), Response> {
+fn check(key: &ByteBuf, value: &ByteBuf) -> Result<(), Response> {
     verify_fragment(value).map(|_| ()).map_err(|e| {
         Response::Refused(format!(
             "value under {} is not a valid fragment: {e}",
@@ -437,36 +574,109 @@ fn slot(value: Vec<u8>) -> Slot {
     }
 }
 
-/// Answers one request against `store` (protocol rules 1-5), scan pages within `limit`
-/// (rule 4: the client's `max_bytes` can only lower it).
+/// Whether `req` writes (rule 6: the committer applies it).
+fn is_write(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Put { .. }
+            | Request::Batch(_)
+            | Request::FencedBatch { .. }
+            | Request::Delete { .. }
+            | Request::DeleteBatch { .. }
+            | Request::RaiseFence { .. }
+    )
+}
+
+/// What a write request must pass before it reaches the store: every value a fragment
+/// (protocol rule 1), fences kept by the store (rule 7). Pure CPU, so it runs on the
+/// connection, not the committer.
+fn check_request(store: &dyn Store, req: &Request) -> Result<(), Response> {
+    match req {
+        Request::Put { key, value } => check(key, value),
+        Request::Batch(pairs) => pairs.iter().try_for_each(|(k, v)| check(k, v)),
+        Request::RaiseFence { .. } if !store.keeps_fences() => Err(no_fences(store)),
+        Request::FencedBatch { pairs, .. } => {
+            if !store.keeps_fences() {
+                return Err(no_fences(store));
+            }
+            pairs.iter().try_for_each(|(k, v)| check(k, v))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn hello() -> Response {
+    Response::Hello {
+        version: PROTOCOL_VERSION,
+    }
+}
+
+/// Applies one checked write request to `store` without flushing (rule 6): `Ok` when it is
+/// written and waits for the flush, else the answer it gets at once.
+fn apply(store: &dyn Store, req: Request) -> Result<(), Response> {
+    let failed = |e: StoreError| Response::Failed(e.to_string());
+    let pairs = |pairs: Vec<(ByteBuf, ByteBuf)>| -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.into_vec(), v.into_vec()))
+            .collect()
+    };
+    match req {
+        Request::Put { key, value } => store.put(&key, &value).map_err(failed),
+        Request::Batch(p) => store.put_batch(&pairs(p)).map_err(failed),
+        Request::Delete { key } => store.delete(&key).map_err(failed),
+        Request::DeleteBatch { keys } => {
+            let keys: Vec<Vec<u8>> = keys.into_iter().map(ByteBuf::into_vec).collect();
+            store.delete_batch(&keys).map_err(failed)
+        }
+        Request::RaiseFence { scope, epoch } => store.raise_fence(&scope, epoch).map_err(failed),
+        Request::FencedBatch { fences, pairs: p } => {
+            let fences: Vec<(Vec<u8>, u64)> =
+                fences.into_iter().map(|(s, e)| (s.into_vec(), e)).collect();
+            // Protocol rule 7: the store checks and writes under one lock.
+            match store.put_batch_fenced(&fences, &pairs(p)) {
+                Ok(()) => Ok(()),
+                Err(StoreError::Fenced {
+                    scope,
+                    epoch,
+                    newest,
+                }) => Err(Response::Fenced {
+                    scope: ByteBuf::from(scope.into_bytes()),
+                    epoch,
+                    newest,
+                }),
+                Err(e) => Err(failed(e)),
+            }
+        }
+        other => Err(Response::Refused(format!(
+            "not a write request: {}",
+            request_name(&other)
+        ))),
+    }
+}
+
+fn request_name(req: &Request) -> &'static str {
+    match req {
+        Request::Ping => "Ping",
+        Request::Put { .. } => "Put",
+        Request::Batch(_) => "Batch",
+        Request::Get { .. } => "Get",
+        Request::Scan { .. } => "Scan",
+        Request::Delete { .. } => "Delete",
+        Request::Hello { .. } => "Hello",
+        Request::RaiseFence { .. } => "RaiseFence",
+        Request::FencedBatch { .. } => "FencedBatch",
+        Request::DeleteBatch { .. } => "DeleteBatch",
+    }
+}
+
+/// Answers one request against `store` (protocol rules 1-5, 7-8), scan pages within `limit`
+/// (rule 4: the client's `max_bytes` can only lower it); a write is flushed on its own.
 pub(crate) fn handle(store: &dyn Store, req: Request, limit: PageLimit) -> Response {
     let failed = |e: crate::store::StoreError| Response::Failed(e.to_string());
     match req {
         Request::Ping => Response::Done,
-        Request::Put { key, value } => {
-            if let Err(r) = check(&key, &value) {
-                return r;
-            }
-            match store.put(&key, &value).and_then(|_| store.flush()) {
-                Ok(()) => Response::Done,
-                Err(e) => failed(e),
-            }
-        }
-        Request::Batch(pairs) => {
-            for (k, v) in &pairs {
-                if let Err(r) = check(k, v) {
-                    return r;
-                }
-            }
-            let pairs: Vec<(Vec<u8>, Vec<u8>)> = pairs
-                .into_iter()
-                .map(|(k, v)| (k.into_vec(), v.into_vec()))
-                .collect();
-            match store.put_batch(&pairs).and_then(|_| store.flush()) {
-                Ok(()) => Response::Done,
-                Err(e) => failed(e),
-            }
-        }
+        Request::Hello { .. } => hello(),
         Request::Get { key } => match store.get(&key) {
             Ok(v) => Response::Value(v.map(slot)),
             Err(e) => failed(e),
@@ -492,52 +702,12 @@ pub(crate) fn handle(store: &dyn Store, req: Request, limit: PageLimit) -> Respo
                 Err(e) => failed(e),
             }
         }
-        Request::Delete { key } => match store.delete(&key).and_then(|_| store.flush()) {
-            Ok(()) => Response::Done,
-            Err(e) => failed(e),
-        },
-        Request::Hello { .. } => Response::Hello {
-            version: PROTOCOL_VERSION,
-        },
-        Request::RaiseFence { scope, epoch } => {
-            if !store.keeps_fences() {
-                return no_fences(store);
+        req => {
+            if let Err(r) = check_request(store, &req).and_then(|()| apply(store, req)) {
+                return r;
             }
-            match store.raise_fence(&scope, epoch).and_then(|_| store.flush()) {
+            match store.flush() {
                 Ok(()) => Response::Done,
-                Err(e) => failed(e),
-            }
-        }
-        Request::FencedBatch { fences, pairs } => {
-            if !store.keeps_fences() {
-                return no_fences(store);
-            }
-            for (k, v) in &pairs {
-                if let Err(r) = check(k, v) {
-                    return r;
-                }
-            }
-            let fences: Vec<(Vec<u8>, u64)> =
-                fences.into_iter().map(|(s, e)| (s.into_vec(), e)).collect();
-            let pairs: Vec<(Vec<u8>, Vec<u8>)> = pairs
-                .into_iter()
-                .map(|(k, v)| (k.into_vec(), v.into_vec()))
-                .collect();
-            // Protocol rule 7: the store checks and writes under one lock.
-            match store
-                .put_batch_fenced(&fences, &pairs)
-                .and_then(|_| store.flush())
-            {
-                Ok(()) => Response::Done,
-                Err(StoreError::Fenced {
-                    scope,
-                    epoch,
-                    newest,
-                }) => Response::Fenced {
-                    scope: ByteBuf::from(scope.into_bytes()),
-                    epoch,
-                    newest,
-                },
                 Err(e) => failed(e),
             }
         }

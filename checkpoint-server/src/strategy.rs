@@ -741,6 +741,14 @@ impl RemoteStore {
         self.check_reachable(op, &failed, need)
     }
 
+    /// Rule 3: a delete is acknowledged by every server, or under a quorum by K + 1.
+    fn delete_need(&self) -> usize {
+        match self.spec.ack {
+            Ack::All => self.n(),
+            Ack::Quorum | Ack::AtLeast(_) => (self.k() + 1).min(self.n()),
+        }
+    }
+
     fn write_need(&self) -> usize {
         match self.spec.ack {
             Ack::All => self.n(),
@@ -1340,11 +1348,22 @@ impl Store for RemoteStore {
                 )
             })
             .collect();
-        let need = match self.spec.ack {
-            Ack::All => self.n(),
-            Ack::Quorum | Ack::AtLeast(_) => (self.k() + 1).min(self.n()),
-        };
-        self.write_all("delete", reqs, need)
+        self.write_all("delete", reqs, self.delete_need())
+    }
+
+    fn delete_batch(&self, keys: &[Vec<u8>]) -> Result<(), StoreError> {
+        match keys {
+            [] => Ok(()),
+            [key] => self.delete(key),
+            _ => {
+                // Protocol rule 8: one request per server for every key, one flush there.
+                let keys: Vec<ByteBuf> = keys.iter().map(|k| ByteBuf::from(k.clone())).collect();
+                let reqs = (0..self.n())
+                    .map(|i| (i, Request::DeleteBatch { keys: keys.clone() }))
+                    .collect();
+                self.write_all("delete", reqs, self.delete_need())
+            }
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -752,3 +752,185 @@ fn remote_stores_refuse_a_zombie_after_its_successor_raised_the_fence() {
         assert!(successor.keeps_fences());
     }
 }
+
+// --- rule 6: group commit ---
+
+/// A store that counts its flushes and holds the first one until [`GatedStore::open`].
+#[derive(Default)]
+struct GatedStore {
+    inner: MemoryStore,
+    flushes: std::sync::atomic::AtomicU64,
+    open: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl GatedStore {
+    fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst)
+    }
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl Store for GatedStore {
+    fn put(&self, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(k, v)
+    }
+    fn put_batch(&self, p: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        self.inner.put_batch(p)
+    }
+    fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(k)
+    }
+    fn scan_prefix(&self, p: &[u8]) -> Result<Pairs, StoreError> {
+        self.inner.scan_prefix(p)
+    }
+    fn delete(&self, k: &[u8]) -> Result<(), StoreError> {
+        self.inner.delete(k)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "gated".into()
+    }
+    fn keeps_fences(&self) -> bool {
+        true
+    }
+    fn raise_fence(&self, scope: &[u8], epoch: u64) -> Result<(), StoreError> {
+        self.inner.raise_fence(scope, epoch)
+    }
+    fn put_batch_fenced(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        self.inner.put_batch_fenced(fences, pairs)
+    }
+}
+
+/// Rule 6: the writes of five connections that arrive while a flush runs are applied in the
+/// order they came and share the next flush: 2 flushes for 6 writes (one per request before,
+/// so this fails with a handler that flushes each request). Each is answered on its own
+/// merits (a stale fenced batch `Fenced`, the others `Done`) and only after the flush that
+/// covers it; a batch holding a non-fragment is refused on its connection without waiting.
+#[test]
+fn writes_that_arrive_during_a_flush_share_the_next_one() {
+    let store = Arc::new(GatedStore::default());
+    let s = start(ServerConfig::default(), store.clone());
+    let stats = s.stats.clone();
+    let answers = s.rt.block_on(async {
+        let mut first = connect(&s.addr, &s.key).await.unwrap();
+        first
+            .send(&Request::Batch(vec![(b(b"k0"), frag(b"v0"))]))
+            .await
+            .unwrap();
+        wait_until("the first flush holds the committer", || {
+            store.flushes() == 1
+        })
+        .await;
+        let queued = [
+            Request::Put {
+                key: b(b"k1"),
+                value: frag(b"v1"),
+            },
+            Request::RaiseFence {
+                scope: b(b"t/"),
+                epoch: 5,
+            },
+            fenced(b"t/", 3, b"t/stale", b"x"),
+            Request::DeleteBatch {
+                keys: vec![b(b"k0"), b(b"absent")],
+            },
+            fenced(b"t/", 5, b"t/new", b"y"),
+        ];
+        let mut conns = Vec::new();
+        for (i, req) in queued.iter().enumerate() {
+            let mut c = connect(&s.addr, &s.key).await.unwrap();
+            c.send(req).await.unwrap();
+            // One at a time, so the queue holds them in this order.
+            wait_until("queued", || stats.writes_waiting() == i + 1).await;
+            conns.push(c);
+        }
+        // Refused on its connection while the committer is still held.
+        let mut bad = connect(&s.addr, &s.key).await.unwrap();
+        bad.send(&Request::Batch(vec![(b(b"j"), b(b"junk"))]))
+            .await
+            .unwrap();
+        let refused = bad.recv::<Response>().await.unwrap();
+        assert!(matches!(refused, Response::Refused(_)), "{refused:?}");
+        assert_eq!(store.flushes(), 1);
+        store.open();
+        let mut answers = vec![first.recv::<Response>().await.unwrap()];
+        for c in &mut conns {
+            answers.push(c.recv::<Response>().await.unwrap());
+        }
+        answers
+    });
+    let kinds: Vec<&str> = answers
+        .iter()
+        .map(|r| match r {
+            Response::Done => "done",
+            Response::Fenced { .. } => "fenced",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["done", "done", "done", "fenced", "done", "done"],
+        "{answers:?}"
+    );
+    assert_eq!(store.flushes(), 2, "one flush for the five queued writes");
+    assert_eq!(stats.flushes(), 2);
+    assert_eq!(stats.writes(), 5, "the stale fenced batch wrote nothing");
+    let keys: Vec<Vec<u8>> = store
+        .scan_prefix(b"")
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys, vec![b"k1".to_vec(), b"t/new".to_vec()]);
+}
+
+/// Protocol rule 8 at the handler: a `DeleteBatch` removes every key it names (absent ones
+/// are no error) with one flush.
+#[test]
+fn a_delete_batch_removes_every_key_it_names() {
+    let store = GatedStore::default();
+    store.open();
+    for k in [b"a", b"b", b"c"] {
+        assert!(matches!(
+            handle(
+                &store,
+                Request::Put {
+                    key: b(k),
+                    value: frag(k)
+                }
+            ),
+            Response::Done
+        ));
+    }
+    let before = store.flushes();
+    let r = handle(
+        &store,
+        Request::DeleteBatch {
+            keys: vec![b(b"a"), b(b"c"), b(b"zz")],
+        },
+    );
+    assert!(matches!(r, Response::Done), "{r:?}");
+    assert_eq!(store.flushes(), before + 1);
+    let keys: Vec<Vec<u8>> = store
+        .scan_prefix(b"")
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys, vec![b"b".to_vec()]);
+}

@@ -241,6 +241,12 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Removes `key`; durable after [`Store::flush`].
     fn delete(&self, key: &[u8]) -> Result<(), StoreError>;
+    /// Removes every key of `keys` (not atomically: after a crash some may remain); durable
+    /// after [`Store::flush`]. The default deletes them one by one; a remote store sends each
+    /// server one request for all of them (protocol rule 8), answered after one flush.
+    fn delete_batch(&self, keys: &[Vec<u8>]) -> Result<(), StoreError> {
+        keys.iter().try_for_each(|k| self.delete(k))
+    }
     /// Returns once everything written before is on stable storage.
     fn flush(&self) -> Result<(), StoreError>;
     /// A short human description ("local:/tmp/x", "memory").

@@ -207,6 +207,11 @@ impl Store for Namespaced {
         self.inner.delete(&self.key(key))
     }
 
+    fn delete_batch(&self, keys: &[Vec<u8>]) -> Result<(), StoreError> {
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| self.key(k)).collect();
+        self.inner.delete_batch(&keys)
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()
     }

@@ -38,12 +38,13 @@
 //!    costs one small record per vnode per flush, not per task. Each watermark is written
 //!    once under a key of its own (`wm/<vnode><last segment + 1>`), never overwritten: the
 //!    newest readable one counts, and the writer deletes all but the newest two once they are
-//!    acknowledged (an erasure-coded overwrite cut short can leave no version readable). A new run writes an empty one
-//!    for every vnode the manifest lists ([`Manifest::store_new`]). A reader reports as
-//!    [`LogError::Missing`], naming vnode and segment: a missing segment number or sequence
-//!    range, a log that stops short of its watermark, a torn segment the watermark covers (it
-//!    was flushed whole: only a segment written after the last flush may be torn, rule 4), and a
-//!    vnode the manifest lists with no watermark record.
+//!    acknowledged, 32 at a time in one delete (an erasure-coded overwrite cut short can
+//!    leave no version readable). A new run writes an empty one for every vnode the manifest
+//!    lists ([`Manifest::store_new`]). A reader reports as [`LogError::Missing`], naming vnode
+//!    and segment: a missing segment number or sequence range, a log that stops short of its
+//!    watermark, a torn segment the watermark covers (it was flushed whole: only a segment
+//!    written after the last flush may be torn, rule 4), and a vnode the manifest lists with
+//!    no watermark record.
 //! 9. **Recovery checkpoints.** Certification needs the whole log, recovery does not: the
 //!    writer folds each vnode's segments into its recovery state as it stores them
 //!    (`state.rs`: live tasks, the values they need, counts), compacts it to the live frontier,

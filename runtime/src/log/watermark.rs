@@ -9,12 +9,13 @@
 //! tail was lost.
 //!
 //! Each watermark is written once, under a key of its own, and the newest readable one is the
-//! vnode's watermark; the writer deletes older ones once two newer ones are acknowledged. Never
-//! an overwrite in place: an erasure-coded overwrite interrupted after it reached some servers
-//! can leave neither the old version nor the new one on enough servers to be rebuilt (found by
-//! `chaos`: ida:4,2 at a quorum, one server behind, a paused writer's last flush on two
-//! servers), while a new key that reached too few servers only reads as absent
-//! (`strategy.rs` rule 6 of the checkpoint crate) and leaves the one before it whole.
+//! vnode's watermark; the writer deletes older ones once two newer ones are acknowledged, 32
+//! at a time in one delete (`writer.rs`, `WATERMARK_DELETE_BATCH`). Never an overwrite in
+//! place: an erasure-coded overwrite interrupted after it reached some servers can leave
+//! neither the old version nor the new one on enough servers to be rebuilt (found by `chaos`:
+//! ida:4,2 at a quorum, one server behind, a paused writer's last flush on two servers), while
+//! a new key that reached too few servers only reads as absent (`strategy.rs` rule 6 of the
+//! checkpoint crate) and leaves the one before it whole.
 
 use serde::{Deserialize, Serialize};
 

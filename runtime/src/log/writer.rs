@@ -718,26 +718,41 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     true
 }
 
+/// Old watermarks deleted at once: a vnode's watermarks older than its newest
+/// [`WATERMARKS_KEPT`] wait until there are this many, then go in one [`Store::delete_batch`]
+/// (one request and one flush per checkpoint server, protocol rule 8 of the checkpoint crate).
+/// Deleting each as soon as it is old cost a second request and a second server flush per
+/// group commit; 32 makes that one in 32, and leaves at most 33 small records per vnode.
+pub(crate) const WATERMARK_DELETE_BATCH: usize = 32;
+
 /// Rule 8: after `written` (vnode, watermark key) were acknowledged, deletes each vnode's
-/// watermarks older than its newest [`WATERMARKS_KEPT`]. A failed delete is retried after the
-/// next write: an old watermark left over is never read while a newer one is there.
+/// watermarks older than its newest [`WATERMARKS_KEPT`], once [`WATERMARK_DELETE_BATCH`] of
+/// them wait. A failed delete is retried with the next batch: an old watermark left over is
+/// never read while a newer one is there.
 fn forget_watermarks(store: &dyn Store, shared: &Shared, written: Vec<(VnodeId, Vec<u8>)>) {
     let mut all = shared.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+    let mut old: Vec<(VnodeId, Vec<Vec<u8>>)> = Vec::new();
     for (vnode, key) in written {
         let keys = all.entry(vnode).or_default();
         if keys.last() != Some(&key) {
             keys.push(key);
         }
-        let old = keys.len().saturating_sub(WATERMARKS_KEPT);
-        let mut kept = Vec::new();
-        for key in keys.drain(..old) {
-            if let Err(e) = store.delete(&key) {
-                tracing::warn!("log of {vnode}: an old watermark stays for now: {e}");
-                kept.push(key);
-            }
+        let n = keys.len().saturating_sub(WATERMARKS_KEPT);
+        if n >= WATERMARK_DELETE_BATCH {
+            old.push((vnode, keys.drain(..n).collect()));
         }
-        kept.append(keys);
-        *keys = kept;
+    }
+    if old.is_empty() {
+        return;
+    }
+    let keys: Vec<Vec<u8>> = old.iter().flat_map(|(_, k)| k.iter().cloned()).collect();
+    if let Err(e) = store.delete_batch(&keys) {
+        tracing::warn!("{} old watermarks stay for now: {e}", keys.len());
+        for (vnode, mut keys) in old {
+            let newer = all.entry(vnode).or_default();
+            keys.append(newer);
+            *newer = keys; // oldest first again, tried with the next batch
+        }
     }
 }
 
