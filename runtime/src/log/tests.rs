@@ -37,7 +37,7 @@ fn completed(i: u128) -> Event {
         task: TaskId(i),
         outputs: vec![Output {
             data: DataId(i + 1),
-            value,
+            value: value.into(),
             digest,
         }],
         children: vec![TaskId(i * 7)],
@@ -119,6 +119,7 @@ fn the_policy_seals_by_size_and_by_age() {
     let policy = CommitPolicy {
         max_bytes: 200,
         max_delay: std::time::Duration::from_millis(5),
+        ..CommitPolicy::default()
     };
     let writer = LogWriter::start(store.clone(), 1, policy).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
@@ -312,6 +313,22 @@ fn a_run_of_the_older_id_derivation_is_refused_by_name() {
     assert_eq!(LogReader::new(store).manifest().unwrap(), manifest(1));
 }
 
+/// A run of the log format that held every value inline (manifest magic VFM2) is refused by
+/// name: its outputs decode differently (rule 10 of `log/mod.rs`).
+#[test]
+fn a_run_with_values_inline_is_refused_by_name() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let bytes = crate::codec::encode(&manifest(1)).unwrap();
+    store
+        .put(MANIFEST_KEY, &crate::codec::frame(*b"VFM2", &bytes))
+        .unwrap();
+    let err = LogReader::new(store).manifest().unwrap_err();
+    assert!(
+        err.to_string().contains("VFM2") && matches!(err, LogError::NotALog(_)),
+        "{err}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -408,7 +425,7 @@ fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
             task: TaskId(i),
             outputs: vec![Output {
                 data: DataId(i),
-                value: value.clone(),
+                value: value.clone().into(),
                 digest,
             }],
             children: vec![],
