@@ -174,6 +174,20 @@ impl LogState {
         self.tasks.get(&t).is_some_and(TaskState::live)
     }
 
+    /// Bytes of value held inline: values, and adopted tasks' inputs (large ones are held as
+    /// their digest, rule 10 of `log/mod.rs`).
+    pub fn inline_bytes(&self) -> u64 {
+        let inline = |p: &Payload| p.inline().map_or(0, |b| b.len() as u64);
+        let values: u64 = self.values.values().map(|v| inline(&v.value)).sum();
+        let adopted: u64 = self
+            .tasks
+            .values()
+            .filter_map(|t| t.adopted.as_ref())
+            .flat_map(|(_, inputs)| inputs.iter().map(inline))
+            .sum();
+        values + adopted
+    }
+
     /// Tasks and values held: what compaction bounds.
     pub fn size(&self) -> usize {
         self.tasks.len() + self.values.len() + self.acked.len()

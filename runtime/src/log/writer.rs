@@ -541,6 +541,18 @@ impl LogWriter {
         }
     }
 
+    /// Bytes of values the writer's recovery state holds inline (rule 9), over all vnodes:
+    /// only values below [`CommitPolicy::stored_from`], since larger ones are held as their
+    /// digest (rule 10).
+    pub fn held_value_bytes(&self) -> u64 {
+        let compactors = self
+            .shared
+            .compactors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        compactors.values().map(|c| c.state.inline_bytes()).sum()
+    }
+
     /// The store under this writer.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
