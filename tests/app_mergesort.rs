@@ -176,8 +176,9 @@ fn check_log<O: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(
             );
         };
         assert_eq!(output.data, id, "{ctx}: input {i}");
-        let logged = veriflow::runtime::log::values::resolve(&**reader.store(), output.value.clone())
-            .unwrap_or_else(|e| panic!("{ctx}: input {i}: {e}"));
+        let logged =
+            veriflow::runtime::log::values::resolve(&**reader.store(), output.value.clone())
+                .unwrap_or_else(|e| panic!("{ctx}: input {i}: {e}"));
         assert!(&logged == want, "{ctx}: logged value of input {i}");
     }
     // Every task started on the values their producers logged (same digests).

@@ -86,6 +86,10 @@ pub struct CgArgs {
     /// dataflow part: grid side of poisson3d:N [default: 100; --quick: 30].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=400))]
     pub dataflow_side: Option<u32>,
+    /// dataflow part: the store engine of the logged runs: local (sled, what --log-dir
+    /// opens), redb or fjall.
+    #[arg(long, default_value = "local", value_parser = ["local", "redb", "fjall"])]
+    pub dataflow_engine: String,
     /// dataflow part: the cg binary [default: built beside this one].
     #[arg(long, value_name = "PATH")]
     pub cg_bin: Option<PathBuf>,

@@ -5,8 +5,9 @@
 //! Method:
 //!
 //! 1. `cg run --matrix poisson3d:N --rtol 1e-8 --json` (default N = 100: n = 10^6; 4 blocks,
-//!    batch 8, the machine's cores as threads and vnodes), logged to a fresh sled directory
-//!    (`--log-dir`, removed after each run), and the same with `--no-checkpoint`; the two
+//!    batch 8, the machine's cores as threads and vnodes), logged to a fresh directory
+//!    (`--store ENGINE:DIR`, `--dataflow-engine`, default `local`: sled, what `--log-dir`
+//!    opens; removed after each run), and the same with `--no-checkpoint`; the two
 //!    interleaved, `--runs` times each. Time per iteration = the run's `elapsed_s` / its
 //!    iterations (both from its JSON summary: start-up and matrix generation are outside).
 //! 2. Peak memory: the child's peak RSS (`ru_maxrss` of `wait4`), against the problem's data:
@@ -90,7 +91,10 @@ pub(crate) fn dataflow(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
             let mut a = base.clone();
             let log_dir = dir.path().join(format!("log{round}"));
             if log {
-                a.extend(["--log-dir".to_string(), log_dir.display().to_string()]);
+                a.extend([
+                    "--store".to_string(),
+                    format!("{}:{}", args.dataflow_engine, log_dir.display()),
+                ]);
             } else {
                 a.push("--no-checkpoint".to_string());
             }
@@ -134,6 +138,7 @@ pub(crate) fn dataflow(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
         "iterations": iterations,
         "runs": runs,
         "command": format!("cg {}", base.join(" ")),
+        "engine": args.dataflow_engine,
         "quiet_before": quiet,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
@@ -169,12 +174,13 @@ pub(crate) fn markdown(r: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "{} · load {} → {} · `{}` (logged to a sled --log-dir, and with --no-checkpoint), \
+        "{} · load {} → {} · `{}` (logged to `--store {}:DIR`, and with --no-checkpoint), \
          interleaved, medians over {} runs (min-max); {} iterations; n = {}, nnz = {}.\n",
         d["date"].as_str().or(r["date"].as_str()).unwrap_or("?"),
         d["loadavg_before"].as_str().unwrap_or("?"),
         d["loadavg_after"].as_str().unwrap_or("?"),
         d["command"].as_str().unwrap_or("?"),
+        d["engine"].as_str().unwrap_or("local"),
         d["runs"],
         d["iterations"],
         d["n"],

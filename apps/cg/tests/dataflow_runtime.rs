@@ -242,7 +242,11 @@ fn value_keys(store: &MemoryStore) -> Vec<Vec<u8>> {
 fn killed_vnodes_recover_large_values_from_the_value_store() {
     let p = large_values();
     let want = sequential(&p);
-    assert!(want.converged && want.iterations > 20, "{}", want.iterations);
+    assert!(
+        want.converged && want.iterations > 20,
+        "{}",
+        want.iterations
+    );
     for seed in 0..3u64 {
         let store = Arc::new(MemoryStore::default());
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -258,7 +262,10 @@ fn killed_vnodes_recover_large_values_from_the_value_store() {
         assert!(failures >= 1, "{ctx}");
         assert_eq!(sol.iterations, want.iterations, "{ctx}");
         assert_eq!(bits(&sol.x), bits(&want.x), "{ctx}");
-        assert!(value_keys(&store).len() > 2 * want.iterations as usize, "{ctx}");
+        assert!(
+            value_keys(&store).len() > 2 * want.iterations as usize,
+            "{ctx}"
+        );
         // A block of x is 864 f64: its first 8 values' bytes are in no segment.
         let block: Vec<u8> = sol.x[..8].iter().flat_map(|v| v.to_le_bytes()).collect();
         for (key, seg) in store.scan_prefix(b"seg/").unwrap() {

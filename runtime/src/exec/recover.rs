@@ -216,7 +216,11 @@ impl Vnode {
         // checked against its digest) when a restored entry needs it.
         let store = match &self.core.log {
             Some(log) => log.store().clone(),
-            None => return Err(RunError::Config(format!("{v} has no log to be rebuilt from"))),
+            None => {
+                return Err(RunError::Config(format!(
+                    "{v} has no log to be rebuilt from"
+                )))
+            }
         };
         let load = |p: &Payload| -> Result<Vec<u8>, RunError> {
             Ok(crate::log::values::resolve(&*store, p.clone())?)

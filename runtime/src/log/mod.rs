@@ -99,7 +99,6 @@ pub mod watermark;
 mod writer;
 
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
-pub use values::STORED_FROM;
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
@@ -108,6 +107,7 @@ pub use reader::{
     MAX_REPEATS,
 };
 pub use state::LogState;
+pub use values::STORED_FROM;
 pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};
 
 use crate::ids::VnodeId;

@@ -115,8 +115,7 @@ impl SegmentBuilder {
         let values_before = self.values.len();
         self.buf.extend_from_slice(&[0; 4]);
         // The task path's events byte for byte as postcard, faster (`encode.rs`).
-        if !super::encode::encode_event(event, &mut self.buf, self.stored_from, &mut self.values)
-        {
+        if !super::encode::encode_event(event, &mut self.buf, self.stored_from, &mut self.values) {
             let outlined = outline(event, self.stored_from, &mut self.values);
             if let Err(e) = codec::encode_into(outlined.as_ref().unwrap_or(event), &mut self.buf) {
                 self.buf.truncate(at);

@@ -920,12 +920,16 @@ fn large_values_go_to_the_value_store_once_and_never_into_segments() {
     let store = Arc::new(MemoryStore::default());
     let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
-    let large: Vec<Vec<u8>> = (0..20).map(|i| big_value(i, STORED_FROM + 100 * i as usize)).collect();
+    let large: Vec<Vec<u8>> = (0..20)
+        .map(|i| big_value(i, STORED_FROM + 100 * i as usize))
+        .collect();
     for (i, v) in large.iter().enumerate() {
-        log.append(&completed_with(i as u128, i as u128, v.clone())).unwrap();
+        log.append(&completed_with(i as u128, i as u128, v.clone()))
+            .unwrap();
     }
     // The first value again, written by another task, and a program input equal to it.
-    log.append(&completed_with(100, 100, large[0].clone())).unwrap();
+    log.append(&completed_with(100, 100, large[0].clone()))
+        .unwrap();
     log.append(&Event::Input {
         output: Output {
             data: DataId(101),
@@ -935,7 +939,8 @@ fn large_values_go_to_the_value_store_once_and_never_into_segments() {
     })
     .unwrap();
     let small = big_value(99, STORED_FROM - 1);
-    log.append(&completed_with(200, 200, small.clone())).unwrap();
+    log.append(&completed_with(200, 200, small.clone()))
+        .unwrap();
     log.sync().unwrap();
     writer.shutdown().unwrap();
 
@@ -992,7 +997,13 @@ fn a_missing_or_corrupt_value_is_refused_by_name() {
         panic!("a Completed event");
     };
     let payload = outputs[0].value.clone();
-    assert_eq!(payload, Payload::Stored { digest, len: 10_000 });
+    assert_eq!(
+        payload,
+        Payload::Stored {
+            digest,
+            len: 10_000
+        }
+    );
     let key = values::value_key(&digest);
     let refused = |why: &str| {
         let err = values::resolve(store.as_ref(), payload.clone()).unwrap_err();
@@ -1039,15 +1050,24 @@ fn recovery_state_holds_large_values_by_reference() {
     }
     log.sync().unwrap();
     writer.pump();
-    assert_eq!(writer.held_value_bytes(), 0, "no value bytes held in memory");
-    let ck = store.get(&checkpoint_key(VnodeId(0))).unwrap().expect("a checkpoint");
+    assert_eq!(
+        writer.held_value_bytes(),
+        0,
+        "no value bytes held in memory"
+    );
+    let ck = store
+        .get(&checkpoint_key(VnodeId(0)))
+        .unwrap()
+        .expect("a checkpoint");
     let ck = Checkpoint::decode(VnodeId(0), &ck).unwrap();
     assert!(ck.state.values.len() >= 40, "{}", ck.state.values.len());
     assert!(ck.state.values.values().all(|v| v.value.is_stored()));
     assert_eq!(ck.state.inline_bytes(), 0);
     writer.shutdown().unwrap();
     let store: Arc<dyn Store> = store;
-    let r = LogReader::new(store.clone()).recover_vnode(VnodeId(0)).unwrap();
+    let r = LogReader::new(store.clone())
+        .recover_vnode(VnodeId(0))
+        .unwrap();
     assert_eq!(r.state.values.len(), 50);
     for (d, v) in &r.state.values {
         let bytes = values::resolve(store.as_ref(), v.value.clone()).unwrap();

@@ -13,8 +13,8 @@ use veriflow_checkpoint::Store;
 use super::checkpoint::{checkpoint_key, Checkpoint};
 use super::reader::{LogReader, RecoveredLog};
 use super::segment::{self, SegmentBuilder, SegmentValues};
-use super::values::{value_key, STORED_FROM};
 use super::state::LogState;
+use super::values::{value_key, STORED_FROM};
 use super::watermark::{watermark_prefix, LastSegment, Watermark};
 use super::{Event, EventKey, LogError, Payload};
 use crate::codec::Digest;
@@ -670,14 +670,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
         // Rule 10: values go in the chunk before the segment that names them.
-        let mut new_values: Vec<Digest> = Vec::new();
-        while let Some(mut s) = segments.next_if(|s| {
-            chunk.is_empty() || bytes + s.size() as usize <= MAX_BATCH_BYTES
-        }) {
+        let mut new_values: HashSet<Digest, std::hash::BuildHasherDefault<IdHasher>> =
+            HashSet::default();
+        while let Some(mut s) =
+            segments.next_if(|s| chunk.is_empty() || bytes + s.size() as usize <= MAX_BATCH_BYTES)
+        {
             bytes += s.size() as usize;
             for (digest, value) in std::mem::take(&mut s.values) {
-                if !stored.contains(&digest) && !new_values.contains(&digest) {
-                    new_values.push(digest);
+                if !stored.contains(&digest) && new_values.insert(digest) {
                     chunk.push((value_key(&digest), value));
                 }
             }
