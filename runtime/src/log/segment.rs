@@ -170,6 +170,10 @@ impl SegmentBuilder {
     /// Writes both headers and returns the framed bytes (a caller that stores values out of
     /// line takes them with [`SegmentBuilder::seal_with_values`] instead).
     pub fn seal(mut self, vnode: VnodeId, segno: u64, first_seq: u64) -> Vec<u8> {
+        debug_assert!(
+            self.values.is_empty(),
+            "a segment naming stored values is sealed with seal_with_values"
+        );
         let h = HEADER_LEN;
         self.buf[h..h + 4].copy_from_slice(&vnode.0.to_le_bytes());
         self.buf[h + 4..h + 12].copy_from_slice(&segno.to_le_bytes());
