@@ -292,16 +292,17 @@ impl Track {
     }
 
     /// The logged values of the terminal outputs, in the manifest's order, or `None` if one
-    /// is in no log read (`log::terminal_outputs` from a track already read).
-    pub fn terminal_values(&self) -> Option<Vec<Vec<u8>>> {
-        self.manifest
-            .terminal
-            .iter()
-            .map(|d| {
-                let v = self.data.get(d)?.value.as_ref()?;
-                Some(v.0.as_ref().clone())
-            })
-            .collect()
+    /// is in no log read (`log::terminal_outputs` from a track already read); a large one is
+    /// read from the value store ([`Track::resolve`]).
+    pub fn terminal_values(&self) -> Result<Option<Vec<Vec<u8>>>, LogError> {
+        let mut out = Vec::with_capacity(self.manifest.terminal.len());
+        for d in &self.manifest.terminal {
+            let Some((v, _)) = self.data.get(d).and_then(|d| d.value.as_ref()) else {
+                return Ok(None);
+            };
+            out.push(self.resolve(v)?);
+        }
+        Ok(Some(out))
     }
 
     /// G_S for the outputs `s` (rule 2), as a sorted list of task indexes, with the structural

@@ -584,6 +584,7 @@ fn the_draw_is_checked_ahead_within_its_budget() {
         .commit_policy(veriflow_runtime::log::CommitPolicy {
             max_bytes: 2 << 10,
             max_delay: std::time::Duration::from_secs(60),
+            ..veriflow_runtime::log::CommitPolicy::default()
         })
         .build()
         .unwrap()
