@@ -253,7 +253,7 @@ fn run_heading(id: &str) -> Option<&'static str> {
         "help" => return None,
         "threads" | "vnodes" | "seed" | "json" | "resume" => "Runtime",
         "log_dir" | "store" | "key" | "run" | "no_checkpoint" | "keep_log" | "commit_kib"
-        | "commit_ms" | "checkpoint_kib" => "Storage",
+        | "commit_ms" | "checkpoint_kib" | "stored_from" => "Storage",
         "kill_vnode" | "kill_after" | "kill_random" | "kill_every_ms" | "loss" | "forge_vnode"
         | "forge_rate" | "forge_tasks" | "forge_seed" => "Faults",
         "certify" | "epsilon" | "q" | "oracle_key" | "cert_out" => "Certification",
@@ -528,6 +528,11 @@ pub(crate) struct CommitArgs {
     #[arg(long, value_name = "KIB", default_value_t = DEFAULT_CHECKPOINT_BYTES >> 10,
           value_parser = clap::value_parser!(u64).range(0..=(1 << 30)))]
     checkpoint_kib: u64,
+    /// Values of at least this many encoded bytes are logged once, by digest, in the log's
+    /// value store instead of inside their event; smaller ones stay inline.
+    #[arg(long, value_name = "BYTES", default_value_t = veriflow_runtime::log::STORED_FROM as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    stored_from: u64,
 }
 
 impl CommitArgs {
@@ -536,6 +541,7 @@ impl CommitArgs {
             // Bounded to 64 MiB by the parser.
             max_bytes: usize::try_from(self.commit_kib << 10).unwrap_or(usize::MAX),
             max_delay: Duration::from_millis(self.commit_ms),
+            stored_from: usize::try_from(self.stored_from).unwrap_or(usize::MAX),
         }
     }
 

@@ -176,7 +176,10 @@ fn check_log<O: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(
             );
         };
         assert_eq!(output.data, id, "{ctx}: input {i}");
-        assert!(&output.value == want, "{ctx}: logged value of input {i}");
+        let logged =
+            veriflow::runtime::log::values::resolve(&**reader.store(), output.value.clone())
+                .unwrap_or_else(|e| panic!("{ctx}: input {i}: {e}"));
+        assert!(&logged == want, "{ctx}: logged value of input {i}");
     }
     // Every task started on the values their producers logged (same digests).
     let mut produced = std::collections::HashMap::new();
@@ -216,7 +219,8 @@ fn check_log<O: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(
             _ => None,
         })
         .unwrap_or_else(|| panic!("{ctx}: terminal output not logged"));
-    let decoded: O = codec::decode(&value.value).unwrap();
+    let bytes = veriflow::runtime::log::values::resolve(&**reader.store(), value.value).unwrap();
+    let decoded: O = codec::decode(&bytes).unwrap();
     assert!(
         decoded == report.outputs.0,
         "{ctx}: the logged terminal value differs from the result"
@@ -605,7 +609,9 @@ fn a_forged_merge_sort_is_corrected_to_the_sorted_vector() {
     assert_eq!(c.decision, veriflow::Decision::Accept, "{c:?}");
     let track = Track::load(store).unwrap();
     let out = track.terminal()[0];
-    let bytes = &track.data[&out].value.as_ref().unwrap().0;
-    let sorted: Vec<i64> = codec::decode(bytes).unwrap();
+    let bytes = track
+        .resolve(&track.data[&out].value.as_ref().unwrap().0)
+        .unwrap();
+    let sorted: Vec<i64> = codec::decode(&bytes).unwrap();
     assert!(sorted == want, "the corrected output is the sorted vector");
 }

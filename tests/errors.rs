@@ -518,6 +518,7 @@ fn bad_configurations_are_errors_at_build() {
                 .commit_policy(veriflow::CommitPolicy {
                     max_bytes: 0,
                     max_delay: Duration::from_millis(5),
+                    ..veriflow::CommitPolicy::default()
                 })
                 .build(),
         ),
@@ -622,6 +623,7 @@ fn a_failing_store_fails_the_run_with_the_store_error() {
     let policy = veriflow::CommitPolicy {
         max_bytes: 256,
         max_delay: Duration::from_millis(1),
+        ..veriflow::CommitPolicy::default()
     };
     // (segments the store takes, fail flush, fail put, expected message); a run logs ~30.
     let cases = [
@@ -804,7 +806,7 @@ fn a_store_error_is_returned_by_every_later_log_call() {
             let e = Event::Input {
                 output: Output {
                     data: veriflow::DataId(i),
-                    value,
+                    value: value.into(),
                     digest,
                 },
             };

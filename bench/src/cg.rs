@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p veriflow-bench --bin paper -- cg [--runs N] [--side N] [--iters K]
 //!     [--quick] [--out DIR] [--python PATH | --no-scipy] [--quiet-wait SECS]
-//!     [--parts kernel,spmd] [--spmd-side N] [--spmd-iters K] [--workers P]
+//!     [--parts kernel,spmd,dataflow] [--spmd-side N] [--spmd-iters K] [--workers P]
+//!     [--dataflow-side N] [--cg-bin PATH]
 //! ```
 //!
 //! Method (issue 8, benchmark 4, last item):
@@ -26,8 +27,9 @@
 //!
 //! Paper 002's Tables 2-4 (checkpoint cost against the checkpoint step, one recovery as a share
 //! of the run, memory against checkpoint-server storage) with the `--mode spmd` solver are the
-//! part [`Part::Spmd`] (`crate::cg_spmd`); `--parts` picks the parts, and a part not run keeps
-//! its section of an existing `cg.json`.
+//! part [`Part::Spmd`] (`crate::cg_spmd`); the logged data-flow CG against scipy, per iteration
+//! and in peak memory, is the part [`Part::Dataflow`] (`crate::cg_dataflow`, issue 17 target 8);
+//! `--parts` picks the parts, and a part not run keeps its section of an existing `cg.json`.
 //!
 //! Results: `cg.json` and `cg.md` in `--out` (`cg-quick.*` with `--quick`).
 
@@ -76,10 +78,21 @@ pub struct CgArgs {
     /// Wait up to this many seconds for other processes to use less than a quarter of a core.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub quiet_wait: u64,
-    /// Parts to run: kernel, spmd (a part not run keeps its section of an existing cg.json).
-    #[arg(long, value_delimiter = ',', default_values = ["kernel", "spmd"],
-          value_parser = ["kernel", "spmd"])]
+    /// Parts to run: kernel, spmd, dataflow (a part not run keeps its section of an existing
+    /// cg.json).
+    #[arg(long, value_delimiter = ',', default_values = ["kernel", "spmd", "dataflow"],
+          value_parser = ["kernel", "spmd", "dataflow"])]
     pub parts: Vec<String>,
+    /// dataflow part: grid side of poisson3d:N [default: 100; --quick: 30].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=400))]
+    pub dataflow_side: Option<u32>,
+    /// dataflow part: the store engine of the logged runs: local (sled, what --log-dir
+    /// opens), redb or fjall.
+    #[arg(long, default_value = "local", value_parser = ["local", "redb", "fjall"])]
+    pub dataflow_engine: String,
+    /// dataflow part: the cg binary [default: built beside this one].
+    #[arg(long, value_name = "PATH")]
+    pub cg_bin: Option<PathBuf>,
     /// spmd part: grid side of poisson3d:N [default: 100; --quick: 30].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=400))]
     pub spmd_side: Option<u32>,
@@ -99,6 +112,8 @@ pub enum Part {
     /// Paper 002 Tables 2-4 with `--mode spmd`: checkpoint cost against the step, one
     /// recovery, memory against a store.
     Spmd,
+    /// The logged data-flow CG against scipy and in peak memory (`crate::cg_dataflow`).
+    Dataflow,
 }
 
 /// Runs `paper cg`.
@@ -132,7 +147,11 @@ pub fn run(args: &CgArgs) -> Result<()> {
             "git": session.machine.git,
         }),
     });
-    for (part, name) in [(Part::Kernel, "kernel"), (Part::Spmd, "spmd")] {
+    for (part, name) in [
+        (Part::Kernel, "kernel"),
+        (Part::Spmd, "spmd"),
+        (Part::Dataflow, "dataflow"),
+    ] {
         if !args.parts.iter().any(|p| p == name) {
             report[name] = previous[name].clone();
             // The kept section says when and where it was measured.
@@ -145,10 +164,17 @@ pub fn run(args: &CgArgs) -> Result<()> {
         match part {
             Part::Kernel => report["kernel"] = kernel(args, side, runs)?,
             Part::Spmd => report["spmd"] = crate::cg_spmd::spmd(args)?,
+            Part::Dataflow => {
+                let side = args
+                    .dataflow_side
+                    .unwrap_or(if args.quick { 30 } else { 100 });
+                report["dataflow"] = crate::cg_dataflow::dataflow(args, side, runs)?;
+            }
         }
     }
     let mut md = markdown(&report);
     md.push_str(&crate::cg_spmd::markdown(&report["spmd"]));
+    md.push_str(&crate::cg_dataflow::markdown(&report));
     session.write("cg", &stem, report, &md)
 }
 
@@ -245,7 +271,7 @@ fn kernel(args: &CgArgs, side: u32, runs: u32) -> Result<Value> {
 
 /// scipy's SpMV and CG on the same matrix, one core (step 3); an object with `skipped` when
 /// python3 or scipy is missing.
-fn scipy(python: &str, side: u32, runs: u32, iters: u64) -> Value {
+pub(crate) fn scipy(python: &str, side: u32, runs: u32, iters: u64) -> Value {
     let script = r#"
 import json, sys, time
 import numpy as np

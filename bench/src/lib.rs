@@ -28,6 +28,7 @@ pub mod detector;
 pub mod nqueens;
 
 pub mod cg;
+pub mod cg_dataflow;
 pub mod cg_spmd;
 
 pub mod damage;

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use veriflow_runtime::log::{Declared, Event, LogReader, Output};
+use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Output, Payload};
 use veriflow_runtime::replay::replay;
 use veriflow_runtime::{DataId, Digest, IdMap, IdSet, Registry, RunError, TaskId, VnodeId};
 
@@ -62,6 +62,15 @@ pub enum CorrectError {
         task: TaskId,
         /// A datum it waits for.
         data: DataId,
+    },
+    /// A logged value a re-run needs cannot be read (missing from the value store, or not what
+    /// its digest says).
+    #[error("re-running {task} on the oracle: {source}")]
+    Value {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        source: LogError,
     },
     /// The correction itself failed (a bug in the certifier: please report it).
     #[error("the correction stopped unexpectedly: {0}")]
@@ -129,7 +138,7 @@ pub fn reexecute(
             pending.push(r.clone());
         }
     }
-    let mut fresh: IdMap<DataId, (Arc<Vec<u8>>, Digest)> = IdMap::default();
+    let mut fresh: IdMap<DataId, (Arc<Payload>, Digest)> = IdMap::default();
     let mut done: Vec<Redone> = Vec::new();
     let mut waiting: VecDeque<Declared> = VecDeque::new();
     loop {
@@ -154,12 +163,19 @@ pub fn reexecute(
         let results: Vec<Result<(Redone, Vec<Declared>), CorrectError>> = ready
             .into_par_iter()
             .map(|r| {
-                let values: Vec<(Arc<Vec<u8>>, Digest)> = r
+                let values: Vec<(Arc<Payload>, Digest)> = r
                     .inputs
                     .iter()
                     .filter_map(|d| value(track, &recomputed, &fresh, *d))
                     .collect();
-                let bytes: Vec<Vec<u8>> = values.iter().map(|(v, _)| v.to_vec()).collect();
+                let bytes: Vec<Vec<u8>> = values
+                    .iter()
+                    .map(|(v, _)| track.resolve(v))
+                    .collect::<Result<_, _>>()
+                    .map_err(|source| CorrectError::Value {
+                        task: r.task,
+                        source,
+                    })?;
                 let again = replay(registry, &r, &bytes).map_err(|source| CorrectError::Rerun {
                     task: r.task,
                     source,
@@ -206,7 +222,7 @@ pub fn reexecute(
 fn available(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<Vec<u8>>, Digest)>,
+    fresh: &IdMap<DataId, (Arc<Payload>, Digest)>,
     d: DataId,
 ) -> bool {
     value(track, recomputed, fresh, d).is_some()
@@ -215,9 +231,9 @@ fn available(
 fn value(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<Vec<u8>>, Digest)>,
+    fresh: &IdMap<DataId, (Arc<Payload>, Digest)>,
     d: DataId,
-) -> Option<(Arc<Vec<u8>>, Digest)> {
+) -> Option<(Arc<Payload>, Digest)> {
     if let Some(v) = fresh.get(&d) {
         return Some(v.clone());
     }

@@ -201,7 +201,7 @@ pub fn certify_followed(
     let (certificate, track) = certify_from(store, registry, opts, prior, progress, track)?;
     Ok(Followed {
         certificate,
-        outputs: track.terminal_values(),
+        outputs: track.terminal_values()?,
     })
 }
 

@@ -273,7 +273,9 @@ impl Follower {
             self.tails = (0..m.vnodes)
                 .map(|v| self.reader.tail(VnodeId(v)))
                 .collect();
-            self.track = Some(Track::live(m, 0));
+            let mut track = Track::live(m, 0);
+            track.store = Some(crate::track::ValueSource(self.reader.store().clone()));
+            self.track = Some(track);
         }
         // Events read before a failing read are kept (the tail moved past them): absorbed
         // first, then the error is returned.

@@ -57,7 +57,7 @@ pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunEr
     let (Some(record), Some(wrote)) = (&rec.record, &rec.wrote) else {
         return forged("not declared and completed in the log".to_string());
     };
-    let Some(inputs) = track.input_values(t) else {
+    let Some(inputs) = track.input_values(t)? else {
         return forged("an input has no logged value".to_string());
     };
     let again = match replay(registry, record, &inputs) {

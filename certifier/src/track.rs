@@ -29,7 +29,7 @@ use std::sync::{Arc, LazyLock};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
-use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Manifest, TornTail};
+use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Manifest, Payload, TornTail};
 use veriflow_runtime::{DataId, Digest, IdMap, TaskId, VnodeId};
 
 /// Index of a task in a [`Track`].
@@ -61,8 +61,10 @@ pub struct TaskRec {
 pub struct DataRec {
     /// The task that wrote it (`None` for a program input or a datum never written).
     pub writer: Option<Ix>,
-    /// Its logged value and digest (from its writer's `Completed`, or the `Input` event).
-    pub value: Option<(Arc<Vec<u8>>, Digest)>,
+    /// Its logged value and digest (from its writer's `Completed`, or the `Input` event): a
+    /// large value's reference into the value store, read when a re-run needs it
+    /// ([`Track::resolve`]; rule 10 of the runtime's `log/mod.rs`).
+    pub value: Option<(Arc<Payload>, Digest)>,
     /// Whether it is a program input.
     pub input: bool,
     /// Copies returned to victims: (victim vnode, digest).
@@ -93,6 +95,16 @@ pub struct StructuralError {
     pub message: String,
 }
 
+/// The store a track's large values are read from (rule 10 of the runtime's `log/mod.rs`).
+#[derive(Clone)]
+pub struct ValueSource(pub Arc<dyn Store>);
+
+impl std::fmt::Debug for ValueSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ValueSource({})", self.0.describe())
+    }
+}
+
 /// G as read from the logs of one generation.
 #[derive(Debug)]
 pub struct Track {
@@ -111,6 +123,8 @@ pub struct Track {
     pub torn: Vec<(VnodeId, TornTail)>,
     /// Events read.
     pub events: u64,
+    /// The store the log is in: large values are read from its value store.
+    pub store: Option<ValueSource>,
 }
 
 impl Track {
@@ -124,6 +138,7 @@ impl Track {
     pub fn load_from(reader: &LogReader) -> Result<Track, LogError> {
         let manifest = reader.manifest()?;
         let mut t = Track::live(manifest, reader.generation());
+        t.store = Some(ValueSource(reader.store().clone()));
         let vnodes = reader.vnodes()?;
         // About 3 events per task (declared, started, completed) and a datum per task.
         let tasks = usize::try_from(reader.events_hint(&vnodes) / 3).unwrap_or(0);
@@ -150,6 +165,7 @@ impl Track {
             conflicts: Vec::new(),
             torn: Vec::new(),
             events: 0,
+            store: None,
         }
     }
 
@@ -197,7 +213,7 @@ impl Track {
                 record,
                 inputs,
             } => {
-                let digests = inputs.iter().map(|b| Digest::of(b)).collect();
+                let digests = inputs.iter().map(Payload::digest).collect();
                 let i = self.ix(record.task) as usize;
                 self.tasks[i].adopted = Some((v, digests));
                 self.set_record(v, record, false);
@@ -276,16 +292,17 @@ impl Track {
     }
 
     /// The logged values of the terminal outputs, in the manifest's order, or `None` if one
-    /// is in no log read (`log::terminal_outputs` from a track already read).
-    pub fn terminal_values(&self) -> Option<Vec<Vec<u8>>> {
-        self.manifest
-            .terminal
-            .iter()
-            .map(|d| {
-                let v = self.data.get(d)?.value.as_ref()?;
-                Some(v.0.as_ref().clone())
-            })
-            .collect()
+    /// is in no log read (`log::terminal_outputs` from a track already read); a large one is
+    /// read from the value store ([`Track::resolve`]).
+    pub fn terminal_values(&self) -> Result<Option<Vec<Vec<u8>>>, LogError> {
+        let mut out = Vec::with_capacity(self.manifest.terminal.len());
+        for d in &self.manifest.terminal {
+            let Some((v, _)) = self.data.get(d).and_then(|d| d.value.as_ref()) else {
+                return Ok(None);
+            };
+            out.push(self.resolve(v)?);
+        }
+        Ok(Some(out))
     }
 
     /// G_S for the outputs `s` (rule 2), as a sorted list of task indexes, with the structural
@@ -567,13 +584,35 @@ impl Track {
         m
     }
 
-    /// The logged input values of task `t`, in input order.
-    pub fn input_values(&self, t: Ix) -> Option<Vec<Vec<u8>>> {
-        let r = self.tasks[t as usize].record.as_ref()?;
-        r.inputs
-            .iter()
-            .map(|d| self.data.get(d)?.value.as_ref().map(|(v, _)| v.to_vec()))
-            .collect()
+    /// The logged input values of task `t`, in input order; `None` if one has no logged
+    /// value. A large value is read from the value store: an error if it is not there or not
+    /// what its digest says.
+    pub fn input_values(&self, t: Ix) -> Result<Option<Vec<Vec<u8>>>, LogError> {
+        let Some(r) = self.tasks[t as usize].record.as_ref() else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(r.inputs.len());
+        for d in &r.inputs {
+            let Some((v, _)) = self.data.get(d).and_then(|d| d.value.as_ref()) else {
+                return Ok(None);
+            };
+            out.push(self.resolve(v)?);
+        }
+        Ok(Some(out))
+    }
+
+    /// The bytes of a logged value: its own, or read from the value store and checked.
+    pub fn resolve(&self, p: &Payload) -> Result<Vec<u8>, LogError> {
+        match (p, &self.store) {
+            (Payload::Inline(b), _) => Ok(b.clone()),
+            (Payload::Stored { digest, len }, Some(ValueSource(store))) => {
+                veriflow_runtime::log::values::load(&**store, *digest, *len)
+            }
+            (Payload::Stored { digest, .. }, None) => Err(LogError::Value {
+                digest: *digest,
+                reason: "is in a value store this reader was not given".to_string(),
+            }),
+        }
     }
 }
 

@@ -67,7 +67,7 @@ fn opts(eps: f64, q: f64) -> Options {
 fn terminal_value(store: &Arc<dyn Store>) -> Vec<u8> {
     let t = Track::load(store.clone()).unwrap();
     let d = t.terminal()[0];
-    t.data[&d].value.as_ref().unwrap().0.to_vec()
+    t.resolve(&t.data[&d].value.as_ref().unwrap().0).unwrap()
 }
 
 #[test]
@@ -182,7 +182,10 @@ fn correction_restores_the_honest_output() {
     let g0 = veriflow_runtime::log::LogReader::new(store.clone());
     let t0 = Track::load_from(&g0).unwrap();
     let d = t0.terminal()[0];
-    assert_eq!(t0.data[&d].value.as_ref().unwrap().0.to_vec(), before);
+    assert_eq!(
+        t0.resolve(&t0.data[&d].value.as_ref().unwrap().0).unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -581,6 +584,7 @@ fn the_draw_is_checked_ahead_within_its_budget() {
         .commit_policy(veriflow_runtime::log::CommitPolicy {
             max_bytes: 2 << 10,
             max_delay: std::time::Duration::from_secs(60),
+            ..veriflow_runtime::log::CommitPolicy::default()
         })
         .build()
         .unwrap()

@@ -7,7 +7,9 @@
 //! and recovered once); the digests below are what that version printed. It was written again
 //! on 2026-11-26 when task ids moved to derivation 2 (`ids.rs`: a log of derivation 1 is
 //! refused by name, `log/manifest.rs`), after the faster reader had been checked against the
-//! derivation-1 fixture and its pins.
+//! derivation-1 fixture and its pins. The log was written again later on 2026-11-26 when the
+//! log format moved to VFM3 (values tagged inline or stored by digest, rule 10 of the runtime's
+//! `log/mod.rs`): the same digests, and the certificate made before (kept as it was) verifies.
 
 mod common;
 

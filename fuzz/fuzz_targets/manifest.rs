@@ -13,5 +13,5 @@ fn load(bytes: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     load(data);
-    load(&codec::frame(*b"VFM2", data));
+    load(&codec::frame(*b"VFM3", data));
 });

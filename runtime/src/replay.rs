@@ -124,7 +124,7 @@ pub fn replay(
         outputs.push(Output {
             data: record.outputs[i],
             digest: Digest::of(&bytes),
-            value: bytes,
+            value: bytes.into(),
         });
     }
     Ok(Replayed {

@@ -12,7 +12,7 @@ use veriflow_runtime::log::{Declared, Event, Manifest, Output, RunStatus, MANIFE
 use veriflow_runtime::{DataId, Digest, MemoryStore, Store, TaskId, VnodeId};
 
 /// The manifest's frame magic (private to the log; written in its files).
-const MANIFEST_MAGIC: [u8; 4] = *b"VFM2";
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM3";
 
 fn events() -> Vec<Event> {
     let root = TaskId::root("prog", b"args");
@@ -37,7 +37,7 @@ fn events() -> Vec<Event> {
             outputs: vec![Output {
                 data: DataId::output(root, 0),
                 digest: Digest::of(&value),
-                value,
+                value: value.into(),
             }],
             children: vec![child],
         },

@@ -135,7 +135,12 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
                 if let Some(i) = manifest.terminal.iter().position(|&t| t == o.data) {
                     let t = &mut terminal[i];
                     if t.value.is_none() {
-                        t.value = root_kind.and_then(|k| k.debug_output(i, &o.value));
+                        // A large output is read from the log's value store (and checked).
+                        let bytes = veriflow_runtime::log::values::resolve(
+                            &**reader.store(),
+                            o.value.clone(),
+                        )?;
+                        t.value = root_kind.and_then(|k| k.debug_output(i, &bytes));
                         t.digest = Some(o.digest.to_hex());
                         t.vnode = Some(log.vnode);
                     }

@@ -673,6 +673,7 @@ impl World {
             .commit_policy(CommitPolicy {
                 max_bytes: 4 << 10,
                 max_delay: Duration::from_millis(1),
+                ..CommitPolicy::default()
             })
             // A recovery checkpoint every two segments or so (`log/mod.rs` rule 9): most
             // take-overs in the simulator start from one, and from the log after it.

@@ -232,7 +232,7 @@ impl Core {
                     to,
                     Output {
                         data: id,
-                        value: bytes.clone(),
+                        value: bytes.clone().into(),
                         digest,
                     },
                     0,
@@ -384,7 +384,7 @@ impl Core {
                 self.shared.work_add(vnode);
                 let output = Output {
                     data: id,
-                    value: bytes.clone(),
+                    value: bytes.clone().into(),
                     digest,
                 };
                 self.returns.push((to, output, seq));
@@ -512,7 +512,7 @@ impl Core {
                 let digest = Digest::of(&bytes);
                 logged.push(Output {
                     data: outputs[*i],
-                    value: bytes,
+                    value: bytes.into(),
                     digest,
                 });
             }
@@ -543,7 +543,7 @@ impl Core {
                     .data
                     .get(&out.data)
                     .is_some_and(|e| !e.return_to.is_empty());
-                let bytes = returning.then_some(out.value);
+                let bytes = returning.then(|| out.value.into_inline()).flatten();
                 self.write(out.data, value, Some(out.digest), bytes, seq)?;
             }
         } else {

@@ -43,7 +43,7 @@ use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, Epoch, TaskId};
 use crate::log::state::TaskState;
-use crate::log::{Event, LogState, LogWriter, Output};
+use crate::log::{Event, LogState, LogWriter, Output, Payload};
 use crate::task::value::Value;
 use crate::task::Registry;
 use crate::transport::Message;
@@ -85,7 +85,7 @@ pub(crate) fn plant_root(core: &mut Core, root: &RootSetup) -> Result<(), RunErr
             core.append(&Event::Input {
                 output: Output {
                     data: id,
-                    value: bytes,
+                    value: bytes.into(),
                     digest: d,
                 },
             })?;
@@ -212,13 +212,31 @@ impl Vnode {
         let mut order: Vec<&TaskState> = tasks.values().collect();
         order.sort_by_key(|t| t.order);
         let live = |t: &TaskId| tasks.get(t).is_some_and(TaskState::live);
-        let value = |d: &DataId| values.get(d).map(|s| (s.value.clone(), s.digest));
+        // Rule 10 of `log/mod.rs`: a large value is read back from the value store (and
+        // checked against its digest) when a restored entry needs it.
+        let store = match &self.core.log {
+            Some(log) => log.store().clone(),
+            None => {
+                return Err(RunError::Config(format!(
+                    "{v} has no log to be rebuilt from"
+                )))
+            }
+        };
+        let load = |p: &Payload| -> Result<Vec<u8>, RunError> {
+            Ok(crate::log::values::resolve(&*store, p.clone())?)
+        };
+        let value = |d: &DataId| -> Result<Option<(Vec<u8>, Digest)>, RunError> {
+            values
+                .get(d)
+                .map(|s| Ok((load(&s.value)?, s.digest)))
+                .transpose()
+        };
 
         // Data as the log left it; outputs of adopted tasks are owed to their victims.
         for t in &order {
             let d = &t.record;
             for &o in &d.outputs {
-                self.core.restore_data(o, value(&o));
+                self.core.restore_data(o, value(&o)?);
                 if let Some((victim, _)) = &t.adopted {
                     self.core.create_return(o, *victim);
                 }
@@ -228,7 +246,7 @@ impl Vnode {
             }
             if t.live() {
                 for &i in &d.inputs {
-                    self.core.restore_data(i, value(&i));
+                    self.core.restore_data(i, value(&i)?);
                 }
             }
         }
@@ -245,7 +263,7 @@ impl Vnode {
         // Rule 5.
         if v.0 == 0 {
             for &o in &root.terminal {
-                self.core.restore_data(o, value(&o));
+                self.core.restore_data(o, value(&o)?);
                 self.core.pin(o);
             }
         }
@@ -294,8 +312,9 @@ impl Vnode {
             }
             match &t.adopted {
                 Some((_, inputs)) => {
-                    let digests = inputs.iter().map(|b| Digest::of(b)).collect();
-                    let values = inputs.iter().cloned().map(Value::bytes).collect();
+                    let bytes = inputs.iter().map(load).collect::<Result<Vec<_>, _>>()?;
+                    let digests = bytes.iter().map(|b| Digest::of(b)).collect();
+                    let values = bytes.into_iter().map(Value::bytes).collect();
                     self.core.push_ready(ReadyTask {
                         spec,
                         values,
@@ -332,12 +351,15 @@ impl Vnode {
             let inputs = d
                 .inputs
                 .iter()
-                .map(|i| values.get(i).map(|s| s.value.clone()))
+                .map(|i| values.get(i).map(|s| &s.value))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| RunError::Internal {
                     vnode: v,
                     message: format!("the log lacks an input of stolen task {task}"),
-                })?;
+                })?
+                .into_iter()
+                .map(load)
+                .collect::<Result<Vec<_>, _>>()?;
             let msg = Message::StealGrant {
                 record: d.clone(),
                 inputs,

@@ -328,6 +328,7 @@ fn a_value_with_several_live_readers_survives_recovery() {
                 .commit_policy(CommitPolicy {
                     max_bytes: 1,
                     max_delay: std::time::Duration::ZERO,
+                    ..CommitPolicy::default()
                 })
                 .kills(vec![Kill {
                     vnode: crate::VnodeId(0),

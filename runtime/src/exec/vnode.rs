@@ -544,7 +544,7 @@ impl Vnode {
         let seq = self.core.append(&Event::Adopted {
             victim,
             record: record.clone(),
-            inputs: inputs.clone(),
+            inputs: inputs.iter().map(|b| b.clone().into()).collect(),
         })?;
         for &o in &record.outputs {
             self.core.create_return(o, victim);
@@ -575,9 +575,13 @@ impl Vnode {
     /// Rule 5, victim side.
     fn on_returned(&mut self, thief: VnodeId, output: Output) -> Result<(), RunError> {
         let data = output.data;
-        if Digest::of(&output.value) != output.digest {
+        if output
+            .value
+            .inline()
+            .is_none_or(|b| Digest::of(b) != output.digest)
+        {
             tracing::warn!(
-                "{}: dropped a Returned for {data} from {thief}: digest mismatch",
+                "{}: dropped a Returned for {data} from {thief}: no bytes, or a digest mismatch",
                 self.id()
             );
             return Ok(());
@@ -590,6 +594,8 @@ impl Vnode {
                 output: output.clone(),
             })?;
             let Output { value, digest, .. } = output;
+            // Inline: checked above.
+            let value = value.into_inline().unwrap_or_default();
             self.core
                 .write(data, Value::bytes(value), Some(digest), None, seq)?;
             self.held

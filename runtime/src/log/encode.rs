@@ -11,20 +11,30 @@
 //!    encoded here; every other event goes to postcard. Through serde, postcard writes a
 //!    fixed-size id one byte at a time (a call and a capacity check per byte), which made the
 //!    ids and digests the largest part of a logged task's encoding; here each is one copy.
+//! 3. An output value of at least `stored_from` bytes is written as [`Payload::Stored`] (its
+//!    digest and length) and its bytes are handed back for the value store (rule 10 of
+//!    `log/mod.rs`): the same bytes postcard writes for the event with that value stored.
 
 use crate::codec::Digest;
 use crate::ids::{DataId, TaskId};
 
-use super::event::{Declared, Event, Output};
+use super::event::{Declared, Event, Output, Payload};
+use super::segment::SegmentValues;
 
 /// Variant indices of [`Event`] (declaration order, as serde numbers them).
 const DECLARED: u32 = 0;
 const STARTED: u32 = 1;
 const COMPLETED: u32 = 2;
 
-/// Appends `event` to `buf` as postcard would (rule 1); `false` (nothing written) for the
-/// events left to postcard (rule 2).
-pub(crate) fn encode_event(event: &Event, buf: &mut Vec<u8>) -> bool {
+/// Appends `event` to `buf` as postcard would (rule 1), its values of `stored_from` bytes or
+/// more stored (rule 3: pushed to `values`); `false` (nothing written) for the events left to
+/// postcard (rule 2).
+pub(crate) fn encode_event(
+    event: &Event,
+    buf: &mut Vec<u8>,
+    stored_from: usize,
+    values: &mut SegmentValues,
+) -> bool {
     match event {
         Event::Declared(d) => {
             varint(buf, u64::from(DECLARED));
@@ -47,7 +57,7 @@ pub(crate) fn encode_event(event: &Event, buf: &mut Vec<u8>) -> bool {
             task_id(buf, *task);
             len(buf, outputs.len());
             for o in outputs {
-                output(buf, o);
+                output(buf, o, stored_from, values);
             }
             len(buf, children.len());
             for &c in children {
@@ -79,9 +89,29 @@ fn declared(buf: &mut Vec<u8>, d: &Declared) {
     }
 }
 
-fn output(buf: &mut Vec<u8>, o: &Output) {
+/// Variant indices of [`Payload`].
+const INLINE: u32 = 0;
+const STORED: u32 = 1;
+
+fn output(buf: &mut Vec<u8>, o: &Output, stored_from: usize, values: &mut SegmentValues) {
     data_id(buf, o.data);
-    bytes(buf, &o.value);
+    match &o.value {
+        Payload::Inline(b) if b.len() >= stored_from => {
+            values.push((o.digest, b.clone()));
+            varint(buf, u64::from(STORED));
+            digest(buf, &o.digest);
+            varint(buf, b.len() as u64);
+        }
+        Payload::Inline(b) => {
+            varint(buf, u64::from(INLINE));
+            bytes(buf, b);
+        }
+        Payload::Stored { digest: d, len } => {
+            varint(buf, u64::from(STORED));
+            digest(buf, d);
+            varint(buf, *len);
+        }
+    }
     digest(buf, &o.digest);
 }
 
@@ -167,7 +197,7 @@ mod tests {
         });
         let output = (any::<u128>(), blob(), any::<[u8; 32]>()).prop_map(|(d, value, g)| Output {
             data: DataId(d),
-            value,
+            value: value.into(),
             digest: Digest(g),
         });
         let completed = (
@@ -190,10 +220,34 @@ mod tests {
         #[test]
         fn task_events_encode_as_postcard(e in event(), before in blob()) {
             let mut buf = before.clone();
-            prop_assert!(encode_event(&e, &mut buf));
+            let mut values = Vec::new();
+            prop_assert!(encode_event(&e, &mut buf, usize::MAX, &mut values));
+            prop_assert!(values.is_empty());
             let mut want = before;
             want.extend(postcard::to_stdvec(&e).unwrap());
             prop_assert_eq!(buf, want);
+        }
+
+        /// Rule 3: with values of 200 bytes or more stored, the bytes postcard writes for the
+        /// event whose large values are references, and those values handed back.
+        #[test]
+        fn stored_values_encode_as_postcard(e in event()) {
+            let mut buf = Vec::new();
+            let mut values = Vec::new();
+            prop_assert!(encode_event(&e, &mut buf, 200, &mut values));
+            let mut want = e.clone();
+            let mut expected = Vec::new();
+            if let Event::Completed { outputs, .. } = &mut want {
+                for o in outputs {
+                    if o.value.len() >= 200 {
+                        let b = o.value.inline().unwrap().to_vec();
+                        o.value = Payload::Stored { digest: o.digest, len: b.len() as u64 };
+                        expected.push((o.digest, b));
+                    }
+                }
+            }
+            prop_assert_eq!(buf, postcard::to_stdvec(&want).unwrap());
+            prop_assert_eq!(values, expected);
         }
     }
 
@@ -205,7 +259,7 @@ mod tests {
             task: TaskId(1),
             thief: VnodeId(2),
         };
-        assert!(!encode_event(&stolen, &mut buf));
+        assert!(!encode_event(&stolen, &mut buf, 0, &mut Vec::new()));
         assert_eq!(buf, [7]);
     }
 }

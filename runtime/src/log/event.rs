@@ -32,10 +32,85 @@ pub struct Declared {
 pub struct Output {
     /// The data object.
     pub data: DataId,
-    /// Its encoded value.
-    pub value: Vec<u8>,
-    /// blake3 of `value`.
+    /// Its encoded value (in memory and in messages always [`Payload::Inline`]; read back
+    /// from a log, [`Payload::Stored`] when it went to the value store, rule 10 of `log/mod.rs`).
+    pub value: Payload,
+    /// blake3 of the value's bytes.
     pub digest: Digest,
+}
+
+/// The bytes of a logged value, or where they are (rule 10 of `log/mod.rs`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Payload {
+    /// The bytes themselves (a small value in a segment; every value in memory).
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A large value: its bytes are in the value store under its digest (`values.rs`).
+    Stored {
+        /// blake3 of the bytes: the value store's key.
+        digest: Digest,
+        /// Length of the bytes.
+        len: u64,
+    },
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Payload::Inline(b) if b.len() <= 32 => write!(f, "Inline({b:?})"),
+            Payload::Inline(b) => write!(f, "Inline({} bytes)", b.len()),
+            Payload::Stored { digest, len } => write!(f, "Stored({len} bytes, {digest})"),
+        }
+    }
+}
+
+impl Payload {
+    /// The bytes, when they are here.
+    pub fn inline(&self) -> Option<&[u8]> {
+        match self {
+            Payload::Inline(b) => Some(b),
+            Payload::Stored { .. } => None,
+        }
+    }
+
+    /// The bytes, when they are here (moved out).
+    pub fn into_inline(self) -> Option<Vec<u8>> {
+        match self {
+            Payload::Inline(b) => Some(b),
+            Payload::Stored { .. } => None,
+        }
+    }
+
+    /// Length of the value's bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Inline(b) => b.len() as u64,
+            Payload::Stored { len, .. } => *len,
+        }
+    }
+
+    /// Whether the value has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// blake3 of the value's bytes (hashed when inline).
+    pub fn digest(&self) -> Digest {
+        match self {
+            Payload::Inline(b) => Digest::of(b),
+            Payload::Stored { digest, .. } => *digest,
+        }
+    }
+
+    /// Whether the bytes are in the value store.
+    pub fn is_stored(&self) -> bool {
+        matches!(self, Payload::Stored { .. })
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(b: Vec<u8>) -> Self {
+        Payload::Inline(b)
+    }
 }
 
 /// One event of a vnode's log. Its [`Event::key`] gives the log set semantics.
@@ -74,7 +149,7 @@ pub enum Event {
         /// The task's declaration.
         record: Declared,
         /// Encoded input values, in input order.
-        inputs: Vec<Vec<u8>>,
+        inputs: Vec<Payload>,
     },
     /// (victim) An output of a stolen task came back from its thief.
     Returned {

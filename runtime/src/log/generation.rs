@@ -10,10 +10,15 @@
 //! 3. Each vnode of a generation gets its durable watermark (rule 8 of `log/mod.rs`) under the
 //!    generation's prefix, so a gap or a lost tail in a generation is noticed as in the run's
 //!    own log.
+//! 4. Large values (the corrected outputs) go to the value store shared by every generation
+//!    (rule 10 of `log/mod.rs`: `val/<digest>`, not under the generation's prefix), in the store
+//!    batch of the segment that names them, before it. Events kept from the previous generation
+//!    name values that are there already.
 
 use veriflow_checkpoint::Store;
 
 use super::segment::{self, SegmentBuilder};
+use super::values::value_key;
 use super::watermark::{LastSegment, Watermark};
 use super::{Event, LogError, Manifest};
 use crate::ids::VnodeId;
@@ -48,14 +53,14 @@ pub fn write_generation(
             seq += 1;
             if seg.body_len() >= SEGMENT_BYTES {
                 let full = std::mem::replace(&mut seg, SegmentBuilder::new(SEGMENT_BYTES));
-                batch.push(sealed(&prefix, *vnode, segno, first, full));
+                sealed(&mut batch, &prefix, *vnode, segno, first, full);
                 segno += 1;
                 first = seq;
             }
         }
         let mut last = None;
         if seg.count() > 0 {
-            batch.push(sealed(&prefix, *vnode, segno, first, seg));
+            sealed(&mut batch, &prefix, *vnode, segno, first, seg);
             last = Some(LastSegment {
                 segno,
                 end_seq: seq,
@@ -81,14 +86,20 @@ pub fn write_generation(
     manifest.store(store)
 }
 
+/// Pushes the segment's large values (rule 4), then the segment, to `batch`.
 fn sealed(
+    batch: &mut Vec<(Vec<u8>, Vec<u8>)>,
     prefix: &[u8],
     vnode: VnodeId,
     segno: u64,
     first: u64,
     seg: SegmentBuilder,
-) -> (Vec<u8>, Vec<u8>) {
+) {
     let mut key = prefix.to_vec();
     key.extend_from_slice(&segment::segment_key(vnode, segno));
-    (key, seg.seal(vnode, segno, first))
+    let (bytes, values) = seg.seal_with_values(vnode, segno, first);
+    for (digest, value) in values {
+        batch.push((value_key(&digest), value));
+    }
+    batch.push((key, bytes));
 }

@@ -14,9 +14,12 @@ const WATERMARKS_PER_BATCH: usize = 4096;
 
 /// Store key of the manifest.
 pub const MANIFEST_KEY: &[u8] = b"manifest";
-/// Runs whose task and data ids come from `ids.rs`' derivation 2 (a pair of spawns per
-/// blake3 block, 2026-11-26).
-const MANIFEST_MAGIC: [u8; 4] = *b"VFM2";
+/// Runs whose large values are stored apart from their events (rule 10 of `log/mod.rs`,
+/// [`crate::log::Payload`]), with task and data ids from `ids.rs`' derivation 2.
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM3";
+/// Runs of derivation 2 whose values are all inline in their events: their segments decode
+/// differently (an output's value has no inline/stored tag), so they are refused by name.
+const MANIFEST_MAGIC_2: [u8; 4] = *b"VFM2";
 /// Runs of derivation 1: their ids cannot be re-created by this version (a resumed task would
 /// spawn children of other ids, and the certifier would find every re-run parent forged), so
 /// they are refused by name.
@@ -108,6 +111,14 @@ impl Manifest {
                 "its manifest is of an older veriflow, whose task ids are derived differently \
                  (id derivation 1, before 2026-11-26): inspect, resume and certify it with that \
                  version"
+                    .to_string(),
+            ));
+        }
+        if bytes.starts_with(&MANIFEST_MAGIC_2) {
+            return Err(LogError::NotALog(
+                "its manifest is of an older veriflow, whose logs hold every value inline in its \
+                 event (log format VFM2, before values were stored apart by digest, 2026-11-26): \
+                 inspect, resume and certify it with that version"
                     .to_string(),
             ));
         }

@@ -56,6 +56,17 @@
 //!    of the watermark, is not used: the whole log is read instead, never a wrong state. So is
 //!    one the store cannot rebuild (`StoreError::Unrecoverable`: it is overwritten in place,
 //!    and a write of it cut short can leave no version whole).
+//! 10. **Large values out of line** (`values.rs`). A value (an output, a program input, an
+//!     adopted task's input) of at least [`CommitPolicy::stored_from`] encoded bytes (default
+//!     [`STORED_FROM`], 4 KiB) is not copied into its event: the segment holds its digest and
+//!     length ([`Payload::Stored`]) and the bytes go once, keyed by their blake3 digest, to the
+//!     value store `val/<digest>` of the same store, in the same store batch as the segment and
+//!     before it, so a durable segment never names a value that is not durable. Smaller values
+//!     stay inline ([`Payload::Inline`]). Recovery state, checkpoints and the certifier's track
+//!     hold only the reference, and load the bytes when a task needs them; a blob that is
+//!     missing, or whose bytes do not hash to its digest, is [`LogError::Value`] naming the
+//!     digest. Logs written before values were stored apart (manifest magic `VFM2`) are refused
+//!     by name.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -84,10 +95,11 @@ mod outputs;
 mod reader;
 pub mod segment;
 pub mod state;
+pub mod values;
 pub mod watermark;
 mod writer;
 
-pub use event::{Declared, Event, EventKey, EventKind, Output};
+pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
@@ -96,6 +108,7 @@ pub use reader::{
     MAX_REPEATS,
 };
 pub use state::LogState;
+pub use values::STORED_FROM;
 pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};
 
 use crate::ids::VnodeId;
@@ -129,6 +142,15 @@ pub enum LogError {
         segment: Option<u64>,
         /// What is missing (naming the segment when known), and what is there around it.
         what: String,
+    },
+    /// A value the log names is not in the value store, or its bytes do not hash to its digest
+    /// (rule 10).
+    #[error("logged value {digest} {reason}")]
+    Value {
+        /// The value's digest (its key in the value store).
+        digest: crate::codec::Digest,
+        /// What is wrong with it.
+        reason: String,
     },
     /// The directory holds no veriflow run (no manifest).
     #[error("no veriflow run here: {0}")]

@@ -1,6 +1,6 @@
 //! The terminal outputs of a finished run, read back from its logs.
 
-use super::{Event, LogError, LogReader};
+use super::{values, Event, LogError, LogReader};
 
 /// The encoded terminal outputs of the run in `reader`'s logs, in the manifest's order, or
 /// `None` if one of them is in no log (the run has not produced it durably). A finished run's
@@ -19,7 +19,10 @@ pub fn terminal_outputs(reader: &LogReader) -> Result<Option<Vec<Vec<u8>>>, LogE
             };
             for o in outputs {
                 if let Some(i) = manifest.terminal.iter().position(|&t| t == o.data) {
-                    found[i].get_or_insert(o.value);
+                    if found[i].is_none() {
+                        // Rule 10 of `log/mod.rs`: a large output is in the value store.
+                        found[i] = Some(values::resolve(&**reader.store(), o.value)?);
+                    }
                 }
             }
         }

@@ -4,9 +4,10 @@
 //! Payload layout: `vnode (u32 LE) | segment number (u64 LE) | first event sequence (u64 LE) |
 //! event count (u32 LE)` then, per event, `length (u32 LE) | postcard(Event)`.
 
-use crate::codec::{self, FrameError, HEADER_LEN};
+use crate::codec::{self, Digest, FrameError, HEADER_LEN};
 use crate::ids::VnodeId;
-use crate::log::event::Event;
+use crate::log::event::{Event, Output, Payload};
+use crate::log::values::STORED_FROM;
 
 /// Magic of a segment frame.
 pub const SEGMENT_MAGIC: [u8; 4] = *b"VFSG";
@@ -68,33 +69,64 @@ pub fn parse_segment_key(key: &[u8]) -> Option<(VnodeId, u64)> {
     Some((VnodeId(v), s))
 }
 
+/// Large values a segment names (rule 10 of `log/mod.rs`): (digest, bytes), to be stored
+/// under their digest before the segment.
+pub type SegmentValues = Vec<(Digest, Vec<u8>)>;
+
 /// A segment being filled: the frame header and segment header are reserved at the front, so
 /// sealing writes them in place (no copy of the body).
 #[derive(Debug)]
 pub struct SegmentBuilder {
     buf: Vec<u8>,
     count: u32,
+    /// Values of at least this many bytes go out of line (rule 10 of `log/mod.rs`).
+    stored_from: usize,
+    /// The values that went out of line, for the value store.
+    values: SegmentValues,
+    /// Bytes of `values`.
+    value_bytes: usize,
 }
 
 impl SegmentBuilder {
-    /// An empty segment with room for `capacity` bytes of events.
+    /// An empty segment with room for `capacity` bytes of events, storing values of
+    /// [`STORED_FROM`] bytes or more out of line.
     pub fn new(capacity: usize) -> Self {
-        let mut buf = Vec::with_capacity(HEADER_LEN + SEGMENT_HEADER_LEN + capacity);
-        buf.resize(HEADER_LEN + SEGMENT_HEADER_LEN, 0);
-        Self { buf, count: 0 }
+        Self::storing_from(capacity, STORED_FROM)
     }
 
-    /// Appends one event.
+    /// An empty segment storing values of `stored_from` bytes or more out of line
+    /// (`usize::MAX`: none).
+    pub fn storing_from(capacity: usize, stored_from: usize) -> Self {
+        let mut buf = Vec::with_capacity(HEADER_LEN + SEGMENT_HEADER_LEN + capacity);
+        buf.resize(HEADER_LEN + SEGMENT_HEADER_LEN, 0);
+        Self {
+            buf,
+            count: 0,
+            stored_from,
+            values: Vec::new(),
+            value_bytes: 0,
+        }
+    }
+
+    /// Appends one event; its large values go to the segment's value list (rule 10 of
+    /// `log/mod.rs`), and the event names them.
     pub fn push(&mut self, event: &Event) -> Result<(), codec::CodecError> {
         let at = self.buf.len();
+        let values_before = self.values.len();
         self.buf.extend_from_slice(&[0; 4]);
         // The task path's events byte for byte as postcard, faster (`encode.rs`).
-        if !super::encode::encode_event(event, &mut self.buf) {
-            if let Err(e) = codec::encode_into(event, &mut self.buf) {
+        if !super::encode::encode_event(event, &mut self.buf, self.stored_from, &mut self.values) {
+            let outlined = outline(event, self.stored_from, &mut self.values);
+            if let Err(e) = codec::encode_into(outlined.as_ref().unwrap_or(event), &mut self.buf) {
                 self.buf.truncate(at);
+                self.values.truncate(values_before);
                 return Err(e);
             }
         }
+        self.value_bytes += self.values[values_before..]
+            .iter()
+            .map(|(_, b)| b.len())
+            .sum::<usize>();
         let len = self.buf.len() - at - 4;
         if len > MAX_EVENT_BYTES {
             self.buf.truncate(at);
@@ -118,8 +150,30 @@ impl SegmentBuilder {
         self.buf.len() - HEADER_LEN - SEGMENT_HEADER_LEN
     }
 
-    /// Writes both headers and returns the framed bytes.
+    /// Bytes of the values that went out of line so far.
+    pub fn value_bytes(&self) -> usize {
+        self.value_bytes
+    }
+
+    /// Writes both headers and returns the framed bytes and the values it names (rule 10 of
+    /// `log/mod.rs`), which must be stored before it.
+    pub fn seal_with_values(
+        mut self,
+        vnode: VnodeId,
+        segno: u64,
+        first_seq: u64,
+    ) -> (Vec<u8>, SegmentValues) {
+        let values = std::mem::take(&mut self.values);
+        (self.seal(vnode, segno, first_seq), values)
+    }
+
+    /// Writes both headers and returns the framed bytes (a caller that stores values out of
+    /// line takes them with [`SegmentBuilder::seal_with_values`] instead).
     pub fn seal(mut self, vnode: VnodeId, segno: u64, first_seq: u64) -> Vec<u8> {
+        debug_assert!(
+            self.values.is_empty(),
+            "a segment naming stored values is sealed with seal_with_values"
+        );
         let h = HEADER_LEN;
         self.buf[h..h + 4].copy_from_slice(&vnode.0.to_le_bytes());
         self.buf[h + 4..h + 12].copy_from_slice(&segno.to_le_bytes());
@@ -127,6 +181,58 @@ impl SegmentBuilder {
         self.buf[h + 20..h + 24].copy_from_slice(&self.count.to_le_bytes());
         codec::seal_frame(SEGMENT_MAGIC, &mut self.buf);
         self.buf
+    }
+}
+
+/// `event` with its inline values of `from` bytes or more replaced by references, the values
+/// pushed to `values`; `None` when it has none (rule 10 of `log/mod.rs`). For the events
+/// `encode.rs` leaves to postcard (off the task path: steals, returns, program inputs).
+fn outline(event: &Event, from: usize, values: &mut SegmentValues) -> Option<Event> {
+    let large = |p: &Payload| p.inline().is_some_and(|b| b.len() >= from);
+    let mut put = |p: &Payload, digest: Option<Digest>| -> Payload {
+        match p {
+            Payload::Inline(b) if b.len() >= from => {
+                let digest = digest.unwrap_or_else(|| Digest::of(b));
+                values.push((digest, b.clone()));
+                Payload::Stored {
+                    digest,
+                    len: b.len() as u64,
+                }
+            }
+            other => other.clone(),
+        }
+    };
+    let output = |o: &Output, put: &mut dyn FnMut(&Payload, Option<Digest>) -> Payload| Output {
+        data: o.data,
+        value: put(&o.value, Some(o.digest)),
+        digest: o.digest,
+    };
+    match event {
+        Event::Adopted {
+            victim,
+            record,
+            inputs,
+        } if inputs.iter().any(large) => Some(Event::Adopted {
+            victim: *victim,
+            record: record.clone(),
+            inputs: inputs.iter().map(|p| put(p, None)).collect(),
+        }),
+        Event::Returned { output: o } if large(&o.value) => Some(Event::Returned {
+            output: output(o, &mut put),
+        }),
+        Event::Input { output: o } if large(&o.value) => Some(Event::Input {
+            output: output(o, &mut put),
+        }),
+        Event::Completed {
+            task,
+            outputs,
+            children,
+        } if outputs.iter().any(|o| large(&o.value)) => Some(Event::Completed {
+            task: *task,
+            outputs: outputs.iter().map(|o| output(o, &mut put)).collect(),
+            children: children.clone(),
+        }),
+        _ => None,
     }
 }
 

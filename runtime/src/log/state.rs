@@ -32,7 +32,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Declared, Event, Output};
+use super::{Declared, Event, Output, Payload};
 use crate::codec::Digest;
 use crate::ids::{DataId, IdMap, IdSet, TaskId, VnodeId};
 
@@ -42,7 +42,7 @@ pub struct TaskState {
     /// Its declaration (from `Declared`, or the record of `Adopted`).
     pub record: Declared,
     /// For an adopted task: its victim and input values.
-    pub adopted: Option<(VnodeId, Vec<Vec<u8>>)>,
+    pub adopted: Option<(VnodeId, Vec<Payload>)>,
     /// Whether `Started` was logged.
     pub started: bool,
     /// Whether `Completed` was logged.
@@ -63,8 +63,9 @@ impl TaskState {
 /// A value written in the folded log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredValue {
-    /// Encoded value.
-    pub value: Vec<u8>,
+    /// Encoded value, or (a large one) its reference in the value store: the state never holds
+    /// a large value's bytes (rule 10 of `log/mod.rs`).
+    pub value: Payload,
     /// Its digest as logged.
     pub digest: Digest,
     /// Whether it is a program input (`Input`).
@@ -133,7 +134,7 @@ impl LogState {
         }
     }
 
-    fn declare(&mut self, record: Declared, adopted: Option<(VnodeId, Vec<Vec<u8>>)>) {
+    fn declare(&mut self, record: Declared, adopted: Option<(VnodeId, Vec<Payload>)>) {
         if self.tasks.contains_key(&record.task) || self.adopted.contains(&record.task) {
             return;
         }
@@ -171,6 +172,20 @@ impl LogState {
     /// Whether `t` is here and live (rule 2).
     pub fn is_live(&self, t: TaskId) -> bool {
         self.tasks.get(&t).is_some_and(TaskState::live)
+    }
+
+    /// Bytes of value held inline: values, and adopted tasks' inputs (large ones are held as
+    /// their digest, rule 10 of `log/mod.rs`).
+    pub fn inline_bytes(&self) -> u64 {
+        let inline = |p: &Payload| p.inline().map_or(0, |b| b.len() as u64);
+        let values: u64 = self.values.values().map(|v| inline(&v.value)).sum();
+        let adopted: u64 = self
+            .tasks
+            .values()
+            .filter_map(|t| t.adopted.as_ref())
+            .flat_map(|(_, inputs)| inputs.iter().map(inline))
+            .sum();
+        values + adopted
     }
 
     /// Tasks and values held: what compaction bounds.

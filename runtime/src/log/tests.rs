@@ -37,7 +37,7 @@ fn completed(i: u128) -> Event {
         task: TaskId(i),
         outputs: vec![Output {
             data: DataId(i + 1),
-            value,
+            value: value.into(),
             digest,
         }],
         children: vec![TaskId(i * 7)],
@@ -119,6 +119,7 @@ fn the_policy_seals_by_size_and_by_age() {
     let policy = CommitPolicy {
         max_bytes: 200,
         max_delay: std::time::Duration::from_millis(5),
+        ..CommitPolicy::default()
     };
     let writer = LogWriter::start(store.clone(), 1, policy).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
@@ -312,6 +313,22 @@ fn a_run_of_the_older_id_derivation_is_refused_by_name() {
     assert_eq!(LogReader::new(store).manifest().unwrap(), manifest(1));
 }
 
+/// A run of the log format that held every value inline (manifest magic VFM2) is refused by
+/// name: its outputs decode differently (rule 10 of `log/mod.rs`).
+#[test]
+fn a_run_with_values_inline_is_refused_by_name() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let bytes = crate::codec::encode(&manifest(1)).unwrap();
+    store
+        .put(MANIFEST_KEY, &crate::codec::frame(*b"VFM2", &bytes))
+        .unwrap();
+    let err = LogReader::new(store).manifest().unwrap_err();
+    assert!(
+        err.to_string().contains("VFM2") && matches!(err, LogError::NotALog(_)),
+        "{err}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -401,14 +418,16 @@ fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
     });
     let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
-    let value = vec![7u8; 1 << 20];
     for i in 0..48u128 {
+        // Distinct values (one of the value store's blobs each, rule 10), in the same chunks.
+        let mut value = vec![7u8; 1 << 20];
+        value[0] = i as u8;
         let digest = Digest::of(&value);
         let e = Event::Completed {
             task: TaskId(i),
             outputs: vec![Output {
                 data: DataId(i),
-                value: value.clone(),
+                value: value.clone().into(),
                 digest,
             }],
             children: vec![],
@@ -951,5 +970,192 @@ fn a_log_of_many_pages_reads_as_one_and_only_its_last_segment_may_be_torn() {
             store.put(&key, &value).unwrap();
         }
         assert_eq!(read(&store).unwrap().events.len() as u128, 2 * whole);
+    }
+}
+
+/// `len` bytes that differ for every `i` (no value repeats another by chance).
+fn big_value(i: u128, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut h = blake3::Hasher::new();
+    h.update(&i.to_le_bytes());
+    let mut xof = h.finalize_xof();
+    out.resize(len, 0);
+    xof.fill(&mut out);
+    out
+}
+
+fn completed_with(task: u128, data: u128, value: Vec<u8>) -> Event {
+    let digest = Digest::of(&value);
+    Event::Completed {
+        task: TaskId(task),
+        outputs: vec![Output {
+            data: DataId(data),
+            value: value.into(),
+            digest,
+        }],
+        children: vec![],
+    }
+}
+
+/// Rule 10: a value of 4 KiB or more is not in any segment; it is in the value store once,
+/// under its digest, however often it is logged; the event read back names it, and small
+/// values stay inline.
+#[test]
+fn large_values_go_to_the_value_store_once_and_never_into_segments() {
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    let large: Vec<Vec<u8>> = (0..20)
+        .map(|i| big_value(i, STORED_FROM + 100 * i as usize))
+        .collect();
+    for (i, v) in large.iter().enumerate() {
+        log.append(&completed_with(i as u128, i as u128, v.clone()))
+            .unwrap();
+    }
+    // The first value again, written by another task, and a program input equal to it.
+    log.append(&completed_with(100, 100, large[0].clone()))
+        .unwrap();
+    log.append(&Event::Input {
+        output: Output {
+            data: DataId(101),
+            value: large[0].clone().into(),
+            digest: Digest::of(&large[0]),
+        },
+    })
+    .unwrap();
+    let small = big_value(99, STORED_FROM - 1);
+    log.append(&completed_with(200, 200, small.clone()))
+        .unwrap();
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+
+    let segs = segments(&store);
+    assert!(!segs.is_empty());
+    for v in &large {
+        for (key, seg) in &segs {
+            assert!(
+                !seg.windows(64).any(|w| w == &v[..64]),
+                "segment {key:?} holds a large value's bytes"
+            );
+        }
+        let stored = store.get(&values::value_key(&Digest::of(v))).unwrap();
+        assert_eq!(stored.as_ref(), Some(v), "the value store holds each value");
+    }
+    let blobs = store.scan_prefix(values::VALUE_PREFIX).unwrap();
+    assert_eq!(blobs.len(), large.len(), "one blob per distinct value");
+
+    let read = read(&store).unwrap();
+    let mut outputs = Vec::new();
+    for e in read.events {
+        match e.event {
+            Event::Completed { outputs: o, .. } => outputs.extend(o),
+            Event::Input { output } => outputs.push(output),
+            _ => {}
+        }
+    }
+    assert_eq!(outputs.len(), large.len() + 3);
+    for o in outputs {
+        let want = match o.data.0 {
+            200 => &small,
+            100 | 101 => &large[0],
+            i => &large[i as usize],
+        };
+        assert_eq!(o.value.is_stored(), o.data.0 != 200, "{:#}", o.data);
+        assert_eq!(o.digest, Digest::of(want));
+        assert_eq!(&values::resolve(store.as_ref(), o.value).unwrap(), want);
+    }
+}
+
+/// Rule 10: a value missing from the value store, or whose bytes are not what its digest and
+/// length say, is an error naming the digest, never a panic nor wrong bytes.
+#[test]
+fn a_missing_or_corrupt_value_is_refused_by_name() {
+    let store = Arc::new(MemoryStore::default());
+    let value = big_value(1, 10_000);
+    let digest = Digest::of(&value);
+    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    log.append(&completed_with(1, 1, value.clone())).unwrap();
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+    let Event::Completed { outputs, .. } = read(&store).unwrap().events.remove(0).event else {
+        panic!("a Completed event");
+    };
+    let payload = outputs[0].value.clone();
+    assert_eq!(
+        payload,
+        Payload::Stored {
+            digest,
+            len: 10_000
+        }
+    );
+    let key = values::value_key(&digest);
+    let refused = |why: &str| {
+        let err = values::resolve(store.as_ref(), payload.clone()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, LogError::Value { digest: d, .. } if d == digest)
+                && text.contains(&digest.to_string())
+                && text.contains(why),
+            "{text}"
+        );
+    };
+    let mut flipped = value.clone();
+    flipped[5000] ^= 1;
+    store.put(&key, &flipped).unwrap();
+    refused("corrupt");
+    store.put(&key, &value[..9_999]).unwrap();
+    refused("corrupt");
+    store.delete(&key).unwrap();
+    refused("missing");
+    store.put(&key, &value).unwrap();
+    assert_eq!(values::resolve(store.as_ref(), payload).unwrap(), value);
+}
+
+/// Rules 9-10: the writer's recovery state and its checkpoints hold a large value as its
+/// digest, not its bytes (before, every value a vnode wrote stayed in memory until
+/// compaction, which counts entries, not bytes); recovery reads the bytes back.
+#[test]
+fn recovery_state_holds_large_values_by_reference() {
+    use super::checkpoint::{checkpoint_key, Checkpoint};
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    writer.set_checkpoint_every(4 << 10);
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    // Root tasks that stay live (never completed) read the values: compaction keeps them.
+    for i in 0..50u128 {
+        let mut d = declared(i);
+        if let Event::Declared(d) = &mut d {
+            d.inputs = vec![DataId(i)];
+        }
+        log.append(&d).unwrap();
+        log.append(&completed_with(10_000 + i, i, big_value(i, 8 << 10)))
+            .unwrap();
+        log.seal().unwrap();
+    }
+    log.sync().unwrap();
+    writer.pump();
+    assert_eq!(
+        writer.held_value_bytes(),
+        0,
+        "no value bytes held in memory"
+    );
+    let ck = store
+        .get(&checkpoint_key(VnodeId(0)))
+        .unwrap()
+        .expect("a checkpoint");
+    let ck = Checkpoint::decode(VnodeId(0), &ck).unwrap();
+    assert!(ck.state.values.len() >= 40, "{}", ck.state.values.len());
+    assert!(ck.state.values.values().all(|v| v.value.is_stored()));
+    assert_eq!(ck.state.inline_bytes(), 0);
+    writer.shutdown().unwrap();
+    let store: Arc<dyn Store> = store;
+    let r = LogReader::new(store.clone())
+        .recover_vnode(VnodeId(0))
+        .unwrap();
+    assert_eq!(r.state.values.len(), 50);
+    for (d, v) in &r.state.values {
+        let bytes = values::resolve(store.as_ref(), v.value.clone()).unwrap();
+        assert_eq!(bytes, big_value(d.0, 8 << 10));
     }
 }

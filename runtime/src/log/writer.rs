@@ -1,6 +1,7 @@
 //! Writing side of the log: a [`VnodeLog`] per vnode and one group-commit [`LogWriter`] thread
 //! (rules 1, 2 and 5 of `log/mod.rs`).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -11,10 +12,12 @@ use veriflow_checkpoint::Store;
 
 use super::checkpoint::{checkpoint_key, Checkpoint};
 use super::reader::{LogReader, RecoveredLog};
-use super::segment::{self, SegmentBuilder};
+use super::segment::{self, SegmentBuilder, SegmentValues};
 use super::state::LogState;
+use super::values::{value_key, STORED_FROM};
 use super::watermark::{watermark_prefix, LastSegment, Watermark};
-use super::{Event, EventKey, LogError};
+use super::{Event, EventKey, LogError, Payload};
+use crate::codec::Digest;
 use crate::ids::{DataId, IdHasher, IdMap, VnodeId};
 use crate::util::Padded;
 
@@ -27,6 +30,9 @@ pub struct CommitPolicy {
     /// Seal a non-empty batch at most this long after its first event, so durability keeps
     /// moving when tasks are long.
     pub max_delay: Duration,
+    /// Values of at least this many encoded bytes go to the value store, not into their event
+    /// (rule 10; `usize::MAX`: none). Default [`STORED_FROM`].
+    pub stored_from: usize,
 }
 
 impl Default for CommitPolicy {
@@ -34,6 +40,7 @@ impl Default for CommitPolicy {
         Self {
             max_bytes: 64 << 10,
             max_delay: Duration::from_millis(5),
+            stored_from: STORED_FROM,
         }
     }
 }
@@ -45,6 +52,15 @@ struct Sealed {
     segno: u64,
     last_seq: u64,
     bytes: Vec<u8>,
+    /// The large values it names (rule 10), stored before it.
+    values: SegmentValues,
+}
+
+impl Sealed {
+    /// Bytes it takes in memory until stored: the segment and its values.
+    fn size(&self) -> u64 {
+        (self.bytes.len() + self.values.iter().map(|(_, b)| b.len()).sum::<usize>()) as u64
+    }
 }
 
 enum ToWriter {
@@ -83,6 +99,9 @@ struct Shared {
     /// Rule 8: the store keys of each vnode's watermarks, oldest first, that the writer has
     /// not deleted yet (`watermark.rs`: each is written once; all but the newest two go).
     watermarks: Mutex<IdMap<VnodeId, Vec<Vec<u8>>>>,
+    /// Rule 10: digests of the values this writer has stored (acknowledged by the store): a
+    /// value logged again is not stored again.
+    stored: Mutex<HashSet<Digest, std::hash::BuildHasherDefault<IdHasher>>>,
 }
 
 /// Watermarks of a vnode kept when older ones are deleted: the newest, and the one before it
@@ -241,6 +260,7 @@ impl Shared {
             watermarks: Mutex::new(IdMap::default()),
             checkpoint_every: AtomicU64::new(DEFAULT_CHECKPOINT_BYTES),
             in_flight: AtomicU64::new(0),
+            stored: Mutex::new(HashSet::default()),
         }
     }
 
@@ -447,7 +467,7 @@ impl LogWriter {
         Ok(VnodeLog {
             vnode,
             epoch,
-            builder: SegmentBuilder::new(self.policy.max_bytes),
+            builder: SegmentBuilder::storing_from(self.policy.max_bytes, self.policy.stored_from),
             first_seq: next_seq,
             next_seq,
             next_segno,
@@ -456,6 +476,7 @@ impl LogWriter {
             policy: self.policy,
             tx,
             shared: self.shared.clone(),
+            store: self.store.clone(),
             recovery: Some(recovery),
         })
     }
@@ -518,6 +539,18 @@ impl LogWriter {
                 let _ = done.recv();
             }
         }
+    }
+
+    /// Bytes of values the writer's recovery state holds inline (rule 9), over all vnodes:
+    /// only values below [`CommitPolicy::stored_from`], since larger ones are held as their
+    /// digest (rule 10).
+    pub fn held_value_bytes(&self) -> u64 {
+        let compactors = self
+            .shared
+            .compactors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        compactors.values().map(|c| c.state.inline_bytes()).sum()
     }
 
     /// The store under this writer.
@@ -609,7 +642,8 @@ fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
 /// Returns false, with the error kept in `shared`, if the store failed (rule 5).
 fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     let started = std::time::Instant::now();
-    let batch_bytes: u64 = batch.iter().map(|s| s.bytes.len() as u64).sum();
+    let batch_bytes: u64 = batch.iter().map(Sealed::size).sum();
+    let mut stored = shared.stored.lock().unwrap_or_else(|p| p.into_inner());
     let mut marks: Vec<(VnodeId, u64)> = Vec::with_capacity(batch.len());
     let mut fences: Vec<(VnodeId, u64)> = Vec::new();
     for s in &batch {
@@ -635,10 +669,18 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
-        while let Some(s) =
-            segments.next_if(|s| chunk.is_empty() || bytes + s.bytes.len() <= MAX_BATCH_BYTES)
+        // Rule 10: values go in the chunk before the segment that names them.
+        let mut new_values: HashSet<Digest, std::hash::BuildHasherDefault<IdHasher>> =
+            HashSet::default();
+        while let Some(mut s) =
+            segments.next_if(|s| chunk.is_empty() || bytes + s.size() as usize <= MAX_BATCH_BYTES)
         {
-            bytes += s.bytes.len();
+            bytes += s.size() as usize;
+            for (digest, value) in std::mem::take(&mut s.values) {
+                if !stored.contains(&digest) && new_values.insert(digest) {
+                    chunk.push((value_key(&digest), value));
+                }
+            }
             marks.push((s.vnode, s.last_seq));
             let mark = LastSegment {
                 segno: s.segno,
@@ -688,11 +730,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         if result.is_ok() {
             result = store.put_batch_fenced(&fences, &chunk);
         }
+        drop(chunk); // the values' bytes, at once
         if result.is_ok() {
+            stored.extend(new_values);
             forget_watermarks(store, shared, written);
         }
     }
     drop(compactors);
+    drop(stored);
     let result = result.and_then(|()| store.flush());
     if let Err(e) = result {
         tracing::error!("log writer: {e}");
@@ -773,6 +818,8 @@ pub struct VnodeLog {
     policy: CommitPolicy,
     tx: Sender<ToWriter>,
     shared: Arc<Shared>,
+    /// The store, to read back the large values the log names (rule 10).
+    store: Arc<dyn Store>,
     /// What recovery needs from the log as it was opened, until taken (rule 9).
     recovery: Option<Result<RecoveredLog, LogError>>,
 }
@@ -797,6 +844,17 @@ impl VnodeLog {
                 self.vnode
             )))
         })
+    }
+
+    /// The bytes of a value read back from this log: its own, or loaded from the value store
+    /// and checked (rule 10).
+    pub fn load_value(&self, payload: Payload) -> Result<Vec<u8>, LogError> {
+        super::values::resolve(&*self.store, payload)
+    }
+
+    /// The store this log is written to (where its large values are, rule 10).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     /// Drops the recovery state (a fresh run has nothing to recover).
@@ -825,7 +883,8 @@ impl VnodeLog {
             .push(event)
             .map_err(|e| LogError::Encode(e.to_string()))?;
         self.next_seq += 1;
-        if self.builder.body_len() >= self.policy.max_bytes {
+        // Large values stream to the writer with the segment that names them (rule 10).
+        if self.builder.body_len() + self.builder.value_bytes() >= self.policy.max_bytes {
             self.seal()?;
         }
         Ok(self.next_seq)
@@ -851,21 +910,23 @@ impl VnodeLog {
         }
         let full = std::mem::replace(
             &mut self.builder,
-            SegmentBuilder::new(self.policy.max_bytes),
+            SegmentBuilder::storing_from(self.policy.max_bytes, self.policy.stored_from),
         );
-        let bytes = full.seal(self.vnode, self.next_segno, self.first_seq);
+        let (bytes, values) = full.seal_with_values(self.vnode, self.next_segno, self.first_seq);
+        let sealed = Sealed {
+            vnode: self.vnode,
+            epoch: self.epoch,
+            segno: self.next_segno,
+            last_seq: self.next_seq,
+            bytes,
+            values,
+        };
         self.wait_for_room();
         self.shared
             .in_flight
-            .fetch_add(bytes.len() as u64, Ordering::AcqRel);
+            .fetch_add(sealed.size(), Ordering::AcqRel);
         self.tx
-            .send(ToWriter::Segment(Sealed {
-                vnode: self.vnode,
-                epoch: self.epoch,
-                segno: self.next_segno,
-                last_seq: self.next_seq,
-                bytes,
-            }))
+            .send(ToWriter::Segment(sealed))
             .map_err(|_| self.stopped("the log writer has stopped"))?;
         self.next_segno += 1;
         self.first_seq = self.next_seq;
