@@ -430,9 +430,9 @@ fn an_allocation_seen_completing_is_judged_by_the_state_it_ends_in() {
     // An earlier watcher's allocation first seen ending is not counted when it fails.
     let mut b = AutoAlloc::new(ONE);
     let old = alloc(9, Role::Worker, AllocState::Ending);
-    assert_eq!(round(&mut b, 0, &[old.clone()]), Step::Wait);
+    assert_eq!(round(&mut b, 0, &[old]), Step::Wait);
     for t in 1..=MAX_SHORT_LIVED {
-        let failed = alloc(9 + t as u32, Role::Worker, AllocState::Failed);
+        let failed = alloc(9 + t, Role::Worker, AllocState::Failed);
         assert!(!matches!(
             round(&mut b, u64::from(t), &[failed]),
             Step::Stop(_)
