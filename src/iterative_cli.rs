@@ -1,6 +1,5 @@
 //! `APP run` for an iterative program ([`Program::iterative`], paper 000): the blocks run in
-//! this process on a pool of min(cores, vnodes) threads (`veriflow_runtime::iterative::
-//! run_embedded`, its rule 9), and the
+//! this process, one thread per vnode (`veriflow_runtime::iterative::run_embedded`), and the
 //! summary both `run` and the cluster commands print.
 //!
 //! Rules:
