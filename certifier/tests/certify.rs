@@ -604,10 +604,7 @@ fn the_draw_is_checked_ahead_within_its_budget() {
         "a run long enough to tell: {n} tasks"
     );
     let checked = |ahead: f64| {
-        let growing = Arc::new(Growing {
-            inner: store.clone(),
-            shown: Default::default(),
-        });
+        let growing = Through::new(store.clone(), 0);
         let as_store: Arc<dyn Store> = growing.clone();
         let mut f = veriflow_certifier::online::Follower::new(
             as_store,
@@ -657,60 +654,6 @@ fn the_draw_is_checked_ahead_within_its_budget() {
     .is_err());
 }
 
-/// A finished run's store shown as it grew: the first `shown` segments of each vnode.
-struct Growing {
-    inner: Arc<dyn Store>,
-    shown: std::sync::atomic::AtomicU64,
-}
-
-impl Store for Growing {
-    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.put(key, value)
-    }
-    fn put_batch(
-        &self,
-        pairs: &[(Vec<u8>, Vec<u8>)],
-    ) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.put_batch(pairs)
-    }
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
-        self.inner.get(key)
-    }
-    fn scan_prefix(
-        &self,
-        prefix: &[u8],
-    ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
-        self.inner.scan_prefix(prefix)
-    }
-    fn scan_page(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: veriflow_checkpoint::PageLimit,
-    ) -> Result<veriflow_checkpoint::Page, veriflow_checkpoint::StoreError> {
-        let mut page = self.inner.scan_page(prefix, after, limit)?;
-        if prefix.starts_with(b"seg/") {
-            let shown = self.shown.load(std::sync::atomic::Ordering::Relaxed);
-            let before = page.pairs.len();
-            page.pairs.retain(|(k, _)| {
-                let segno = u64::from_be_bytes(k[k.len() - 8..].try_into().unwrap());
-                segno < shown
-            });
-            page.more &= page.pairs.len() == before;
-        }
-        Ok(page)
-    }
-    fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.delete(key)
-    }
-    fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.flush()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
 /// `online` rule 7: the final certificate from the log as followed is the certificate of the
 /// log loaded again (same roots, draw and decision, corrections included), with the same
 /// terminal outputs; a segment past what the tails read makes the oracle load the log.
@@ -735,10 +678,7 @@ fn a_log_as_followed_certifies_as_the_log_loaded_again() {
         let prior = f.prior();
         let track = f.final_track().unwrap();
         assert!(track.is_some(), "every segment was read");
-        let counted = Arc::new(SegmentReads {
-            inner: store.clone(),
-            reads: Default::default(),
-        });
+        let counted = Through::new(store.clone(), u64::MAX);
         let got = veriflow_certifier::certify_followed(
             counted.clone(),
             &registry(),
@@ -771,22 +711,25 @@ fn a_log_as_followed_certifies_as_the_log_loaded_again() {
     assert!(f.final_track().unwrap().is_none());
 }
 
-/// A store that counts the scans of log segments made through it.
-struct SegmentReads {
+/// A store seen through a test: it counts the scans of log segments (`reads`), and shows only
+/// the first `shown` segments of each vnode, as a finished run's store looked while it grew.
+struct Through {
     inner: Arc<dyn Store>,
     reads: std::sync::atomic::AtomicU64,
+    shown: std::sync::atomic::AtomicU64,
 }
 
-impl SegmentReads {
-    fn count(&self, prefix: &[u8]) {
-        if prefix.starts_with(b"seg/") {
-            self.reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+impl Through {
+    fn new(inner: Arc<dyn Store>, shown: u64) -> Arc<Through> {
+        Arc::new(Through {
+            inner,
+            reads: Default::default(),
+            shown: shown.into(),
+        })
     }
 }
 
-impl Store for SegmentReads {
+impl Store for Through {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
         self.inner.put(key, value)
     }
@@ -803,8 +746,15 @@ impl Store for SegmentReads {
         &self,
         prefix: &[u8],
     ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
-        self.count(prefix);
-        self.inner.scan_prefix(prefix)
+        let all = self.scan_page(
+            prefix,
+            None,
+            veriflow_checkpoint::PageLimit {
+                max_keys: usize::MAX,
+                max_bytes: u64::MAX,
+            },
+        )?;
+        Ok(all.pairs)
     }
     fn scan_page(
         &self,
@@ -812,8 +762,19 @@ impl Store for SegmentReads {
         after: Option<&[u8]>,
         limit: veriflow_checkpoint::PageLimit,
     ) -> Result<veriflow_checkpoint::Page, veriflow_checkpoint::StoreError> {
-        self.count(prefix);
-        self.inner.scan_page(prefix, after, limit)
+        let mut page = self.inner.scan_page(prefix, after, limit)?;
+        if prefix.starts_with(b"seg/") {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let shown = self.shown.load(std::sync::atomic::Ordering::Relaxed);
+            let before = page.pairs.len();
+            page.pairs.retain(|(k, _)| {
+                let segno = u64::from_be_bytes(k[k.len() - 8..].try_into().unwrap());
+                segno < shown
+            });
+            page.more &= page.pairs.len() == before;
+        }
+        Ok(page)
     }
     fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
         self.inner.delete(key)
