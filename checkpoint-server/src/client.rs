@@ -181,7 +181,7 @@ impl Client {
                 other => Err(ClientError::Protocol {
                     addr: self.servers[i].addr.clone(),
                     reason: format!(
-                        "it answered the protocol hello with {other:?}; this client needs                          protocol {PROTOCOL_VERSION} (epoch fences, batched deletes): upgrade the checkpoint server"
+                        "it answered the protocol hello with {other:?}; this client needs protocol {PROTOCOL_VERSION} (epoch fences, batched deletes): upgrade the checkpoint server"
                     ),
                 }),
             })

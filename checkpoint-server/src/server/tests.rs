@@ -890,13 +890,7 @@ fn writes_that_arrive_during_a_flush_share_the_next_one() {
     assert_eq!(store.flushes(), 2, "one flush for the five queued writes");
     assert_eq!(stats.flushes(), 2);
     assert_eq!(stats.writes(), 5, "the stale fenced batch wrote nothing");
-    let keys: Vec<Vec<u8>> = store
-        .scan_prefix(b"")
-        .unwrap()
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    assert_eq!(keys, vec![b"k1".to_vec(), b"t/new".to_vec()]);
+    assert_eq!(all_keys(&*store), vec![b"k1".to_vec(), b"t/new".to_vec()]);
 }
 
 /// Protocol rule 8 at the handler: a `DeleteBatch` removes every key it names (absent ones
@@ -926,11 +920,15 @@ fn a_delete_batch_removes_every_key_it_names() {
     );
     assert!(matches!(r, Response::Done), "{r:?}");
     assert_eq!(store.flushes(), before + 1);
-    let keys: Vec<Vec<u8>> = store
+    assert_eq!(all_keys(&store), vec![b"b".to_vec()]);
+}
+
+/// Every key in `store`, in order.
+fn all_keys(store: &dyn Store) -> Vec<Vec<u8>> {
+    store
         .scan_prefix(b"")
         .unwrap()
         .into_iter()
         .map(|(k, _)| k)
-        .collect();
-    assert_eq!(keys, vec![b"b".to_vec()]);
+        .collect()
 }
