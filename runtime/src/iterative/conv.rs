@@ -110,6 +110,11 @@ impl Conv {
         self.tag
     }
 
+    /// Its tree neighbours.
+    pub(crate) fn tree(&self) -> &[VnodeId] {
+        &self.tree
+    }
+
     /// Moves to `tag` with a fresh detection (rule 4).
     pub(crate) fn reset(&mut self, tag: Tag) {
         self.tag = tag;

@@ -1169,8 +1169,20 @@ impl Node {
             self.iter = 0;
         }
         if self.block_step > self.conv.tag().step {
-            // The step ended after the status was saved: the verdict will come again and find
-            // the block already advanced; make the detection state agree.
+            // The step ended after the status was saved: the forced data backup of a step's
+            // end (rule 5) goes out before the status that records the verdict's messages, and
+            // that status died with the predecessor. The verdict of the status's tag was
+            // positive (every vnode saves a status at the verdict's tag before the verdict:
+            // its Verify or Answer waits for it, rule 4), so pass it on again to every tree
+            // neighbour: one that never got it would wait at that tag forever (found by
+            // `no_false_convergence_over_a_hundred_seeded_runs`, seed 85, under load: a hang).
+            // A neighbour that has it finds it stale and acknowledges it. Then make the
+            // detection state agree with the block.
+            let ended = self.conv.tag();
+            for t in self.conv.tree().to_vec() {
+                self.pending
+                    .insert((t, ended, ConvKind::Verdict(true)), (None, UNSAVED));
+            }
             self.conv.reset(Tag {
                 step: self.block_step,
                 round: 0,
