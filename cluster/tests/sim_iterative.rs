@@ -171,6 +171,20 @@ fn regression_seeds_599_2736_a_replacement_counts_on_from_its_backup() {
     }
 }
 
+/// Found by 3,000 seeds (8 hung: 705, 1305, 1410, 1464, 1826, 2051, 2056, 2857), and by the
+/// runtime's embedded test under load: the vnode that took a positive verdict sent its forced
+/// data backup of the next step, then the status recording the verdict it owed its tree
+/// neighbours; that status was lost and the vnode died before resending it. Its replacement
+/// restored data a step ahead of the status, made its detection state agree, and the verdict
+/// was never passed on: a neighbour waited at the old step forever, locally converged, nothing
+/// unacknowledged. The replacement now passes that verdict on again (`iterative` rule 6).
+#[test]
+fn regression_seeds_705_1305_1410_a_verdict_lost_with_its_status_is_passed_on_again() {
+    for seed in [705, 1305, 1410, 1464, 1826, 2051, 2056, 2857] {
+        iterative::run(&IterSimConfig::from_seed(seed)).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// Found by the simulator's first version (seed 297, data backups on the store): without the
 /// store's epoch fences (`backup.rs` rule 4), v0's first incarnation, paused 97 ms at step 0
 /// and declared dead, came back as a zombie after its replacement had moved on several steps,
