@@ -1,7 +1,7 @@
 //! Iterative mode (paper 000, JaceP2P-V2): the z slabs as blocks of veriflow's asynchronous or
 //! synchronous iterations (`veriflow::runtime::iterative`), and the check of such a run.
 //!
-//! `transport3d run --mode async|sync` runs them in this process (one thread per vnode, with
+//! `transport3d run --mode async|sync` runs them in this process (on min(cores, vnodes) threads, with
 //! `--kill-random`, `--kill-every`, `--loss`, `--seed` and `--store`, see [`veriflow::App`]);
 //! `transport3d cluster|submit --mode async|sync` in cluster mode. [`iterative`] is what both
 //! use; [`config`], [`factory`] and [`check`] are its parts.

@@ -1,5 +1,6 @@
-//! Embedded iterative runs: one thread per vnode in this process, over the in-process
-//! transport (optionally lossy), with seeded vnode kills and replacements.
+//! Embedded iterative runs: the vnodes' nodes on a pool of threads in this process
+//! (`pool.rs`), over the in-process transport (optionally lossy), with seeded vnode kills and
+//! replacements.
 //!
 //! Rules:
 //!
@@ -12,6 +13,10 @@
 //!    (module rule 6: a replacement holds fresh backups of the vnodes it backs up), so one
 //!    replacement restores at a time and no kill finds a vnode's backups half rebuilt.
 //! 4. The run ends when every vnode has reported its final state; the supervisor then stops all.
+//! 5. The nodes run on [`Embedded::threads`] workers (default min(cores, vnodes)) that take
+//!    first the nodes whose neighbours' halos are fresh (`pool.rs` rules 1-5), not on a thread
+//!    per vnode: more threads than cores made asynchronous vnodes iterate on stale halos. A
+//!    kill or the stop pokes the nodes concerned, so a parked node sees it at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -22,7 +27,8 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
 use super::conv::spanning_tree;
-use super::node::{spawn_node, Control, Exit, ExitMsg, Incarnation, NodeStats};
+use super::node::{make_node, Control, Exit, ExitMsg, Incarnation, Node, NodeStats};
+use super::pool::Pool;
 use super::{BlockFactory, IterConfig, IterError, IterReport};
 use crate::ids::{Epoch, VnodeId};
 use crate::transport::{Endpoint, InProcTransport, LossyTransport, Transport};
@@ -49,6 +55,8 @@ pub struct Embedded {
     pub kills: Option<IterKills>,
     /// Detection delay before a replacement starts (rule 2).
     pub replace_after: Duration,
+    /// Worker threads of the pool (rule 5); 0: min(cores, vnodes).
+    pub threads: usize,
 }
 
 impl Default for Embedded {
@@ -58,12 +66,13 @@ impl Default for Embedded {
             seed: 0,
             kills: None,
             replace_after: Duration::from_millis(20),
+            threads: 0,
         }
     }
 }
 
-/// Runs the blocks `factory` makes, one thread per vnode, until global convergence of the last
-/// step (rules 1-4).
+/// Runs the blocks `factory` makes on a pool of threads, until global convergence of the last
+/// step (rules 1-5).
 pub fn run_embedded(
     cfg: IterConfig,
     factory: BlockFactory,
@@ -100,13 +109,31 @@ pub fn run_embedded(
     let mut states: Vec<Option<(u64, Vec<u8>)>> = vec![None; n];
     let mut replace_at: Vec<Option<(Instant, Box<dyn Endpoint>)>> = (0..n).map(|_| None).collect();
     let mut running = 0usize;
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism()
+            .map_or(1, |c| c.get())
+            .min(n),
+        t => t,
+    };
+    let exits = exit_tx;
+    let pool: Pool<Node> = Pool::new(
+        n,
+        threads,
+        Box::new(move |v, node: Option<Node>, exit| {
+            let (s, ep) = node.map_or((NodeStats::default(), None), |node| {
+                let (s, ep) = node.into_parts();
+                (s, Some(ep))
+            });
+            let _ = exits.send((v, exit, s, ep));
+        }),
+    )?;
     let spawn = |v: VnodeId,
                  epoch: Epoch,
                  ep: Box<dyn Endpoint>,
                  restore: bool,
                  ctl: Arc<Control>|
      -> Result<(), IterError> {
-        spawn_node(
+        let node = make_node(
             Incarnation {
                 vnode: v,
                 epoch,
@@ -117,8 +144,9 @@ pub fn run_embedded(
             &cfg,
             ctl,
             &tree,
-            &exit_tx,
-        )
+            pool.now(),
+        )?;
+        pool.add(v, node)
     };
     let control = || {
         Arc::new(Control {
@@ -133,9 +161,11 @@ pub fn run_embedded(
         let v = VnodeId(i as u32);
         let ctl = control();
         controls.push(ctl.clone());
-        let ep = transport
-            .endpoint(v)
-            .map_err(|e| IterError::Config(e.to_string()))?;
+        let ep = pool.doorbell(
+            transport
+                .endpoint(v)
+                .map_err(|e| IterError::Config(e.to_string()))?,
+        );
         if let Err(e) = spawn(v, Epoch(0), ep, false, ctl) {
             failure = Some(e);
             break;
@@ -150,11 +180,10 @@ pub fn run_embedded(
         while let Ok((v, steps, state)) = done_rx.try_recv() {
             states[v.0 as usize] = Some((steps, state));
         }
-        if failure.is_none() && states.iter().all(Option::is_some) {
-            stop.store(true, Ordering::Relaxed);
-        }
-        if failure.is_some() {
-            stop.store(true, Ordering::Relaxed);
+        if (failure.is_some() || states.iter().all(Option::is_some))
+            && !stop.swap(true, Ordering::Relaxed)
+        {
+            pool.poke_all(); // rule 5
         }
         let now = Instant::now();
         // Rule 3.
@@ -167,6 +196,7 @@ pub fn run_embedded(
             {
                 let victim = rng.random_range(0..n);
                 controls[victim].kill.store(true, Ordering::Relaxed);
+                pool.poke(VnodeId(victim as u32)); // rule 5
                 alive[victim] = false;
                 kills_left -= 1;
                 next_kill = Some(now + k.every);

@@ -85,19 +85,8 @@ pub(crate) fn spawn_node(
     exits: &Sender<ExitMsg>,
 ) -> Result<(), IterError> {
     let v = who.vnode;
-    let block = factory(v).map_err(|source| IterError::Block { vnode: v, source })?;
     let clock = SystemClock::default();
-    let node = Node::new(
-        v,
-        who.epoch,
-        ep,
-        block,
-        cfg.clone(),
-        ctl,
-        tree[v.0 as usize].clone(),
-        who.restore,
-        clock.now(),
-    );
+    let node = make_node(who, ep, factory, cfg, ctl, tree, clock.now())?;
     let exits = exits.clone();
     std::thread::Builder::new()
         .name(format!("iter-{v}"))
@@ -116,6 +105,31 @@ pub(crate) fn spawn_node(
         })
         .map_err(|e| IterError::Config(format!("cannot start a thread: {e}")))?;
     Ok(())
+}
+
+/// The node of incarnation `who` over `ep`, started at time `now` on its driver's clock.
+pub(crate) fn make_node(
+    who: Incarnation,
+    ep: Box<dyn Endpoint>,
+    factory: &super::BlockFactory,
+    cfg: &Arc<IterConfig>,
+    ctl: Arc<Control>,
+    tree: &[Vec<VnodeId>],
+    now: Duration,
+) -> Result<Node, IterError> {
+    let v = who.vnode;
+    let block = factory(v).map_err(|source| IterError::Block { vnode: v, source })?;
+    Ok(Node::new(
+        v,
+        who.epoch,
+        ep,
+        block,
+        cfg.clone(),
+        ctl,
+        tree[v.0 as usize].clone(),
+        who.restore,
+        now,
+    ))
 }
 
 /// Why a node's loop returned.
@@ -177,6 +191,15 @@ pub(crate) enum Poll {
     Idle(Duration),
     /// The node is over.
     Exit(Exit),
+}
+
+/// What [`Node::prepare`] found.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// It wants to iterate now, with `fresh` of its `of` neighbours' halos fresh.
+    Iterate { fresh: usize, of: usize },
+    /// No iteration: the cue [`Node::step`] would give.
+    Poll(Poll),
 }
 
 /// The status version a new convergence message waits for before the status that records it
@@ -348,6 +371,11 @@ impl Node {
         (exit, std::mem::take(&mut self.stats), self.ep)
     }
 
+    /// Its counters and its endpoint, for the supervisor once it has exited.
+    pub(crate) fn into_parts(mut self) -> (NodeStats, Box<dyn Endpoint>) {
+        (std::mem::take(&mut self.stats), self.ep)
+    }
+
     /// Blocks up to `timeout` for a message, kept for the next [`Node::step`] (the real
     /// driver's wait; the simulator never blocks).
     pub(crate) fn wait(&mut self, timeout: Duration) {
@@ -360,12 +388,25 @@ impl Node {
     /// due, and iterates at most once (rules 1-7). The first step starts the node (a
     /// replacement asks for its backups: rule 6).
     pub(crate) fn step(&mut self, now: Duration) -> Result<Poll, IterError> {
+        match self.prepare(now)? {
+            Prepared::Iterate { .. } => {
+                self.iterate()?;
+                Ok(Poll::Busy)
+            }
+            Prepared::Poll(p) => Ok(p),
+        }
+    }
+
+    /// The part of [`Node::step`] before the iteration: handles the messages waiting and
+    /// resends what is due, and says whether the node wants to iterate now (and with how many
+    /// fresh halos: the pool's cue, `pool.rs` rule 3) or what else. Never iterates.
+    pub(crate) fn prepare(&mut self, now: Duration) -> Result<Prepared, IterError> {
         self.now = self.now.max(now);
         if self.ctl.kill.load(Ordering::Relaxed) {
-            return Ok(Poll::Exit(Exit::Killed));
+            return Ok(Prepared::Poll(Poll::Exit(Exit::Killed)));
         }
         if self.ctl.stop.load(Ordering::Relaxed) {
-            return Ok(Poll::Exit(Exit::Stopped));
+            return Ok(Prepared::Poll(Poll::Exit(Exit::Stopped)));
         }
         if let Some(restore) = self.start.take() {
             if restore {
@@ -379,12 +420,12 @@ impl Node {
             }
         }
         if self.restoring_state.is_some() {
-            return self.step_restore();
+            return self.step_restore().map(Prepared::Poll);
         }
         self.drain()?;
         self.resend_due();
         if self.finished {
-            return Ok(Poll::Idle(self.cfg.resend));
+            return Ok(Prepared::Poll(Poll::Idle(self.cfg.resend)));
         }
         if self.cfg.mode == Mode::Sync && !self.all_fresh() {
             if due(self.now, Some(self.halo_asked), self.cfg.resend) {
@@ -399,7 +440,7 @@ impl Node {
                     self.send(v, IterMsg::HaloRequest);
                 }
             }
-            return Ok(Poll::Idle(Duration::from_millis(1)));
+            return Ok(Prepared::Poll(Poll::Idle(Duration::from_millis(1))));
         }
         if self.cfg.mode == Mode::Async
             && !self.news
@@ -410,10 +451,17 @@ impl Node {
             // Converged on what it has: wait for news rather than spin (2 cores, many
             // vnodes), but not longer than the resend period, so that lost halos are
             // replaced and a verification gets its fresh round.
-            return Ok(Poll::Idle(Duration::from_millis(1)));
+            return Ok(Prepared::Poll(Poll::Idle(Duration::from_millis(1))));
         }
-        self.iterate_once()?;
-        Ok(Poll::Busy)
+        Ok(Prepared::Iterate {
+            fresh: self.fresh_halos(),
+            of: self.nbrs.len(),
+        })
+    }
+
+    /// One iteration, after [`Node::prepare`] said [`Prepared::Iterate`].
+    pub(crate) fn iterate(&mut self) -> Result<(), IterError> {
+        self.iterate_once()
     }
 
     /// Restored, and holding fresh backups of every vnode it backs up (rule 6).
@@ -465,6 +513,14 @@ impl Node {
         if self.is_ready() {
             self.ctl.ready.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Neighbours whose halo is fresh (not used by an iteration yet).
+    fn fresh_halos(&self) -> usize {
+        self.nbrs
+            .iter()
+            .filter(|v| self.halos.get(v).is_some_and(|h| h.fresh))
+            .count()
     }
 
     fn all_fresh(&self) -> bool {

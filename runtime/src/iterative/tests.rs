@@ -23,11 +23,22 @@ fn reference() -> Vec<Vec<f64>> {
 /// Runs and checks: the final state matches the direct solve, and every detection was true
 /// (the global residual of the accepted iterates is small at every step).
 fn run_and_check(blocks: usize, mode: Mode, opts: &Embedded, tag: &str) -> IterReport {
+    run_and_check_with(factory(blocks), blocks, mode, opts, tag)
+}
+
+/// [`run_and_check`] with the blocks `f` makes (the heat toy's, wrapped).
+fn run_and_check_with(
+    f: BlockFactory,
+    blocks: usize,
+    mode: Mode,
+    opts: &Embedded,
+    tag: &str,
+) -> IterReport {
     let mut cfg = IterConfig::new(mode, IterConfig::chain(blocks as u32), TOL);
     cfg.backup_every = 3;
     cfg.resend = Duration::from_millis(5);
     cfg.max_iterations = 200_000;
-    let report = run_embedded(cfg, factory(blocks), opts).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let report = run_embedded(cfg, f, opts).unwrap_or_else(|e| panic!("{tag}: {e}"));
     assert_eq!(report.steps, STEPS, "{tag}");
     let blocks_state: Vec<Heat> = report
         .states
@@ -79,6 +90,85 @@ fn async_and_sync_reach_the_direct_solution() {
     }
 }
 
+/// A heat block that notes the threads that iterate it.
+struct Traced {
+    inner: Box<dyn Block>,
+    seen: Arc<std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>>,
+}
+
+impl Block for Traced {
+    fn halo_for(&self, to: VnodeId) -> Vec<u8> {
+        self.inner.halo_for(to)
+    }
+    fn set_halo(&mut self, from: VnodeId, halo: &[u8]) -> Result<(), BlockError> {
+        self.inner.set_halo(from, halo)
+    }
+    fn iterate(&mut self) -> f64 {
+        if let Ok(mut s) = self.seen.lock() {
+            s.insert(std::thread::current().id());
+        }
+        self.inner.iterate()
+    }
+    fn advance(&mut self) -> bool {
+        self.inner.advance()
+    }
+    fn save(&self) -> Vec<u8> {
+        self.inner.save()
+    }
+    fn restore(&mut self, state: &[u8]) -> Result<(), BlockError> {
+        self.inner.restore(state)
+    }
+}
+
+/// Rule 9: eight vnodes (with kills and replacements) iterate on the pool's two threads, or
+/// on min(cores, 8) by default, never on a thread each; the answer is the same.
+#[test]
+fn eight_vnodes_iterate_on_a_pool_of_fewer_threads() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    for (threads, mode, kills) in [
+        (2, Mode::Async, false),
+        (2, Mode::Sync, false),
+        (2, Mode::Async, true),
+        (0, Mode::Async, false),
+        (1, Mode::Sync, true),
+    ] {
+        let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let (heat, s) = (factory(8), seen.clone());
+        let f: BlockFactory = Arc::new(move |v| {
+            Ok(Box::new(Traced {
+                inner: heat(v)?,
+                seen: s.clone(),
+            }) as Box<dyn Block>)
+        });
+        let opts = Embedded {
+            threads,
+            seed: 5,
+            kills: kills.then_some(IterKills {
+                every: Duration::from_millis(3),
+                count: 3,
+                seed: 5,
+            }),
+            replace_after: Duration::from_millis(2),
+            ..Embedded::default()
+        };
+        let tag = format!("{threads} threads {mode:?} kills {kills}");
+        let r = run_and_check_with(f, 8, mode, &opts, &tag);
+        let want = if threads == 0 { cores.min(8) } else { threads };
+        let used = seen.lock().unwrap().len();
+        assert!(
+            used <= want,
+            "{tag}: {used} threads iterated, the pool has {want}"
+        );
+        if kills {
+            assert_eq!(
+                r.vnodes.iter().map(|s| s.restores).sum::<u64>(),
+                r.replacements,
+                "{tag}"
+            );
+        }
+    }
+}
+
 #[test]
 fn lost_messages_only_slow_convergence() {
     for (i, loss) in [0.1, 0.2, 0.3].into_iter().enumerate() {
@@ -106,6 +196,7 @@ fn killed_vnodes_are_replaced_and_the_answer_is_the_same() {
                     seed,
                 }),
                 replace_after: Duration::from_millis(2),
+                ..Embedded::default()
             };
             let r = run_and_check(5, mode, &opts, &format!("kills seed {seed} {mode:?}"));
             assert!(r.vnodes.iter().map(|s| s.restores).sum::<u64>() == r.replacements);
@@ -167,6 +258,7 @@ fn no_false_convergence_over_a_hundred_seeded_runs() {
                 seed,
             }),
             replace_after: Duration::from_millis(1),
+            ..Embedded::default()
         };
         run_and_check(
             2 + (seed % 5) as usize,
