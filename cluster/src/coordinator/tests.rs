@@ -252,6 +252,65 @@ fn idle_until_stopped(c: &mut Coordinator, mut now: Duration, rounds: u32) -> Op
     None
 }
 
+/// Rule 3: while every vnode is busy, probe rounds come less and less often (5, 10, 20, 20 ms
+/// apart), and a round that finds a vnode idle brings the fastest pace back.
+#[test]
+fn probe_rounds_slow_down_while_every_vnode_is_busy_and_speed_up_when_one_is_idle() {
+    let mut c = running(2, 0, 2);
+    let mut now = ms(3);
+    let mut starts = Vec::new();
+    // Answers rounds as they come, busy or not by `busy(round index)`, for 60 ms of 1 ms ticks.
+    fn play(
+        c: &mut Coordinator,
+        now: &mut Duration,
+        starts: &mut Vec<Duration>,
+        busy: &dyn Fn(usize) -> bool,
+    ) {
+        let end = *now + ms(60);
+        while *now < end {
+            *now += ms(1);
+            let a = c.on_event(*now, Event::Tick);
+            let Some((job, round)) = to_worker(&a, 1).iter().find_map(|m| match m {
+                ToWorker::Probe { job, round } => Some((*job, *round)),
+                _ => None,
+            }) else {
+                continue;
+            };
+            let b = busy(starts.len());
+            starts.push(*now);
+            for w in [1u32, 2] {
+                let _ = c.on_event(
+                    *now,
+                    Event::FromWorker {
+                        worker: w,
+                        msg: ToCoord::Status {
+                            job,
+                            round,
+                            work: vec![(w - 1, (starts.len() as u64) << 32 | u64::from(b))],
+                            completed: 10,
+                            started: true,
+                        },
+                    },
+                );
+            }
+        }
+    }
+    play(&mut c, &mut now, &mut starts, &|_| true);
+    let gaps: Vec<u64> = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis() as u64)
+        .collect();
+    assert_eq!(gaps[..4], [5, 10, 20, 20], "busy: {gaps:?}");
+    let before = starts.len();
+    play(&mut c, &mut now, &mut starts, &|i| i < before + 1);
+    let gaps: Vec<u64> = starts[before..]
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis() as u64)
+        .collect();
+    // The round that found the vnodes idle was still 20 ms after the last busy one; then 5.
+    assert_eq!(gaps[..3], [20, 5, 5], "idle: {gaps:?}");
+}
+
 #[test]
 fn two_idle_unchanged_rounds_stop_the_job_and_the_summary_waits_for_the_manifest() {
     let mut c = running(2, 0, 2);
