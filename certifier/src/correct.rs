@@ -20,7 +20,6 @@
 //!    is abandoned and the log is left as it was.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use rayon::prelude::*;
 use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Output, Payload};
@@ -138,7 +137,7 @@ pub fn reexecute(
             pending.push(r.clone());
         }
     }
-    let mut fresh: IdMap<DataId, (Arc<Payload>, Digest)> = IdMap::default();
+    let mut fresh: IdMap<DataId, (Payload, Digest)> = IdMap::default();
     let mut done: Vec<Redone> = Vec::new();
     let mut waiting: VecDeque<Declared> = VecDeque::new();
     loop {
@@ -163,7 +162,7 @@ pub fn reexecute(
         let results: Vec<Result<(Redone, Vec<Declared>), CorrectError>> = ready
             .into_par_iter()
             .map(|r| {
-                let values: Vec<(Arc<Payload>, Digest)> = r
+                let values: Vec<(Payload, Digest)> = r
                     .inputs
                     .iter()
                     .filter_map(|d| value(track, &recomputed, &fresh, *d))
@@ -193,7 +192,7 @@ pub fn reexecute(
         for result in results {
             let (redone, kids) = result?;
             for o in &redone.outputs {
-                fresh.insert(o.data, (Arc::new(o.value.clone()), o.digest));
+                fresh.insert(o.data, (o.value.clone(), o.digest));
             }
             for k in &kids {
                 recomputed.extend(k.outputs.iter().copied());
@@ -222,18 +221,20 @@ pub fn reexecute(
 fn available(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<Payload>, Digest)>,
+    fresh: &IdMap<DataId, (Payload, Digest)>,
     d: DataId,
 ) -> bool {
-    value(track, recomputed, fresh, d).is_some()
+    // `value` without the copy.
+    fresh.contains_key(&d)
+        || (!recomputed.contains(&d) && track.data.get(&d).is_some_and(|r| r.value.is_some()))
 }
 
 fn value(
     track: &Track,
     recomputed: &IdSet<DataId>,
-    fresh: &IdMap<DataId, (Arc<Payload>, Digest)>,
+    fresh: &IdMap<DataId, (Payload, Digest)>,
     d: DataId,
-) -> Option<(Arc<Payload>, Digest)> {
+) -> Option<(Payload, Digest)> {
     if let Some(v) = fresh.get(&d) {
         return Some(v.clone());
     }

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Manifest, Payload, TornTail};
-use veriflow_runtime::{DataId, Digest, IdMap, TaskId, VnodeId};
+use veriflow_runtime::{DataId, Digest, IdMap, IdSet, TaskId, VnodeId};
 
 /// Index of a task in a [`Track`].
 pub type Ix = u32;
@@ -64,7 +64,7 @@ pub struct DataRec {
     /// Its logged value and digest (from its writer's `Completed`, or the `Input` event): a
     /// large value's reference into the value store, read when a re-run needs it
     /// ([`Track::resolve`]; rule 10 of the runtime's `log/mod.rs`).
-    pub value: Option<(Arc<Payload>, Digest)>,
+    pub value: Option<(Payload, Digest)>,
     /// Whether it is a program input.
     pub input: bool,
     /// Copies returned to victims: (victim vnode, digest).
@@ -125,6 +125,9 @@ pub struct Track {
     pub events: u64,
     /// The store the log is in: large values are read from its value store.
     pub store: Option<ValueSource>,
+    /// The data with copies returned to victims ([`DataRec::returned`] not empty): few, so the
+    /// structural check looks a written datum up only when it is one of them (rule 3).
+    returned: IdSet<DataId>,
 }
 
 impl Track {
@@ -166,6 +169,7 @@ impl Track {
             torn: Vec::new(),
             events: 0,
             store: None,
+            returned: IdSet::default(),
         }
     }
 
@@ -252,7 +256,7 @@ impl Track {
                         _ => {}
                     }
                     d.writer = Some(i);
-                    d.value = Some((Arc::new(o.value), o.digest));
+                    d.value = Some((o.value, o.digest));
                 }
                 let rec = &mut self.tasks[i as usize];
                 rec.wrote = Some(wrote);
@@ -262,11 +266,12 @@ impl Track {
             Event::Returned { output } => {
                 let d = self.data.entry(output.data).or_default();
                 d.returned.push((v, output.digest));
+                self.returned.insert(output.data);
             }
             Event::Input { output } => {
                 let d = self.data.entry(output.data).or_default();
                 d.input = true;
-                d.value = Some((Arc::new(output.value), output.digest));
+                d.value = Some((output.value, output.digest));
             }
         }
     }
@@ -351,11 +356,16 @@ impl Track {
                 }
             }
         }
-        let mut gs: Vec<Ix> = (0..self.tasks.len() as Ix)
-            .filter(|&i| seen[i as usize])
-            .collect();
-        gs.sort_unstable_by_key(|&i| self.tasks[i as usize].id);
+        let gs = self.sorted_by_id((0..self.tasks.len() as Ix).filter(|&i| seen[i as usize]));
         (gs, errors)
+    }
+
+    /// The tasks `ixs`, sorted by id: (id, index) pairs sorted side by side, so the sort reads
+    /// memory in order instead of a task record per comparison.
+    fn sorted_by_id(&self, ixs: impl Iterator<Item = Ix>) -> Vec<Ix> {
+        let mut pairs: Vec<(TaskId, Ix)> = ixs.map(|i| (self.tasks[i as usize].id, i)).collect();
+        pairs.par_sort_unstable_by_key(|&(id, _)| id);
+        pairs.into_iter().map(|(_, i)| i).collect()
     }
 
     fn error(&self, task: Option<Ix>, data: Option<DataId>, message: String) -> StructuralError {
@@ -457,7 +467,13 @@ impl Track {
                     "wrote a datum that is not one of its outputs".to_string(),
                 ));
             }
-            if let Some(rec) = self.data.get(&d) {
+            // Most data were never returned: no lookup in `data` for them.
+            if let Some(rec) = self
+                .returned
+                .contains(&d)
+                .then(|| self.data.get(&d))
+                .flatten()
+            {
                 for (victim, got) in &rec.returned {
                     if *got != digest {
                         out.push(self.error(
@@ -540,8 +556,7 @@ impl Track {
 
     /// [`Track::log_digest`] from leaves already computed by [`Track::leaves`].
     pub fn log_digest_of(&self, leaves: &[[u8; 32]]) -> [u8; 32] {
-        let mut all: Vec<Ix> = (0..self.tasks.len() as Ix).collect();
-        all.par_sort_unstable_by_key(|&i| self.tasks[i as usize].id);
+        let all = self.sorted_by_id(0..self.tasks.len() as Ix);
         self.merkle_root_of(&all, leaves)
     }
 
@@ -685,6 +700,80 @@ mod tests {
                 .collect();
         }
         level[0]
+    }
+
+    /// A track of one task `t` writing datum `d` with digest `wrote`, its copy returned to
+    /// vnode 1 with digest `returned` (if any).
+    fn one_task(returned: Option<Digest>) -> (Track, Vec<Ix>) {
+        use veriflow_runtime::log::{Output, RunStatus};
+        let (t, d) = (TaskId(7), DataId(8));
+        let manifest = Manifest {
+            program: "test".to_string(),
+            root: t,
+            root_name: "root".to_string(),
+            root_args: Vec::new(),
+            inputs: Vec::new(),
+            terminal: vec![d],
+            vnodes: 2,
+            seed: 0,
+            status: RunStatus::Finished,
+            tool_version: String::new(),
+            generation: 0,
+        };
+        let output = |digest: Digest| Output {
+            data: d,
+            value: Payload::Inline(vec![1]),
+            digest,
+        };
+        let mut track = Track::live(manifest, 0);
+        let v = VnodeId(0);
+        track.absorb(
+            v,
+            Event::Declared(Declared {
+                task: t,
+                parent: None,
+                index: 0,
+                name: "root".into(),
+                args: Vec::new(),
+                inputs: Vec::new(),
+                outputs: vec![d],
+            }),
+        );
+        track.absorb(
+            v,
+            Event::Started {
+                task: t,
+                inputs: Vec::new(),
+            },
+        );
+        track.absorb(
+            v,
+            Event::Completed {
+                task: t,
+                outputs: vec![output(Digest([1; 32]))],
+                children: Vec::new(),
+            },
+        );
+        if let Some(g) = returned {
+            track.absorb(VnodeId(1), Event::Returned { output: output(g) });
+        }
+        let (gs, errors) = track.terminal_subgraph(&[d]);
+        assert!(errors.is_empty(), "{errors:?}");
+        (track, gs)
+    }
+
+    /// Rule 3: a copy returned to a victim with another digest than its writer's is named,
+    /// though the check looks up only the data that were returned.
+    #[test]
+    fn a_returned_copy_with_another_digest_is_named() {
+        let (track, gs) = one_task(Some(Digest([2; 32])));
+        let errors = track.structural_check(&gs);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].message.contains("received digest"), "{errors:?}");
+        let (track, gs) = one_task(Some(Digest([1; 32])));
+        assert!(track.structural_check(&gs).is_empty());
+        let (track, gs) = one_task(None);
+        assert!(track.structural_check(&gs).is_empty());
     }
 
     #[test]

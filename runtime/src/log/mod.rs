@@ -87,6 +87,7 @@
 //! ```
 
 pub mod checkpoint;
+mod decode;
 mod encode;
 mod event;
 mod generation;

@@ -296,8 +296,13 @@ pub fn decode_segment(bytes: &[u8]) -> Result<Segment, SegmentError> {
                 format!("event {i} of {count}: length {len} overruns"),
             ));
         }
-        let ev: Event = codec::decode(&payload[at + 4..at + 4 + len])
-            .map_err(|e| content(at, format!("event {i} of {count} does not decode: {e}")))?;
+        let bytes = &payload[at + 4..at + 4 + len];
+        // The task path's events by hand, anything else by postcard (`decode.rs` rule 1).
+        let ev: Event = match super::decode::decode_event(bytes) {
+            Some(ev) => ev,
+            None => codec::decode(bytes)
+                .map_err(|e| content(at, format!("event {i} of {count} does not decode: {e}")))?,
+        };
         events.push(((HEADER_LEN + at) as u32, ev));
         at += 4 + len;
     }
