@@ -1,4 +1,5 @@
-//! The writer's encoder of the events on the task path, byte for byte postcard's.
+//! The writer's encoder of the events on the task path, byte for byte postcard's, and the
+//! decoder its recovery fold reads them back with.
 //!
 //! Rules:
 //!
@@ -14,6 +15,12 @@
 //! 3. An output value of at least `stored_from` bytes is written as [`Payload::Stored`] (its
 //!    digest and length) and its bytes are handed back for the value store (rule 10 of
 //!    `log/mod.rs`): the same bytes postcard writes for the event with that value stored.
+//! 4. [`decode_task_event`] reads those three events back as postcard would (for what it
+//!    returns: a `Started` event's digests and a `Completed` event's children, which the
+//!    recovery fold ignores, are skipped unread), and gives up (`None`) on anything else or on
+//!    bytes it does not take for canonical; its caller then decodes with postcard, which says
+//!    what is wrong. The writer folds every event it stores (rule 9 of `log/mod.rs`), and
+//!    postcard's serde path reads an id one byte at a time too.
 
 use crate::codec::Digest;
 use crate::ids::{DataId, TaskId};
@@ -149,6 +156,132 @@ fn varint(buf: &mut Vec<u8>, mut v: u64) {
     buf.push(v as u8);
 }
 
+/// What the recovery fold reads of a task-path event (rule 4).
+#[derive(Debug, PartialEq)]
+pub(crate) enum TaskEvent {
+    /// A whole `Declared` event.
+    Declared(Declared),
+    /// The task of a `Started` event.
+    Started(TaskId),
+    /// The task and outputs of a `Completed` event.
+    Completed(TaskId, Vec<Output>),
+}
+
+/// Reads a `Declared`, `Started` or `Completed` event as [`encode_event`] wrote it (rule 4);
+/// `None` for any other event, or bytes to leave to postcard.
+pub(crate) fn decode_task_event(bytes: &[u8]) -> Option<TaskEvent> {
+    let mut r = Reader(bytes);
+    match r.varint()? {
+        v if v == u64::from(DECLARED) => {
+            let task = TaskId(r.id()?);
+            let parent = match r.byte()? {
+                0 => None,
+                1 => Some(TaskId(r.id()?)),
+                _ => return None,
+            };
+            let index = u32::try_from(r.varint()?).ok()?;
+            let name = std::str::from_utf8(r.bytes()?).ok()?.to_string();
+            let args = r.bytes()?.to_vec();
+            let inputs = r.data_ids()?;
+            let outputs = r.data_ids()?;
+            if !r.0.is_empty() {
+                return None; // postcard refuses trailing bytes, and says so
+            }
+            Some(TaskEvent::Declared(Declared {
+                task,
+                parent,
+                index,
+                name: name.into(),
+                args,
+                inputs,
+                outputs,
+            }))
+        }
+        v if v == u64::from(STARTED) => Some(TaskEvent::Started(TaskId(r.id()?))),
+        v if v == u64::from(COMPLETED) => {
+            let task = TaskId(r.id()?);
+            let n = r.len()?;
+            let mut outputs = Vec::with_capacity(n.min(r.0.len() / 49));
+            for _ in 0..n {
+                let data = DataId(r.id()?);
+                let value = match r.varint()? {
+                    v if v == u64::from(INLINE) => Payload::Inline(r.bytes()?.to_vec()),
+                    v if v == u64::from(STORED) => Payload::Stored {
+                        digest: r.digest()?,
+                        len: r.varint()?,
+                    },
+                    _ => return None,
+                };
+                outputs.push(Output {
+                    data,
+                    value,
+                    digest: r.digest()?,
+                });
+            }
+            Some(TaskEvent::Completed(task, outputs))
+        }
+        _ => None,
+    }
+}
+
+/// The bytes not read yet.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn id(&mut self) -> Option<u128> {
+        Some(u128::from_le_bytes(self.take(16)?.try_into().ok()?))
+    }
+
+    fn digest(&mut self) -> Option<Digest> {
+        Some(Digest(self.take(32)?.try_into().ok()?))
+    }
+
+    /// A varint of at most 9 bytes (63 bits; longer ones go to postcard).
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..63).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn len(&mut self) -> Option<usize> {
+        usize::try_from(self.varint()?).ok()
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.len()?;
+        self.take(n)
+    }
+
+    fn data_ids(&mut self) -> Option<Vec<DataId>> {
+        let n = self.len()?;
+        let raw = self.take(n.checked_mul(16)?)?;
+        Some(
+            raw.chunks_exact(16)
+                .map(|c| DataId(u128::from_le_bytes(c.try_into().expect("16 bytes"))))
+                .collect(),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -249,6 +382,65 @@ mod tests {
             prop_assert_eq!(buf, postcard::to_stdvec(&want).unwrap());
             prop_assert_eq!(values, expected);
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Rule 4: what is read back is what was written (a `Started` event's task, a
+        /// `Completed` event's task and outputs, the whole of a `Declared` event).
+        #[test]
+        fn task_events_decode_as_encoded(e in event()) {
+            let bytes = postcard::to_stdvec(&e).unwrap();
+            let want = match e {
+                Event::Declared(d) => TaskEvent::Declared(d),
+                Event::Started { task, .. } => TaskEvent::Started(task),
+                Event::Completed { task, outputs, .. } => TaskEvent::Completed(task, outputs),
+                _ => unreachable!("event() makes task events only"),
+            };
+            prop_assert_eq!(decode_task_event(&bytes), Some(want));
+        }
+
+        /// Rule 4: a cut `Declared` event, or one with a byte more, is left to postcard.
+        #[test]
+        fn damaged_declared_events_are_left_to_postcard(e in event(), cut in 1usize..8) {
+            if matches!(e, Event::Declared(_)) {
+                let bytes = postcard::to_stdvec(&e).unwrap();
+                let mut longer = bytes.clone();
+                longer.push(0);
+                prop_assert_eq!(decode_task_event(&longer), None);
+                let short = &bytes[..bytes.len().saturating_sub(cut)];
+                prop_assert_eq!(decode_task_event(short), None);
+            }
+        }
+    }
+
+    /// Rule 4: the other events, and stored values, are read back or left to postcard.
+    #[test]
+    fn other_events_are_not_decoded_here_and_stored_values_are() {
+        let stolen = Event::Stolen {
+            task: TaskId(1),
+            thief: VnodeId(2),
+        };
+        assert_eq!(decode_task_event(&postcard::to_stdvec(&stolen).unwrap()), None);
+        assert_eq!(decode_task_event(&[]), None);
+        let out = Output {
+            data: DataId(3),
+            value: Payload::Stored {
+                digest: Digest([4; 32]),
+                len: 1 << 40,
+            },
+            digest: Digest([4; 32]),
+        };
+        let completed = Event::Completed {
+            task: TaskId(5),
+            outputs: vec![out.clone()],
+            children: vec![TaskId(6)],
+        };
+        assert_eq!(
+            decode_task_event(&postcard::to_stdvec(&completed).unwrap()),
+            Some(TaskEvent::Completed(TaskId(5), vec![out]))
+        );
     }
 
     /// Rule 2: the other events are left to postcard, and nothing is written for them.

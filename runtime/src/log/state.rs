@@ -32,22 +32,10 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::encode::{decode_task_event, TaskEvent};
 use super::{Declared, Event, Output, Payload};
 use crate::codec::{self, CodecError, Digest};
 use crate::ids::{DataId, IdMap, IdSet, TaskId, VnodeId};
-
-/// postcard's tag of [`Event::Started`]: the variant's index, one varint byte (pinned by
-/// `log::tests::fold_encoded_tags_are_the_variants`).
-pub const STARTED_TAG: u8 = 1;
-/// postcard's tag of [`Event::Completed`] (as [`STARTED_TAG`]).
-pub const COMPLETED_TAG: u8 = 2;
-
-/// The leading fields of an encoded `Completed` event: all that folding reads of it.
-#[derive(Deserialize)]
-struct CompletedHead {
-    task: TaskId,
-    outputs: Vec<Output>,
-}
 
 /// One task of the folded log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,28 +128,20 @@ impl LogState {
     /// Applies one encoded event: what [`LogState::fold`] of its decoding does, without
     /// decoding what folding ignores (a `Started` event's input digests, a `Completed` event's
     /// children). The log writer folds every event it stores (rule 9 of `log/mod.rs`), and
-    /// decoding them whole was half of the log's CPU per task. Only a `Started` or `Completed`
-    /// event is read in part (its leading fields, from [`STARTED_TAG`] and
-    /// [`COMPLETED_TAG`]); every other kind is decoded whole.
+    /// decoding them whole with postcard was half of the log's CPU per task: the task-path
+    /// events are read by `encode.rs`'s decoder (its rule 4), the others by postcard.
     pub fn fold_encoded(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
-        match bytes.split_first() {
-            Some((&STARTED_TAG, rest)) => {
-                let (task, _digests): (TaskId, _) = postcard::take_from_bytes(rest)?;
+        match decode_task_event(bytes) {
+            Some(TaskEvent::Declared(d)) => self.declare(d, None),
+            Some(TaskEvent::Started(task)) => {
                 if let Some(t) = self.tasks.get_mut(&task) {
                     t.started = true;
                 }
-                Ok(())
             }
-            Some((&COMPLETED_TAG, rest)) => {
-                let (head, _children): (CompletedHead, _) = postcard::take_from_bytes(rest)?;
-                self.complete(head.task, head.outputs);
-                Ok(())
-            }
-            _ => {
-                self.fold(codec::decode(bytes)?);
-                Ok(())
-            }
+            Some(TaskEvent::Completed(task, outputs)) => self.complete(task, outputs),
+            None => self.fold(codec::decode(bytes)?),
         }
+        Ok(())
     }
 
     fn complete(&mut self, task: TaskId, outputs: Vec<Output>) {
