@@ -422,7 +422,10 @@ mod tests {
             task: TaskId(1),
             thief: VnodeId(2),
         };
-        assert_eq!(decode_task_event(&postcard::to_stdvec(&stolen).unwrap()), None);
+        assert_eq!(
+            decode_task_event(&postcard::to_stdvec(&stolen).unwrap()),
+            None
+        );
         assert_eq!(decode_task_event(&[]), None);
         let out = Output {
             data: DataId(3),

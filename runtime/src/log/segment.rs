@@ -347,9 +347,8 @@ fn walk_segment(
                 format!("event {i} of {count}: length {len} overruns"),
             ));
         }
-        each(at, &payload[at + 4..at + 4 + len]).map_err(|e| {
-            content_error(at, format!("event {i} of {count} does not decode: {e}"))
-        })?;
+        each(at, &payload[at + 4..at + 4 + len])
+            .map_err(|e| content_error(at, format!("event {i} of {count} does not decode: {e}")))?;
         at += 4 + len;
     }
     if at != payload.len() {

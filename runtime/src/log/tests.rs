@@ -1163,13 +1163,12 @@ fn recovery_state_holds_large_values_by_reference() {
 /// One event of a small id space (tasks and data 0..8, vnodes 0..3), of any kind.
 fn any_event() -> impl Strategy<Value = Event> {
     let id = 0u128..8;
-    let output = (id.clone(), proptest::collection::vec(any::<u8>(), 0..6)).prop_map(|(d, v)| {
-        Output {
+    let output =
+        (id.clone(), proptest::collection::vec(any::<u8>(), 0..6)).prop_map(|(d, v)| Output {
             data: DataId(d),
             digest: Digest::of(&v),
             value: v.into(),
-        }
-    });
+        });
     let record = (
         id.clone(),
         proptest::option::of(id.clone()),
@@ -1205,13 +1204,16 @@ fn any_event() -> impl Strategy<Value = Event> {
             task: TaskId(t),
             thief: VnodeId(v),
         }),
-        (0u32..3, record, proptest::collection::vec(any::<u8>(), 0..3)).prop_map(
-            |(v, record, input)| Event::Adopted {
+        (
+            0u32..3,
+            record,
+            proptest::collection::vec(any::<u8>(), 0..3)
+        )
+            .prop_map(|(v, record, input)| Event::Adopted {
                 victim: VnodeId(v),
                 record,
                 inputs: vec![input.into()],
-            }
-        ),
+            }),
         output.clone().prop_map(|output| Event::Returned { output }),
         output.prop_map(|output| Event::Input { output }),
     ]
