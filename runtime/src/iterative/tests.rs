@@ -568,8 +568,8 @@ fn a_verdict_whose_status_died_with_its_vnode_is_passed_on_by_the_replacement() 
                 );
             }
         }
-        for v in 0..blocks {
-            let Some(node) = nodes[v].as_mut() else {
+        for (v, slot) in nodes.iter_mut().enumerate() {
+            let Some(node) = slot.as_mut() else {
                 continue;
             };
             node.step(now).unwrap();
@@ -578,7 +578,7 @@ fn a_verdict_whose_status_died_with_its_vnode_is_passed_on_by_the_replacement() 
                 // Dies right after the step that sent the lost status: before any resend.
                 w.cut = false;
                 drop(w);
-                nodes[v] = None;
+                *slot = None;
                 replace_at = Some((v, now + Duration::from_millis(2)));
             }
         }

@@ -1,4 +1,5 @@
-//! The reader's decoder of the events on the task path: `encode.rs` backwards.
+//! The decoder of the events on the task path, `encode.rs` backwards: the reader's and the
+//! writer's recovery fold's (`LogState::fold_encoded`).
 //!
 //! Rules:
 //!

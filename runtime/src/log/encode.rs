@@ -1,4 +1,5 @@
-//! The writer's encoder of the events on the task path, byte for byte postcard's.
+//! The writer's encoder of the events on the task path, byte for byte postcard's (`decode.rs`
+//! reads them back).
 //!
 //! Rules:
 //!

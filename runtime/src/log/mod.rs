@@ -47,11 +47,12 @@
 //!    no watermark record.
 //! 9. **Recovery checkpoints.** Certification needs the whole log, recovery does not: the
 //!    writer folds each vnode's segments into its recovery state as it stores them
-//!    (`state.rs`: live tasks, the values they need, counts), compacts it to the live frontier,
-//!    and every [`LogWriter::set_checkpoint_every`] bytes of segments (default
-//!    [`DEFAULT_CHECKPOINT_BYTES`]) stores it as the vnode's checkpoint (`checkpoint.rs`) in the
-//!    same store batch as the last segment it covers and that segment's watermark (so rules 7
-//!    and 8 hold for it too). Recovery ([`LogReader::recover_vnode`]) reads the checkpoint and
+//!    (`state.rs`: live tasks, the values they need, counts; each event straight from its
+//!    encoding, [`LogState::fold_encoded`], through the task path's own decoder, `decode.rs`), compacts
+//!    it to the live frontier, and every [`LogWriter::set_checkpoint_every`] bytes of segments
+//!    (default [`DEFAULT_CHECKPOINT_BYTES`]) stores it as the vnode's checkpoint
+//!    (`checkpoint.rs`) in the same store batch as the last segment it covers and that
+//!    segment's watermark (so rules 7 and 8 hold for it too). Recovery ([`LogReader::recover_vnode`]) reads the checkpoint and
 //!    only the segments after it, checked by rules 4 and 8; a damaged checkpoint, or one ahead
 //!    of the watermark, is not used: the whole log is read instead, never a wrong state. So is
 //!    one the store cannot rebuild (`StoreError::Unrecoverable`: it is overwritten in place,

@@ -161,17 +161,15 @@ impl Compactor {
         if self.broken || self.upto.is_some_and(|u| s.segno <= u.segno) {
             return;
         }
-        match segment::decode_segment(&s.bytes) {
-            Ok(seg) => {
-                for (_, e) in seg.events {
-                    self.state.fold(e);
-                }
-            }
-            Err(e) => {
-                tracing::error!("log of {}: cannot fold segment {}: {e:?}", s.vnode, s.segno);
-                self.broken = true;
-                return;
-            }
+        let state = &mut self.state;
+        let folded = segment::for_each_encoded_event(&s.bytes, |event| {
+            state.fold_encoded(event).map_err(|e| e.to_string())
+        });
+        if let Err(e) = folded {
+            // The state may hold part of the segment: no checkpoint is written from it.
+            tracing::error!("log of {}: cannot fold segment {}: {e:?}", s.vnode, s.segno);
+            self.broken = true;
+            return;
         }
         self.upto = Some(LastSegment {
             segno: s.segno,
