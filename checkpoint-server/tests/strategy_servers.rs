@@ -369,6 +369,41 @@ fn an_overwrite_that_reached_fewer_than_m_servers_reads_as_the_version_before_it
     assert_eq!(reader.get(b"wm/0").unwrap().as_deref(), Some(&b"newer"[..]));
 }
 
+/// Strategy rule 13, found by `chaos` (cg under ida:4,2,quorum): a logged value (the log's
+/// value store, keyed by its digest) is written again by another writer, who dies half-way.
+/// With a stamp of its own, its three fragments and the two left of the first write made two
+/// versions of three and two fragments, four needed: the value was lost. Written as
+/// content-addressed, both writes are the same fragments, and five of them read.
+#[test]
+fn a_content_addressed_value_written_again_by_a_writer_that_dies_half_way_still_reads() {
+    let s = Setup::new();
+    let mut servers = s.servers(6, false);
+    let all = addrs(&servers);
+    let spec = format!("ida:4,2,quorum:{all}");
+    let key = b"val/0123".to_vec();
+    let blob = value(7, 20_000);
+    let pair = [(key.clone(), blob.clone())];
+    // The first writer, with server 5 down: acknowledged at 5 of 6.
+    servers[5].kill();
+    open(&spec, &s.key)
+        .put_batch_fenced_content(&[], &pair, 1)
+        .unwrap();
+    servers[5].restart(&s.key_path);
+    // The second writer reaches servers 0-2 only, and fails.
+    let second = open(&spec, &s.key);
+    for srv in &mut servers[3..] {
+        srv.kill();
+    }
+    assert!(second.put_batch_fenced_content(&[], &pair, 1).is_err());
+    for srv in &mut servers[3..] {
+        srv.restart(&s.key_path);
+    }
+    assert_eq!(
+        open(&format!("ida:4,2:{all}"), &s.key).get(&key).unwrap(),
+        Some(blob)
+    );
+}
+
 /// Client rule 3 (found by `knary chaos --seed 3`): a server marked down that has come back is
 /// tried again at once when another server fails, so a quorum write (5 of 6 under
 /// `ida:4,2,quorum`) succeeds with one server down, not "2 of 6 unreachable".

@@ -281,6 +281,21 @@ pub trait Store: Send + Sync + 'static {
         let _ = fences;
         self.put_batch(pairs)
     }
+    /// [`Store::put_batch_fenced`] of `pairs` whose first `content` pairs are
+    /// content-addressed: each key is derived from its value's bytes (the log's value store),
+    /// so any number of writers may write it again, and one that dies half-way through must
+    /// not leave a copy stored before unreadable. A store whose writes of one key can differ
+    /// makes these byte for byte the same every time (the remote strategies: `strategy.rs`
+    /// rule 13); one that replaces a value atomically needs nothing more.
+    fn put_batch_fenced_content(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        content: usize,
+    ) -> Result<(), StoreError> {
+        let _ = content;
+        self.put_batch_fenced(fences, pairs)
+    }
 }
 
 #[cfg(test)]

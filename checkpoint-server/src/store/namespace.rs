@@ -240,6 +240,17 @@ impl Store for Namespaced {
         let fences: Vec<(Vec<u8>, u64)> = fences.iter().map(|(s, e)| (self.key(s), *e)).collect();
         self.inner.put_batch_fenced(&fences, &self.pairs(pairs))
     }
+
+    fn put_batch_fenced_content(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        content: usize,
+    ) -> Result<(), StoreError> {
+        let fences: Vec<(Vec<u8>, u64)> = fences.iter().map(|(s, e)| (self.key(s), *e)).collect();
+        self.inner
+            .put_batch_fenced_content(&fences, &self.pairs(pairs), content)
+    }
 }
 
 #[cfg(test)]

@@ -62,7 +62,10 @@
 //!     [`STORED_FROM`], 4 KiB) is not copied into its event: the segment holds its digest and
 //!     length ([`Payload::Stored`]) and the bytes go once, keyed by their blake3 digest, to the
 //!     value store `val/<digest>` of the same store, in the same store batch as the segment and
-//!     before it, so a durable segment never names a value that is not durable. Smaller values
+//!     before it, so a durable segment never names a value that is not durable. The batch
+//!     marks them content-addressed ([`veriflow_checkpoint::Store::put_batch_fenced_content`]):
+//!     a writer that stores one again (another worker re-running a task) and dies half-way
+//!     cannot make the copy already stored unreadable. Smaller values
 //!     stay inline ([`Payload::Inline`]). Recovery state, checkpoints and the certifier's track
 //!     hold only the reference, and load the bytes when a task needs them; a blob that is
 //!     missing, or whose bytes do not hash to its digest, is [`LogError::Value`] naming the

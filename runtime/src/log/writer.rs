@@ -667,7 +667,9 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
-        // Rule 10: values go in the chunk before the segment that names them.
+        // Rule 10: values go in the chunk before the segments that name them, written as
+        // content-addressed (the same bytes whoever writes them again).
+        let mut values: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut new_values: HashSet<Digest, std::hash::BuildHasherDefault<IdHasher>> =
             HashSet::default();
         while let Some(mut s) =
@@ -676,7 +678,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             bytes += s.size() as usize;
             for (digest, value) in std::mem::take(&mut s.values) {
                 if !stored.contains(&digest) && new_values.insert(digest) {
-                    chunk.push((value_key(&digest), value));
+                    values.push((value_key(&digest), value));
                 }
             }
             marks.push((s.vnode, s.last_seq));
@@ -726,9 +728,11 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             }
         }
         if result.is_ok() {
-            result = store.put_batch_fenced(&fences, &chunk);
+            let content = values.len();
+            values.append(&mut chunk);
+            result = store.put_batch_fenced_content(&fences, &values, content);
         }
-        drop(chunk); // the values' bytes, at once
+        drop(values); // the values' bytes, at once
         if result.is_ok() {
             stored.extend(new_values);
             forget_watermarks(store, shared, written);
