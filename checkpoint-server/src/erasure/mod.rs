@@ -26,7 +26,7 @@
 //!    choice) copies the chosen pieces again. A decode hashing at most [`STRIPE_BYTES`] runs on
 //!    the calling thread, where it takes less time than waking a pool (a log segment read back
 //!    through a replicated store: one fragment). Fragments and blobs are written once, never
-//!    zeroed first (`fill`: the module's one `unsafe`, with `assume_init` of what it wrote).
+//!    zeroed first (`fill`, and `assume_init` of what it wrote: the module's only `unsafe`).
 //! 3. **Header.** Every fragment says: magic `VFEC`, format version, code kind, M, K, its index,
 //!    the blob length, a write stamp (chosen by the writer, larger for newer versions), the blob
 //!    digest and its own digest. The blob digest is a blake3 root over L, the code and the
