@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use veriflow::runtime::log::segment::segment_key;
-use veriflow::runtime::log::{Manifest, RunStatus};
+use veriflow::runtime::log::{Manifest, RunStatus, MANIFEST_KEY};
 use veriflow::VnodeId;
 use veriflow_checkpoint::Store;
 use veriflow_testkit::damage::{copy_dir, essence, run_limited, tree_digest, Ran};
@@ -155,6 +155,36 @@ fn resume_after_a_lost_segment_reports_it_and_never_hangs() {
         );
         assert!(!ran.stderr.contains("veriflow bug"), "{}", ran.stderr);
     }
+}
+
+/// A log whose manifest was deleted is a damaged store, not a directory without a run:
+/// `run --resume` exits 1 saying the manifest is missing (found by the damage campaign, whose
+/// `delete-key` drew a finished run's manifest under load; it was "holds no run to resume", a
+/// usage error), and the log it found is left as it was.
+#[test]
+fn resume_of_a_log_without_its_manifest_is_damage_not_a_usage_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = finished(tmp.path());
+    with_store(&dir, |st| st.delete(MANIFEST_KEY).unwrap());
+    let log = |dir: &Path| {
+        let mut pairs = Vec::new();
+        with_store(dir, |st| pairs = st.scan_prefix(b"").unwrap());
+        pairs
+    };
+    let before = log(&dir);
+    let mut args = RUN.to_vec();
+    args.extend(["--log-dir", dir.to_str().unwrap(), "--resume"]);
+    let ran = knary_limited(tmp.path(), &args);
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("no run manifest") && ran.stderr.contains("damaged"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        before == log(&dir),
+        "resume changed the damaged store's keys or values"
+    );
 }
 
 /// Issue 13.1 with recovery checkpoints (log rule 9): a segment deleted *before* a vnode's

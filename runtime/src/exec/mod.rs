@@ -466,10 +466,27 @@ impl Runtime {
                         )))
                     }
                     (None, true) => {
+                        // A log whose manifest is gone is damage, not a directory without a
+                        // run: resuming it is refused as such (found by the damage campaign,
+                        // `delete-key` of a finished run's manifest).
+                        let limit = veriflow_checkpoint::PageLimit {
+                            max_keys: 1,
+                            max_bytes: u64::MAX,
+                        };
+                        let page = store
+                            .scan_page(b"seg/", None, limit)
+                            .map_err(crate::log::LogError::from)?;
+                        if !page.pairs.is_empty() {
+                            return Err(RunError::Log(crate::log::LogError::NotALog(format!(
+                                "{} holds a log but no run manifest: the manifest is missing \
+                                 (the store is damaged), so the run cannot be resumed",
+                                store.describe()
+                            ))));
+                        }
                         return Err(RunError::Config(format!(
                             "{} holds no run to resume",
                             store.describe()
-                        )))
+                        )));
                     }
                     (Some(old), true) if old.root != root_id || old.vnodes != self.vnodes => {
                         return Err(RunError::Config(format!(
