@@ -249,68 +249,10 @@ mod tests {
 
     use super::*;
     use crate::log::encode::encode_event;
-    use crate::log::event::Output;
 
-    fn blob() -> impl Strategy<Value = Vec<u8>> {
-        prop_oneof![
-            proptest::collection::vec(any::<u8>(), 0..4),
-            proptest::collection::vec(any::<u8>(), 126..130),
-        ]
-    }
-
+    /// The writer's test events, some with stored payloads (`encode.rs`).
     fn event() -> impl Strategy<Value = Event> {
-        let ids = || proptest::collection::vec(any::<u128>().prop_map(DataId), 0..5);
-        let declared = (
-            any::<u128>(),
-            proptest::option::of(any::<u128>()),
-            any::<u32>(),
-            "[a-z_]{0,12}",
-            blob(),
-            ids(),
-            ids(),
-        )
-            .prop_map(|(t, p, index, name, args, inputs, outputs)| {
-                Event::Declared(Declared {
-                    task: TaskId(t),
-                    parent: p.map(TaskId),
-                    index,
-                    name: name.into(),
-                    args,
-                    inputs,
-                    outputs,
-                })
-            });
-        let started = (
-            any::<u128>(),
-            proptest::collection::vec(any::<[u8; 32]>().prop_map(Digest), 0..4),
-        )
-            .prop_map(|(t, inputs)| Event::Started {
-                task: TaskId(t),
-                inputs,
-            });
-        let payload = prop_oneof![
-            blob().prop_map(Payload::Inline),
-            (any::<[u8; 32]>(), any::<u64>()).prop_map(|(d, len)| Payload::Stored {
-                digest: Digest(d),
-                len
-            }),
-        ];
-        let output = (any::<u128>(), payload, any::<[u8; 32]>()).prop_map(|(d, value, g)| Output {
-            data: DataId(d),
-            value,
-            digest: Digest(g),
-        });
-        let completed = (
-            any::<u128>(),
-            proptest::collection::vec(output, 0..3),
-            proptest::collection::vec(any::<u128>().prop_map(TaskId), 0..5),
-        )
-            .prop_map(|(t, outputs, children)| Event::Completed {
-                task: TaskId(t),
-                outputs,
-                children,
-            });
-        prop_oneof![declared, started, completed]
+        crate::log::encode::tests::events(true)
     }
 
     /// What the reader makes of `bytes`: this decoder, else postcard (rule 1).
