@@ -6,8 +6,9 @@
 //!    min(T, V) drivers owns a fixed share of the vnodes (vnode v goes to driver v mod T) and
 //!    steps them in turn, so a vnode is only ever touched by one thread and its graph needs no
 //!    lock. Threads beyond V stay in the pool for rayon work inside task bodies. A driver lets
-//!    its idle vnodes steal only when none of its vnodes has a ready task (`vnode.rs` rule 2:
-//!    the thread is the capacity, not the vnode).
+//!    a vnode steal (idle, or asking ahead before its last ready task) only when none of its
+//!    other vnodes has a ready task (`vnode.rs` rule 2: the thread is the capacity, not the
+//!    vnode).
 //! 2. The root task is declared on vnode 0 by the program (parent `None`), after the program
 //!    inputs are logged there as `Input` events. Its outputs are the terminal outputs S, pinned
 //!    on vnode 0; any vnode may steal the root, and its outputs then come home as `Returned`.
@@ -719,10 +720,11 @@ fn drive_share(
             }
         }
         let mut worked = false;
-        // Rule 1: no vnode of this thread steals while one of them has a ready task.
-        let busy = share.iter().any(|v| v.has_ready());
+        // Rule 1: no vnode of this thread steals while another of them has a ready task (its
+        // own ready tasks it checks itself: `vnode.rs` rule 2).
+        let ready = share.iter().filter(|v| v.has_ready()).count();
         for v in share.iter_mut() {
-            v.steal_ok = !busy;
+            v.steal_ok = ready <= usize::from(v.has_ready());
             match v.step(STEP_BUDGET) {
                 Ok(w) => worked |= w,
                 Err(e) => {

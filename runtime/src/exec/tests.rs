@@ -1038,3 +1038,121 @@ fn vnodes_of_a_busy_thread_do_not_steal() {
         assert_eq!(adopted, 0, "seed {seed}: {:?}", r.vnodes);
     }
 }
+
+/// Steal requests sent over [`CountRequests`] (only the test below uses it).
+static REQUESTS_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// What each [`Peek`] saw of [`REQUESTS_SENT`] when it started, in the order they ran.
+static PEEKED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// A transport that counts the steal requests sent over it.
+struct CountRequests(crate::transport::InProcTransport);
+
+struct CountRequestsEndpoint(Box<dyn crate::transport::Endpoint>);
+
+impl crate::transport::Transport for CountRequests {
+    fn endpoint(
+        &self,
+        me: crate::VnodeId,
+    ) -> Result<Box<dyn crate::transport::Endpoint>, crate::transport::TransportError> {
+        Ok(Box::new(CountRequestsEndpoint(self.0.endpoint(me)?)))
+    }
+}
+
+impl crate::transport::Endpoint for CountRequestsEndpoint {
+    fn send(
+        &mut self,
+        to: crate::VnodeId,
+        msg: crate::transport::Message,
+    ) -> Result<(), crate::transport::TransportError> {
+        if matches!(msg, crate::transport::Message::StealRequest) {
+            REQUESTS_SENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.0.send(to, msg)
+    }
+    fn try_recv(&mut self) -> Option<crate::transport::Envelope> {
+        self.0.try_recv()
+    }
+    fn recv_timeout(&mut self, t: std::time::Duration) -> Option<crate::transport::Envelope> {
+        self.0.recv_timeout(t)
+    }
+    fn set_epoch(&mut self, e: crate::Epoch) {
+        self.0.set_epoch(e)
+    }
+}
+
+/// Notes how many steal requests were sent when it started.
+#[derive(Serialize, Deserialize)]
+struct Peek;
+
+impl Task for Peek {
+    const NAME: &'static str = "peek";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let seen = REQUESTS_SENT.load(std::sync::atomic::Ordering::SeqCst);
+        PEEKED.lock().unwrap().push(seen);
+        ctx.write(out, seen);
+        Ok(())
+    }
+}
+
+/// Spawns two [`Peek`]s and adds what they saw.
+#[derive(Serialize, Deserialize)]
+struct TwoPeeks;
+
+impl Task for TwoPeeks {
+    const NAME: &'static str = "two-peeks";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let (a,) = ctx.spawn(Peek, ());
+        let (b,) = ctx.spawn(Peek, ());
+        ctx.spawn_delegate(Add, (a, b), (out,));
+        Ok(())
+    }
+}
+
+/// Rule 2 of `vnode.rs`: a vnode asks for work *before* it runs its last ready task, so the
+/// answer travels while that task runs; while another task is ready it does not ask. Stepped
+/// one task at a time on one member hosting vnode 0 of 2 (vnode 1 hosted nowhere: nothing
+/// answers), on a manual clock: the root, alone, is asked ahead of (1 request); past the
+/// request's timeout the root's two peeks run, the newest first, which sees no new request
+/// (the other is still ready), then the last ready one, which sees the one sent just before it
+/// (2). Before, a vnode asked only once idle, and both peeks saw 0.
+#[test]
+fn a_vnode_asks_for_work_before_its_last_ready_task() {
+    let registry = Registry::new()
+        .with::<TwoPeeks>()
+        .unwrap()
+        .with::<Peek>()
+        .unwrap()
+        .with::<Add>()
+        .unwrap();
+    let clock = Arc::new(crate::clock::ManualClock::default());
+    let rt = Arc::new(
+        Runtime::builder(registry)
+            .threads(1)
+            .vnodes(2)
+            .checkpoint(false)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let transport = Arc::new(CountRequests(crate::transport::InProcTransport::new(2)));
+    let mut member = rt
+        .stepped_member(
+            TwoPeeks,
+            (),
+            &[(crate::VnodeId(0), crate::Epoch(0))],
+            true,
+            transport,
+        )
+        .unwrap();
+    member.step(1).unwrap(); // the root
+    assert_eq!(REQUESTS_SENT.load(std::sync::atomic::Ordering::SeqCst), 1);
+    clock.advance(crate::Timers::default().steal_timeout * 2);
+    member.step(1).unwrap(); // the newest peek
+    member.step(1).unwrap(); // the last ready one
+    assert_eq!(*PEEKED.lock().unwrap(), vec![1, 2]);
+    assert_eq!(REQUESTS_SENT.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
