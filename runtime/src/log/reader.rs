@@ -105,6 +105,10 @@ pub struct StreamedVnode {
     pub torn: Option<TornTail>,
 }
 
+/// A segment's events that [`Walk::admit`] lets through (rule 3 of this module): its number,
+/// and its new events with their offsets, in log order.
+type Admitted = (u64, Vec<(u32, Event)>);
+
 /// One page of a log's segments, decoded (rule 1 of this module): store key and segment.
 type Decoded = Vec<(Vec<u8>, Result<segment::Segment, SegmentError>)>;
 
@@ -367,7 +371,7 @@ impl LogReader {
         let mut pending: Option<(Vec<u8>, Result<segment::Segment, SegmentError>)> = None;
         let mut page = Some(self.decoded_page(&prefix, None)?);
         let mut after: Option<Vec<u8>> = None;
-        let mut admitted: Vec<(u64, Vec<(u32, Event)>)> = Vec::new();
+        let mut admitted: Vec<Admitted> = Vec::new();
         loop {
             let checking = page.take().map(|(decoded, more)| {
                 if let Some((k, _)) = decoded.last() {
@@ -757,7 +761,7 @@ pub struct RecoveredLog {
 
 /// Hands segments' events admitted by [`Walk::admit`] (segment number, events) to `sink`, in
 /// order.
-fn deliver(admitted: Vec<(u64, Vec<(u32, Event)>)>, sink: &mut dyn FnMut(LoggedEvent)) {
+fn deliver(admitted: Vec<Admitted>, sink: &mut dyn FnMut(LoggedEvent)) {
     for (segment, events) in admitted {
         for (offset, event) in events {
             sink(LoggedEvent {
@@ -871,7 +875,7 @@ impl Walk {
         key: &[u8],
         decoded: Result<segment::Segment, SegmentError>,
         is_last: bool,
-    ) -> Result<Option<(u64, Vec<(u32, Event)>)>, LogError> {
+    ) -> Result<Option<Admitted>, LogError> {
         let vnode = self.vnode;
         self.segments += 1;
         let segno = match segment::parse_segment_key(key) {
