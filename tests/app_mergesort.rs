@@ -609,9 +609,7 @@ fn a_forged_merge_sort_is_corrected_to_the_sorted_vector() {
     assert_eq!(c.decision, veriflow::Decision::Accept, "{c:?}");
     let track = Track::load(store).unwrap();
     let out = track.terminal()[0];
-    let bytes = track
-        .resolve(&track.data[&out].value.as_ref().unwrap().0)
-        .unwrap();
+    let bytes = track.resolve(track.value(out).unwrap().0).unwrap();
     let sorted: Vec<i64> = codec::decode(&bytes).unwrap();
     assert!(sorted == want, "the corrected output is the sorted vector");
 }

@@ -225,8 +225,7 @@ fn available(
     d: DataId,
 ) -> bool {
     // `value` without the copy.
-    fresh.contains_key(&d)
-        || (!recomputed.contains(&d) && track.data.get(&d).is_some_and(|r| r.value.is_some()))
+    fresh.contains_key(&d) || (!recomputed.contains(&d) && track.value(d).is_some())
 }
 
 fn value(
@@ -241,7 +240,7 @@ fn value(
     if recomputed.contains(&d) {
         return None;
     }
-    track.data.get(&d)?.value.clone()
+    track.value(d).map(|(v, digest)| (v.clone(), digest))
 }
 
 /// Rule 4: the events of the next generation, per vnode.

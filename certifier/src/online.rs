@@ -367,10 +367,7 @@ impl Follower {
         };
         // Presence only: the values are copied once, by the check itself.
         rec.wrote.is_some()
-            && record
-                .inputs
-                .iter()
-                .all(|d| track.data.get(d).is_some_and(|r| r.value.is_some()))
+            && record.inputs.iter().all(|d| track.value(*d).is_some())
             && rec.children.iter().all(|c| {
                 track
                     .index_of(*c)

@@ -67,7 +67,7 @@ pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunEr
         }
         Err(e) => return forged(format!("the oracle's re-run failed: {e}")),
     };
-    let mut logged: Vec<_> = wrote.clone();
+    let mut logged: Vec<_> = wrote.iter().map(|o| (o.data, o.digest)).collect();
     let mut fresh: Vec<_> = again.outputs.iter().map(|o| (o.data, o.digest)).collect();
     logged.sort_unstable_by_key(|(d, _)| *d);
     fresh.sort_unstable_by_key(|(d, _)| *d);

@@ -23,13 +23,20 @@
 //!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
 //!    independent of how events were spread over segments and vnodes. (The keyed hashers are
 //!    derived once and cloned: the same bytes as deriving them for every leaf and node.)
+//! 5. A written value is kept once, in its writer's record as its `Completed` logged it (the
+//!    event's outputs moved in whole, no copy of the (datum, digest) pairs); a datum's record
+//!    holds its writer, the digest of its value, a program input's value and the copies
+//!    returned to victims. [`Track::value`] is a datum's logged value: its writer's (the first
+//!    output naming it), else the program input's.
 
 use std::sync::{Arc, LazyLock};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
-use veriflow_runtime::log::{Declared, Event, LogError, LogReader, Manifest, Payload, TornTail};
+use veriflow_runtime::log::{
+    Declared, Event, LogError, LogReader, Manifest, Output, Payload, TornTail,
+};
 use veriflow_runtime::{DataId, Digest, IdMap, IdSet, TaskId, VnodeId};
 
 /// Index of a task in a [`Track`].
@@ -48,8 +55,9 @@ pub struct TaskRec {
     pub ran_on: Option<VnodeId>,
     /// Digests of the inputs it read (`Started`).
     pub started: Option<Vec<Digest>>,
-    /// The values it wrote itself (`Completed`), as (datum, digest); `None` if not completed.
-    pub wrote: Option<Vec<(DataId, Digest)>>,
+    /// The values it wrote itself (`Completed`), as logged; `None` if not completed. A written
+    /// datum's logged value is here, not in its [`DataRec`] (rule 5).
+    pub wrote: Option<Vec<Output>>,
     /// Children it declared (`Completed`), in spawn order.
     pub children: Vec<TaskId>,
     /// Input digests of the values its thief adopted with it (`Adopted`), and the thief.
@@ -61,12 +69,13 @@ pub struct TaskRec {
 pub struct DataRec {
     /// The task that wrote it (`None` for a program input or a datum never written).
     pub writer: Option<Ix>,
-    /// Its logged value and digest (from its writer's `Completed`, or the `Input` event): a
-    /// large value's reference into the value store, read when a re-run needs it
-    /// ([`Track::resolve`]; rule 10 of the runtime's `log/mod.rs`).
-    pub value: Option<(Payload, Digest)>,
-    /// Whether it is a program input.
-    pub input: bool,
+    /// The digest of its logged value ([`Track::value`]): its writer's, else the program
+    /// input's (kept here for the structural check, rule 5).
+    pub digest: Option<Digest>,
+    /// A program input's logged value and digest (the `Input` event), boxed: few data are
+    /// inputs. A written datum's is in its writer's [`TaskRec::wrote`]; [`Track::value`] gives
+    /// either (rule 5).
+    pub input: Option<Box<(Payload, Digest)>>,
     /// Copies returned to victims: (victim vnode, digest).
     pub returned: Vec<(VnodeId, Digest)>,
 }
@@ -237,29 +246,34 @@ impl Track {
                 children,
             } => {
                 let i = self.ix(task);
-                let wrote: Vec<(DataId, Digest)> =
-                    outputs.iter().map(|o| (o.data, o.digest)).collect();
                 if let Some(w) = &self.tasks[i as usize].wrote {
-                    if *w != wrote || self.tasks[i as usize].children != children {
+                    // Compared as (datum, digest), as the leaf hashes them.
+                    let same = w.len() == outputs.len()
+                        && w.iter()
+                            .zip(&outputs)
+                            .all(|(a, b)| a.data == b.data && a.digest == b.digest);
+                    if !same || self.tasks[i as usize].children != children {
                         self.conflict(task, format!("{v} logged another completion for it"));
                     }
                     return;
                 }
-                for o in outputs {
+                for o in &outputs {
                     let d = self.data.entry(o.data).or_default();
                     match d.writer {
                         Some(w) if w != i => {
                             let other = self.tasks[w as usize].id;
                             self.conflict(task, format!("{} is also written by {other}", o.data));
-                            continue;
                         }
-                        _ => {}
+                        // Written twice in one completion: the first is its value (rule 5).
+                        Some(_) => {}
+                        None => {
+                            d.writer = Some(i);
+                            d.digest = Some(o.digest);
+                        }
                     }
-                    d.writer = Some(i);
-                    d.value = Some((o.value, o.digest));
                 }
                 let rec = &mut self.tasks[i as usize];
-                rec.wrote = Some(wrote);
+                rec.wrote = Some(outputs);
                 rec.children = children;
                 rec.ran_on = Some(v);
             }
@@ -270,8 +284,10 @@ impl Track {
             }
             Event::Input { output } => {
                 let d = self.data.entry(output.data).or_default();
-                d.input = true;
-                d.value = Some((output.value, output.digest));
+                if d.writer.is_none() {
+                    d.digest = Some(output.digest);
+                }
+                d.input = Some(Box::new((output.value, output.digest)));
             }
         }
     }
@@ -302,7 +318,7 @@ impl Track {
     pub fn terminal_values(&self) -> Result<Option<Vec<Vec<u8>>>, LogError> {
         let mut out = Vec::with_capacity(self.manifest.terminal.len());
         for d in &self.manifest.terminal {
-            let Some((v, _)) = self.data.get(d).and_then(|d| d.value.as_ref()) else {
+            let Some((v, _)) = self.value(*d) else {
                 return Ok(None);
             };
             out.push(self.resolve(v)?);
@@ -329,7 +345,7 @@ impl Track {
                         stack.push(*w);
                     }
                 }
-                Some(DataRec { input: true, .. }) => {}
+                Some(DataRec { input: Some(_), .. }) => {}
                 _ => errors.push(self.error(
                     reader,
                     Some(d),
@@ -411,8 +427,7 @@ impl Track {
         // The producer's digest, and (only on a mismatch) who it is.
         let producer = |d: DataId| -> Option<(Digest, Option<Ix>)> {
             let rec = self.data.get(&d)?;
-            let (_, digest) = rec.value.as_ref()?;
-            Some((*digest, rec.writer))
+            Some((rec.digest?, rec.writer))
         };
         let who = |writer: Option<Ix>| match writer {
             Some(w) => {
@@ -459,7 +474,8 @@ impl Track {
                 }
             }
         }
-        for &(d, digest) in wrote {
+        for o in wrote {
+            let (d, digest) = (o.data, o.digest);
             if !r.outputs.contains(&d) {
                 out.push(self.error(
                     Some(t),
@@ -519,9 +535,9 @@ impl Track {
         }
         let wrote = rec.wrote.as_deref().unwrap_or(&[]);
         h.update(&(wrote.len() as u64).to_le_bytes());
-        for (d, digest) in wrote {
-            h.update(&d.0.to_le_bytes());
-            h.update(&digest.0);
+        for o in wrote {
+            h.update(&o.data.0.to_le_bytes());
+            h.update(&o.digest.0);
         }
         h.update(&(rec.children.len() as u64).to_le_bytes());
         for c in &rec.children {
@@ -581,7 +597,7 @@ impl Track {
         let wrote = rec.wrote.as_deref().unwrap_or(&[]);
         let out = wrote
             .iter()
-            .flat_map(move |(d, _)| readers.get(d).into_iter().flatten().copied());
+            .flat_map(move |o| readers.get(&o.data).into_iter().flatten().copied());
         let kids = rec.children.iter().filter_map(move |c| self.index_of(*c));
         out.chain(kids)
     }
@@ -608,12 +624,33 @@ impl Track {
         };
         let mut out = Vec::with_capacity(r.inputs.len());
         for d in &r.inputs {
-            let Some((v, _)) = self.data.get(d).and_then(|d| d.value.as_ref()) else {
+            let Some((v, _)) = self.value(*d) else {
                 return Ok(None);
             };
             out.push(self.resolve(v)?);
         }
         Ok(Some(out))
+    }
+
+    /// The logged value of `d` and its digest (rule 5): its writer's, else the program
+    /// input's; `None` if no log read holds it. A large one is a reference into the value
+    /// store, read when a re-run needs it ([`Track::resolve`]; rule 10 of the runtime's
+    /// `log/mod.rs`).
+    pub fn value(&self, d: DataId) -> Option<(&Payload, Digest)> {
+        let rec = self.data.get(&d)?;
+        match rec.writer.and_then(|w| self.written(w, d)) {
+            Some(o) => Some((&o.value, o.digest)),
+            None => rec.input.as_ref().map(|b| (&b.0, b.1)),
+        }
+    }
+
+    /// What task `w` logged writing `d`, if it did.
+    fn written(&self, w: Ix, d: DataId) -> Option<&Output> {
+        self.tasks[w as usize]
+            .wrote
+            .as_deref()?
+            .iter()
+            .find(|o| o.data == d)
     }
 
     /// The bytes of a logged value: its own, or read from the value store and checked.
@@ -774,6 +811,54 @@ mod tests {
         assert!(track.structural_check(&gs).is_empty());
         let (track, gs) = one_task(None);
         assert!(track.structural_check(&gs).is_empty());
+    }
+
+    /// Rule 5: a written datum's value is its writer's (kept once, in the writer's record), a
+    /// program input's is its `Input` event's, and a datum no log holds has none.
+    #[test]
+    fn a_datum_s_value_is_its_writer_s_else_the_program_input_s() {
+        use veriflow_runtime::log::Output;
+        let (mut track, _) = one_task(None);
+        let (written, input, nothing) = (DataId(8), DataId(9), DataId(10));
+        track.absorb(
+            VnodeId(0),
+            Event::Input {
+                output: Output {
+                    data: input,
+                    value: Payload::Inline(vec![3]),
+                    digest: Digest([3; 32]),
+                },
+            },
+        );
+        let value = |d| track.value(d).map(|(v, digest)| (v.clone(), digest));
+        assert_eq!(
+            value(written),
+            Some((Payload::Inline(vec![1]), Digest([1; 32])))
+        );
+        assert_eq!(
+            value(input),
+            Some((Payload::Inline(vec![3]), Digest([3; 32])))
+        );
+        assert_eq!(value(nothing), None);
+        assert_eq!(track.data[&written].writer, Some(0));
+        assert_eq!(track.data[&written].digest, Some(Digest([1; 32])));
+        assert!(track.data[&written].input.is_none());
+        assert_eq!(track.data[&input].digest, Some(Digest([3; 32])));
+        // A second completion with another digest is a conflict, and the first value stays.
+        track.absorb(
+            VnodeId(1),
+            Event::Completed {
+                task: TaskId(7),
+                outputs: vec![Output {
+                    data: written,
+                    value: Payload::Inline(vec![2]),
+                    digest: Digest([2; 32]),
+                }],
+                children: Vec::new(),
+            },
+        );
+        assert_eq!(track.conflicts.len(), 1, "{:?}", track.conflicts);
+        assert_eq!(track.value(written).map(|(_, d)| d), Some(Digest([1; 32])));
     }
 
     #[test]

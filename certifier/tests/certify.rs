@@ -67,7 +67,7 @@ fn opts(eps: f64, q: f64) -> Options {
 fn terminal_value(store: &Arc<dyn Store>) -> Vec<u8> {
     let t = Track::load(store.clone()).unwrap();
     let d = t.terminal()[0];
-    t.resolve(&t.data[&d].value.as_ref().unwrap().0).unwrap()
+    t.resolve(t.value(d).unwrap().0).unwrap()
 }
 
 #[test]
@@ -182,10 +182,7 @@ fn correction_restores_the_honest_output() {
     let g0 = veriflow_runtime::log::LogReader::new(store.clone());
     let t0 = Track::load_from(&g0).unwrap();
     let d = t0.terminal()[0];
-    assert_eq!(
-        t0.resolve(&t0.data[&d].value.as_ref().unwrap().0).unwrap(),
-        before
-    );
+    assert_eq!(t0.resolve(t0.value(d).unwrap().0).unwrap(), before);
 }
 
 #[test]

@@ -9,6 +9,11 @@
 //! 2. Decoding is pure; every check that depends on what came before (segment order, the
 //!    durable watermark, a torn *last* segment, duplicates) runs in log order on one thread
 //!    ([`Walk`]), exactly as when segments were read one by one.
+//! 3. Three stages overlap on a whole log's read: while the reader (`sink`) takes the events
+//!    of one page, the page after it is checked ([`Walk::admit`]: order, watermark,
+//!    duplicates) and the page after that is fetched and decoded. The reader gets the same
+//!    events in the same order as with segments read one by one; on an error it has taken
+//!    some events of the pages before the damaged segment, then the error.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -99,6 +104,10 @@ pub struct StreamedVnode {
     /// A torn last segment, if the writer was cut off mid-write.
     pub torn: Option<TornTail>,
 }
+
+/// A segment's events that [`Walk::admit`] lets through (rule 3 of this module): its number,
+/// and its new events with their offsets, in log order.
+type Admitted = (u64, Vec<(u32, Event)>);
 
 /// One page of a log's segments, decoded (rule 1 of this module): store key and segment.
 type Decoded = Vec<(Vec<u8>, Result<segment::Segment, SegmentError>)>;
@@ -356,33 +365,48 @@ impl LogReader {
         }
         let skip = self.prefix.len();
         // Only the last segment may be torn (rule 4 of `log/mod.rs`): the last one decoded is
-        // held back until the next page says whether one follows.
+        // held back until the next page says whether one follows. Rule 3 of this module: page
+        // i + 1 is fetched and decoded and page i checked while `sink` takes page i - 1's
+        // events.
         let mut pending: Option<(Vec<u8>, Result<segment::Segment, SegmentError>)> = None;
-        let mut page = self.decoded_page(&prefix, None)?;
+        let mut page = Some(self.decoded_page(&prefix, None)?);
         let mut after: Option<Vec<u8>> = None;
+        let mut admitted: Vec<Admitted> = Vec::new();
         loop {
-            let (decoded, more) = page;
-            if let Some((k, _)) = decoded.last() {
-                after = Some(k.clone());
-            }
-            let mut ready: Decoded = pending.take().into_iter().chain(decoded).collect();
-            pending = ready.pop();
-            let fetch = more && after.is_some();
-            let (next, applied) = rayon::join(
-                || fetch.then(|| self.decoded_page(&prefix, after.as_deref())),
-                || -> Result<(), LogError> {
+            let checking = page.take().map(|(decoded, more)| {
+                if let Some((k, _)) = decoded.last() {
+                    after = Some(k.clone());
+                }
+                let mut ready: Decoded = pending.take().into_iter().chain(decoded).collect();
+                pending = ready.pop();
+                (ready, more && after.is_some())
+            });
+            let Some((ready, fetch)) = checking else {
+                deliver(std::mem::take(&mut admitted), &mut *sink);
+                break;
+            };
+            let handing = std::mem::take(&mut admitted);
+            let walk_ref = &mut walk;
+            let (checked, ()) = rayon::join(
+                || -> Result<_, LogError> {
+                    let mut out = Vec::with_capacity(ready.len());
                     for (key, seg) in ready {
                         let key = key.get(skip..).unwrap_or_default();
-                        walk.segment_decoded(key, seg, false, &mut *sink)?;
+                        if let Some(events) = walk_ref.admit(key, seg, false)? {
+                            out.push(events);
+                        }
                     }
-                    Ok(())
+                    let next = match fetch {
+                        true => Some(self.decoded_page(&prefix, after.as_deref())?),
+                        false => None,
+                    };
+                    Ok((out, next))
                 },
+                || deliver(handing, &mut *sink),
             );
-            applied?;
-            match next {
-                Some(p) => page = p?,
-                None => break,
-            }
+            let (out, next) = checked?;
+            admitted = out;
+            page = next;
         }
         if let Some((key, seg)) = pending {
             let key = key.get(skip..).unwrap_or_default();
@@ -735,6 +759,20 @@ pub struct RecoveredLog {
     pub read_time: std::time::Duration,
 }
 
+/// Hands segments' events admitted by [`Walk::admit`] (segment number, events) to `sink`, in
+/// order.
+fn deliver(admitted: Vec<Admitted>, sink: &mut dyn FnMut(LoggedEvent)) {
+    for (segment, events) in admitted {
+        for (offset, event) in events {
+            sink(LoggedEvent {
+                segment,
+                offset,
+                event,
+            });
+        }
+    }
+}
+
 /// The bit of `kind` in [`Walk`]'s ids seen.
 fn kind_bit(kind: EventKind) -> u8 {
     match kind {
@@ -820,6 +858,24 @@ impl Walk {
         is_last: bool,
         sink: &mut dyn FnMut(LoggedEvent),
     ) -> Result<bool, LogError> {
+        match self.admit(key, decoded, is_last)? {
+            Some(events) => {
+                deliver(vec![events], sink);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The checks of [`Walk::segment_decoded`] on one segment, without handing its events on:
+    /// its number and its new events (duplicates dropped, the others in log order), or `None`
+    /// after a torn last segment (skipped).
+    fn admit(
+        &mut self,
+        key: &[u8],
+        decoded: Result<segment::Segment, SegmentError>,
+        is_last: bool,
+    ) -> Result<Option<Admitted>, LogError> {
         let vnode = self.vnode;
         self.segments += 1;
         let segno = match segment::parse_segment_key(key) {
@@ -853,7 +909,7 @@ impl Walk {
                     segment: segno,
                     reason: f,
                 });
-                return Ok(false);
+                return Ok(None);
             }
             Err(SegmentError::Frame(f)) if f.is_torn() && is_last => {
                 return Err(corrupt(
@@ -890,7 +946,9 @@ impl Walk {
         self.next_seq = self.next_seq.max(end);
         self.durable_seq = self.durable_seq.max(end);
         self.last_read = Some(segno);
-        for (offset, event) in seg.events {
+        let mut events = seg.events;
+        // Duplicates are rare: `retain` moves nothing until it drops one.
+        events.retain(|(_, event)| {
             let key = event.key();
             let bits = self.seen.entry(key.0).or_insert(0);
             let bit = kind_bit(key.1);
@@ -898,11 +956,6 @@ impl Walk {
             *bits |= bit;
             if new {
                 self.distinct += 1;
-                sink(LoggedEvent {
-                    segment: segno,
-                    offset,
-                    event,
-                });
             } else {
                 self.duplicates += 1;
                 if self.repeats.len() < MAX_REPEATS {
@@ -913,8 +966,9 @@ impl Walk {
                     });
                 }
             }
-        }
-        Ok(true)
+            new
+        });
+        Ok(Some((segno, events)))
     }
 
     /// Rule 8: the log reaches its durable watermark, or its tail was lost.
