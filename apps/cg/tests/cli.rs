@@ -373,7 +373,7 @@ fn a_singular_matrix_fails_the_x_check_or_says_it_was_not_checked() {
     cg_in(tmp.path(), &spmd).expect_code(1);
 }
 
-/// Large values are files of the local store (`values/<key in hex>`, rule 7 of the checkpoint
+/// Large values are files of the local store (`values/<shard>/<key in hex>`, rule 7 of the checkpoint
 /// crate's `sled_store.rs`; a block of poisson3d:12 on 2 blocks is 6.9 KB, above the 4 KiB at
 /// which values leave their events): a finished run certifies; one value file deleted, or one
 /// bit of it flipped, makes `certify --full` (which re-runs every task, so reads every value)
@@ -405,6 +405,7 @@ fn a_missing_or_corrupt_value_file_is_named_by_certify() {
     .expect_code(0);
     let mut files: Vec<PathBuf> = std::fs::read_dir(log.join("values"))
         .expect("the store's value files")
+        .flat_map(|shard| std::fs::read_dir(shard.unwrap().path()).unwrap())
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();

@@ -42,7 +42,7 @@
 //!    that every raise takes too, so no fence moves between the check and the write.
 //! 7. **Content-addressed values are files** (`value_files.rs`), not sled records: the pairs a
 //!    [`Store::put_batch_fenced_content`] marks content-addressed (the log's value store) go
-//!    to `values/<key in hex>`, durable before the rest of the batch is given to sled, so no
+//!    to `values/<shard>/<key in hex>`, durable before the rest of the batch is given to sled, so no
 //!    segment sled writes can name a value that is not on disk. sled 0.34 keeps every value a
 //!    process wrote in memory whatever its cache (below), which for a logged CG of 10^6
 //!    unknowns was 8 GiB; as files they leave memory once durable. Reads, scans and deletes
