@@ -68,7 +68,7 @@ fn file_name(key: &[u8]) -> String {
 
 /// The key a file name holds, if it is one.
 fn parse_name(name: &str) -> Option<Vec<u8>> {
-    if name.is_empty() || name.len() % 2 != 0 {
+    if name.is_empty() || !name.len().is_multiple_of(2) {
         return None;
     }
     let nibble = |c: u8| match c {
