@@ -41,6 +41,7 @@ mod memory;
 mod namespace;
 mod redb_store;
 mod sled_store;
+mod value_files;
 
 pub use fence::Fences;
 pub use fjall_store::FjallStore;

@@ -40,6 +40,14 @@
 //!    tree `veriflow.fences` (never seen by a scan, so no key collides with it), durable with
 //!    the next flush. A fenced batch reads the fences and applies the batch under one lock
 //!    that every raise takes too, so no fence moves between the check and the write.
+//! 7. **Content-addressed values are files** (`value_files.rs`), not sled records: the pairs a
+//!    [`Store::put_batch_fenced_content`] marks content-addressed (the log's value store) go
+//!    to `values/<shard>/<key in hex>`, durable before the rest of the batch is given to sled, so no
+//!    segment sled writes can name a value that is not on disk. sled 0.34 keeps every value a
+//!    process wrote in memory whatever its cache (below), which for a logged CG of 10^6
+//!    unknowns was 8 GiB; as files they leave memory once durable. Reads, scans and deletes
+//!    see one store: a key is in sled or a file, never both. Readers read the files in place
+//!    (rule 1's copy leaves them out: once named they never change).
 
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
@@ -47,6 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::fence::admit_one;
+use super::value_files::{ValueFiles, VALUE_DIR};
 use super::{fill_page, page_start, Page, PageLimit, Pairs, Store, StoreError};
 
 /// Retries of [`SledStore::open`] while the lock is still held: 20 × 50 ms = 1 s, far above
@@ -68,11 +77,11 @@ const FLUSH_FILE_LEN: usize = 4 + 8 + 8;
 /// A sled database in one directory.
 #[derive(Debug, Clone)]
 pub struct SledStore {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(super) struct Inner {
     /// The database, its flush-counter tree and its fence tree; `None` only while dropping.
     engine: Option<(sled::Db, sled::Tree, sled::Tree)>,
     /// Held by a fence raise and by a fenced batch from its check to its write (rule 6).
@@ -82,9 +91,11 @@ struct Inner {
     /// The flush counter and the open flush file (rule 2); `None` for a read-only copy.
     flushes: Option<Mutex<(u64, std::fs::File)>>,
     /// The copy a read-only store reads (rule 1), removed after the database is closed.
-    copy: Option<tempfile::TempDir>,
+    pub(super) copy: Option<tempfile::TempDir>,
     /// The first write or flush error (rule 5).
     poisoned: super::engine::Poison,
+    /// Content-addressed values (rule 7): in the original directory, also for a read-only copy.
+    files: ValueFiles,
 }
 
 impl Drop for Inner {
@@ -112,6 +123,8 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T
 impl SledStore {
     /// Name of the file beside sled's own that records the last flush (rule 2).
     pub const FLUSH_FILE: &'static str = FLUSH_FILE;
+    /// Name of the directory beside sled's files that holds content-addressed values (rule 7).
+    pub const VALUE_DIR: &'static str = VALUE_DIR;
 
     /// Opens (or creates) the store in `path` for writing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -126,6 +139,7 @@ impl SledStore {
         let meta = guarded("open", || Ok(db.open_tree(META_TREE)?))?;
         let fences = guarded("open", || Ok(db.open_tree(FENCE_TREE)?))?;
         let durable = check_flushes(path, &meta)?;
+        let files = ValueFiles::open(path, true)?;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -141,6 +155,7 @@ impl SledStore {
                 flushes: Some(Mutex::new((durable, file))),
                 copy: None,
                 poisoned: super::engine::Poison::default(),
+                files,
             }),
         })
     }
@@ -166,6 +181,7 @@ impl SledStore {
             StoreError::Corruption(m) => StoreError::Corruption(format!("{}: {m}", path.display())),
             other => other,
         })?;
+        let files = ValueFiles::open(path, false)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 engine: Some((db, meta, fences)),
@@ -174,6 +190,7 @@ impl SledStore {
                 flushes: None,
                 copy: Some(copy),
                 poisoned: super::engine::Poison::default(),
+                files,
             }),
         })
     }
@@ -183,7 +200,7 @@ impl SledStore {
         &self.inner.path
     }
 
-    fn db(&self) -> &sled::Db {
+    pub(super) fn db(&self) -> &sled::Db {
         &self.engine().0
     }
 
@@ -330,7 +347,8 @@ pub(super) fn decode_flushes(bytes: &[u8]) -> Option<u64> {
     (encode_flushes(n)[..] == *bytes).then_some(n)
 }
 
-/// Rule 1: copies the store at `from` into a fresh temporary directory, the flush file first.
+/// Rule 1: copies the store at `from` into a fresh temporary directory, the flush file first,
+/// without its value files (rule 7: read in place).
 pub(super) fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
     let mut last_err = None;
     let mut places = vec![std::env::temp_dir()];
@@ -342,7 +360,7 @@ pub(super) fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
         let attempt = tempfile::Builder::new()
             .prefix("veriflow-read-")
             .tempdir_in(&place)
-            .and_then(|dir| copy_tree(from, dir.path()).map(|()| dir));
+            .and_then(|dir| copy_tree(from, dir.path(), true).map(|()| dir));
         match attempt {
             Ok(dir) => return Ok(dir),
             Err(e) => last_err = Some(format!("{}: {e}", place.display())),
@@ -357,16 +375,19 @@ pub(super) fn copy_store(from: &Path) -> Result<tempfile::TempDir, StoreError> {
     })
 }
 
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+fn copy_tree(from: &Path, to: &Path, top: bool) -> std::io::Result<()> {
     let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(from)?.collect::<Result<_, _>>()?;
     // The flush record before the files it vouches for (a writer may be running).
     entries.sort_by_key(|e| (e.file_name() != FLUSH_FILE, e.file_name()));
     for e in entries {
         let kind = e.file_type()?;
         let target = to.join(e.file_name());
+        if top && e.file_name() == VALUE_DIR {
+            continue;
+        }
         if kind.is_dir() {
             std::fs::create_dir(&target)?;
-            copy_tree(&e.path(), &target)?;
+            copy_tree(&e.path(), &target, false)?;
         } else if kind.is_file() {
             std::fs::copy(e.path(), &target)?;
         }
@@ -377,6 +398,7 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 impl Store for SledStore {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.write(|| {
+            self.inner.files.remove(key)?; // rule 7: one place per key
             guarded("insert", || {
                 self.db().insert(key, value)?;
                 Ok(())
@@ -390,6 +412,9 @@ impl Store for SledStore {
             batch.insert(k.as_slice(), v.as_slice());
         }
         self.write(|| {
+            for (k, _) in pairs {
+                self.inner.files.remove(k)?; // rule 7: one place per key
+            }
             guarded("apply_batch", || {
                 self.db().apply_batch(batch)?;
                 Ok(())
@@ -398,17 +423,21 @@ impl Store for SledStore {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.inner.files.contains(key) {
+            return self.inner.files.get(key); // rule 7
+        }
         guarded("get", || Ok(self.db().get(key)?.map(|v| v.to_vec())))
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
         guarded("scan_prefix", || {
-            self.db()
-                .scan_prefix(prefix)
-                .map(|r| {
-                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                        .map_err(StoreError::from)
-                })
+            let engine = self.db().scan_prefix(prefix).map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(StoreError::from)
+            });
+            self.inner
+                .files
+                .merge(engine, prefix, std::ops::Bound::Included(prefix))
                 .collect()
         })
     }
@@ -419,18 +448,18 @@ impl Store for SledStore {
         after: Option<&[u8]>,
         limit: PageLimit,
     ) -> Result<Page, StoreError> {
-        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        let start = page_start(prefix, after);
+        let range = (start, std::ops::Bound::Unbounded);
         guarded("scan_page", || {
-            fill_page(
-                self.db()
-                    .range::<&[u8], _>(range)
-                    .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
-                    .map(|r| {
-                        r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                            .map_err(StoreError::from)
-                    }),
-                limit,
-            )
+            let engine = self
+                .db()
+                .range::<&[u8], _>(range)
+                .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+                .map(|r| {
+                    r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                        .map_err(StoreError::from)
+                });
+            fill_page(self.inner.files.merge(engine, prefix, start), limit)
         })
     }
 
@@ -440,9 +469,10 @@ impl Store for SledStore {
         after: Option<&[u8]>,
         max_keys: usize,
     ) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
-        let range = (page_start(prefix, after), std::ops::Bound::Unbounded);
+        let start = page_start(prefix, after);
+        let range = (start, std::ops::Bound::Unbounded);
         let max = max_keys.max(1);
-        guarded("scan_keys", || {
+        let engine = guarded("scan_keys", || {
             let mut keys = Vec::new();
             for k in self.db().range::<&[u8], _>(range).keys() {
                 let k = k?;
@@ -455,11 +485,13 @@ impl Store for SledStore {
                 }
             }
             Ok((keys, false))
-        })
+        })?;
+        Ok(self.inner.files.merge_keys(engine, prefix, start, max))
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         self.write(|| {
+            self.inner.files.remove(key)?;
             guarded("remove", || {
                 self.db().remove(key)?;
                 Ok(())
@@ -474,6 +506,7 @@ impl Store for SledStore {
         self.write(|| {
             // Rule 2: counter into the database, sled's flush, then the file.
             let mut state = flushes.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.files.sync()?; // rule 7: value files removed since the last flush
             let next = state.0 + 1;
             guarded("flush", || {
                 self.engine().1.insert(FLUSHES_KEY, &next.to_le_bytes())?;
@@ -526,6 +559,43 @@ impl Store for SledStore {
             Ok(())
         })?;
         self.put_batch(pairs)
+    }
+
+    fn put_batch_fenced_content(
+        &self,
+        fences: &[(Vec<u8>, u64)],
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        content: usize,
+    ) -> Result<(), StoreError> {
+        self.writable()?;
+        let _held = self.fence_lock(); // rule 6: from the check to the write
+        guarded("check fences", || {
+            let tree = &self.engine().2;
+            for (scope, epoch) in fences {
+                admit_one(scope, *epoch, read_fence(tree, scope)?)?;
+            }
+            Ok(())
+        })?;
+        let (values, rest) = pairs.split_at(content.min(pairs.len()));
+        // Rule 7: the values durable as files before sled sees the records naming them; a
+        // key sled held before (a plain write) goes from sled in the same batch.
+        self.write(|| {
+            self.inner.files.write(values)?;
+            let mut batch = sled::Batch::default();
+            for (k, _) in values {
+                if guarded("get", || Ok(self.db().contains_key(k)?))? {
+                    batch.remove(k.as_slice());
+                }
+            }
+            for (k, v) in rest {
+                self.inner.files.remove(k)?;
+                batch.insert(k.as_slice(), v.as_slice());
+            }
+            guarded("apply_batch", || {
+                self.db().apply_batch(batch)?;
+                Ok(())
+            })
+        })
     }
 }
 
