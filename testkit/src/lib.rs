@@ -369,8 +369,8 @@ impl Cluster {
                     .count()
             })
             .unwrap_or(0);
-        let log = std::fs::File::create(self.dir.path().join(format!("coord{n}.log")))
-            .expect("a coordinator log");
+        let log_path = self.dir.path().join(format!("coord{n}.log"));
+        let log = std::fs::File::create(&log_path).expect("a coordinator log");
         let mut c = self.command(COORDINATOR_HOST);
         c.args([
             "coordinator",
@@ -392,7 +392,10 @@ impl Cluster {
         let addr = line
             .trim()
             .strip_prefix("coordinator listening on ")
-            .unwrap_or_else(|| panic!("coordinator said {line:?}"))
+            .unwrap_or_else(|| {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("coordinator said {line:?}; its log:\n{log}")
+            })
             .to_string();
         if active {
             line.clear();

@@ -345,6 +345,12 @@ fn a_restarted_coordinator_takes_its_job_back_and_moves_a_worker_lost_meanwhile(
     std::thread::sleep(Duration::from_millis(600));
     c.coordinators[0].signal("-KILL");
     c.workers[1].signal("-KILL");
+    // Its listening socket is closed only once it has exited: binding its address again
+    // before that fails (under load, a SIGKILLed process can take longer than 200 ms to go).
+    c.coordinators[0]
+        .0
+        .wait()
+        .expect("the killed coordinator exits");
     std::thread::sleep(Duration::from_millis(200));
     let addr = c.coordinator_addrs[0].clone();
     let args = ["--lease-ms".to_string(), "500".to_string()];
