@@ -15,8 +15,7 @@
 //! 4. The run ends when every vnode has reported its final state; the supervisor then stops all.
 //! 5. The nodes run on [`Embedded::threads`] workers (default min(cores, vnodes)) that take
 //!    first the nodes whose neighbours' halos are fresh (`pool.rs` rules 1-5), not on a thread
-//!    per vnode: more threads than cores made asynchronous vnodes iterate on stale halos; with
-//!    fewer workers than vnodes, one more thread only handles messages (`pool.rs` rule 6). A
+//!    per vnode: more threads than cores made asynchronous vnodes iterate on stale halos. A
 //!    kill or the stop pokes the nodes concerned, so a parked node sees it at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -103,9 +103,7 @@
 //!    [`Embedded::threads`] workers, min(cores, vnodes) by default, never a thread per vnode:
 //!    a free worker first handles the messages of the nodes that received some, then iterates
 //!    the node whose neighbours' halos are freshest (all fresh, then the most fresh, then the
-//!    one that iterated least recently); with fewer workers than vnodes a messenger thread
-//!    handles the messages of parked nodes while every worker iterates, so a convergence
-//!    message does not wait for an iteration to end at each hop. An asynchronous vnode still never waits (it iterates
+//!    one that iterated least recently). An asynchronous vnode still never waits (it iterates
 //!    on stale halos when nothing fresher is to be done), but no longer takes a core from the
 //!    neighbour whose halo it lacks: with 8 threads on 2 cores, async iterated twice as often
 //!    as sync and took 1.6 × its time (`paper transport`, 64³).

@@ -25,14 +25,6 @@
 //! 5. A node that exits (stopped, killed, failed or panicked) leaves the pool; its exit goes
 //!    to the supervisor's callback with the node (`None` after a panic), whose endpoint a
 //!    replacement takes over when it is added to the pool.
-//! 6. When there are fewer workers than nodes, one more thread, the *messenger*, only prepares
-//!    stale nodes (rule 2) and never iterates. Otherwise a message waited for a worker to end
-//!    its iteration (milliseconds) at every hop of convergence detection, whose rounds cross
-//!    the tree several times with a backup round trip per hop, while every worker iterated
-//!    vnodes that had already converged (`paper transport`, 64³ on 8 vnodes: async 1.25 ×
-//!    sync). A stale node is prepared by whichever of the messenger and a free worker takes it
-//!    first; waiting workers and the messenger wait on separate condition variables, so a node
-//!    parked wanting to iterate never wakes the messenger in a worker's place.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -130,10 +122,7 @@ struct State<J> {
 
 struct Shared<J> {
     state: Mutex<State<J>>,
-    /// Workers wait here (rule 4).
     cv: Condvar,
-    /// The messenger waits here (rule 6).
-    messenger_cv: Condvar,
     clock: SystemClock,
     on_exit: OnExit<J>,
 }
@@ -152,7 +141,7 @@ impl<J: Job> Ring for Shared<J> {
                 s.want = Want::Stale;
             }
             drop(g);
-            self.wake_preparer();
+            self.cv.notify_one();
         }
     }
 }
@@ -162,19 +151,6 @@ impl<J: Job> Shared<J> {
         // A poisoned lock: a worker panicked outside a node (a bug); the state stays usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    /// A node became stale: the messenger or a free worker prepares it (rules 2, 6).
-    fn wake_preparer(&self) {
-        self.messenger_cv.notify_one();
-        self.cv.notify_one();
-    }
-}
-
-/// What a pool thread does (rules 1, 6).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Worker,
-    Messenger,
 }
 
 /// The pool (rules 1-5).
@@ -184,8 +160,7 @@ pub(crate) struct Pool<J: Job> {
 }
 
 impl<J: Job> Pool<J> {
-    /// A pool for vnodes `0..vnodes` with `threads` workers (at least 1), and the messenger
-    /// when they are fewer than the vnodes (rule 6).
+    /// A pool for vnodes `0..vnodes` with `threads` workers (at least 1).
     pub(crate) fn new(
         vnodes: usize,
         threads: usize,
@@ -198,7 +173,6 @@ impl<J: Job> Pool<J> {
                 shutdown: false,
             }),
             cv: Condvar::new(),
-            messenger_cv: Condvar::new(),
             clock: SystemClock::default(),
             on_exit,
         });
@@ -206,21 +180,11 @@ impl<J: Job> Pool<J> {
             shared,
             workers: Vec::new(),
         };
-        let threads = threads.max(1);
-        let messenger = (threads < vnodes).then_some(Role::Messenger);
-        for (k, role) in (0..threads)
-            .map(|_| Role::Worker)
-            .chain(messenger)
-            .enumerate()
-        {
+        for k in 0..threads.max(1) {
             let shared = pool.shared.clone();
-            let name = match role {
-                Role::Worker => format!("iter-pool-{k}"),
-                Role::Messenger => "iter-messenger".to_string(),
-            };
             let h = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || work(&shared, role))
+                .name(format!("iter-pool-{k}"))
+                .spawn(move || work(&shared))
                 .map_err(|e| IterError::Config(format!("cannot start a thread: {e}")))?;
             pool.workers.push(h);
         }
@@ -248,7 +212,7 @@ impl<J: Job> Pool<J> {
             None => return Err(IterError::Config(format!("{v} is not a vnode of the pool"))),
         }
         drop(g);
-        self.shared.wake_preparer();
+        self.shared.cv.notify_one();
         Ok(())
     }
 
@@ -280,15 +244,14 @@ impl<J: Job> Drop for Pool<J> {
     fn drop(&mut self) {
         self.shared.lock().shutdown = true;
         self.shared.cv.notify_all();
-        self.shared.messenger_cv.notify_all();
         for h in self.workers.drain(..) {
             let _ = h.join();
         }
     }
 }
 
-/// One worker (rules 1-4) or the messenger (rule 6).
-fn work<J: Job>(shared: &Shared<J>, role: Role) {
+/// One worker (rules 1-4).
+fn work<J: Job>(shared: &Shared<J>) {
     let mut g = shared.lock();
     loop {
         if g.shutdown {
@@ -301,8 +264,7 @@ fn work<J: Job>(shared: &Shared<J>, role: Role) {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().filter(|s| s.job.is_some()).map(|s| (i, s.want)))
             .collect();
-        let picked = pick(&parked, now).filter(|&(_, it)| role == Role::Worker || !it);
-        let Some((i, iterate)) = picked else {
+        let Some((i, iterate)) = pick(&parked, now) else {
             // Rule 4.
             let wake = parked
                 .iter()
@@ -313,11 +275,8 @@ fn work<J: Job>(shared: &Shared<J>, role: Role) {
                 .min()
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP);
-            let cv = match role {
-                Role::Worker => &shared.cv,
-                Role::Messenger => &shared.messenger_cv,
-            };
-            g = cv
+            g = shared
+                .cv
                 .wait_timeout(g, wake)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -366,10 +325,8 @@ fn work<J: Job>(shared: &Shared<J>, role: Role) {
                 };
                 slot.rung = false;
                 slot.job = Some(job);
-                match slot.want {
-                    Want::Idle(_) => {}
-                    Want::Stale => shared.wake_preparer(),
-                    Want::Iterate { .. } => shared.cv.notify_one(),
+                if !matches!(slot.want, Want::Idle(_)) {
+                    shared.cv.notify_one();
                 }
                 None
             }
@@ -543,87 +500,6 @@ mod tests {
             .map(|(v, _)| v)
             .collect();
         assert_eq!(order, vec![0, 1, 2, 0, 1, 2, 0, 1, 2]);
-    }
-
-    /// A stand-in node driven by closures.
-    struct Scripted {
-        prepare: Box<dyn FnMut() -> Prepared + Send>,
-        iterate: Box<dyn FnMut() + Send>,
-    }
-
-    impl Job for Scripted {
-        fn prepare(&mut self, _now: Duration) -> Result<Prepared, IterError> {
-            Ok((self.prepare)())
-        }
-        fn iterate(&mut self) -> Result<(), IterError> {
-            (self.iterate)();
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_message_is_handled_while_every_worker_iterates() {
-        // Rule 6: one worker, two nodes. Node 0's iteration lasts until node 1 has handled the
-        // message the test sends it meanwhile; without the messenger the only worker is the
-        // one stuck in that iteration, and node 1 would be prepared only after it.
-        let (started_tx, started) = mpsc::channel();
-        let (release_tx, release) = mpsc::channel::<()>();
-        let (outcome_tx, outcome) = mpsc::channel();
-        let iterated = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done = iterated.clone();
-        let node0 = Scripted {
-            prepare: Box::new(move || {
-                if done.load(std::sync::atomic::Ordering::SeqCst) {
-                    Prepared::Poll(Poll::Exit(Exit::Stopped))
-                } else {
-                    Prepared::Iterate { fresh: 0, of: 0 }
-                }
-            }),
-            iterate: Box::new(move || {
-                let _ = started_tx.send(());
-                let handled = release.recv_timeout(Duration::from_secs(30)).is_ok();
-                let _ = outcome_tx.send(handled);
-                iterated.store(true, std::sync::atomic::Ordering::SeqCst);
-            }),
-        };
-        let mut calls = 0;
-        let node1 = Scripted {
-            prepare: Box::new(move || {
-                calls += 1;
-                if calls == 1 {
-                    Prepared::Poll(Poll::Idle(Duration::from_secs(3600)))
-                } else {
-                    let _ = release_tx.send(());
-                    Prepared::Poll(Poll::Exit(Exit::Stopped))
-                }
-            }),
-            iterate: Box::new(|| unreachable!("node 1 never asks to iterate")),
-        };
-        let (exit_tx, exits) = mpsc::channel();
-        let pool: Pool<Scripted> = Pool::new(
-            2,
-            1,
-            Box::new(move |v, _, exit| {
-                let _ = exit_tx.send((v, matches!(exit, Exit::Stopped)));
-            }),
-        )
-        .unwrap();
-        pool.add(VnodeId(1), node1).unwrap();
-        pool.add(VnodeId(0), node0).unwrap();
-        started
-            .recv_timeout(Duration::from_secs(60))
-            .expect("node 0 iterates");
-        pool.poke(VnodeId(1));
-        assert_eq!(
-            outcome.recv_timeout(Duration::from_secs(60)),
-            Ok(true),
-            "node 1 was prepared only after node 0's iteration"
-        );
-        let mut gone: Vec<(VnodeId, bool)> = (0..2)
-            .map(|_| exits.recv_timeout(Duration::from_secs(60)).unwrap())
-            .collect();
-        gone.sort();
-        assert_eq!(gone, vec![(VnodeId(0), true), (VnodeId(1), true)]);
     }
 
     #[test]
