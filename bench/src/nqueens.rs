@@ -32,7 +32,7 @@
 //!
 //! Reported, on medians: relative performance plain / FT per P (paper 004: 98.9-102.4 %;
 //! target >= 99 %), single-core speed seq / plain 1 (the tasks against the sequential solver),
-//! speed-up FT 1 / FT 2 (target >= 1.8) and plain 1 / plain 2. Results: `nqueens.json` and
+//! speed-up FT 1 / FT 2 (target >= 1.9, issue 17 target 5) and plain 1 / plain 2. Results: `nqueens.json` and
 //! `nqueens.md` in `--out` (`nqueens-quick.*` with `--quick`).
 
 use std::fmt::Write as _;
@@ -51,7 +51,8 @@ use crate::harness::{
 
 /// Targets of issue 8.
 const TARGET_RELATIVE: f64 = 0.99;
-const TARGET_SPEEDUP_2: f64 = 1.8;
+/// Issue 17 target 5 (issue 8 asked 1.8).
+const TARGET_SPEEDUP_2: f64 = 1.9;
 
 /// Options of `paper nqueens`.
 #[derive(clap::Args, Debug, Clone)]
