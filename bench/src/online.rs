@@ -142,6 +142,9 @@ fn oracle_child(parent: u32) -> Option<libc::pid_t> {
 /// `done`; how many threads it moved.
 fn follow_oracle(parent: u32, core: usize, done: &std::sync::atomic::AtomicBool) -> usize {
     use std::sync::atomic::Ordering;
+    // This watcher runs beside the oracle, never on the job's core, where its polling would
+    // be a cost the runs without the oracle do not have.
+    let _ = bind(0, core);
     let mut bound = std::collections::HashSet::new();
     let mut oracle = None;
     while !done.load(Ordering::Relaxed) {
