@@ -121,6 +121,17 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T
 }
 
 impl SledStore {
+    /// Refuses the write unless every fence admits its epoch (rule 6: under the fence lock).
+    fn check_fences(&self, fences: &[(Vec<u8>, u64)]) -> Result<(), StoreError> {
+        guarded("check fences", || {
+            let tree = &self.engine().2;
+            for (scope, epoch) in fences {
+                admit_one(scope, *epoch, read_fence(tree, scope)?)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Name of the file beside sled's own that records the last flush (rule 2).
     pub const FLUSH_FILE: &'static str = FLUSH_FILE;
     /// Name of the directory beside sled's files that holds content-addressed values (rule 7).
@@ -551,13 +562,7 @@ impl Store for SledStore {
     ) -> Result<(), StoreError> {
         self.writable()?;
         let _held = self.fence_lock(); // rule 6: from the check to the write
-        guarded("check fences", || {
-            let tree = &self.engine().2;
-            for (scope, epoch) in fences {
-                admit_one(scope, *epoch, read_fence(tree, scope)?)?;
-            }
-            Ok(())
-        })?;
+        self.check_fences(fences)?;
         self.put_batch(pairs)
     }
 
@@ -569,13 +574,7 @@ impl Store for SledStore {
     ) -> Result<(), StoreError> {
         self.writable()?;
         let _held = self.fence_lock(); // rule 6: from the check to the write
-        guarded("check fences", || {
-            let tree = &self.engine().2;
-            for (scope, epoch) in fences {
-                admit_one(scope, *epoch, read_fence(tree, scope)?)?;
-            }
-            Ok(())
-        })?;
+        self.check_fences(fences)?;
         let (values, rest) = pairs.split_at(content.min(pairs.len()));
         // Rule 7: the values durable as files before sled sees the records naming them; a
         // key sled held before (a plain write) goes from sled in the same batch.

@@ -350,27 +350,34 @@ fn a_value_with_several_live_readers_survives_recovery() {
     }
 }
 
-/// A transport that loses every `Returned` message: a stolen task's output never comes home.
-struct NoReturns(crate::transport::InProcTransport);
+/// An in-process transport whose sends go through `deliver` first: it may count a message,
+/// and the message is lost when it says `false`.
+struct Filtered(
+    crate::transport::InProcTransport,
+    fn(&crate::transport::Message) -> bool,
+);
 
-struct NoReturnsEndpoint(Box<dyn crate::transport::Endpoint>);
+struct FilteredEndpoint(
+    Box<dyn crate::transport::Endpoint>,
+    fn(&crate::transport::Message) -> bool,
+);
 
-impl crate::transport::Transport for NoReturns {
+impl crate::transport::Transport for Filtered {
     fn endpoint(
         &self,
         me: crate::VnodeId,
     ) -> Result<Box<dyn crate::transport::Endpoint>, crate::transport::TransportError> {
-        Ok(Box::new(NoReturnsEndpoint(self.0.endpoint(me)?)))
+        Ok(Box::new(FilteredEndpoint(self.0.endpoint(me)?, self.1)))
     }
 }
 
-impl crate::transport::Endpoint for NoReturnsEndpoint {
+impl crate::transport::Endpoint for FilteredEndpoint {
     fn send(
         &mut self,
         to: crate::VnodeId,
         msg: crate::transport::Message,
     ) -> Result<(), crate::transport::TransportError> {
-        if matches!(msg, crate::transport::Message::Returned { .. }) {
+        if !(self.1)(&msg) {
             return Ok(());
         }
         self.0.send(to, msg)
@@ -384,6 +391,11 @@ impl crate::transport::Endpoint for NoReturnsEndpoint {
     fn set_epoch(&mut self, e: crate::Epoch) {
         self.0.set_epoch(e)
     }
+}
+
+/// [`Filtered`]: every `Returned` message is lost (a stolen task's output never comes home).
+fn no_returns(msg: &crate::transport::Message) -> bool {
+    !matches!(msg, crate::transport::Message::Returned { .. })
 }
 
 /// waits.rs: a run that can never end says what it waits for (here: outputs of stolen tasks
@@ -417,7 +429,10 @@ fn stalled_run() -> Result<crate::RunReport<(u64,)>, crate::RunError> {
         .vnodes(2)
         .seed(1)
         .transport(Arc::new(|v| {
-            Box::new(NoReturns(crate::transport::InProcTransport::new(v)))
+            Box::new(Filtered(
+                crate::transport::InProcTransport::new(v),
+                no_returns,
+            ))
         }))
         .stall(crate::Stall {
             after: std::time::Duration::from_millis(300),
@@ -1039,45 +1054,17 @@ fn vnodes_of_a_busy_thread_do_not_steal() {
     }
 }
 
-/// Steal requests sent over [`CountRequests`] (only the test below uses it).
+/// Steal requests sent through [`count_requests`] (only the test below uses it).
 static REQUESTS_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// What each [`Peek`] saw of [`REQUESTS_SENT`] when it started, in the order they ran.
 static PEEKED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 
-/// A transport that counts the steal requests sent over it.
-struct CountRequests(crate::transport::InProcTransport);
-
-struct CountRequestsEndpoint(Box<dyn crate::transport::Endpoint>);
-
-impl crate::transport::Transport for CountRequests {
-    fn endpoint(
-        &self,
-        me: crate::VnodeId,
-    ) -> Result<Box<dyn crate::transport::Endpoint>, crate::transport::TransportError> {
-        Ok(Box::new(CountRequestsEndpoint(self.0.endpoint(me)?)))
+/// [`Filtered`]: counts the steal requests in [`REQUESTS_SENT`], loses nothing.
+fn count_requests(msg: &crate::transport::Message) -> bool {
+    if matches!(msg, crate::transport::Message::StealRequest) {
+        REQUESTS_SENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
-}
-
-impl crate::transport::Endpoint for CountRequestsEndpoint {
-    fn send(
-        &mut self,
-        to: crate::VnodeId,
-        msg: crate::transport::Message,
-    ) -> Result<(), crate::transport::TransportError> {
-        if matches!(msg, crate::transport::Message::StealRequest) {
-            REQUESTS_SENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        self.0.send(to, msg)
-    }
-    fn try_recv(&mut self) -> Option<crate::transport::Envelope> {
-        self.0.try_recv()
-    }
-    fn recv_timeout(&mut self, t: std::time::Duration) -> Option<crate::transport::Envelope> {
-        self.0.recv_timeout(t)
-    }
-    fn set_epoch(&mut self, e: crate::Epoch) {
-        self.0.set_epoch(e)
-    }
+    true
 }
 
 /// Notes how many steal requests were sent when it started.
@@ -1138,7 +1125,10 @@ fn a_vnode_asks_for_work_before_its_last_ready_task() {
             .build()
             .unwrap(),
     );
-    let transport = Arc::new(CountRequests(crate::transport::InProcTransport::new(2)));
+    let transport = Arc::new(Filtered(
+        crate::transport::InProcTransport::new(2),
+        count_requests,
+    ));
     let mut member = rt
         .stepped_member(
             TwoPeeks,
