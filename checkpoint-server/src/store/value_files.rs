@@ -16,7 +16,7 @@
 //!    engine's batch that names them (the segments, written after) can never be on disk
 //!    without them, even if the engine writes ahead of its flush. A crash leaves at most some
 //!    `.tmp` files, removed by the next writable open and ignored by readers; a named file is
-//!    whole. The files of one batch are synced together (a thread each), so that the file
+//!    whole. The files of one batch are synced together (on up to 8 threads), so that the file
 //!    system can commit them in one journal commit. Removals are made durable by the store's next flush ([`ValueFiles::sync`]).
 //! 3. **Out of memory once durable.** The bytes are handed to the kernel and dropped from its
 //!    page cache once on disk (`posix_fadvise(DONTNEED)`): a run that logs gigabytes of vectors
@@ -40,6 +40,8 @@ use super::StoreError;
 pub(super) const VALUE_DIR: &str = "values";
 /// Suffix of a value file being written (rule 2).
 const TMP: &str = ".tmp";
+/// The most threads that sync one batch's files together (rule 2).
+const SYNC_THREADS: usize = 8;
 
 /// The value files of one store (module docs).
 #[derive(Debug)]
@@ -172,8 +174,9 @@ impl ValueFiles {
         let mut fresh: Vec<(&[u8], &[u8])> = Vec::new();
         {
             let keys = self.keys();
+            let mut seen: BTreeSet<&[u8]> = BTreeSet::new();
             for (k, v) in pairs {
-                if !keys.contains(k) && !fresh.iter().any(|(f, _)| *f == k.as_slice()) {
+                if !keys.contains(k) && seen.insert(k) {
                     fresh.push((k, v));
                 }
             }
@@ -191,17 +194,22 @@ impl ValueFiles {
             start_writeback(&f);
             open.push((tmp, f));
         }
-        // One thread per file beyond the first: the file system commits syncs that wait
-        // together in one journal commit, where one after another each waits for its own.
-        let sync = |(tmp, f): &(PathBuf, File)| -> Result<(), StoreError> {
-            f.sync_data()
-                .map_err(io(format!("cannot sync {}", tmp.display())))?;
-            drop_cached(f);
+        // The syncs wait together, on up to SYNC_THREADS threads (this one among them): the
+        // file system commits syncs that wait together in one journal commit, where one after
+        // another each waits for its own; a batch of many values starts no more threads.
+        let sync = |group: &[(PathBuf, File)]| -> Result<(), StoreError> {
+            for (tmp, f) in group {
+                f.sync_data()
+                    .map_err(io(format!("cannot sync {}", tmp.display())))?;
+                drop_cached(f);
+            }
             Ok(())
         };
+        let per = open.len().div_ceil(SYNC_THREADS);
         std::thread::scope(|scope| {
-            let (first, rest) = open.split_first().expect("at least one fresh value");
-            let others: Vec<_> = rest.iter().map(|o| scope.spawn(move || sync(o))).collect();
+            let mut groups = open.chunks(per);
+            let first = groups.next().expect("at least one fresh value");
+            let others: Vec<_> = groups.map(|g| scope.spawn(move || sync(g))).collect();
             let mut result = sync(first);
             for t in others {
                 let r = t.join().unwrap_or_else(|_| {
@@ -399,6 +407,29 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    /// Rule 2: a batch of more values than sync threads, one of them twice, is every value
+    /// once as a whole file, each read back as written.
+    #[test]
+    fn a_batch_of_many_values_is_synced_in_groups_and_each_is_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(dir.path()).unwrap();
+        let n = 3 * SYNC_THREADS as u8 + 1;
+        let mut pairs: Vec<(Vec<u8>, Vec<u8>)> =
+            (1..=n).map(|i| (value_key(i), vec![i; 5_000])).collect();
+        pairs.push(pairs[0].clone());
+        s.put_batch_fenced_content(&[], &pairs, pairs.len())
+            .unwrap();
+        assert_eq!(files_in(dir.path()).len(), usize::from(n));
+        assert!(files_in(dir.path()).iter().all(|f| !f.ends_with(TMP)));
+        for i in 1..=n {
+            assert_eq!(
+                s.get(&value_key(i)).unwrap(),
+                Some(vec![i; 5_000]),
+                "value {i}"
+            );
+        }
     }
 
     /// `sled_store.rs` rule 7: content-addressed pairs are files (and not in sled's scan of
