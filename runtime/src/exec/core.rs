@@ -13,6 +13,14 @@
 //! 4. `work` (see `exec/mod.rs` rule 4) counts each live task and each obligation (a value to
 //!    return, an acknowledgement awaited) and is raised *before* it is lowered elsewhere, so
 //!    the sum over vnodes is zero only when the run is over.
+//! 5. A declared task that has not run yet lives in one slot of the task arena (`tasks`) from
+//!    its declaration until it runs or is given away: the ready queue and the waiters of a data
+//!    entry name it by slot, so it is written once and moved out once, with no map from task
+//!    ids to waiting tasks (each move of a `TaskSpec`, a few hundred bytes, and each map
+//!    operation was on the spawn path). A slot is reused only once its task has left, and a
+//!    waiting task leaves only after its last input woke it, so no waiter names a reused slot.
+//! 6. The last reader of a value that is then dropped (rule 3) takes the value instead of a
+//!    copy of its handle.
 
 use std::any::TypeId;
 use std::borrow::Cow;
@@ -51,16 +59,22 @@ pub(crate) struct ReadyTask {
     pub(crate) digests: Vec<Digest>,
 }
 
-struct Waiting {
-    spec: TaskSpec,
+/// A declared task not yet run (rule 5): `missing` inputs still to be written; its values are
+/// taken when that reaches zero.
+struct Slot {
+    task: ReadyTask,
     missing: u32,
 }
+
+/// Slot number in the task arena (rule 5).
+type SlotId = u32;
 
 #[derive(Default)]
 struct DataEntry {
     value: Option<Value>,
     digest: Option<Digest>,
-    waiters: SmallVec<[TaskId; 1]>,
+    /// Arena slots of the tasks waiting for this value (rule 5).
+    waiters: SmallVec<[SlotId; 2]>,
     readers: u32,
     open: bool,
     pinned: bool,
@@ -83,8 +97,13 @@ pub(crate) struct Core {
     pub(crate) vnode: VnodeId,
     registry: Arc<Registry>,
     checked: HashSet<TypeId, BuildHasherDefault<IdHasher>>,
-    waiting: IdMap<TaskId, Waiting>,
-    pub(crate) ready: VecDeque<ReadyTask>,
+    /// The task arena (rule 5): `None` marks a free slot, listed in `free`.
+    tasks: Vec<Option<Slot>>,
+    free: Vec<SlotId>,
+    /// Tasks in the arena that wait for inputs.
+    waiting: usize,
+    /// Slots of the ready tasks, oldest first.
+    ready: VecDeque<SlotId>,
     data: IdMap<DataId, DataEntry>,
     pub(crate) log: Option<VnodeLog>,
     pub(crate) shared: Arc<RunShared>,
@@ -107,7 +126,9 @@ impl Core {
             vnode,
             registry,
             checked: HashSet::default(),
-            waiting: IdMap::default(),
+            tasks: Vec::new(),
+            free: Vec::new(),
+            waiting: 0,
             ready: VecDeque::new(),
             data: IdMap::default(),
             log,
@@ -120,8 +141,10 @@ impl Core {
 
     /// Tasks waiting for inputs, with the inputs they miss (`waits.rs` rule 2).
     pub(crate) fn blocked(&self) -> (usize, Vec<(TaskId, Vec<DataId>)>) {
-        super::waits::sample(self.waiting.iter().map(|(t, w)| {
+        let waiting = self.tasks.iter().flatten().filter(|s| s.missing > 0);
+        super::waits::sample(waiting.map(|w| {
             let missing = w
+                .task
                 .spec
                 .inputs
                 .iter()
@@ -129,8 +152,62 @@ impl Core {
                 .filter(|d| self.data.get(d).is_none_or(|e| e.value.is_none()))
                 .take(4)
                 .collect();
-            (*t, missing)
+            (w.task.spec.id, missing)
         }))
+    }
+
+    /// Puts `task` in a free slot of the arena (rule 5).
+    fn alloc(&mut self, task: ReadyTask, missing: u32) -> SlotId {
+        let slot = Some(Slot { task, missing });
+        match self.free.pop() {
+            Some(i) => {
+                self.tasks[i as usize] = slot;
+                i
+            }
+            None => {
+                self.tasks.push(slot);
+                // Slots are live tasks of one vnode: far fewer than 2^32.
+                u32::try_from(self.tasks.len() - 1).expect("fewer than 2^32 pending tasks")
+            }
+        }
+    }
+
+    /// Takes the task out of slot `i` and frees the slot.
+    fn release(&mut self, i: SlotId) -> Option<ReadyTask> {
+        let slot = self.tasks.get_mut(i as usize)?.take()?;
+        self.free.push(i);
+        Some(slot.task)
+    }
+
+    /// Ready tasks here.
+    pub(crate) fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether no task is ready here.
+    pub(crate) fn no_ready(&self) -> bool {
+        self.ready.is_empty()
+    }
+
+    /// The newest ready task (`vnode.rs` rule 1), out of the arena.
+    pub(crate) fn pop_ready(&mut self) -> Option<ReadyTask> {
+        let i = self.ready.pop_back()?;
+        self.release(i)
+    }
+
+    /// The oldest ready task whose id `give` accepts (`vnode.rs` rule 3), out of the arena.
+    pub(crate) fn take_oldest_ready(
+        &mut self,
+        mut give: impl FnMut(TaskId) -> bool,
+    ) -> Option<ReadyTask> {
+        let tasks = &self.tasks;
+        let pos = self.ready.iter().position(|&i| {
+            tasks[i as usize]
+                .as_ref()
+                .is_some_and(|s| give(s.task.spec.id))
+        })?;
+        let i = self.ready.remove(pos)?;
+        self.release(i)
     }
 
     pub(crate) fn registry(&self) -> &Arc<Registry> {
@@ -299,19 +376,35 @@ impl Core {
         self.shared.work_add(self.vnode);
         let mut missing = 0;
         for &input in &spec.inputs {
-            let Some(e) = self.data.get_mut(&input) else {
+            let Some(e) = self.data.get(&input) else {
                 return Err(self.internal(format!("task {} reads unknown {input}", spec.id)));
             };
-            e.readers += 1;
-            if e.value.is_none() {
-                e.waiters.push(spec.id);
-                missing += 1;
+            missing += u32::from(e.value.is_none());
+        }
+        let id = spec.id;
+        let slot = self.alloc(
+            ReadyTask {
+                spec,
+                values: Vec::new(),
+                digests: Vec::new(),
+            },
+            missing,
+        );
+        let Some(Some(s)) = self.tasks.get(slot as usize) else {
+            return Err(self.internal(format!("task {id} lost its slot")));
+        };
+        for &input in &s.task.spec.inputs {
+            if let Some(e) = self.data.get_mut(&input) {
+                e.readers += 1;
+                if e.value.is_none() {
+                    e.waiters.push(slot);
+                }
             }
         }
         if missing == 0 {
-            self.make_ready(spec)?;
+            self.make_ready(slot)?;
         } else {
-            self.waiting.insert(spec.id, Waiting { spec, missing });
+            self.waiting += 1;
         }
         Ok(())
     }
@@ -319,37 +412,46 @@ impl Core {
     /// Adds an already-ready task (adopted from a thief's grant) and counts it live.
     pub(crate) fn push_ready(&mut self, task: ReadyTask) {
         self.shared.work_add(self.vnode);
-        self.ready.push_back(task);
+        let slot = self.alloc(task, 0);
+        self.ready.push_back(slot);
     }
 
-    /// Takes a task's input values (rule 2) and queues it. The task goes into `ready` where it
-    /// is built, not returned: a `TaskSpec` is a few hundred bytes, and each move of it was a
-    /// `memcpy` on the spawn path (11 % of an empty-task run).
-    fn make_ready(&mut self, spec: TaskSpec) -> Result<(), RunError> {
-        let mut values = Vec::with_capacity(spec.inputs.len());
-        let mut digests = Vec::new();
+    /// Takes the input values of the task in `slot` (rules 2 and 6) and queues it.
+    fn make_ready(&mut self, slot: SlotId) -> Result<(), RunError> {
+        let Some(Some(s)) = self.tasks.get_mut(slot as usize) else {
+            return Err(self.internal(format!("slot {slot} made ready empty")));
+        };
+        let task = &mut s.task;
         let logging = self.log.is_some();
-        for &input in &spec.inputs {
+        task.values.reserve_exact(task.spec.inputs.len());
+        if logging {
+            task.digests.reserve_exact(task.spec.inputs.len());
+        }
+        for &input in &task.spec.inputs {
+            let id = task.spec.id;
+            let internal = |message| RunError::Internal {
+                vnode: self.vnode,
+                message,
+            };
             let Some(e) = self.data.get_mut(&input) else {
-                return Err(self.internal(format!("task {} lost input {input}", spec.id)));
+                return Err(internal(format!("task {id} lost input {input}")));
             };
-            let Some(v) = e.value.clone() else {
-                return Err(self.internal(format!("task {} ready before {input}", spec.id)));
-            };
-            values.push(v);
             if logging {
-                digests.push(e.digest.unwrap_or_default());
+                task.digests.push(e.digest.unwrap_or_default());
             }
             e.readers -= 1;
-            if e.droppable() {
-                self.data.remove(&input);
-            }
+            let value = if e.droppable() {
+                // Rule 6: the last reader takes the value itself.
+                self.data.remove(&input).and_then(|e| e.value)
+            } else {
+                e.value.clone()
+            };
+            let Some(v) = value else {
+                return Err(internal(format!("task {id} ready before {input}")));
+            };
+            task.values.push(v);
         }
-        self.ready.push_back(ReadyTask {
-            spec,
-            values,
-            digests,
-        });
+        self.ready.push_back(slot);
         Ok(())
     }
 
@@ -395,17 +497,16 @@ impl Core {
         e.value = Some(value);
         let waiters = std::mem::take(&mut e.waiters);
         for w in waiters {
-            let now_ready = match self.waiting.get_mut(&w) {
-                Some(t) => {
+            let now_ready = match self.tasks.get_mut(w as usize) {
+                Some(Some(t)) if t.missing > 0 => {
                     t.missing -= 1;
                     t.missing == 0
                 }
-                None => return Err(self.internal(format!("{id} wakes unknown task {w}"))),
+                _ => return Err(self.internal(format!("{id} wakes slot {w}, not waiting"))),
             };
             if now_ready {
-                if let Some(t) = self.waiting.remove(&w) {
-                    self.make_ready(t.spec)?;
-                }
+                self.waiting -= 1;
+                self.make_ready(w)?;
             }
         }
         self.maybe_drop(id);
@@ -430,7 +531,7 @@ impl Core {
 
     /// Tasks and data entries held: what the graph costs in memory (the live frontier).
     pub(crate) fn graph_size(&self) -> u64 {
-        (self.waiting.len() + self.ready.len() + self.data.len()) as u64
+        (self.waiting + self.ready.len() + self.data.len()) as u64
     }
 
     fn maybe_drop(&mut self, id: DataId) {

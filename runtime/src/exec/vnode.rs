@@ -239,7 +239,7 @@ impl Vnode {
             vnode: v,
             epoch: self.core.shared.epoch(v),
             work: self.core.shared.work_word(v),
-            ready: self.core.ready.len(),
+            ready: self.core.ready_len(),
             blocked: self.core.blocked(),
             grants: sample(self.grants.iter().map(|(t, u)| (*t, u.to))),
             returns: sample(self.returns.keys().copied()),
@@ -260,7 +260,7 @@ impl Vnode {
 
     /// Whether a task is ready to run here.
     pub(crate) fn has_ready(&self) -> bool {
-        !self.core.ready.is_empty()
+        !self.core.no_ready()
     }
 
     /// Runs up to `budget` tasks and handles messages. Returns whether anything happened.
@@ -268,10 +268,10 @@ impl Vnode {
         let mut worked = self.poll()?;
         let mut ran = 0;
         while ran < budget {
-            let Some(task) = self.core.ready.pop_back() else {
+            let Some(task) = self.core.pop_ready() else {
                 break;
             };
-            if self.core.ready.is_empty() {
+            if self.core.no_ready() {
                 // Rule 2: ask for work before running the last ready task, so that the answer
                 // travels while it runs instead of after.
                 let now = self.clock.now();
@@ -287,12 +287,13 @@ impl Vnode {
         worked |= ran > 0;
         self.between_tasks()?;
         let now = self.clock.now();
+        let idle = self.core.no_ready();
         if let Some(log) = &mut self.core.log {
-            if self.core.ready.is_empty() {
+            if idle {
                 log.seal()?; // idle: let durability catch up (log/mod.rs rule 2)
             }
         }
-        if self.core.ready.is_empty() {
+        if self.core.no_ready() {
             self.maybe_steal(now)?;
         }
         worked |= self.release_held()?;
@@ -432,11 +433,11 @@ impl Vnode {
     fn on_steal_request(&mut self, thief: VnodeId) -> Result<(), RunError> {
         // Rule 3: a task moves at most once, so an adopted task is never given away again;
         // nor is a restarted task with children already in our log (recover.rs rule 3).
-        let pos =
-            self.core.ready.iter().position(|t| {
-                !self.adopted.contains(&t.spec.id) && !self.keep.contains(&t.spec.id)
-            });
-        let Some(task) = pos.and_then(|i| self.core.ready.remove(i)) else {
+        let (adopted, keep) = (&self.adopted, &self.keep);
+        let task = self
+            .core
+            .take_oldest_ready(|id| !adopted.contains(&id) && !keep.contains(&id));
+        let Some(task) = task else {
             return self.send(thief, Message::StealNone);
         };
         let ReadyTask {
