@@ -114,7 +114,7 @@ pub use reader::{
 };
 pub use state::LogState;
 pub use values::STORED_FROM;
-pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};
+pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY};
 
 use crate::ids::VnodeId;
 use veriflow_checkpoint::StoreError;
