@@ -12,7 +12,7 @@ use veriflow_runtime::log::{Declared, Event, Manifest, Output, RunStatus, MANIFE
 use veriflow_runtime::{DataId, Digest, MemoryStore, Store, TaskId, VnodeId};
 
 /// The manifest's frame magic (private to the log; written in its files).
-const MANIFEST_MAGIC: [u8; 4] = *b"VFM3";
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM4";
 
 fn events() -> Vec<Event> {
     let root = TaskId::root("prog", b"args");

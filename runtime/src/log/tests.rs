@@ -329,6 +329,41 @@ fn a_run_with_values_inline_is_refused_by_name() {
     );
 }
 
+/// A run written before local stores kept values as files (VFM3: the same events) reads as it
+/// is, and is written on as VFM4, which a VFM3 veriflow refuses instead of finding values
+/// missing; a manifest of a newer format is refused by name.
+#[test]
+fn a_vfm3_run_reads_and_is_written_on_as_vfm4_and_a_newer_format_is_refused() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let bytes = crate::codec::encode(&manifest(1)).unwrap();
+    store
+        .put(MANIFEST_KEY, &crate::codec::frame(*b"VFM3", &bytes))
+        .unwrap();
+    assert_eq!(
+        LogReader::new(store.clone()).manifest().unwrap(),
+        manifest(1)
+    );
+    manifest(1).store(store.as_ref()).unwrap();
+    assert!(store
+        .get(MANIFEST_KEY)
+        .unwrap()
+        .unwrap()
+        .starts_with(b"VFM4"));
+    assert_eq!(
+        LogReader::new(store.clone()).manifest().unwrap(),
+        manifest(1)
+    );
+    store
+        .put(MANIFEST_KEY, &crate::codec::frame(*b"VFM5", &bytes))
+        .unwrap();
+    let err = LogReader::new(store).manifest().unwrap_err();
+    assert!(
+        err.to_string().contains("newer veriflow (log format VFM5")
+            && matches!(err, LogError::NotALog(_)),
+        "{err}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
