@@ -175,7 +175,11 @@ pub fn reexecute(
                         task: r.task,
                         source,
                     })?;
-                let again = replay(registry, &r, &bytes).map_err(|source| CorrectError::Rerun {
+                let args = track.resolve(&r.args).map_err(|source| CorrectError::Value {
+                    task: r.task,
+                    source,
+                })?;
+                let again = replay(registry, &r, &args, &bytes).map_err(|source| CorrectError::Rerun {
                     task: r.task,
                     source,
                 })?;
