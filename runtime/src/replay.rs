@@ -87,13 +87,11 @@ pub fn replay(
             ),
         });
     }
-    let body = kind
-        .decode(args)
-        .map_err(|e| RunError::TaskFailed {
-            task: kind.name().to_string(),
-            id: record.task,
-            message: format!("its logged arguments do not decode: {e}"),
-        })?;
+    let body = kind.decode(args).map_err(|e| RunError::TaskFailed {
+        task: kind.name().to_string(),
+        id: record.task,
+        message: format!("its logged arguments do not decode: {e}"),
+    })?;
     let values: Vec<Value> = inputs.iter().map(|b| Value::bytes(b.clone())).collect();
     let mut replayer = Replayer::default();
     let name = kind.name();

@@ -77,10 +77,9 @@ impl PartialEq for Payload {
             | (Payload::Stored { digest, len }, Payload::Inline(b)) => {
                 b.len() as u64 == *len && Digest::of(b) == *digest
             }
-            (
-                Payload::Stored { digest: a, len: m },
-                Payload::Stored { digest: b, len: n },
-            ) => a == b && m == n,
+            (Payload::Stored { digest: a, len: m }, Payload::Stored { digest: b, len: n }) => {
+                a == b && m == n
+            }
         }
     }
 }

@@ -349,7 +349,11 @@ fn a_vfm3_run_and_a_newer_format_are_refused_by_name() {
         );
     }
     manifest(1).store(store.as_ref()).unwrap();
-    assert!(store.get(MANIFEST_KEY).unwrap().unwrap().starts_with(b"VFM4"));
+    assert!(store
+        .get(MANIFEST_KEY)
+        .unwrap()
+        .unwrap()
+        .starts_with(b"VFM4"));
     assert_eq!(LogReader::new(store).manifest().unwrap(), manifest(1));
 }
 
@@ -1087,6 +1091,75 @@ fn large_values_go_to_the_value_store_once_and_never_into_segments() {
         assert_eq!(o.value.is_stored(), o.data.0 != 200, "{:#}", o.data);
         assert_eq!(o.digest, Digest::of(want));
         assert_eq!(&values::resolve(store.as_ref(), o.value).unwrap(), want);
+    }
+}
+
+/// Rule 10: a declared task's large arguments (in its `Declared` event and in an `Adopted`
+/// record) go to the value store like values: the segment names them by digest, the store holds
+/// them once, they read back as [`Payload::Stored`] equal to the inline bytes, and resolve to
+/// them; small arguments stay inline.
+#[test]
+fn large_task_arguments_are_stored_by_digest() {
+    let store = Arc::new(MemoryStore::default());
+    let big = big_value(3, 10_000);
+    let digest = Digest::of(&big);
+    let with_args = |i: u128, args: Vec<u8>| Declared {
+        task: TaskId(1000 + i),
+        parent: None,
+        index: 0,
+        name: "t".into(),
+        args: args.into(),
+        inputs: vec![],
+        outputs: vec![DataId(5000 + i)],
+    };
+    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    log.append(&Event::Declared(with_args(1, big.clone())))
+        .unwrap();
+    log.append(&Event::Declared(with_args(2, vec![1, 2, 3])))
+        .unwrap();
+    log.append(&Event::Adopted {
+        victim: VnodeId(1),
+        record: with_args(3, big.clone()),
+        inputs: vec![],
+    })
+    .unwrap();
+    log.sync().unwrap();
+    writer.shutdown().unwrap();
+    for (key, seg) in store.scan_prefix(b"seg/").unwrap() {
+        assert!(
+            !seg.windows(64).any(|w| w == &big[..64]),
+            "segment {key:?} holds large arguments' bytes"
+        );
+    }
+    assert_eq!(
+        store.scan_prefix(values::VALUE_PREFIX).unwrap(),
+        vec![(values::value_key(&digest), big.clone())],
+        "the arguments are stored once"
+    );
+    let records: Vec<Declared> = read(&store)
+        .unwrap()
+        .events
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Declared(d) | Event::Adopted { record: d, .. } => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(records.len(), 3);
+    for r in records {
+        let want = if r.task == TaskId(1002) {
+            vec![1, 2, 3]
+        } else {
+            big.clone()
+        };
+        assert_eq!(r.args.is_stored(), r.task != TaskId(1002), "{:#}", r.task);
+        assert_eq!(
+            r.args,
+            Payload::Inline(want.clone()),
+            "equal to the inline bytes"
+        );
+        assert_eq!(values::resolve(store.as_ref(), r.args).unwrap(), want);
     }
 }
 
