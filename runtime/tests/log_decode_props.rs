@@ -24,7 +24,7 @@ fn events() -> Vec<Event> {
             parent: None,
             index: 0,
             name: "root".into(),
-            args: b"args".to_vec(),
+            args: b"args".to_vec().into(),
             inputs: vec![],
             outputs: vec![DataId::output(root, 0)],
         }),

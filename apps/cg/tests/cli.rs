@@ -199,6 +199,75 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
     );
 }
 
+/// With `--stored-from 256`, every batch seed's arguments (x, r and p of a block, ~900 bytes
+/// here) go to the value store by digest (VFM4): a run with two vnodes killed recovers them from
+/// there to the same bits, and `certify --full` re-runs every task from them; a forged run's
+/// correction re-runs the seeds too.
+#[test]
+fn stored_seed_arguments_recover_and_certify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let key = t.join("oracle.key");
+    cg_in(t, &["keygen", s(&key)]).expect_code(0);
+    let want = lund_run(t, &t.join("inline"), "1", &[], 0);
+    let log = t.join("stored");
+    let killed = lund_run(
+        t,
+        &log,
+        "4",
+        &[
+            "--stored-from",
+            "256",
+            "--kill-vnode",
+            "2",
+            "--kill-after",
+            "700",
+            "--kill-vnode",
+            "0",
+            "--kill-after",
+            "2500",
+        ],
+        0,
+    );
+    assert_eq!(killed["failures"], 2, "{killed}");
+    assert_eq!(killed["result"]["x_digest"], want["result"]["x_digest"]);
+    let certify = |log: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "certify",
+            "--log-dir",
+            s(log),
+            "--oracle-key",
+            s(&key),
+            "--full",
+        ];
+        args.extend_from_slice(extra);
+        cg_in(t, &args)
+    };
+    let out = certify(&log, &[]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    let forged = t.join("forged");
+    let j = lund_run(
+        t,
+        &forged,
+        "2",
+        &[
+            "--stored-from",
+            "256",
+            "--forge-tasks",
+            "2",
+            "--forge-seed",
+            "3",
+        ],
+        0,
+    );
+    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{j}");
+    let out = certify(&forged, &["--correct"]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    assert_eq!(terminal(t, &forged), terminal(t, &log));
+}
+
 #[test]
 fn usage_errors_and_bad_files_exit_with_a_message() {
     let tmp = tempfile::tempdir().unwrap();

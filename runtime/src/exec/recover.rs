@@ -294,7 +294,8 @@ impl Vnode {
                     name: d.name.to_string(),
                     context: format!("the log of {v} (recovering task {:#})", d.task),
                 })?;
-            let body = kind.decode(&d.args).map_err(|e| RunError::Encode {
+            let args = load(&d.args)?;
+            let body = kind.decode(&args).map_err(|e| RunError::Encode {
                 what: format!("arguments of task {} in the log of {v}", d.task),
                 reason: e.to_string(),
             })?;
@@ -305,7 +306,7 @@ impl Vnode {
                 body,
                 inputs: d.inputs.iter().copied().collect(),
                 outputs: d.outputs.iter().copied().collect(),
-                args: Some(d.args.clone()),
+                args: Some(args),
             };
             if t.started {
                 self.keep.insert(*id); // rule 3: its children are known here only
