@@ -114,7 +114,7 @@ pub fn coding_threads() -> usize {
 /// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
 fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     #[cfg(test)]
-    tests::DISPATCHED.with(|d| d.set(d.get() + 1));
+    tests::bump(&tests::DISPATCHED);
     match (rayon::current_thread_index(), own_pool()) {
         (None, Some(pool)) => pool.install(f),
         _ => f(),
@@ -665,7 +665,7 @@ impl Codec {
         chosen: &[bool],
     ) -> Result<Vec<(usize, [u8; 32])>, ErasureError> {
         #[cfg(test)]
-        tests::REBUILD_PASSES.with(|d| d.set(d.get() + 1));
+        tests::bump(&tests::REBUILD_PASSES);
         let m = self.data_fragments();
         let k = self.parity_fragments();
         if s == 0 {

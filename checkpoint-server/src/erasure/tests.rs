@@ -2,6 +2,8 @@ use super::*;
 use proptest::prelude::*;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use std::cell::Cell;
+use std::thread::LocalKey;
 
 fn blob(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -598,11 +600,22 @@ fn a_forged_length_is_another_version() {
 
 thread_local! {
     /// Calls of `on_coding_pool` from this thread (rule 2).
-    pub(super) static DISPATCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    pub(super) static DISPATCHED: Cell<u64> = const { Cell::new(0) };
+    /// Calls of `Codec::rebuild` (a second pass over the blob) from this thread (rule 2).
+    pub(super) static REBUILD_PASSES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one event on this thread (the counters above).
+pub(super) fn bump(counter: &'static LocalKey<Cell<u64>>) {
+    counter.with(|c| c.set(c.get() + 1));
 }
 
 fn dispatched() -> u64 {
-    DISPATCHED.with(std::cell::Cell::get)
+    DISPATCHED.with(Cell::get)
+}
+
+fn rebuild_passes() -> u64 {
+    REBUILD_PASSES.with(Cell::get)
 }
 
 /// Rule 2: a log segment read back through a replicated store (one fragment, or a few small
@@ -947,15 +960,6 @@ fn reed_solomon_code_gives_the_crates_bytes_and_rebuilds_every_pattern() {
             ));
         }
     }
-}
-
-thread_local! {
-    /// Calls of `Codec::rebuild` (a second pass over the blob) from this thread (rule 2).
-    pub(super) static REBUILD_PASSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-fn rebuild_passes() -> u64 {
-    REBUILD_PASSES.with(std::cell::Cell::get)
 }
 
 /// Rule 2: lost data pieces are rebuilt in the decoder's one pass when the headers' guess
