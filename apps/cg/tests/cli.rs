@@ -55,28 +55,25 @@ fn terminal(tmp: &Path, log: &Path) -> String {
         .to_string()
 }
 
+/// Two vnodes of four killed part way (the runs that must give the same bits).
+const KILLS: [&str; 8] = [
+    "--kill-vnode",
+    "2",
+    "--kill-after",
+    "700",
+    "--kill-vnode",
+    "0",
+    "--kill-after",
+    "2500",
+];
+
 #[test]
 fn same_bits_on_one_and_four_vnodes_and_with_a_vnode_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let one = lund_run(t, &t.join("v1"), "1", &[], 0);
     let four = lund_run(t, &t.join("v4"), "4", &[], 0);
-    let killed = lund_run(
-        t,
-        &t.join("k"),
-        "4",
-        &[
-            "--kill-vnode",
-            "2",
-            "--kill-after",
-            "700",
-            "--kill-vnode",
-            "0",
-            "--kill-after",
-            "2500",
-        ],
-        0,
-    );
+    let killed = lund_run(t, &t.join("k"), "4", &KILLS, 0);
     assert_eq!(killed["failures"], 2, "{killed}");
     let r1 = &one["result"];
     assert_eq!(r1["converged"], true);
@@ -215,18 +212,7 @@ fn stored_seed_arguments_recover_and_certify() {
         t,
         &log,
         "4",
-        &[
-            "--stored-from",
-            "256",
-            "--kill-vnode",
-            "2",
-            "--kill-after",
-            "700",
-            "--kill-vnode",
-            "0",
-            "--kill-after",
-            "2500",
-        ],
+        &[&["--stored-from", "256"][..], &KILLS].concat(),
         0,
     );
     assert_eq!(killed["failures"], 2, "{killed}");

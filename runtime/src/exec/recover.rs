@@ -43,7 +43,7 @@ use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, Epoch, TaskId};
 use crate::log::state::TaskState;
-use crate::log::{Event, LogState, LogWriter, Output, Payload};
+use crate::log::{Declared, Event, LogState, LogWriter, Output, Payload};
 use crate::task::value::Value;
 use crate::task::Registry;
 use crate::transport::Message;
@@ -361,10 +361,12 @@ impl Vnode {
                 .into_iter()
                 .map(load)
                 .collect::<Result<Vec<_>, _>>()?;
-            let msg = Message::StealGrant {
-                record: d.clone(),
-                inputs,
+            // A grant carries its arguments' bytes (the log may name them by digest).
+            let record = Declared {
+                args: Payload::Inline(load(&d.args)?),
+                ..d.clone()
             };
+            let msg = Message::StealGrant { record, inputs };
             self.core.shared.work_add(v);
             self.grants.insert(
                 task,

@@ -136,7 +136,12 @@ impl Manifest {
                     .to_string(),
             ));
         }
-        if bytes.len() >= 4 && bytes[..3] == MANIFEST_MAGIC[..3] && bytes[3] > MANIFEST_MAGIC[3] {
+        // A later format is a later digit (VFMF, the first, is refused above).
+        if bytes.len() >= 4
+            && bytes[..3] == MANIFEST_MAGIC[..3]
+            && bytes[3].is_ascii_digit()
+            && bytes[3] > MANIFEST_MAGIC[3]
+        {
             return Err(LogError::NotALog(format!(
                 "its manifest is of a newer veriflow (log format {}, this one reads up to {}): \
                  inspect, resume and certify it with that version",
