@@ -18,8 +18,32 @@ fn data(name: &str) -> PathBuf {
 }
 
 /// A logged run of lund_a (rtol 1e-12, 4 blocks) on `vnodes` vnodes into `log`, plus `extra`;
-/// returns the JSON summary.
+/// returns the JSON summary after checking the exit status.
 fn lund_run(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str], code: i32) -> Value {
+    let out = lund_out(tmp, log, vnodes, extra);
+    out.expect_code(code);
+    out.json()
+}
+
+/// [`lund_run`] with two forged tasks: a flipped bit in a vector or a scalar may make CG
+/// diverge, and which task is drawn depends on the schedule (steals), so the run ends either
+/// with a result (0) or as a wrong one (1, said so). Returns the JSON summary.
+fn forged_lund_run(tmp: &Path, log: &Path, extra: &[&str]) -> Value {
+    let forge = ["--forge-tasks", "2", "--forge-seed", "3"];
+    let out = lund_out(tmp, log, "2", &[extra, &forge].concat());
+    match out.code {
+        0 => {}
+        1 => {
+            out.stderr_has("wrong result");
+        }
+        _ => panic!("{}: exit status 0 or 1\n{out}", out.cmd()),
+    }
+    let j = out.json();
+    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
+    j
+}
+
+fn lund_out(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str]) -> Out {
     let m = data("lund_a.rsa");
     let mut args = vec![
         "run",
@@ -38,9 +62,7 @@ fn lund_run(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str], code: i32) -> 
         s(log),
     ];
     args.extend_from_slice(extra);
-    let out = cg_in(tmp, &args);
-    out.expect_code(code);
-    out.json()
+    cg_in(tmp, &args)
 }
 
 /// The terminal value of a log, as `inspect --json` shows it (the Debug form of the
@@ -124,32 +146,7 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
 
     // Two forged tasks (a flipped bit in a vector or a scalar each), drawn with a fixed seed.
     let forged = t.join("forged");
-    let m = data("lund_a.rsa");
-    let out = cg_in(
-        t,
-        &[
-            "run",
-            "--matrix",
-            s(&m),
-            "--rtol",
-            "1e-12",
-            "--blocks",
-            "4",
-            "--threads",
-            "2",
-            "--vnodes",
-            "2",
-            "--json",
-            "--log-dir",
-            s(&forged),
-            "--forge-tasks",
-            "2",
-            "--forge-seed",
-            "3",
-        ],
-    );
-    let j = out.json();
-    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
+    forged_lund_run(t, &forged, &[]);
     let out = cg_in(
         t,
         &[
@@ -233,21 +230,7 @@ fn stored_seed_arguments_recover_and_certify() {
     out.expect_code(0);
     assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
     let forged = t.join("forged");
-    let j = lund_run(
-        t,
-        &forged,
-        "2",
-        &[
-            "--stored-from",
-            "256",
-            "--forge-tasks",
-            "2",
-            "--forge-seed",
-            "3",
-        ],
-        0,
-    );
-    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{j}");
+    forged_lund_run(t, &forged, &["--stored-from", "256"]);
     let out = certify(&forged, &["--correct"]);
     out.expect_code(0);
     assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
