@@ -49,7 +49,7 @@ use veriflow_certifier::{
 use veriflow_checkpoint::{
     open_store, Key, KeyError, MemoryStore, Namespaced, Store, StoreError, StoreSpec,
 };
-use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES};
+use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY};
 use veriflow_runtime::{
     DataId, Forge, IdSet, Kill, Registry, RegistryError, RunError, Runtime, Task, TaskId, VnodeId,
 };
@@ -521,7 +521,7 @@ pub(crate) struct CommitArgs {
           value_parser = clap::value_parser!(u64).range(1..=65536))]
     commit_kib: u64,
     /// Group commit: seal a non-empty segment after this many ms.
-    #[arg(long, value_name = "MS", default_value_t = 5)]
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_MAX_DELAY.as_millis() as u64)]
     commit_ms: u64,
     /// Recovery checkpoints: one per vnode every this many KiB of its log, so that recovery
     /// reads the checkpoint and the log after it; 0 writes none (recovery reads whole logs).

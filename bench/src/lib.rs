@@ -336,10 +336,10 @@ mod tests {
     fn both_settings_run() {
         let scratch = tempfile::tempdir().unwrap();
         // The failure must come well after the first group commit (`CommitPolicy::max_delay`,
-        // 5 ms): before it, the failing vnode's completions are all in its lost open batch and
-        // nothing can be reused. 121 tasks of 0.5 ms on 2 threads fail it after ~15 ms.
+        // 20 ms): before it, the failing vnode's completions are all in its lost open batch and
+        // nothing can be reused. 485 tasks of 0.5 ms on 2 threads fail it after ~60 ms.
         let shape = Shape {
-            depth: 5,
+            depth: 6,
             fanout: 3,
             serial: 1,
             grain_us: 500,

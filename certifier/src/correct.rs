@@ -175,10 +175,17 @@ pub fn reexecute(
                         task: r.task,
                         source,
                     })?;
-                let again = replay(registry, &r, &bytes).map_err(|source| CorrectError::Rerun {
-                    task: r.task,
-                    source,
-                })?;
+                let args = track
+                    .resolve(&r.args)
+                    .map_err(|source| CorrectError::Value {
+                        task: r.task,
+                        source,
+                    })?;
+                let again =
+                    replay(registry, &r, &args, &bytes).map_err(|source| CorrectError::Rerun {
+                        task: r.task,
+                        source,
+                    })?;
                 progress(1);
                 let redone = Redone {
                     inputs: values.iter().map(|(_, d)| *d).collect(),

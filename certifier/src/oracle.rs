@@ -60,7 +60,8 @@ pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunEr
     let Some(inputs) = track.input_values(t)? else {
         return forged("an input has no logged value".to_string());
     };
-    let again = match replay(registry, record, &inputs) {
+    let args = track.resolve(&record.args)?;
+    let again = match replay(registry, record, &args, &inputs) {
         Ok(r) => r,
         Err(e @ (RunError::UnknownTaskName { .. } | RunError::UnregisteredTask { .. })) => {
             return Err(e)

@@ -525,7 +525,7 @@ impl Track {
         if let Some(r) = &rec.record {
             h.update(&(r.name.len() as u64).to_le_bytes());
             h.update(r.name.as_bytes());
-            h.update(blake3::hash(&r.args).as_bytes());
+            h.update(&r.args.digest().0);
             h.update(&(r.inputs.len() as u64).to_le_bytes());
             for (i, d) in r.inputs.iter().enumerate() {
                 h.update(&d.0.to_le_bytes());
@@ -771,7 +771,7 @@ mod tests {
                 parent: None,
                 index: 0,
                 name: "root".into(),
-                args: Vec::new(),
+                args: Vec::new().into(),
                 inputs: Vec::new(),
                 outputs: vec![d],
             }),

@@ -10,6 +10,8 @@
 //! derivation-1 fixture and its pins. The log was written again later on 2026-11-26 when the
 //! log format moved to VFM3 (values tagged inline or stored by digest, rule 10 of the runtime's
 //! `log/mod.rs`): the same digests, and the certificate made before (kept as it was) verifies.
+//! And again when it moved to VFM4 (large task arguments stored by digest too; the leaf hashes
+//! the arguments' digest, as before): the same digests, the same certificate.
 
 mod common;
 

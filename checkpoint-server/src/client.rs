@@ -28,7 +28,14 @@
 //!    current-thread runtime; callers on several threads take turns driving it). A request
 //!    costs no hand-off to another thread and back, which on a busy machine is a wake-up and
 //!    a context switch each way (the log writer makes one call per group commit).
+//! 7. **Nothing per request but the request.** A call to one server (a `central` store, the
+//!    log writer's every group commit) runs on the calling task itself, not on a spawned one,
+//!    and a server's down mark is read without a lock while it has none (an atomic flag says
+//!    whether there is one to read): a request takes no lock but its connection's, and
+//!    allocates nothing but its frame. Calls to several servers are spawned, so that they
+//!    run concurrently.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -109,6 +116,8 @@ struct Remote {
     addr: String,
     conn: tokio::sync::Mutex<Option<Connection<TcpStream>>>,
     down_until: Mutex<Option<(Instant, String)>>,
+    /// Whether `down_until` may hold a mark (rule 7: while false, no lock is taken).
+    marked: AtomicBool,
 }
 
 /// A blocking client for a fixed list of servers (rules 1-4).
@@ -134,6 +143,7 @@ impl Client {
                     addr: a.clone(),
                     conn: tokio::sync::Mutex::new(None),
                     down_until: Mutex::new(None),
+                    marked: AtomicBool::new(false),
                 })
             })
             .collect();
@@ -217,11 +227,21 @@ impl Client {
         })
     }
 
-    /// Runs `reqs` in parallel, down marks ignored (the caller decided to try them).
+    /// Runs `reqs` in parallel, down marks ignored (the caller decided to try them); one
+    /// request runs on this task (rule 7).
     async fn spawn_all(
         &self,
-        reqs: Vec<(usize, Request)>,
+        mut reqs: Vec<(usize, Request)>,
     ) -> Vec<(usize, Result<Response, ClientError>)> {
+        if reqs.len() <= 1 {
+            let Some((i, req)) = reqs.pop() else {
+                return Vec::new();
+            };
+            return vec![(
+                i,
+                call(&self.servers[i], &self.key, &self.config, req).await,
+            )];
+        }
         let handles: Vec<_> = reqs
             .into_iter()
             .map(|(i, req)| {
@@ -250,6 +270,9 @@ impl Client {
 
 /// The failure that put `remote` down, while its down mark lasts (rule 3).
 fn down_reason(remote: &Remote) -> Option<String> {
+    if !remote.marked.load(Ordering::Acquire) {
+        return None; // rule 7: no mark, no lock
+    }
     let d = remote.down_until.lock().unwrap_or_else(|p| p.into_inner());
     d.as_ref()
         .filter(|(t, _)| Instant::now() < *t)
@@ -257,7 +280,12 @@ fn down_reason(remote: &Remote) -> Option<String> {
 }
 
 fn mark(remote: &Remote, until: Option<(Instant, String)>) {
-    *remote.down_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    if until.is_none() && !remote.marked.load(Ordering::Acquire) {
+        return; // rule 7: a success on a server that was never marked takes no lock
+    }
+    let mut d = remote.down_until.lock().unwrap_or_else(|p| p.into_inner());
+    remote.marked.store(until.is_some(), Ordering::Release);
+    *d = until;
 }
 
 async fn call(
@@ -350,5 +378,59 @@ async fn try_call(
             )))
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote() -> Remote {
+        Remote {
+            addr: "127.0.0.1:1".to_string(),
+            conn: tokio::sync::Mutex::new(None),
+            down_until: Mutex::new(None),
+            marked: AtomicBool::new(false),
+        }
+    }
+
+    /// Rule 7: a server without a down mark is looked up and cleared without its lock, so a
+    /// request never waits on it (here: the lock is held elsewhere the whole time).
+    #[test]
+    fn an_unmarked_server_takes_no_lock_per_request() {
+        let r = Arc::new(remote());
+        let held = r.down_until.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r2 = r.clone();
+        std::thread::spawn(move || {
+            let seen = down_reason(&r2);
+            mark(&r2, None);
+            let _ = tx.send(seen);
+        });
+        let seen = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the lookup waited for the lock");
+        assert_eq!(seen, None);
+        drop(held);
+    }
+
+    /// Rule 3 still holds with rule 7's flag: a mark is seen until it lapses or is cleared.
+    #[test]
+    fn a_down_mark_is_seen_until_cleared() {
+        let r = remote();
+        assert_eq!(down_reason(&r), None);
+        mark(
+            &r,
+            Some((Instant::now() + Duration::from_secs(3600), "gone".into())),
+        );
+        assert_eq!(down_reason(&r).as_deref(), Some("gone"));
+        mark(&r, None);
+        assert_eq!(down_reason(&r), None);
+        assert!(!r.marked.load(Ordering::Acquire));
+        mark(
+            &r,
+            Some((Instant::now() - Duration::from_secs(1), "lapsed".into())),
+        );
+        assert_eq!(down_reason(&r), None, "a lapsed mark is not a mark");
     }
 }

@@ -281,8 +281,14 @@ impl Session {
         msg: &M,
         max: usize,
     ) -> Result<Vec<u8>, WireError> {
-        let mut plain = postcard::to_extend(msg, vec![0u8; HEADER_LEN])
-            .map_err(|e| WireError::Malformed(format!("encode: {e}")))?;
+        let encode = |e: postcard::Error| WireError::Malformed(format!("encode: {e}"));
+        // Sized first, so that the payload is written once into a buffer of its size, not
+        // copied at every doubling of a growing one (a group commit's frame is tens of KiB).
+        let mut plain = Vec::with_capacity(
+            HEADER_LEN + postcard::experimental::serialized_size(msg).map_err(encode)?,
+        );
+        plain.resize(HEADER_LEN, 0);
+        let mut plain = postcard::to_extend(msg, plain).map_err(encode)?;
         self.seal(nonce, &mut plain, max)
     }
 }

@@ -20,7 +20,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
 use crate::exec::core::TaskSpec;
-use crate::log::{Declared, Output};
+use crate::log::{Declared, Output, Payload};
 use crate::task::value::Value;
 use crate::task::{Ctx, Host, Registry};
 
@@ -53,7 +53,7 @@ impl Replayer {
             parent: spec.parent,
             index: spec.index,
             name: Cow::Borrowed(name),
-            args,
+            args: Payload::Inline(args),
             inputs: spec.inputs.to_vec(),
             outputs: spec.outputs.to_vec(),
         });
@@ -61,10 +61,12 @@ impl Replayer {
     }
 }
 
-/// Re-runs the task of `record` on `inputs` (its input values as logged, in input order).
+/// Re-runs the task of `record` with arguments `args` (its record's, read from the value store
+/// when the log names them by digest) on `inputs` (its input values as logged, in input order).
 pub fn replay(
     registry: &Registry,
     record: &Declared,
+    args: &[u8],
     inputs: &[Vec<u8>],
 ) -> Result<Replayed, RunError> {
     let kind = registry
@@ -85,13 +87,11 @@ pub fn replay(
             ),
         });
     }
-    let body = kind
-        .decode(&record.args)
-        .map_err(|e| RunError::TaskFailed {
-            task: kind.name().to_string(),
-            id: record.task,
-            message: format!("its logged arguments do not decode: {e}"),
-        })?;
+    let body = kind.decode(args).map_err(|e| RunError::TaskFailed {
+        task: kind.name().to_string(),
+        id: record.task,
+        message: format!("its logged arguments do not decode: {e}"),
+    })?;
     let values: Vec<Value> = inputs.iter().map(|b| Value::bytes(b.clone())).collect();
     let mut replayer = Replayer::default();
     let name = kind.name();

@@ -12,7 +12,7 @@ use veriflow_runtime::log::{Declared, Event, Manifest, Output, RunStatus, MANIFE
 use veriflow_runtime::{DataId, Digest, MemoryStore, Store, TaskId, VnodeId};
 
 /// The manifest's frame magic (private to the log; written in its files).
-const MANIFEST_MAGIC: [u8; 4] = *b"VFM3";
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM4";
 
 fn events() -> Vec<Event> {
     let root = TaskId::root("prog", b"args");
@@ -24,7 +24,7 @@ fn events() -> Vec<Event> {
             parent: None,
             index: 0,
             name: "root".into(),
-            args: b"args".to_vec(),
+            args: b"args".to_vec().into(),
             inputs: vec![],
             outputs: vec![DataId::output(root, 0)],
         }),

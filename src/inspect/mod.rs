@@ -116,7 +116,10 @@ pub fn inspect(store: Arc<dyn Store>, registry: &Registry) -> Result<Inspection,
                         name: r.name.to_string(),
                         context: place(),
                     })?;
-                kind.check_args(&r.args)
+                // Large arguments are read from the log's value store (and checked).
+                let args =
+                    veriflow_runtime::log::values::resolve(&**reader.store(), r.args.clone())?;
+                kind.check_args(&args)
                     .map_err(|err| RunError::InputDecode {
                         task: r.name.to_string(),
                         id: r.task,

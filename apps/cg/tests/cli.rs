@@ -18,8 +18,32 @@ fn data(name: &str) -> PathBuf {
 }
 
 /// A logged run of lund_a (rtol 1e-12, 4 blocks) on `vnodes` vnodes into `log`, plus `extra`;
-/// returns the JSON summary.
+/// returns the JSON summary after checking the exit status.
 fn lund_run(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str], code: i32) -> Value {
+    let out = lund_out(tmp, log, vnodes, extra);
+    out.expect_code(code);
+    out.json()
+}
+
+/// [`lund_run`] with two forged tasks: a flipped bit in a vector or a scalar may make CG
+/// diverge, and which task is drawn depends on the schedule (steals), so the run ends either
+/// with a result (0) or as a wrong one (1, said so). Returns the JSON summary.
+fn forged_lund_run(tmp: &Path, log: &Path, extra: &[&str]) -> Value {
+    let forge = ["--forge-tasks", "2", "--forge-seed", "3"];
+    let out = lund_out(tmp, log, "2", &[extra, &forge].concat());
+    match out.code {
+        0 => {}
+        1 => {
+            out.stderr_has("wrong result");
+        }
+        _ => panic!("{}: exit status 0 or 1\n{out}", out.cmd()),
+    }
+    let j = out.json();
+    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
+    j
+}
+
+fn lund_out(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str]) -> Out {
     let m = data("lund_a.rsa");
     let mut args = vec![
         "run",
@@ -38,9 +62,7 @@ fn lund_run(tmp: &Path, log: &Path, vnodes: &str, extra: &[&str], code: i32) -> 
         s(log),
     ];
     args.extend_from_slice(extra);
-    let out = cg_in(tmp, &args);
-    out.expect_code(code);
-    out.json()
+    cg_in(tmp, &args)
 }
 
 /// The terminal value of a log, as `inspect --json` shows it (the Debug form of the
@@ -55,28 +77,25 @@ fn terminal(tmp: &Path, log: &Path) -> String {
         .to_string()
 }
 
+/// Two vnodes of four killed part way (the runs that must give the same bits).
+const KILLS: [&str; 8] = [
+    "--kill-vnode",
+    "2",
+    "--kill-after",
+    "700",
+    "--kill-vnode",
+    "0",
+    "--kill-after",
+    "2500",
+];
+
 #[test]
 fn same_bits_on_one_and_four_vnodes_and_with_a_vnode_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let one = lund_run(t, &t.join("v1"), "1", &[], 0);
     let four = lund_run(t, &t.join("v4"), "4", &[], 0);
-    let killed = lund_run(
-        t,
-        &t.join("k"),
-        "4",
-        &[
-            "--kill-vnode",
-            "2",
-            "--kill-after",
-            "700",
-            "--kill-vnode",
-            "0",
-            "--kill-after",
-            "2500",
-        ],
-        0,
-    );
+    let killed = lund_run(t, &t.join("k"), "4", &KILLS, 0);
     assert_eq!(killed["failures"], 2, "{killed}");
     let r1 = &one["result"];
     assert_eq!(r1["converged"], true);
@@ -127,32 +146,7 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
 
     // Two forged tasks (a flipped bit in a vector or a scalar each), drawn with a fixed seed.
     let forged = t.join("forged");
-    let m = data("lund_a.rsa");
-    let out = cg_in(
-        t,
-        &[
-            "run",
-            "--matrix",
-            s(&m),
-            "--rtol",
-            "1e-12",
-            "--blocks",
-            "4",
-            "--threads",
-            "2",
-            "--vnodes",
-            "2",
-            "--json",
-            "--log-dir",
-            s(&forged),
-            "--forge-tasks",
-            "2",
-            "--forge-seed",
-            "3",
-        ],
-    );
-    let j = out.json();
-    assert_eq!(j["forged"].as_array().map(Vec::len), Some(2), "{out}");
+    forged_lund_run(t, &forged, &[]);
     let out = cg_in(
         t,
         &[
@@ -197,6 +191,50 @@ fn an_honest_run_is_certified_and_a_forged_one_corrected_to_the_same_bits() {
         want,
         "the corrected run has the honest bits"
     );
+}
+
+/// With `--stored-from 256`, every batch seed's arguments (x, r and p of a block, ~900 bytes
+/// here) go to the value store by digest (VFM4): a run with two vnodes killed recovers them from
+/// there to the same bits, and `certify --full` re-runs every task from them; a forged run's
+/// correction re-runs the seeds too.
+#[test]
+fn stored_seed_arguments_recover_and_certify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let key = t.join("oracle.key");
+    cg_in(t, &["keygen", s(&key)]).expect_code(0);
+    let want = lund_run(t, &t.join("inline"), "1", &[], 0);
+    let log = t.join("stored");
+    let killed = lund_run(
+        t,
+        &log,
+        "4",
+        &[&["--stored-from", "256"][..], &KILLS].concat(),
+        0,
+    );
+    assert_eq!(killed["failures"], 2, "{killed}");
+    assert_eq!(killed["result"]["x_digest"], want["result"]["x_digest"]);
+    let certify = |log: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "certify",
+            "--log-dir",
+            s(log),
+            "--oracle-key",
+            s(&key),
+            "--full",
+        ];
+        args.extend_from_slice(extra);
+        cg_in(t, &args)
+    };
+    let out = certify(&log, &[]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    let forged = t.join("forged");
+    forged_lund_run(t, &forged, &["--stored-from", "256"]);
+    let out = certify(&forged, &["--correct"]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("certify: ACCEPT"), "{out}");
+    assert_eq!(terminal(t, &forged), terminal(t, &log));
 }
 
 #[test]

@@ -3,9 +3,11 @@
 //! striping live in `mod.rs`; the codes here only ever see one stripe of pieces at a time.
 
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
+use super::gf::GfMatrix;
 use super::ErasureError;
 
 /// Which code a fragment was made with (stored in every fragment header).
@@ -68,6 +70,34 @@ pub trait ErasureCode: Send + Sync + fmt::Debug {
         pieces: &mut [&mut [u8]],
         present: &[bool],
     ) -> Result<(), ErasureError>;
+    /// Rebuilds the data pieces `lost` (pairs of index `< M` and output, in any order) from the
+    /// pieces at hand, read in place: `pieces[i]` is piece `i` of the M + K if present. The
+    /// codec's decoder calls this (no copy of the present pieces first); the default copies
+    /// them into scratch pieces for [`ErasureCode::reconstruct_data`].
+    fn rebuild_data(
+        &self,
+        pieces: &[Option<&[u8]>],
+        lost: &mut [(usize, &mut [u8])],
+    ) -> Result<(), ErasureError> {
+        let len = lost.first().map_or(0, |(_, o)| o.len());
+        let mut scratch: Vec<Vec<u8>> = pieces
+            .iter()
+            .map(|p| p.map_or_else(|| vec![0; len], <[u8]>::to_vec))
+            .collect();
+        let present: Vec<bool> = pieces.iter().map(Option::is_some).collect();
+        let mut refs: Vec<&mut [u8]> = scratch.iter_mut().map(|p| &mut p[..]).collect();
+        self.reconstruct_data(&mut refs, &present)?;
+        for (i, out) in lost.iter_mut() {
+            let src = scratch
+                .get(*i)
+                .filter(|s| s.len() == out.len())
+                .ok_or_else(|| {
+                    ErasureError::BadParameters(format!("no data piece {i} of {} bytes", out.len()))
+                })?;
+            out.copy_from_slice(src);
+        }
+        Ok(())
+    }
 }
 
 fn too_few(have: usize, need: usize) -> ErasureError {
@@ -128,6 +158,26 @@ impl ErasureCode for Replication {
         first[0].copy_from_slice(rest[src - 1]);
         Ok(())
     }
+    fn rebuild_data(
+        &self,
+        pieces: &[Option<&[u8]>],
+        lost: &mut [(usize, &mut [u8])],
+    ) -> Result<(), ErasureError> {
+        let Some(src) = pieces.iter().flatten().next() else {
+            return Err(too_few(0, 1));
+        };
+        for (i, out) in lost.iter_mut() {
+            if *i != 0 || out.len() != src.len() {
+                return Err(ErasureError::BadParameters(format!(
+                    "replication rebuilds piece 0 of {} bytes, asked for piece {i} of {}",
+                    src.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(src);
+        }
+        Ok(())
+    }
 }
 
 /// XOR parity over M data pieces plus one parity piece (paper 003, "Parity").
@@ -165,6 +215,31 @@ pub(crate) fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `out = ins[0] ^ ins[1] ^ ...` (zeros for no input) in one pass: 64 bytes of every input
+/// XORed in registers, then stored once, rather than `out` read and written once per input.
+/// Inputs must be `out`'s length (checked by the callers).
+pub(crate) fn xor_all<'a>(ins: impl Iterator<Item = &'a [u8]> + Clone, out: &mut [u8]) {
+    const STEP: usize = 64;
+    let full = out.len() - out.len() % STEP;
+    for (c, dst) in out[..full].chunks_exact_mut(STEP).enumerate() {
+        let off = c * STEP;
+        let mut acc = [0u64; STEP / 8];
+        for input in ins.clone() {
+            let src = &input[off..off + STEP];
+            for (a, w) in acc.iter_mut().zip(src.chunks_exact(8)) {
+                // Exactly 8 bytes (chunks_exact), so the conversion cannot fail.
+                *a ^= u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
+            }
+        }
+        for (d, a) in dst.chunks_exact_mut(8).zip(acc) {
+            d.copy_from_slice(&a.to_ne_bytes());
+        }
+    }
+    for (b, d) in out[full..].iter_mut().enumerate() {
+        *d = ins.clone().fold(0, |x, input| x ^ input[full + b]);
+    }
+}
+
 impl ErasureCode for XorParity {
     fn kind(&self) -> CodeKind {
         CodeKind::Parity
@@ -177,10 +252,10 @@ impl ErasureCode for XorParity {
     }
     fn encode(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) {
         let p = &mut *parity[0];
-        p.copy_from_slice(data[0]);
-        for d in &data[1..] {
-            xor_into(p, d);
-        }
+        // Equal lengths are the caller's (mod.rs) to keep; a shorter piece would be a bug.
+        debug_assert!(data.iter().all(|d| d.len() == p.len()));
+        let len = p.len();
+        xor_all(data.iter().copied().filter(|d| d.len() == len), p);
     }
     fn reconstruct_data(
         &self,
@@ -207,24 +282,64 @@ impl ErasureCode for XorParity {
             _ => Err(too_few(have, self.m)),
         }
     }
+    fn rebuild_data(
+        &self,
+        pieces: &[Option<&[u8]>],
+        lost: &mut [(usize, &mut [u8])],
+    ) -> Result<(), ErasureError> {
+        let have = pieces.iter().flatten().count();
+        match lost {
+            [] => Ok(()),
+            // The lost piece is the XOR of every other piece, parity included, read in place.
+            [(j, out)] if have >= self.m && pieces.get(*j).is_some_and(Option::is_none) => {
+                if let Some(p) = pieces.iter().flatten().find(|p| p.len() != out.len()) {
+                    return Err(ErasureError::BadParameters(format!(
+                        "a piece of {} bytes, expected {}",
+                        p.len(),
+                        out.len()
+                    )));
+                }
+                xor_all(pieces.iter().flatten().copied(), out);
+                Ok(())
+            }
+            _ => Err(too_few(have, self.m)),
+        }
+    }
 }
 
 /// Systematic Reed-Solomon over GF(2^8) (paper 003's IDA with the Malluhi-Johnston
 /// diagonalised matrix): the `reed-solomon-erasure` crate's matrix is a Vandermonde matrix with
 /// distinct points multiplied by the inverse of its top M×M square, so its top is the identity
 /// (data pieces are copied, not coded) and every M×M submatrix is invertible (MDS).
+///
+/// The K parity rows of that matrix are read off the crate once (encoding M one-byte unit
+/// pieces), and encoding and rebuilding apply them, or the inverse of the rows of M present
+/// pieces, with [`GfMatrix`] (`gf.rs`: GFNI when the CPU has it), so the bytes are the crate's.
 pub struct ReedSolomonCode {
-    rs: ReedSolomon,
+    m: usize,
+    /// The K×M parity rows.
+    parity: GfMatrix,
+    /// The last rebuild's decoder (rebuilds come block by block with one pattern of present
+    /// pieces): which pieces were present, the M it reads, and the rows giving each data piece.
+    decoder: Mutex<Option<Arc<Decoder>>>,
+}
+
+/// How to rebuild data pieces from one pattern of present pieces.
+#[derive(Debug)]
+struct Decoder {
+    present: Vec<bool>,
+    /// The M present pieces read, in index order.
+    sources: Vec<usize>,
+    /// M×M: row `i` gives data piece `i` from `sources`.
+    rows: GfMatrix,
+    /// The data pieces not present, and their rows of `rows` (what a rebuild asks for).
+    lost: Vec<usize>,
+    lost_rows: GfMatrix,
 }
 
 impl fmt::Debug for ReedSolomonCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ReedSolomon({}, {})",
-            self.rs.data_shard_count(),
-            self.rs.parity_shard_count()
-        )
+        write!(f, "ReedSolomon({}, {})", self.m, self.parity.rows())
     }
 }
 
@@ -237,9 +352,65 @@ impl ReedSolomonCode {
                 super::MAX_FRAGMENTS
             )));
         }
-        let rs = ReedSolomon::new(m, k)
+        let rs: ReedSolomon = ReedSolomon::new(m, k)
             .map_err(|e| ErasureError::BadParameters(format!("ida({m},{k}): {e:?}")))?;
-        Ok(Self { rs })
+        // Column j of the parity rows: the parity of data piece j = [1], the others [0].
+        let mut coefs = vec![0u8; k * m];
+        for j in 0..m {
+            let data: Vec<[u8; 1]> = (0..m).map(|i| [u8::from(i == j)]).collect();
+            let mut parity = vec![[0u8; 1]; k];
+            rs.encode_sep(&data, &mut parity)
+                .map_err(|e| ErasureError::BadParameters(format!("ida({m},{k}): {e:?}")))?;
+            for (r, p) in parity.iter().enumerate() {
+                coefs[r * m + j] = p[0];
+            }
+        }
+        Ok(Self {
+            m,
+            parity: GfMatrix::new(k, m, coefs),
+            decoder: Mutex::new(None),
+        })
+    }
+
+    /// The decoder for `present` (cached for the next block), or too few pieces.
+    fn decoder(&self, present: &[bool]) -> Result<Arc<Decoder>, ErasureError> {
+        let mut cached = self.decoder.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = cached.as_ref().filter(|d| d.present == present) {
+            return Ok(Arc::clone(d));
+        }
+        let have = present.iter().filter(|&&p| p).count();
+        if have < self.m || present.len() != self.m + self.parity.rows() {
+            return Err(too_few(have, self.m));
+        }
+        let sources: Vec<usize> = (0..present.len())
+            .filter(|&i| present[i])
+            .take(self.m)
+            .collect();
+        // The rows of the whole matrix (identity on top, parity below) of the sources.
+        let mut coefs = vec![0u8; self.m * self.m];
+        for (t, &i) in sources.iter().enumerate() {
+            let row = &mut coefs[t * self.m..(t + 1) * self.m];
+            if i < self.m {
+                row[i] = 1;
+            } else {
+                row.copy_from_slice(self.parity.row(i - self.m));
+            }
+        }
+        let rows = GfMatrix::new(self.m, self.m, coefs)
+            .inverse()
+            .ok_or_else(|| {
+                ErasureError::Inconsistent("a singular Reed-Solomon submatrix".into())
+            })?;
+        let lost: Vec<usize> = (0..self.m).filter(|&i| !present[i]).collect();
+        let d = Arc::new(Decoder {
+            present: present.to_vec(),
+            sources,
+            lost_rows: rows.select(&lost),
+            lost,
+            rows,
+        });
+        *cached = Some(Arc::clone(&d));
+        Ok(d)
     }
 }
 
@@ -248,15 +419,15 @@ impl ErasureCode for ReedSolomonCode {
         CodeKind::ReedSolomon
     }
     fn data_pieces(&self) -> usize {
-        self.rs.data_shard_count()
+        self.m
     }
     fn parity_pieces(&self) -> usize {
-        self.rs.parity_shard_count()
+        self.parity.rows()
     }
     fn encode(&self, data: &[&[u8]], parity: &mut [&mut [u8]]) {
         // Counts and lengths are fixed by the caller (mod.rs), so this cannot fail; a failure
         // would be a bug, and it shows up as a digest mismatch on decode, never as wrong data.
-        let r = self.rs.encode_sep(data, parity);
+        let r = self.parity.mul_into(data, parity);
         debug_assert!(r.is_ok(), "{r:?}");
     }
     fn reconstruct_data(
@@ -264,18 +435,42 @@ impl ErasureCode for ReedSolomonCode {
         pieces: &mut [&mut [u8]],
         present: &[bool],
     ) -> Result<(), ErasureError> {
-        let have = present.iter().filter(|&&p| p).count();
-        let need = self.data_pieces();
-        if have < need {
-            return Err(too_few(have, need));
+        let mut ins: Vec<Option<&[u8]>> = Vec::with_capacity(pieces.len());
+        let mut lost: Vec<(usize, &mut [u8])> = Vec::new();
+        for (i, p) in pieces.iter_mut().enumerate() {
+            if present.get(i).copied().unwrap_or(false) {
+                ins.push(Some(&**p));
+            } else {
+                ins.push(None);
+                if i < self.m {
+                    lost.push((i, &mut **p));
+                }
+            }
         }
-        let mut shards: Vec<(&mut [u8], bool)> = pieces
-            .iter_mut()
-            .zip(present)
-            .map(|(p, &ok)| (&mut **p, ok))
-            .collect();
-        self.rs
-            .reconstruct_data(&mut shards)
-            .map_err(|e| ErasureError::BadParameters(format!("reconstruct: {e:?}")))
+        self.rebuild_data(&ins, &mut lost)
+    }
+    fn rebuild_data(
+        &self,
+        pieces: &[Option<&[u8]>],
+        lost: &mut [(usize, &mut [u8])],
+    ) -> Result<(), ErasureError> {
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let present: Vec<bool> = pieces.iter().map(Option::is_some).collect();
+        let d = self.decoder(&present)?;
+        let ins: Vec<&[u8]> = d.sources.iter().filter_map(|&i| pieces[i]).collect();
+        let wanted: Vec<usize> = lost.iter().map(|(i, _)| *i).collect();
+        if wanted.iter().any(|&i| i >= self.m) {
+            return Err(ErasureError::BadParameters(format!(
+                "only data pieces are rebuilt, asked for {wanted:?}"
+            )));
+        }
+        let mut outs: Vec<&mut [u8]> = lost.iter_mut().map(|(_, o)| &mut **o).collect();
+        if wanted == d.lost {
+            d.lost_rows.mul_into(&ins, &mut outs)
+        } else {
+            d.rows.select(&wanted).mul_into(&ins, &mut outs)
+        }
     }
 }

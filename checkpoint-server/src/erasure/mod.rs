@@ -22,8 +22,11 @@
 //!    jobs in rayon's global pool. One block runs on the calling thread. Decoding is one such
 //!    pass too: the headers are read first, then the pieces of the version they name (rule 5,
 //!    as if every digest matched) are hashed block by block and the data pieces among them
-//!    copied into the blob while each block is hot; a wrong guess (a bad fragment changed the
-//!    choice) copies the chosen pieces again. A decode hashing at most [`STRIPE_BYTES`] runs on
+//!    copied into the blob while each block is hot, and lost data pieces rebuilt from them
+//!    (reading the parity pieces in place) and hashed in the same pass; a wrong guess (a bad
+//!    fragment changed the choice) copies and rebuilds from the chosen pieces again. The
+//!    codes' inner loops read each input once per 64 bytes and write each output once: XOR
+//!    parity in registers, Reed-Solomon with GFNI where the CPU has it (`gf.rs`). A decode hashing at most [`STRIPE_BYTES`] runs on
 //!    the calling thread, where it takes less time than waking a pool (a log segment read back
 //!    through a replicated store: one fragment). Fragments and blobs are written once, never
 //!    zeroed first (`fill`, and `assume_init` of what it wrote: the module's only `unsafe`).
@@ -56,6 +59,7 @@
 //! ```
 
 mod codes;
+mod gf;
 #[cfg(test)]
 mod tests;
 
@@ -110,7 +114,7 @@ pub fn coding_threads() -> usize {
 /// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
 fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     #[cfg(test)]
-    tests::DISPATCHED.with(|d| d.set(d.get() + 1));
+    tests::bump(&tests::DISPATCHED);
     match (rayon::current_thread_index(), own_pool()) {
         (None, Some(pool)) => pool.install(f),
         _ => f(),
@@ -202,6 +206,14 @@ pub struct Decoded {
     pub repair: Vec<usize>,
     /// Of `repair`, the slots whose fragment was there but failed its checks.
     pub corrupt: Vec<usize>,
+}
+
+/// Data pieces rebuilt in the decoder's first pass (rule 2), guessing which pieces are valid.
+struct Rebuilt {
+    /// The pieces they were rebuilt from: used only if exactly these turn out chosen.
+    from: Vec<bool>,
+    /// Each rebuilt data piece's digest.
+    digests: Vec<(usize, [u8; 32])>,
 }
 
 /// An erasure code plus the fragment framing (rules 1-6). Cheap to clone.
@@ -430,9 +442,9 @@ impl Codec {
             .collect();
         let guess = newest(&headers);
         // The guessed version's pieces, hashed and copied block by block; any other piece whole.
-        let (mut blob, mut piece_digests) = match guess {
+        let (mut blob, mut piece_digests, rebuilt) = match guess {
             Some(((_, _, len), _)) => self.hash_and_copy(fragments, &headers, len)?,
-            None => (Vec::new(), vec![None; n]),
+            None => (Vec::new(), vec![None; n], None),
         };
         for (i, h) in headers.iter().enumerate() {
             if let (Some(_), None, Some(b)) = (h, piece_digests[i], bytes(i)) {
@@ -493,7 +505,8 @@ impl Codec {
         let len = usize::try_from(blob_len)
             .map_err(|_| ErasureError::Inconsistent("blob length overflows".into()))?;
         let s = self.piece_len(len);
-        if guess.map(|(g, _)| g) != Some(id) {
+        let guessed = guess.map(|(g, _)| g) == Some(id);
+        if !guessed {
             // A bad fragment made the guess wrong: copy the chosen version's data pieces now.
             blob = vec![0u8; m * s];
             for (i, piece) in blob.chunks_mut(s.max(1)).enumerate() {
@@ -509,10 +522,19 @@ impl Codec {
             })
             .collect();
         let lost_data: Vec<usize> = (0..m).filter(|&i| !chosen[i]).collect();
-        if !lost_data.is_empty() {
-            for (i, d) in self.rebuild(&mut blob, s, fragments, &chosen)? {
-                digests[i] = d;
+        match rebuilt {
+            // The pass above rebuilt the lost data pieces from exactly the chosen pieces.
+            Some(r) if guessed && r.from == chosen => {
+                for (i, d) in r.digests {
+                    digests[i] = d;
+                }
             }
+            _ if !lost_data.is_empty() => {
+                for (i, d) in self.rebuild(&mut blob, s, fragments, &chosen)? {
+                    digests[i] = d;
+                }
+            }
+            _ => {}
         }
         if self.blob_digest(blob_len, &digests) != blob_digest {
             return Err(ErasureError::Inconsistent(format!(
@@ -532,15 +554,17 @@ impl Codec {
     /// Rule 2 for decoding: the pieces of every fragment whose header passed and names blob
     /// length `len` (the version `newest` chose by the headers alone, and any other of that
     /// length) hashed block by block, the data pieces among them copied into an M-piece blob
-    /// while each block is hot, zeros where a data piece is not among them. Returns the blob and
-    /// each slot's piece digest (`None` for the slots not hashed here).
+    /// while each block is hot. If data pieces are missing and at least M pieces are at hand,
+    /// the missing ones are rebuilt from those in the same pass (guessing, as for the copy, that
+    /// every digest will match) and hashed; else zeros stand in. Returns the blob, each slot's
+    /// piece digest (`None` for the slots not hashed here), and what was rebuilt.
     #[allow(clippy::type_complexity)]
     fn hash_and_copy<F: AsRef<[u8]> + Sync>(
         &self,
         fragments: &[Option<F>],
         headers: &[Option<&FragmentHeader>],
         len: u64,
-    ) -> Result<(Vec<u8>, Vec<Option<[u8; 32]>>), ErasureError> {
+    ) -> Result<(Vec<u8>, Vec<Option<[u8; 32]>>, Option<Rebuilt>), ErasureError> {
         let m = self.data_fragments();
         let n = self.total_fragments();
         let len = usize::try_from(len)
@@ -553,6 +577,8 @@ impl Codec {
                 _ => None,
             })
             .collect();
+        let present = member.iter().flatten().count();
+        let rebuild = s > 0 && present >= m && member[..m].iter().any(Option::is_none);
         let w = self.block_len(s);
         let blocks = s.div_ceil(w);
         let whole = blocks == 1;
@@ -566,15 +592,18 @@ impl Codec {
                 }
             }
         }
-        let block = |(b, col): (usize, Vec<&mut [MaybeUninit<u8>]>)| -> Vec<Option<[u8; 32]>> {
+        // Per block: each slot's digest, and whether the rebuild of its lost pieces failed.
+        let block = |(b, col): (usize, Vec<&mut [MaybeUninit<u8>]>)| {
             let off = b * w;
             let mut out = vec![None; n];
+            let mut copied: Vec<&mut [u8]> = Vec::with_capacity(m);
             for (i, dst) in col.into_iter().enumerate() {
                 let src = member[i].map_or(&[][..], |p| &p[off..off + dst.len()]);
-                let copied = fill(dst, src);
+                let bytes = fill(dst, src);
                 if member[i].is_some() {
-                    out[i] = Some(block_digest(copied, off, whole));
+                    out[i] = Some(block_digest(bytes, off, whole));
                 }
+                copied.push(bytes);
             }
             for (i, p) in member.iter().enumerate().skip(m) {
                 if let Some(p) = p {
@@ -582,25 +611,48 @@ impl Codec {
                     out[i] = Some(block_digest(&p[off..end], off, whole));
                 }
             }
-            out
+            let mut failed = false;
+            if rebuild {
+                let end = (off + w).min(s);
+                let mut pieces: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+                let mut lost: Vec<(usize, &mut [u8])> = Vec::new();
+                for (i, p) in copied.iter_mut().enumerate() {
+                    if member[i].is_some() {
+                        pieces.push(Some(&**p));
+                    } else {
+                        pieces.push(None);
+                        lost.push((i, &mut **p));
+                    }
+                }
+                pieces.extend(member[m..].iter().map(|p| p.map(|p| &p[off..end])));
+                failed = self.code.rebuild_data(&pieces, &mut lost).is_err();
+                for (i, p) in lost {
+                    out[i] = Some(block_digest(p, off, whole));
+                }
+            }
+            (out, failed)
         };
-        let hashed = member.iter().flatten().count() * s;
-        let digests: Vec<Vec<Option<[u8; 32]>>> = if blocks > 1 && hashed > STRIPE_BYTES {
+        let hashed = present * s;
+        let digests: Vec<(Vec<Option<[u8; 32]>>, bool)> = if blocks > 1 && hashed > STRIPE_BYTES {
             on_coding_pool(|| columns.into_par_iter().enumerate().map(block).collect())
         } else {
             columns.into_iter().enumerate().map(block).collect()
         };
-        let pieces = (0..n)
-            .map(|i| {
-                member[i]
-                    .map(|_| piece_digest(digests.iter().map(|d| d[i].unwrap_or([0; 32])), blocks))
-            })
-            .collect();
+        let digest_of =
+            |i: usize| piece_digest(digests.iter().map(|(d, _)| d[i].unwrap_or([0; 32])), blocks);
+        let pieces = (0..n).map(|i| member[i].map(|_| digest_of(i))).collect();
+        let rebuilt = (rebuild && !digests.iter().any(|(_, failed)| *failed)).then(|| Rebuilt {
+            from: member.iter().map(Option::is_some).collect(),
+            digests: (0..m)
+                .filter(|&i| member[i].is_none())
+                .map(|i| (i, digest_of(i)))
+                .collect(),
+        });
         // SAFETY: every byte of `blob` is initialised: its `m` pieces of `s` bytes are cut into
         // the columns' `s.div_ceil(w)` chunks each (all of them: `chunks_mut(w)` yields exactly
         // that many), and every column ran and wrote each of its chunks with `fill`.
         let blob = unsafe { blob.assume_init() }.into_vec();
-        Ok((blob, pieces))
+        Ok((blob, pieces, rebuilt))
     }
 
     /// Rebuilds the lost data pieces of `blob` (M pieces of `s` bytes), block by block (rule
@@ -612,6 +664,8 @@ impl Codec {
         fragments: &[Option<F>],
         chosen: &[bool],
     ) -> Result<Vec<(usize, [u8; 32])>, ErasureError> {
+        #[cfg(test)]
+        tests::bump(&tests::REBUILD_PASSES);
         let m = self.data_fragments();
         let k = self.parity_fragments();
         if s == 0 {
@@ -631,18 +685,30 @@ impl Codec {
             |(b, mut col): (usize, Vec<&mut [u8]>)| -> Result<Vec<[u8; 32]>, ErasureError> {
                 let off = b * w;
                 let len = col[0].len();
-                let mut scratch = vec![0u8; k * len];
-                let mut pieces: Vec<&mut [u8]> = col.iter_mut().map(|p| &mut **p).collect();
-                for (j, p) in scratch.chunks_mut(len).enumerate() {
-                    if let (true, Some(f)) = (chosen[m + j], &fragments[m + j]) {
-                        p.copy_from_slice(&f.as_ref()[HEADER_LEN + off..HEADER_LEN + off + len]);
+                // The chosen pieces read in place (data from the blob, parity from its
+                // fragment), the lost data pieces written.
+                let mut pieces: Vec<Option<&[u8]>> = Vec::with_capacity(m + k);
+                let mut lost: Vec<(usize, &mut [u8])> = Vec::new();
+                for (i, p) in col.iter_mut().enumerate() {
+                    if chosen[i] {
+                        pieces.push(Some(&**p));
+                    } else {
+                        pieces.push(None);
+                        lost.push((i, &mut **p));
                     }
-                    pieces.push(p);
                 }
-                self.code.reconstruct_data(&mut pieces, chosen)?;
-                Ok((0..m)
-                    .filter(|&i| !chosen[i])
-                    .map(|i| block_digest(pieces[i], off, whole))
+                for j in 0..k {
+                    pieces.push(match (chosen[m + j], &fragments[m + j]) {
+                        (true, Some(f)) => {
+                            Some(&f.as_ref()[HEADER_LEN + off..HEADER_LEN + off + len])
+                        }
+                        _ => None,
+                    });
+                }
+                self.code.rebuild_data(&pieces, &mut lost)?;
+                Ok(lost
+                    .iter()
+                    .map(|(_, p)| block_digest(p, off, whole))
                     .collect())
             };
         let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 {

@@ -2,6 +2,8 @@ use super::*;
 use proptest::prelude::*;
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
+use std::cell::Cell;
+use std::thread::LocalKey;
 
 fn blob(len: usize, seed: u64) -> Vec<u8> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -598,11 +600,22 @@ fn a_forged_length_is_another_version() {
 
 thread_local! {
     /// Calls of `on_coding_pool` from this thread (rule 2).
-    pub(super) static DISPATCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    pub(super) static DISPATCHED: Cell<u64> = const { Cell::new(0) };
+    /// Calls of `Codec::rebuild` (a second pass over the blob) from this thread (rule 2).
+    pub(super) static REBUILD_PASSES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one event on this thread (the counters above).
+pub(super) fn bump(counter: &'static LocalKey<Cell<u64>>) {
+    counter.with(|c| c.set(c.get() + 1));
 }
 
 fn dispatched() -> u64 {
-    DISPATCHED.with(std::cell::Cell::get)
+    DISPATCHED.with(Cell::get)
+}
+
+fn rebuild_passes() -> u64 {
+    REBUILD_PASSES.with(Cell::get)
 }
 
 /// Rule 2: a log segment read back through a replicated store (one fragment, or a few small
@@ -806,5 +819,193 @@ proptest! {
         let want = reference_decode(&codec, &s);
         prop_assert!(got == want, "{} len {} on {} threads: {:?} vs {:?}", codec, len, threads,
             got.as_ref().map(|d| (d.stamp, &d.repair, &d.corrupt)), want.as_ref().map(|d| (d.stamp, &d.repair, &d.corrupt)));
+    }
+}
+
+/// gf.rs: the GFNI kernel (where the CPU has it) and the crate's row-by-row products both give
+/// the bytes of a byte-by-byte reference: every coefficient, 1 to 9 rows (more than one pass of
+/// the kernel's accumulators), and lengths around its 64-byte columns.
+#[test]
+fn gf_products_equal_the_byte_by_byte_reference() {
+    use reed_solomon_erasure::galois_8::mul;
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    eprintln!("GFNI kernel on this CPU: {}", gf::simd());
+    let every: Vec<u8> = (0..=255).collect();
+    let mut shapes: Vec<(usize, usize, Vec<u8>)> = vec![(1, 256, every)];
+    for (rows, cols) in [(1, 1), (2, 8), (4, 4), (5, 3), (9, 7)] {
+        let coefs = (0..rows * cols).map(|_| rng.random()).collect();
+        shapes.push((rows, cols, coefs));
+    }
+    for (rows, cols, coefs) in shapes {
+        let matrix = gf::GfMatrix::new(rows, cols, coefs.clone());
+        for len in [0, 1, 63, 64, 65, 200, 4096 + 17] {
+            let ins: Vec<Vec<u8>> = (0..cols)
+                .map(|_| (0..len).map(|_| rng.random()).collect())
+                .collect();
+            let want: Vec<Vec<u8>> = (0..rows)
+                .map(|r| {
+                    (0..len)
+                        .map(|b| {
+                            (0..cols).fold(0, |acc, j| acc ^ mul(coefs[r * cols + j], ins[j][b]))
+                        })
+                        .collect()
+                })
+                .collect();
+            let refs: Vec<&[u8]> = ins.iter().map(|i| &i[..]).collect();
+            let mut auto = vec![vec![0xa5u8; len]; rows];
+            let mut outs: Vec<&mut [u8]> = auto.iter_mut().map(|o| &mut o[..]).collect();
+            matrix.mul_into(&refs, &mut outs).unwrap();
+            assert_eq!(auto, want, "{rows}x{cols}, {len} bytes");
+            let mut portable = vec![vec![0x5au8; len]; rows];
+            let mut outs: Vec<&mut [u8]> = portable.iter_mut().map(|o| &mut o[..]).collect();
+            matrix.mul_portable(&refs, &mut outs);
+            assert_eq!(portable, want, "{rows}x{cols}, {len} bytes, portable");
+        }
+        // Unequal lengths or counts are an error, not a panic or a short product.
+        let ins = [vec![1u8; 10], vec![2u8; 11]];
+        let refs: Vec<&[u8]> = ins.iter().take(cols).map(|i| &i[..]).collect();
+        let mut out = vec![vec![0u8; 10]; rows];
+        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|o| &mut o[..]).collect();
+        if cols != 1 {
+            assert!(matrix.mul_into(&refs, &mut outs).is_err());
+        }
+    }
+}
+
+/// gf.rs: a matrix times its inverse is the identity; a singular matrix has none.
+#[test]
+fn gf_inverse_inverts() {
+    use reed_solomon_erasure::galois_8::mul;
+    let mut rng = ChaCha8Rng::seed_from_u64(18);
+    let mut inverted = 0;
+    for n in [1, 2, 3, 8, 12] {
+        for _ in 0..20 {
+            let coefs: Vec<u8> = (0..n * n).map(|_| rng.random()).collect();
+            let a = gf::GfMatrix::new(n, n, coefs.clone());
+            let Some(inv) = a.inverse() else { continue };
+            inverted += 1;
+            for r in 0..n {
+                for c in 0..n {
+                    let x = (0..n).fold(0, |acc, t| acc ^ mul(coefs[r * n + t], inv.row(t)[c]));
+                    assert_eq!(x, u8::from(r == c), "{n}x{n} at ({r},{c})");
+                }
+            }
+        }
+    }
+    assert!(inverted > 50);
+    let singular = gf::GfMatrix::new(2, 2, vec![3, 5, 3, 5]);
+    assert!(singular.inverse().is_none());
+}
+
+/// codes.rs: Reed-Solomon through [`gf::GfMatrix`] gives the `reed-solomon-erasure` crate's
+/// parity bytes (its matrix read off at construction), and rebuilds every pattern of up to K
+/// lost pieces, one pattern after another (the cached decoder follows the pattern), both
+/// through `rebuild_data` (pieces read in place) and `reconstruct_data`.
+#[test]
+fn reed_solomon_code_gives_the_crates_bytes_and_rebuilds_every_pattern() {
+    use reed_solomon_erasure::galois_8::ReedSolomon;
+    let mut rng = ChaCha8Rng::seed_from_u64(19);
+    for (m, k) in [(1, 1), (4, 2), (8, 2), (3, 6), (6, 5)] {
+        let code = ReedSolomonCode::new(m, k).unwrap();
+        let rs: ReedSolomon = ReedSolomon::new(m, k).unwrap();
+        for len in [1, 64, 1000] {
+            let data: Vec<Vec<u8>> = (0..m)
+                .map(|_| (0..len).map(|_| rng.random()).collect())
+                .collect();
+            let ins: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+            let mut want = vec![vec![0u8; len]; k];
+            rs.encode_sep(&ins, &mut want).unwrap();
+            let mut got = vec![vec![0u8; len]; k];
+            let mut outs: Vec<&mut [u8]> = got.iter_mut().map(|o| &mut o[..]).collect();
+            code.encode(&ins, &mut outs);
+            assert_eq!(got, want, "ida({m},{k}) parity of {len} bytes");
+            let all: Vec<Vec<u8>> = data.iter().chain(&want).cloned().collect();
+            for lost in subsets(m + k, k) {
+                let present: Vec<bool> = (0..m + k).map(|i| !lost.contains(&i)).collect();
+                let pieces: Vec<Option<&[u8]>> = (0..m + k)
+                    .map(|i| present[i].then_some(&all[i][..]))
+                    .collect();
+                let mut rebuilt = vec![vec![0u8; len]; m];
+                let mut targets: Vec<(usize, &mut [u8])> = rebuilt
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| !present[*i])
+                    .map(|(i, o)| (i, &mut o[..]))
+                    .collect();
+                code.rebuild_data(&pieces, &mut targets).unwrap();
+                for i in (0..m).filter(|&i| !present[i]) {
+                    assert_eq!(rebuilt[i], data[i], "ida({m},{k}) lost {lost:?}");
+                }
+                let mut scratch: Vec<Vec<u8>> = (0..m + k)
+                    .map(|i| {
+                        if present[i] {
+                            all[i].clone()
+                        } else {
+                            vec![0; len]
+                        }
+                    })
+                    .collect();
+                let mut refs: Vec<&mut [u8]> = scratch.iter_mut().map(|p| &mut p[..]).collect();
+                code.reconstruct_data(&mut refs, &present).unwrap();
+                assert_eq!(&scratch[..m], &data[..], "ida({m},{k}) lost {lost:?}");
+            }
+            // K + 1 lost is too few.
+            let pieces: Vec<Option<&[u8]>> =
+                (0..m + k).map(|i| (i > k).then_some(&all[i][..])).collect();
+            let mut out = vec![0u8; len];
+            let mut targets = vec![(0, &mut out[..])];
+            assert!(matches!(
+                code.rebuild_data(&pieces, &mut targets),
+                Err(ErasureError::TooFewFragments { .. })
+            ));
+        }
+    }
+}
+
+/// Rule 2: lost data pieces are rebuilt in the decoder's one pass when the headers' guess
+/// holds; when a bad fragment among the guessed ones is found by its digest, the lost pieces
+/// are rebuilt again from the chosen ones, and the blob is still exact.
+#[test]
+fn lost_data_is_rebuilt_in_the_one_pass_unless_a_guessed_fragment_is_bad() {
+    for codec in [Codec::ida(8, 2).unwrap(), Codec::ida(4, 3).unwrap()] {
+        let data = blob(3 * STRIPE_BYTES + 999, 21);
+        let frags = codec.encode(&data, 3);
+        for threads in [1, 2] {
+            on_threads(threads, || {
+                let mut s = slots(&frags);
+                s[1] = None;
+                let before = rebuild_passes();
+                let d = codec.decode(&s).unwrap();
+                assert_eq!(d.blob, data);
+                assert_eq!(rebuild_passes(), before, "{codec}: a second pass");
+                // Fragment 2's header is intact, so the first pass uses it; its digest fails.
+                let last = s[2].as_ref().map_or(0, Vec::len) - 1;
+                if let Some(b) = s[2].as_mut() {
+                    b[last] ^= 0x40;
+                }
+                let d = codec.decode(&s).unwrap();
+                assert_eq!(d.blob, data, "{codec} on {threads} threads");
+                assert_eq!(d.repair, vec![1, 2]);
+                assert_eq!(d.corrupt, vec![2]);
+                assert_eq!(rebuild_passes(), before + 1, "{codec}: no second pass");
+            });
+        }
+    }
+}
+
+/// codes.rs: the one-pass XOR of many pieces equals XORing them one by one, tails included.
+#[test]
+fn xor_all_equals_pairwise_xor() {
+    for len in [0, 1, 8, 63, 64, 65, 1000] {
+        for count in [0, 1, 2, 9] {
+            let ins: Vec<Vec<u8>> = (0..count).map(|i| blob(len, 100 + i as u64)).collect();
+            let mut want = vec![0u8; len];
+            for i in &ins {
+                codes::xor_into(&mut want, i);
+            }
+            let mut got = vec![0xffu8; len];
+            codes::xor_all(ins.iter().map(|i| &i[..]), &mut got);
+            assert_eq!(got, want, "{count} pieces of {len} bytes");
+        }
     }
 }

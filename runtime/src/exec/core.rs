@@ -35,7 +35,7 @@ use super::shared::RunShared;
 use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, IdHasher, IdMap, IdSet, TaskId, VnodeId};
-use crate::log::{Declared, Event, Output, VnodeLog};
+use crate::log::{Declared, Event, Output, Payload, VnodeLog};
 use crate::task::value::Value;
 use crate::task::{ErasedTask, IdList, Registry, Task};
 
@@ -358,13 +358,13 @@ impl Core {
                 parent: spec.parent,
                 index: spec.index,
                 name: Cow::Borrowed(spec.body.name()),
-                args,
+                args: Payload::Inline(args),
                 inputs: spec.inputs.to_vec(),
                 outputs: spec.outputs.to_vec(),
             });
             self.append(&event)?;
             if let Event::Declared(d) = event {
-                spec.args = Some(d.args);
+                spec.args = d.args.into_inline();
             }
         }
         self.wire(spec)

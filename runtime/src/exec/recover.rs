@@ -43,7 +43,7 @@ use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, Epoch, TaskId};
 use crate::log::state::TaskState;
-use crate::log::{Event, LogState, LogWriter, Output, Payload};
+use crate::log::{Declared, Event, LogState, LogWriter, Output, Payload};
 use crate::task::value::Value;
 use crate::task::Registry;
 use crate::transport::Message;
@@ -294,7 +294,8 @@ impl Vnode {
                     name: d.name.to_string(),
                     context: format!("the log of {v} (recovering task {:#})", d.task),
                 })?;
-            let body = kind.decode(&d.args).map_err(|e| RunError::Encode {
+            let args = load(&d.args)?;
+            let body = kind.decode(&args).map_err(|e| RunError::Encode {
                 what: format!("arguments of task {} in the log of {v}", d.task),
                 reason: e.to_string(),
             })?;
@@ -305,7 +306,7 @@ impl Vnode {
                 body,
                 inputs: d.inputs.iter().copied().collect(),
                 outputs: d.outputs.iter().copied().collect(),
-                args: Some(d.args.clone()),
+                args: Some(args),
             };
             if t.started {
                 self.keep.insert(*id); // rule 3: its children are known here only
@@ -360,10 +361,12 @@ impl Vnode {
                 .into_iter()
                 .map(load)
                 .collect::<Result<Vec<_>, _>>()?;
-            let msg = Message::StealGrant {
-                record: d.clone(),
-                inputs,
+            // A grant carries its arguments' bytes (the log may name them by digest).
+            let record = Declared {
+                args: Payload::Inline(load(&d.args)?),
+                ..d.clone()
             };
+            let msg = Message::StealGrant { record, inputs };
             self.core.shared.work_add(v);
             self.grants.insert(
                 task,

@@ -828,7 +828,7 @@ fn a_grant_to_a_thief_already_owing_the_same_value_is_sent_again_after_recovery(
         parent,
         index: 0,
         name: Cow::Borrowed(Relay::NAME),
-        args: crate::codec::encode(&Relay(n)).unwrap(),
+        args: crate::codec::encode(&Relay(n)).unwrap().into(),
         inputs: vec![],
         outputs: vec![o],
     };

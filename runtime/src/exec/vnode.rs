@@ -52,7 +52,7 @@ use crate::clock::Clock;
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
 use crate::ids::{DataId, Epoch, IdMap, TaskId, VnodeId};
-use crate::log::{Declared, Event, Output};
+use crate::log::{Declared, Event, Output, Payload};
 use crate::task::value::Value;
 use crate::task::{Ctx, Host};
 use crate::transport::{Endpoint, Envelope, Message};
@@ -463,7 +463,7 @@ impl Vnode {
             parent: spec.parent,
             index: spec.index,
             name: Cow::Borrowed(spec.body.name()),
-            args,
+            args: Payload::Inline(args),
             inputs: spec.inputs.to_vec(),
             outputs: spec.outputs.to_vec(),
         };
@@ -528,14 +528,20 @@ impl Vnode {
                     name: record.name.to_string(),
                     context: context(),
                 })?;
+        let bad_args = |reason: String| RunError::InputDecode {
+            task: record.name.to_string(),
+            id: task,
+            input: usize::MAX,
+            reason: format!("arguments in {}: {reason}", context()),
+        };
+        // A grant carries its bytes; only a log holds them by digest.
+        let args = record
+            .args
+            .inline()
+            .ok_or_else(|| bad_args("named by digest, not carried".to_string()))?;
         let body = kind
-            .decode(&record.args)
-            .map_err(|e| RunError::InputDecode {
-                task: record.name.to_string(),
-                id: task,
-                input: usize::MAX,
-                reason: format!("arguments in {} do not decode: {e}", context()),
-            })?;
+            .decode(args)
+            .map_err(|e| bad_args(format!("they do not decode: {e}")))?;
         if inputs.len() != record.inputs.len() {
             return Err(RunError::Internal {
                 vnode: self.id(),
@@ -567,7 +573,7 @@ impl Vnode {
             body,
             inputs: record.inputs.into_iter().collect(),
             outputs: record.outputs.into_iter().collect(),
-            args: Some(record.args),
+            args: record.args.into_inline(),
         };
         let values = inputs.into_iter().map(Value::bytes).collect();
         self.core.push_ready(ReadyTask {

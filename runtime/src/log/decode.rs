@@ -163,7 +163,7 @@ impl<'a> Bytes<'a> {
         };
         let index = self.u32()?;
         let name = intern(std::str::from_utf8(self.bytes()?).ok()?);
-        let args = self.bytes()?.to_vec();
+        let args = self.payload()?;
         let inputs = self.ids()?;
         let outputs = self.ids()?;
         Some(Declared {
@@ -177,9 +177,8 @@ impl<'a> Bytes<'a> {
         })
     }
 
-    fn output(&mut self) -> Option<Output> {
-        let data = self.data()?;
-        let value = match self.byte()? {
+    fn payload(&mut self) -> Option<Payload> {
+        Some(match self.byte()? {
             INLINE => Payload::Inline(self.bytes()?.to_vec()),
             STORED => {
                 let digest = self.digest()?;
@@ -187,7 +186,12 @@ impl<'a> Bytes<'a> {
                 Payload::Stored { digest, len }
             }
             _ => return None,
-        };
+        })
+    }
+
+    fn output(&mut self) -> Option<Output> {
+        let data = self.data()?;
+        let value = self.payload()?;
         let digest = self.digest()?;
         Some(Output {
             data,

@@ -12,9 +12,10 @@
 //!    encoded here; every other event goes to postcard. Through serde, postcard writes a
 //!    fixed-size id one byte at a time (a call and a capacity check per byte), which made the
 //!    ids and digests the largest part of a logged task's encoding; here each is one copy.
-//! 3. An output value of at least `stored_from` bytes is written as [`Payload::Stored`] (its
-//!    digest and length) and its bytes are handed back for the value store (rule 10 of
-//!    `log/mod.rs`): the same bytes postcard writes for the event with that value stored.
+//! 3. An output value, or a declared task's arguments, of at least `stored_from` bytes is
+//!    written as [`Payload::Stored`] (its digest and length) and its bytes are handed back for
+//!    the value store (rule 10 of `log/mod.rs`): the same bytes postcard writes for the event
+//!    with that value stored.
 
 use crate::codec::Digest;
 use crate::ids::{DataId, TaskId};
@@ -39,7 +40,7 @@ pub(crate) fn encode_event(
     match event {
         Event::Declared(d) => {
             varint(buf, u64::from(DECLARED));
-            declared(buf, d);
+            declared(buf, d, stored_from, values);
         }
         Event::Started { task, inputs } => {
             varint(buf, u64::from(STARTED));
@@ -70,7 +71,7 @@ pub(crate) fn encode_event(
     true
 }
 
-fn declared(buf: &mut Vec<u8>, d: &Declared) {
+fn declared(buf: &mut Vec<u8>, d: &Declared, stored_from: usize, values: &mut SegmentValues) {
     task_id(buf, d.task);
     match d.parent {
         None => buf.push(0),
@@ -81,7 +82,7 @@ fn declared(buf: &mut Vec<u8>, d: &Declared) {
     }
     varint(buf, u64::from(d.index));
     bytes(buf, d.name.as_bytes());
-    bytes(buf, &d.args);
+    payload(buf, &d.args, None, stored_from, values);
     for ids in [&d.inputs, &d.outputs] {
         len(buf, ids.len());
         for &id in ids {
@@ -96,11 +97,24 @@ const STORED: u32 = 1;
 
 fn output(buf: &mut Vec<u8>, o: &Output, stored_from: usize, values: &mut SegmentValues) {
     data_id(buf, o.data);
-    match &o.value {
+    payload(buf, &o.value, Some(o.digest), stored_from, values);
+    digest(buf, &o.digest);
+}
+
+/// A payload (rule 3), `known` its digest when the event carries it already.
+fn payload(
+    buf: &mut Vec<u8>,
+    p: &Payload,
+    known: Option<Digest>,
+    stored_from: usize,
+    values: &mut SegmentValues,
+) {
+    match p {
         Payload::Inline(b) if b.len() >= stored_from => {
-            values.push((o.digest, b.clone()));
+            let d = known.unwrap_or_else(|| Digest::of(b));
+            values.push((d, b.clone()));
             varint(buf, u64::from(STORED));
-            digest(buf, &o.digest);
+            digest(buf, &d);
             varint(buf, b.len() as u64);
         }
         Payload::Inline(b) => {
@@ -113,7 +127,6 @@ fn output(buf: &mut Vec<u8>, o: &Output, stored_from: usize, values: &mut Segmen
             varint(buf, *len);
         }
     }
-    digest(buf, &o.digest);
 }
 
 fn task_id(buf: &mut Vec<u8>, id: TaskId) {
@@ -174,12 +187,25 @@ pub(crate) mod tests {
     /// [`Payload::Stored`] (as the reader meets them: `decode.rs`'s tests).
     pub(crate) fn events(stored: bool) -> impl Strategy<Value = Event> {
         let ids = || proptest::collection::vec(any::<u128>().prop_map(DataId), 0..6);
+        let inline = blob().prop_map(Payload::Inline);
+        let payload = if stored {
+            prop_oneof![
+                inline,
+                (any::<[u8; 32]>(), any::<u64>()).prop_map(|(d, len)| Payload::Stored {
+                    digest: Digest(d),
+                    len
+                }),
+            ]
+            .boxed()
+        } else {
+            inline.boxed()
+        };
         let declared = (
             any::<u128>(),
             proptest::option::of(any::<u128>()),
             any::<u32>(),
             "[a-z_]{0,20}",
-            blob(),
+            payload.clone(),
             ids(),
             ids(),
         )
@@ -198,19 +224,6 @@ pub(crate) mod tests {
             task: TaskId(t),
             inputs,
         });
-        let inline = blob().prop_map(Payload::Inline);
-        let payload = if stored {
-            prop_oneof![
-                inline,
-                (any::<[u8; 32]>(), any::<u64>()).prop_map(|(d, len)| Payload::Stored {
-                    digest: Digest(d),
-                    len
-                }),
-            ]
-            .boxed()
-        } else {
-            inline.boxed()
-        };
         let output = (any::<u128>(), payload, any::<[u8; 32]>()).prop_map(|(d, value, g)| Output {
             data: DataId(d),
             value,
@@ -253,14 +266,23 @@ pub(crate) mod tests {
             prop_assert!(encode_event(&e, &mut buf, 200, &mut values));
             let mut want = e.clone();
             let mut expected = Vec::new();
-            if let Event::Completed { outputs, .. } = &mut want {
-                for o in outputs {
-                    if o.value.len() >= 200 {
-                        let b = o.value.inline().unwrap().to_vec();
-                        o.value = Payload::Stored { digest: o.digest, len: b.len() as u64 };
-                        expected.push((o.digest, b));
+            match &mut want {
+                Event::Completed { outputs, .. } => {
+                    for o in outputs {
+                        if o.value.len() >= 200 {
+                            let b = o.value.inline().unwrap().to_vec();
+                            o.value = Payload::Stored { digest: o.digest, len: b.len() as u64 };
+                            expected.push((o.digest, b));
+                        }
                     }
                 }
+                Event::Declared(d) if d.args.len() >= 200 => {
+                    let b = d.args.inline().unwrap().to_vec();
+                    let digest = Digest::of(&b);
+                    d.args = Payload::Stored { digest, len: b.len() as u64 };
+                    expected.push((digest, b));
+                }
+                _ => {}
             }
             prop_assert_eq!(buf, postcard::to_stdvec(&want).unwrap());
             prop_assert_eq!(values, expected);

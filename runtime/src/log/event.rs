@@ -19,8 +19,10 @@ pub struct Declared {
     pub index: u32,
     /// Registered task name.
     pub name: Cow<'static, str>,
-    /// Encoded arguments.
-    pub args: Vec<u8>,
+    /// Encoded arguments (in memory and in messages always [`Payload::Inline`]; read back
+    /// from a log, [`Payload::Stored`] when they went to the value store, rule 10 of
+    /// `log/mod.rs`: a task whose arguments carry a large value, such as CG's batch seeds).
+    pub args: Payload,
     /// Data it reads, in order.
     pub inputs: Vec<DataId>,
     /// Data it must write or delegate, in order.
@@ -40,7 +42,11 @@ pub struct Output {
 }
 
 /// The bytes of a logged value, or where they are (rule 10 of `log/mod.rs`).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Two payloads are equal when they hold the same bytes wherever those are: inline bytes equal
+/// a stored reference whose length and digest are theirs (a task's record read back from a log
+/// names its arguments by digest; the oracle's re-run declares them inline).
+#[derive(Clone, Serialize, Deserialize)]
 pub enum Payload {
     /// The bytes themselves (a small value in a segment; every value in memory).
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -62,6 +68,23 @@ impl std::fmt::Debug for Payload {
         }
     }
 }
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Payload::Inline(a), Payload::Inline(b)) => a == b,
+            (Payload::Inline(b), Payload::Stored { digest, len })
+            | (Payload::Stored { digest, len }, Payload::Inline(b)) => {
+                b.len() as u64 == *len && Digest::of(b) == *digest
+            }
+            (Payload::Stored { digest: a, len: m }, Payload::Stored { digest: b, len: n }) => {
+                a == b && m == n
+            }
+        }
+    }
+}
+
+impl Eq for Payload {}
 
 impl Payload {
     /// The bytes, when they are here.

@@ -14,9 +14,15 @@ const WATERMARKS_PER_BATCH: usize = 4096;
 
 /// Store key of the manifest.
 pub const MANIFEST_KEY: &[u8] = b"manifest";
-/// Runs whose large values are stored apart from their events (rule 10 of `log/mod.rs`,
-/// [`crate::log::Payload`]), with task and data ids from `ids.rs`' derivation 2.
-const MANIFEST_MAGIC: [u8; 4] = *b"VFM3";
+/// Runs whose large values, and large task arguments, are stored apart from their events
+/// (rule 10 of `log/mod.rs`, [`crate::log::Payload`]), with task and data ids from `ids.rs`'
+/// derivation 2, in a store whose local engine may keep those values as files beside its
+/// database (the checkpoint crate's `sled_store.rs` rule 7: a veriflow of VFM3 reading such a
+/// store would find its values missing and call them lost; it refuses this magic instead).
+const MANIFEST_MAGIC: [u8; 4] = *b"VFM4";
+/// Runs whose task arguments are all inline in their `Declared` events: their segments decode
+/// differently (the arguments have no inline/stored tag), so they are refused by name.
+const MANIFEST_MAGIC_3: [u8; 4] = *b"VFM3";
 /// Runs of derivation 2 whose values are all inline in their events: their segments decode
 /// differently (an output's value has no inline/stored tag), so they are refused by name.
 const MANIFEST_MAGIC_2: [u8; 4] = *b"VFM2";
@@ -121,6 +127,27 @@ impl Manifest {
                  inspect, resume and certify it with that version"
                     .to_string(),
             ));
+        }
+        if bytes.starts_with(&MANIFEST_MAGIC_3) {
+            return Err(LogError::NotALog(
+                "its manifest is of an older veriflow, whose logs hold every task's arguments \
+                 inline in its event (log format VFM3, before large arguments were stored apart \
+                 by digest, 2026-11-26): inspect, resume and certify it with that version"
+                    .to_string(),
+            ));
+        }
+        // A later format is a later digit (VFMF, the first, is refused above).
+        if bytes.len() >= 4
+            && bytes[..3] == MANIFEST_MAGIC[..3]
+            && bytes[3].is_ascii_digit()
+            && bytes[3] > MANIFEST_MAGIC[3]
+        {
+            return Err(LogError::NotALog(format!(
+                "its manifest is of a newer veriflow (log format {}, this one reads up to {}): \
+                 inspect, resume and certify it with that version",
+                String::from_utf8_lossy(&bytes[..4]),
+                String::from_utf8_lossy(&MANIFEST_MAGIC)
+            )));
         }
         let payload = codec::unframe(MANIFEST_MAGIC, &bytes, MAX_MANIFEST_BYTES)
             .map_err(|e| LogError::NotALog(format!("manifest: {e}")))?;

@@ -58,7 +58,7 @@
 //!    one the store cannot rebuild (`StoreError::Unrecoverable`: it is overwritten in place,
 //!    and a write of it cut short can leave no version whole).
 //! 10. **Large values out of line** (`values.rs`). A value (an output, a program input, an
-//!     adopted task's input) of at least [`CommitPolicy::stored_from`] encoded bytes (default
+//!     adopted task's input, a declared task's arguments) of at least [`CommitPolicy::stored_from`] encoded bytes (default
 //!     [`STORED_FROM`], 4 KiB) is not copied into its event: the segment holds its digest and
 //!     length ([`Payload::Stored`]) and the bytes go once, keyed by their blake3 digest, to the
 //!     value store `val/<digest>` of the same store, in the same store batch as the segment and
@@ -69,8 +69,8 @@
 //!     stay inline ([`Payload::Inline`]). Recovery state, checkpoints and the certifier's track
 //!     hold only the reference, and load the bytes when a task needs them; a blob that is
 //!     missing, or whose bytes do not hash to its digest, is [`LogError::Value`] naming the
-//!     digest. Logs written before values were stored apart (manifest magic `VFM2`) are refused
-//!     by name.
+//!     digest. Logs written before values were stored apart (manifest magic `VFM2`), or
+//!     before arguments were (`VFM3`), are refused by name.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -114,7 +114,7 @@ pub use reader::{
 };
 pub use state::LogState;
 pub use values::STORED_FROM;
-pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES};
+pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY};
 
 use crate::ids::VnodeId;
 use veriflow_checkpoint::StoreError;

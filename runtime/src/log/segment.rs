@@ -6,7 +6,7 @@
 
 use crate::codec::{self, Digest, FrameError, HEADER_LEN};
 use crate::ids::VnodeId;
-use crate::log::event::{Event, Output, Payload};
+use crate::log::event::{Declared, Event, Output, Payload};
 use crate::log::values::STORED_FROM;
 
 /// Magic of a segment frame.
@@ -212,9 +212,12 @@ fn outline(event: &Event, from: usize, values: &mut SegmentValues) -> Option<Eve
             victim,
             record,
             inputs,
-        } if inputs.iter().any(large) => Some(Event::Adopted {
+        } if inputs.iter().any(large) || large(&record.args) => Some(Event::Adopted {
             victim: *victim,
-            record: record.clone(),
+            record: Declared {
+                args: put(&record.args, None),
+                ..record.clone()
+            },
             inputs: inputs.iter().map(|p| put(p, None)).collect(),
         }),
         Event::Returned { output: o } if large(&o.value) => Some(Event::Returned {
