@@ -48,8 +48,13 @@
 //! 5. A lost worker's vnodes move, each at a new epoch, to a spare if one is idle, else to the
 //!    live member with the fewest vnodes; the new host rebuilds them from their logs and every
 //!    member learns the new map and epochs (so late messages of the lost incarnation are
-//!    dropped). The termination test starts over. A lost worker is never admitted again under
-//!    its id; its messages are ignored.
+//!    dropped). The termination test starts over. A lost member of a job is never admitted
+//!    again under its id; its messages are ignored. A worker lost while in no job (it hosts
+//!    nothing: waiting for a job to gather, or between jobs) is only absent, as after a
+//!    takeover (rule 10): nothing of it moved, so it may come back under its id. Under load
+//!    a worker that joined early can fall silent before its job gathers; evicting it for
+//!    ever left the job short of workers ("45 worker(s) joined within 30s, the job asks for
+//!    66", with 66 one-thread workers on a 2-core machine three times over).
 //! 6. The job ends when every live member has reported; the coordinator then records the run
 //!    as finished in the manifest ([`Action::RecordFinished`]) and sends the summary to the
 //!    client. If the member holding vnode 0 was lost after the run ended, the terminal outputs
@@ -2283,23 +2288,53 @@ impl Coordinator {
 
     /// Rule 5.
     fn lose(&mut self, now: Duration, id: WorkerId, reason: String) {
-        if self.workers.remove(&id).is_none() {
+        let Some(w) = self.disconnect(id) else {
             return;
+        };
+        if self.job_of(id).is_some() {
+            tracing::info!(worker = id, %reason, "worker lost");
+            self.note(format!("worker {id} lost: {reason}"));
+            self.drop_member(now, id, reason);
+        } else {
+            // Rule 5: in no job, nothing of it moves; it may come back (rule 10).
+            tracing::info!(worker = id, %reason, "worker absent");
+            self.note(format!(
+                "worker {id} absent: {reason} (in no job: it may come back)"
+            ));
+            self.forget_suspicions(id);
+            self.absent.insert(id, w.record());
+            self.journal(now);
         }
+    }
+
+    /// Rule 11: a forger is lost for ever, in a job or not.
+    fn lose_for_ever(&mut self, now: Duration, id: WorkerId, reason: String) {
+        if self.disconnect(id).is_some() {
+            tracing::info!(worker = id, %reason, "worker lost");
+            self.note(format!("worker {id} lost: {reason}"));
+            self.drop_member(now, id, reason);
+        }
+    }
+
+    /// A connected worker's connection and detector entry go; returns what it was.
+    fn disconnect(&mut self, id: WorkerId) -> Option<Worker> {
+        let w = self.workers.remove(&id)?;
         self.detector.remove_peer(id);
         self.out.push(Action::Disconnect { worker: id });
-        tracing::info!(worker = id, %reason, "worker lost");
-        self.note(format!("worker {id} lost: {reason}"));
-        self.drop_member(now, id, reason);
+        Some(w)
+    }
+
+    fn forget_suspicions(&mut self, id: WorkerId) {
+        self.suspicions.remove(&id);
+        for by in self.suspicions.values_mut() {
+            by.remove(&id);
+        }
     }
 
     /// Rule 5: worker `id` is gone; its vnodes move, journaled first (rule 9).
     fn drop_member(&mut self, now: Duration, id: WorkerId, reason: String) {
         self.gone.insert(id);
-        self.suspicions.remove(&id);
-        for by in self.suspicions.values_mut() {
-            by.remove(&id);
-        }
+        self.forget_suspicions(id);
         let Some(j) = self.job_of(id).and_then(|j| self.jobs.get_mut(&j)) else {
             self.journal(now);
             return;
@@ -2629,7 +2664,7 @@ impl Coordinator {
         );
         let reason = format!("evicted: the online oracle found task {task} forged ({why})");
         if self.workers.contains_key(&w) {
-            self.lose(now, w, reason);
+            self.lose_for_ever(now, w, reason);
         } else {
             if self.absent.remove(&w).is_some() {
                 self.drop_member(now, w, reason);

@@ -1572,6 +1572,127 @@ mod takeover {
         );
     }
 
+    /// Rule 5: a worker lost while in no job (here silent while a job waits for more workers,
+    /// as 66 workers on 2 loaded cores were) is absent, not gone: it rejoins under its id and
+    /// the job that waited for it starts. A member of a running job lost the same way is
+    /// refused for ever.
+    #[test]
+    fn a_worker_lost_outside_a_job_comes_back_and_a_lost_member_does_not() {
+        let mut c = coord();
+        for w in 1..=2u32 {
+            let _ = join_with_key(&mut c, w);
+        }
+        // A job asks for 3: it waits.
+        let _ = c.on_event(
+            ms(2),
+            Event::Submit {
+                client: 1,
+                program: "knary".into(),
+                job: spec(3, 3),
+            },
+        );
+        let a = c.on_event(
+            ms(3),
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        assert!(to_client(&a)
+            .iter()
+            .all(|m| !matches!(m, ToSubmit::Accepted { .. })));
+        // Worker 2 falls silent until the coordinator's detector declares it broken.
+        let mut now = ms(10);
+        let mut notes = Vec::new();
+        while now < ms(3000) && c.workers().contains(&2) {
+            let a = c.on_event(
+                now,
+                Event::FromWorker {
+                    worker: 1,
+                    msg: ToCoord::Heartbeat(Heartbeat { interval: ms(100) }),
+                },
+            );
+            notes.extend(a);
+            notes.extend(c.on_event(now, Event::Tick));
+            now += ms(10);
+        }
+        assert_eq!(c.workers(), vec![1]);
+        assert!(
+            notes.iter().any(|a| matches!(a, Action::Note(n)
+                if n.starts_with("worker 2 absent:") && n.contains("it may come back"))),
+            "{notes:?}"
+        );
+        let j = last_journal(&notes).expect("the absence is journaled");
+        assert!(j.members.contains_key(&2) && !j.gone.contains(&2), "{j:?}");
+        // It comes back under its id (its claim names no job).
+        let b = [6u8; 32];
+        let mut cl = claim(2, &b, vec![]);
+        cl.job = None;
+        let a = c.on_event(
+            now,
+            Event::Rejoined {
+                conn: 42,
+                claim: cl,
+                binding: b,
+            },
+        );
+        assert!(
+            a.iter().any(|a| matches!(
+                a,
+                Action::Admit {
+                    conn: 42,
+                    worker: 2
+                }
+            )),
+            "{a:?}"
+        );
+        // A third worker joins: the job starts on all three (after its store is checked).
+        let a = join_with_key(&mut c, 3);
+        assert!(
+            a.iter().any(|a| matches!(a, Action::CheckStore { job: 1 })),
+            "{a:?}"
+        );
+        let a = c.on_event(
+            now,
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        assert!(
+            to_client(&a)
+                .iter()
+                .any(|m| matches!(m, ToSubmit::Accepted { .. })),
+            "{a:?}"
+        );
+        assert_eq!(c.workers(), vec![1, 2, 3]);
+        // Now a member: lost when its connection closes, and refused when it comes back.
+        let _ = c.on_event(
+            now,
+            Event::Closed {
+                worker: 2,
+                reason: "reset".into(),
+            },
+        );
+        let mut cl = claim(2, &b, vec![]);
+        cl.job = None;
+        let a = c.on_event(
+            now,
+            Event::Rejoined {
+                conn: 43,
+                claim: cl,
+                binding: b,
+            },
+        );
+        assert!(
+            a.iter().any(
+                |a| matches!(a, Action::Refuse { conn: 43, msg: ToWorker::Refused { reason } }
+                if reason.contains("lost earlier and its vnodes moved"))
+            ),
+            "{a:?}"
+        );
+    }
+
     #[test]
     fn a_job_that_was_stopping_is_stopped_again_and_reports_in_claims_count() {
         let (mut c, _) = running_with_keys();
