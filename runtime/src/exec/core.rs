@@ -52,6 +52,10 @@ pub(crate) struct TaskSpec {
 }
 
 /// A task whose inputs are all there (rule 2).
+/// A value owed to a victim (`vnode.rs` rule 5): to whom, the data object, its value, its
+/// digest as logged (`None` without a log), and the log position of the event that wrote it.
+pub(crate) type OwedReturn = (VnodeId, DataId, Value, Option<Digest>, u64);
+
 pub(crate) struct ReadyTask {
     pub(crate) spec: TaskSpec,
     pub(crate) values: Vec<Value>,
@@ -108,7 +112,7 @@ pub(crate) struct Core {
     pub(crate) log: Option<VnodeLog>,
     pub(crate) shared: Arc<RunShared>,
     /// Values written here that belong to another vnode: (to, value, log sequence to wait for).
-    pub(crate) returns: Vec<(VnodeId, Output, u64)>,
+    pub(crate) returns: Vec<OwedReturn>,
     pub(crate) completed: u64,
     /// After a recovery: every task the log already declared here (recovery rule 3: a
     /// restarted task's children are recognised by id, not declared again). Empty otherwise.
@@ -291,29 +295,12 @@ impl Core {
             .collect();
         for id in owed {
             let e = &self.data[&id];
-            let value = e
-                .value
-                .as_ref()
-                .map(Value::encode)
-                .transpose()
-                .map_err(|err| RunError::Encode {
-                    what: format!("value of {id}"),
-                    reason: err.to_string(),
-                })?;
-            let (Some(bytes), Some(digest)) = (value, e.digest) else {
+            let (Some(value), Some(digest)) = (e.value.clone(), e.digest) else {
                 continue;
             };
             for to in e.return_to.clone() {
                 self.shared.work_add(self.vnode);
-                self.returns.push((
-                    to,
-                    Output {
-                        data: id,
-                        value: bytes.clone().into(),
-                        digest,
-                    },
-                    0,
-                ));
+                self.returns.push((to, id, value.clone(), Some(digest), 0));
             }
         }
         Ok(())
@@ -471,28 +458,17 @@ impl Core {
         if e.value.is_some() {
             return Err(self.internal(format!("{id} written twice")));
         }
+        e.digest = digest;
         if !e.return_to.is_empty() {
-            let bytes = match encoded {
-                Some(b) => b,
-                None => value.encode().map_err(|err| RunError::Encode {
-                    what: format!("value of {id}"),
-                    reason: err.to_string(),
-                })?,
-            };
-            let digest = digest.unwrap_or_else(|| Digest::of(&bytes));
-            e.digest = Some(digest);
+            // What goes home: the value itself (typed in process, `task/value.rs`), or the
+            // bytes it was logged as (encoded once for both; a forger's differ from the value,
+            // `forge.rs` rule 4).
+            let home = encoded.map_or_else(|| value.clone(), Value::bytes);
             for &to in &e.return_to {
                 // Rule 4: the obligation is raised before the writer's completion lowers it.
                 self.shared.work_add(vnode);
-                let output = Output {
-                    data: id,
-                    value: bytes.clone().into(),
-                    digest,
-                };
-                self.returns.push((to, output, seq));
+                self.returns.push((to, id, home.clone(), digest, seq));
             }
-        } else {
-            e.digest = digest;
         }
         e.value = Some(value);
         let waiters = std::mem::take(&mut e.waiters);

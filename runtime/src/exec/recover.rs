@@ -359,7 +359,7 @@ impl Vnode {
                     message: format!("the log lacks an input of stolen task {task}"),
                 })?
                 .into_iter()
-                .map(load)
+                .map(|p| load(p).map(Value::bytes))
                 .collect::<Result<Vec<_>, _>>()?;
             // A grant carries its arguments' bytes (the log may name them by digest).
             let record = Declared {

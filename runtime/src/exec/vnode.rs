@@ -415,7 +415,11 @@ impl Vnode {
                 }
                 Ok(())
             }
-            Message::Returned { output } => self.on_returned(from, output),
+            Message::Returned {
+                data,
+                value,
+                digest,
+            } => self.on_returned(from, data, value, digest),
             Message::Iter(_) => Ok(()), // iterative mode's: not for a data-flow vnode
             Message::ReturnAck { data } => {
                 if self.returns.remove(&(data, from)).is_some() {
@@ -450,14 +454,8 @@ impl Vnode {
                 reason: e.to_string(),
             })?,
         };
-        let inputs = values
-            .iter()
-            .map(Value::encode)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| RunError::Encode {
-                what: format!("inputs of task {}", spec.id),
-                reason: e.to_string(),
-            })?;
+        // The values themselves: encoded only if the message goes over a wire (value.rs).
+        let inputs = values;
         let record = Declared {
             task: spec.id,
             parent: spec.parent,
@@ -505,7 +503,7 @@ impl Vnode {
         &mut self,
         victim: VnodeId,
         record: Declared,
-        inputs: Vec<Vec<u8>>,
+        inputs: Vec<Value>,
     ) -> Result<(), RunError> {
         if self.steal_out.is_some_and(|(v, _)| v == victim) {
             self.steal_out = None;
@@ -553,16 +551,30 @@ impl Vnode {
                 ),
             });
         }
-        let digests = if self.core.logging() {
-            inputs.iter().map(|b| Digest::of(b)).collect()
+        // Rule 4: the log gets the record and the inputs' bytes (moved back out after).
+        let (seq, digests, record) = if self.core.logging() {
+            let bytes = inputs
+                .iter()
+                .map(Value::encode)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| RunError::Encode {
+                    what: format!("inputs of task {task}"),
+                    reason: e.to_string(),
+                })?;
+            let digests = bytes.iter().map(|b| Digest::of(b)).collect();
+            let event = Event::Adopted {
+                victim,
+                record,
+                inputs: bytes.into_iter().map(Payload::from).collect(),
+            };
+            let seq = self.core.append(&event)?;
+            let Event::Adopted { record, .. } = event else {
+                unreachable!("built above")
+            };
+            (seq, digests, record)
         } else {
-            Vec::new()
+            (0, Vec::new(), record)
         };
-        let seq = self.core.append(&Event::Adopted {
-            victim,
-            record: record.clone(),
-            inputs: inputs.iter().map(|b| b.clone().into()).collect(),
-        })?;
         for &o in &record.outputs {
             self.core.create_return(o, victim);
         }
@@ -575,10 +587,9 @@ impl Vnode {
             outputs: record.outputs.into_iter().collect(),
             args: record.args.into_inline(),
         };
-        let values = inputs.into_iter().map(Value::bytes).collect();
         self.core.push_ready(ReadyTask {
             spec,
-            values,
+            values: inputs,
             digests,
         });
         self.adopted.insert(task);
@@ -590,31 +601,53 @@ impl Vnode {
     }
 
     /// Rule 5, victim side.
-    fn on_returned(&mut self, thief: VnodeId, output: Output) -> Result<(), RunError> {
-        let data = output.data;
-        if output
-            .value
-            .inline()
-            .is_none_or(|b| Digest::of(b) != output.digest)
-        {
-            tracing::warn!(
-                "{}: dropped a Returned for {data} from {thief}: no bytes, or a digest mismatch",
-                self.id()
-            );
-            return Ok(());
-        }
+    fn on_returned(
+        &mut self,
+        thief: VnodeId,
+        data: DataId,
+        value: Value,
+        digest: Option<Digest>,
+    ) -> Result<(), RunError> {
+        // Bytes from a wire are checked against the digest the thief logged; a typed value
+        // comes from this process. The log needs the bytes and a digest.
+        let wired = !value.is_typed();
+        let bytes = if wired || self.core.logging() {
+            Some(value.encode().map_err(|e| RunError::Encode {
+                what: format!("returned value of {data}"),
+                reason: e.to_string(),
+            })?)
+        } else {
+            None
+        };
+        let digest = match (&bytes, digest) {
+            (Some(b), Some(d)) if wired && Digest::of(b) != d => {
+                tracing::warn!(
+                    "{}: dropped a Returned for {data} from {thief}: a digest mismatch",
+                    self.id()
+                );
+                return Ok(());
+            }
+            (_, Some(d)) => Some(d),
+            (Some(b), None) if self.core.logging() => Some(Digest::of(b)),
+            _ => None,
+        };
         let expected = self.expected.remove(&(data, thief));
         // An expected value may already be here, written by a task we stole back (see
         // `Core::create_return`); its entry may even be gone (dropped once written).
         if expected && self.core.awaits(data) {
-            let seq = self.core.append(&Event::Returned {
-                output: output.clone(),
-            })?;
-            let Output { value, digest, .. } = output;
-            // Inline: checked above.
-            let value = value.into_inline().unwrap_or_default();
-            self.core
-                .write(data, Value::bytes(value), Some(digest), None, seq)?;
+            let seq = match (bytes, digest) {
+                (Some(b), Some(digest)) if self.core.logging() => {
+                    self.core.append(&Event::Returned {
+                        output: Output {
+                            data,
+                            value: b.into(),
+                            digest,
+                        },
+                    })?
+                }
+                _ => 0,
+            };
+            self.core.write(data, value, digest, None, seq)?;
             self.held
                 .push_back((seq, thief, Message::ReturnAck { data }));
         } else {
@@ -631,9 +664,12 @@ impl Vnode {
     /// Rule 5, thief side: values written here that go home.
     fn queue_returns(&mut self) {
         let now = self.clock.now();
-        for (to, output, seq) in std::mem::take(&mut self.core.returns) {
-            let data = output.data;
-            let msg = Message::Returned { output };
+        for (to, data, value, digest, seq) in std::mem::take(&mut self.core.returns) {
+            let msg = Message::Returned {
+                data,
+                value,
+                digest,
+            };
             let resend_at = now + self.timers.resend_after;
             self.returns.insert(
                 (data, to),

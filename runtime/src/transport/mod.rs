@@ -20,8 +20,10 @@ pub use inproc::InProcTransport;
 pub use lossy::LossyTransport;
 pub use routed::{Outbound, Router};
 
+use crate::codec::Digest;
 use crate::ids::{DataId, Epoch, TaskId, VnodeId};
-use crate::log::{Declared, Output};
+use crate::log::Declared;
+use crate::task::value::Value;
 
 /// A message of the vnode protocol (`exec/vnode.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,8 +36,9 @@ pub enum Message {
     StealGrant {
         /// The task's declaration.
         record: Declared,
-        /// Encoded input values, in input order.
-        inputs: Vec<Vec<u8>>,
+        /// Input values, in input order: typed between the vnodes of one process, bytes on a
+        /// wire (`task/value.rs`).
+        inputs: Vec<Value>,
     },
     /// The thief has durably adopted `task`.
     AdoptAck {
@@ -44,8 +47,13 @@ pub enum Message {
     },
     /// An output of a stolen task goes home (resent until [`Message::ReturnAck`]).
     Returned {
-        /// The value.
-        output: Output,
+        /// The data object.
+        data: DataId,
+        /// Its value: typed between the vnodes of one process, bytes on a wire.
+        value: Value,
+        /// blake3 of the value's encoding, as the thief logged it (`None` without a log). A
+        /// value that arrives as bytes is checked against it.
+        digest: Option<Digest>,
     },
     /// The victim has durably received `data`.
     ReturnAck {
