@@ -349,24 +349,30 @@ impl Vnode {
             if !missing {
                 continue;
             }
-            let inputs = d
+            let stored = d
                 .inputs
                 .iter()
-                .map(|i| values.get(i).map(|s| &s.value))
+                .map(|i| values.get(i))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| RunError::Internal {
                     vnode: v,
                     message: format!("the log lacks an input of stolen task {task}"),
-                })?
+                })?;
+            let digests = stored.iter().map(|s| s.digest).collect();
+            let inputs = stored
                 .into_iter()
-                .map(|p| load(p).map(Value::bytes))
+                .map(|s| load(&s.value).map(Value::bytes))
                 .collect::<Result<Vec<_>, _>>()?;
             // A grant carries its arguments' bytes (the log may name them by digest).
             let record = Declared {
                 args: Payload::Inline(load(&d.args)?),
                 ..d.clone()
             };
-            let msg = Message::StealGrant { record, inputs };
+            let msg = Message::StealGrant {
+                record,
+                inputs,
+                digests,
+            };
             self.core.shared.work_add(v);
             self.grants.insert(
                 task,

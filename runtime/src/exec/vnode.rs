@@ -408,7 +408,11 @@ impl Vnode {
                 }
                 Ok(())
             }
-            Message::StealGrant { record, inputs } => self.on_grant(from, record, inputs),
+            Message::StealGrant {
+                record,
+                inputs,
+                digests,
+            } => self.on_grant(from, record, inputs, &digests),
             Message::AdoptAck { task } => {
                 if self.grants.remove(&task).is_some() {
                     self.core.shared.work_done(self.id());
@@ -445,7 +449,9 @@ impl Vnode {
             return self.send(thief, Message::StealNone);
         };
         let ReadyTask {
-            mut spec, values, ..
+            mut spec,
+            values,
+            digests,
         } = task;
         let args = match spec.args.take() {
             Some(a) => a,
@@ -480,7 +486,11 @@ impl Vnode {
         }
         shared.work_add(me);
         shared.work_done(me);
-        let msg = Message::StealGrant { record, inputs };
+        let msg = Message::StealGrant {
+            record,
+            inputs,
+            digests,
+        };
         let resend_at = self.clock.now() + self.timers.resend_after;
         self.grants.insert(
             spec.id,
@@ -504,6 +514,7 @@ impl Vnode {
         victim: VnodeId,
         record: Declared,
         inputs: Vec<Value>,
+        sent: &[Digest],
     ) -> Result<(), RunError> {
         if self.steal_out.is_some_and(|(v, _)| v == victim) {
             self.steal_out = None;
@@ -561,7 +572,14 @@ impl Vnode {
                     what: format!("inputs of task {task}"),
                     reason: e.to_string(),
                 })?;
-            let digests = bytes.iter().map(|b| Digest::of(b)).collect();
+            let digests = bytes
+                .iter()
+                .enumerate()
+                .map(|(i, b)| match sent.get(i) {
+                    Some(&d) if !inputs[i].from_wire() => d,
+                    _ => Digest::of(b),
+                })
+                .collect();
             let event = Event::Adopted {
                 victim,
                 record,
@@ -608,9 +626,10 @@ impl Vnode {
         value: Value,
         digest: Option<Digest>,
     ) -> Result<(), RunError> {
-        // Bytes from a wire are checked against the digest the thief logged; a typed value
-        // comes from this process. The log needs the bytes and a digest.
-        let wired = !value.is_typed();
+        // Bytes from a wire are checked against the digest the thief logged; a value from
+        // this process (typed, or the bytes the thief logged) is not. The log needs the bytes
+        // and a digest.
+        let wired = value.from_wire();
         let bytes = if wired || self.core.logging() {
             Some(value.encode().map_err(|e| RunError::Encode {
                 what: format!("returned value of {data}"),

@@ -30,14 +30,16 @@ enum Inner {
         encode: Encoder,
     },
     /// `Arc<Vec<u8>>`, not `Arc<[u8]>`: a received buffer becomes a value without a copy.
-    Bytes(Arc<Vec<u8>>),
+    /// `wire`: the bytes came over a wire (deserialized), not from this process's own log or
+    /// encoder; a receiver checks those against their digest.
+    Bytes { bytes: Arc<Vec<u8>>, wire: bool },
 }
 
 impl std::fmt::Debug for Value {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
             Inner::Typed { .. } => f.write_str("Value::Typed"),
-            Inner::Bytes(b) => write!(f, "Value::Bytes({} bytes)", b.len()),
+            Inner::Bytes { bytes, .. } => write!(f, "Value::Bytes({} bytes)", bytes.len()),
         }
     }
 }
@@ -58,20 +60,23 @@ impl Value {
     }
 
     pub(crate) fn bytes(b: Vec<u8>) -> Value {
-        Value(Inner::Bytes(Arc::new(b)))
+        Value(Inner::Bytes {
+            bytes: Arc::new(b),
+            wire: false,
+        })
     }
 
     /// The encoded bytes of the value.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, CodecError> {
         match &self.0 {
             Inner::Typed { any, encode } => encode(&**any),
-            Inner::Bytes(b) => Ok(b.as_ref().clone()),
+            Inner::Bytes { bytes, .. } => Ok(bytes.as_ref().clone()),
         }
     }
 
-    /// Whether this is a typed value of this process (not bytes from a wire or a log).
-    pub(crate) fn is_typed(&self) -> bool {
-        matches!(self.0, Inner::Typed { .. })
+    /// Whether this value came over a wire (its bytes were deserialized from a message).
+    pub(crate) fn from_wire(&self) -> bool {
+        matches!(self.0, Inner::Bytes { wire: true, .. })
     }
 
     /// The value as a `T`: moved out when this is the last reference, cloned otherwise,
@@ -82,7 +87,7 @@ impl Value {
                 Ok(arc) => Ok(Arc::try_unwrap(arc).unwrap_or_else(|a| (*a).clone())),
                 Err(_) => Err(format!("value is not a {}", std::any::type_name::<T>())),
             },
-            Inner::Bytes(b) => codec::decode::<T>(&b)
+            Inner::Bytes { bytes, .. } => codec::decode::<T>(&bytes)
                 .map_err(|e| format!("cannot decode a {}: {e}", std::any::type_name::<T>())),
         }
     }
@@ -96,7 +101,7 @@ impl serde::Serialize for Value {
                 let bytes = encode(&**any).map_err(serde::ser::Error::custom)?;
                 s.serialize_bytes(&bytes)
             }
-            Inner::Bytes(b) => s.serialize_bytes(b),
+            Inner::Bytes { bytes, .. } => s.serialize_bytes(bytes),
         }
     }
 }
@@ -105,7 +110,10 @@ impl serde::Serialize for Value {
 impl<'de> serde::Deserialize<'de> for Value {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let bytes = serde_bytes::ByteBuf::deserialize(d)?;
-        Ok(Value::bytes(bytes.into_vec()))
+        Ok(Value(Inner::Bytes {
+            bytes: Arc::new(bytes.into_vec()),
+            wire: true,
+        }))
     }
 }
 
@@ -128,7 +136,7 @@ mod tests {
     #[test]
     fn a_value_is_its_encoding_on_a_wire_and_typed_in_process() {
         let v = Value::typed(vec![1.5f64, -2.0, 3.25]);
-        assert!(v.is_typed());
+        assert!(!v.from_wire());
         let wire = postcard::to_allocvec(&v).unwrap();
         let want = postcard::to_allocvec(&serde_bytes::ByteBuf::from(
             codec::encode(&vec![1.5f64, -2.0, 3.25]).unwrap(),
@@ -136,11 +144,11 @@ mod tests {
         .unwrap();
         assert_eq!(wire, want);
         let back: Value = postcard::from_bytes(&wire).unwrap();
-        assert!(!back.is_typed());
+        assert!(back.from_wire() && !Value::bytes(vec![0]).from_wire());
         assert_eq!(back, v);
         assert_eq!(back.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
         let moved = v.clone();
-        assert!(moved.is_typed());
+        assert!(!moved.from_wire());
         assert_eq!(moved.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
     }
 }

@@ -39,6 +39,10 @@ pub enum Message {
         /// Input values, in input order: typed between the vnodes of one process, bytes on a
         /// wire (`task/value.rs`).
         inputs: Vec<Value>,
+        /// Their digests as the victim logged them (empty without a log): the thief logs them
+        /// with its `Started` instead of hashing the values again (values from a wire are
+        /// hashed all the same).
+        digests: Vec<Digest>,
     },
     /// The thief has durably adopted `task`.
     AdoptAck {
