@@ -20,12 +20,15 @@
 //!    tasks, or `--depths`; every node spins `--grain-us`, the `Sum` tasks do not) runs once on a 2-thread
 //!    runtime into a fresh store in a temporary directory under `--scratch`. A sled store is
 //!    then closed and opened again, as a separate `knary certify` process would.
-//! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: reading and
-//!    decoding the vnodes' segments alone (`LogReader::read_vnode` on every vnode, in parallel,
-//!    as `Track::load` does), then the whole `Track::load` (read + decode + merge into G), G_S
+//! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: every
+//!    segment read with its frame checked and its events walked undecoded (scan + frame, what
+//!    any decoder pays), the same segments decoded into `Event`s and dropped (decode into
+//!    events), reading and decoding the vnodes' segments alone (`LogReader::read_vnode` on
+//!    every vnode, in parallel, as `Track::load` does), then the whole `Track::load` (read + decode + merge into G), G_S
 //!    (`terminal_subgraph`), the structural check, the Merkle root of G_S and the log digest
 //!    (the Merkle root over G, which `certify` computes too). The target is on
-//!    load + G_S + structural check, in tasks per second.
+//!    load + G_S + structural check, in tasks per second, with the CPU seconds this process
+//!    took for them (wall times mislead on a busy machine).
 //!    Then the **floor**: every byte of the store read back (a sled store's files, a memory
 //!    store's pairs) and hashed with blake3 (multithreaded), which no certifier can beat.
 //! 4. **Fig. 7**: `certify` at ε = 0.1, q = 0.01 with a given seed, partial (k tasks) and full
@@ -1363,6 +1366,10 @@ mod tests {
         assert_eq!(s.k, sample::sample_size(FIG7_EPSILON, FIG7_Q, 122).unwrap());
         assert_eq!((s.partial.len(), s.full.len(), s.phases.len()), (1, 1, 1));
         assert!(s.phases[0].floor > 0.0);
+        // The decoder's floor walked the log's events (phases() holds the two passes' counts
+        // equal), and this process's CPU was read.
+        assert!(s.phases[0].scan_frame > 0.0 && s.phases[0].decode_events > 0.0);
+        assert!(s.phases[0].load_gs_structural_cpu.is_some());
         assert!(s.against_floor().is_some());
     }
 }
