@@ -20,12 +20,15 @@
 //!    tasks, or `--depths`; every node spins `--grain-us`, the `Sum` tasks do not) runs once on a 2-thread
 //!    runtime into a fresh store in a temporary directory under `--scratch`. A sled store is
 //!    then closed and opened again, as a separate `knary certify` process would.
-//! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: reading and
-//!    decoding the vnodes' segments alone (`LogReader::read_vnode` on every vnode, in parallel,
-//!    as `Track::load` does), then the whole `Track::load` (read + decode + merge into G), G_S
+//! 3. **Phases** (the linear part of any certification) on that log, `--runs` times: every
+//!    segment read with its frame checked and its events walked undecoded (scan + frame, what
+//!    any decoder pays), the same segments decoded into `Event`s and dropped (decode into
+//!    events), reading and decoding the vnodes' segments alone (`LogReader::read_vnode` on
+//!    every vnode, in parallel, as `Track::load` does), then the whole `Track::load` (read + decode + merge into G), G_S
 //!    (`terminal_subgraph`), the structural check, the Merkle root of G_S and the log digest
 //!    (the Merkle root over G, which `certify` computes too). The target is on
-//!    load + G_S + structural check, in tasks per second.
+//!    load + G_S + structural check, in tasks per second, with the CPU seconds this process
+//!    took for them (wall times mislead on a busy machine).
 //!    Then the **floor**: every byte of the store read back (a sled store's files, a memory
 //!    store's pairs) and hashed with blake3 (multithreaded), which no certifier can beat.
 //! 4. **Fig. 7**: `certify` at ε = 0.1, q = 0.01 with a given seed, partial (k tasks) and full
@@ -53,7 +56,9 @@ use plotters::prelude::*;
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use veriflow::certifier::{sample, NoProgress, Options, Track};
+use veriflow::runtime::log::segment;
 use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, SledStore, Store};
+use veriflow_checkpoint::PageLimit;
 
 use crate::harness::{
     dir_bytes, peak_rss_mib, plot, require_runs, scratch_dir, status_mib, thousands, CpuSnapshot,
@@ -339,16 +344,24 @@ impl Figure for Fig4 {
 // ---------------------------------------------------------------------------------------------
 // Logs, phases and Fig. 7
 
-/// One timed call: wall time and the CPU other processes took meanwhile.
+/// One timed call: wall time, the CPU this process took and the CPU other processes took
+/// meanwhile.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 struct Timed {
     seconds: f64,
+    own_cpu_s: Option<f64>,
     foreign_cpu_s: Option<f64>,
 }
 
 /// The linear phases of one certification, timed once.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 struct Phases {
+    /// Every segment read from the store, its frame checked and its events walked undecoded
+    /// (`segment::for_each_encoded_event`, pages in parallel): what any decoder pays.
+    scan_frame: f64,
+    /// The same segments decoded into `Event`s (`segment::decode_segment`) and dropped: no
+    /// de-duplication, no merging.
+    decode_events: f64,
     /// `read_vnode` on every vnode (segments read from the store and decoded), in parallel.
     read_decode: f64,
     /// `Track::load`: the above, plus merging the events into G.
@@ -363,6 +376,9 @@ struct Phases {
     log_digest: f64,
     /// The floor: the store's bytes read and hashed with blake3.
     floor: f64,
+    /// CPU seconds this process took for load + G_S + structural check (`None` where `/proc`
+    /// cannot tell).
+    load_gs_structural_cpu: Option<f64>,
     /// Most CPU seconds other processes took during one of the phases.
     foreign_cpu_s: Option<f64>,
 }
@@ -530,13 +546,17 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         let p = phases(&store, dir.path(), report.tasks)?;
         let bad = disturbed(p.foreign_cpu_s, p.linear_total());
         eprintln!(
-            "  phases {}/{runs}: read+decode {:.4} s, load {:.4} s, G_S {:.4} s, structural {:.4} s, \
-             merkle {:.4} s, log digest {:.4} s, floor {:.4} s{}",
+            "  phases {}/{runs}: scan+frame {:.4} s, decode events {:.4} s, read+decode {:.4} s, \
+             load {:.4} s, G_S {:.4} s, structural {:.4} s (CPU {:.2} s), merkle {:.4} s, log \
+             digest {:.4} s, floor {:.4} s{}",
             size.phases.len() + 1,
+            p.scan_frame,
+            p.decode_events,
             p.read_decode,
             p.load,
             p.gs,
             p.structural,
+            p.load_gs_structural_cpu.unwrap_or(f64::NAN),
             p.merkle,
             p.log_digest,
             p.floor,
@@ -600,7 +620,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     Ok(size)
 }
 
-/// Times `f`, with the CPU other processes took meanwhile.
+/// Times `f`, with the CPU this process and other processes took meanwhile.
 fn time<T>(f: impl FnOnce() -> T) -> (T, Timed) {
     let before = CpuSnapshot::now();
     let t0 = Instant::now();
@@ -608,6 +628,7 @@ fn time<T>(f: impl FnOnce() -> T) -> (T, Timed) {
     let seconds = t0.elapsed().as_secs_f64();
     let timed = Timed {
         seconds,
+        own_cpu_s: CpuSnapshot::own_since(before),
         foreign_cpu_s: CpuSnapshot::foreign_since(before),
     };
     (out, timed)
@@ -655,9 +676,63 @@ fn floor(store: &Arc<dyn Store>, dir: &Path) -> Result<[u8; 32]> {
     Ok(*h.finalize().as_bytes())
 }
 
+/// Every segment of the log `reader` reads, page by page (as the reader pages it), each page's
+/// segments handed to `each` in parallel; the sum of what it returns.
+fn segments_pass(reader: &LogReader, each: &(dyn Fn(&[u8]) -> Result<u64> + Sync)) -> Result<u64> {
+    let mut total = 0;
+    for v in reader.vnodes()? {
+        let mut prefix = segment::generation_prefix(reader.generation());
+        prefix.extend(segment::vnode_prefix(v));
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = reader
+                .store()
+                .scan_page(&prefix, after.as_deref(), SEGMENT_PAGE)?;
+            after = page.pairs.last().map(|(k, _)| k.clone());
+            total += page
+                .pairs
+                .par_iter()
+                .map(|(_, value)| each(value))
+                .sum::<Result<u64>>()?;
+            if !page.more || after.is_none() {
+                break;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// The reader's page of segments (`log/reader.rs`, rule 1).
+const SEGMENT_PAGE: PageLimit = PageLimit {
+    max_keys: 64,
+    max_bytes: 16 << 20,
+};
+
 /// Rule 3 of the module docs, once.
 fn phases(store: &Arc<dyn Store>, dir: &Path, tasks: u64) -> Result<Phases> {
     let reader = LogReader::latest(store.clone()).context("reading the log's manifest")?;
+    let (walked, scan_frame) = time(|| {
+        segments_pass(&reader, &|value| {
+            let mut n = 0u64;
+            segment::for_each_encoded_event(value, |_| {
+                n += 1;
+                Ok(())
+            })
+            .map_err(|e| anyhow::anyhow!("a damaged segment: {e:?}"))?;
+            Ok(n)
+        })
+    });
+    let (decoded, decode_events) = time(|| {
+        segments_pass(&reader, &|value| {
+            let seg = segment::decode_segment(value)
+                .map_err(|e| anyhow::anyhow!("a damaged segment: {e:?}"))?;
+            Ok(seg.events.len() as u64)
+        })
+    });
+    let (walked, decoded) = (walked?, decoded?);
+    if walked != decoded {
+        bail!("{walked} events walked, {decoded} decoded");
+    }
     let (logs, read) = time(|| {
         reader
             .vnodes()?
@@ -690,11 +765,27 @@ fn phases(store: &Arc<dyn Store>, dir: &Path, tasks: u64) -> Result<Phases> {
     drop(track);
     let (hashed, floor_t) = time(|| floor(store, dir));
     hashed.context("reading the store's bytes")?;
-    let foreign = [read, load, gs_t, st, merkle, digest, floor_t]
+    let foreign = [
+        scan_frame,
+        decode_events,
+        read,
+        load,
+        gs_t,
+        st,
+        merkle,
+        digest,
+        floor_t,
+    ]
+    .iter()
+    .filter_map(|t| t.foreign_cpu_s)
+    .fold(None, |m: Option<f64>, f| Some(m.map_or(f, |m| m.max(f))));
+    let load_gs_structural_cpu = [load, gs_t, st]
         .iter()
-        .filter_map(|t| t.foreign_cpu_s)
-        .fold(None, |m: Option<f64>, f| Some(m.map_or(f, |m| m.max(f))));
+        .map(|t| t.own_cpu_s)
+        .sum::<Option<f64>>();
     Ok(Phases {
+        scan_frame: scan_frame.seconds,
+        decode_events: decode_events.seconds,
         read_decode: read.seconds,
         load: load.seconds,
         gs: gs_t.seconds,
@@ -702,6 +793,7 @@ fn phases(store: &Arc<dyn Store>, dir: &Path, tasks: u64) -> Result<Phases> {
         merkle: merkle.seconds,
         log_digest: digest.seconds,
         floor: floor_t.seconds,
+        load_gs_structural_cpu,
         foreign_cpu_s: foreign,
     })
 }
@@ -1010,6 +1102,35 @@ impl Report<'_> {
             );
         }
         md.push('\n');
+        md.push_str(
+            "Where the floor of load is (medians): scan + frame check reads every segment and \
+             walks its events undecoded (what any decoder pays); decode into events also \
+             builds each `Event` (and drops it); read + decode adds the reader's checks and \
+             de-duplication; load adds the merge into G. CPU is this process's, for load + G_S \
+             + structural.\n\n| tasks n | scan + frame check (s) | decode into events (s) | \
+             read + decode (s) | load (s) | load + G_S + structural CPU (s) | CPU per task (µs) \
+             |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for s in &self.sizes {
+            let get = |f: fn(&Phases) -> f64| s.phase_stats(f).map(|st| st.median).unwrap_or(0.0);
+            let cpu: Vec<f64> = s
+                .phases
+                .iter()
+                .filter_map(|p| p.load_gs_structural_cpu)
+                .collect();
+            let cpu = stats(&cpu).map_or(f64::NAN, |st| st.median);
+            let _ = writeln!(
+                md,
+                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {cpu:.2} | {:.2} |",
+                thousands(s.tasks as f64),
+                get(|p| p.scan_frame),
+                get(|p| p.decode_events),
+                get(|p| p.read_decode),
+                get(|p| p.load),
+                cpu * 1e6 / s.tasks.max(1) as f64,
+            );
+        }
+        md.push('\n');
         let _ = writeln!(
             md,
             "End to end against the floor (medians): the floor reads every byte of the store \
@@ -1132,6 +1253,8 @@ impl Report<'_> {
                     "full": { "runs": s.full, "seconds": s.full_stats().ok() },
                     "phases": {
                         "runs": s.phases,
+                        "scan_frame": stat(|p| p.scan_frame),
+                        "decode_events": stat(|p| p.decode_events),
                         "read_decode": stat(|p| p.read_decode),
                         "load": stat(|p| p.load),
                         "gs": stat(|p| p.gs),
@@ -1140,6 +1263,8 @@ impl Report<'_> {
                         "log_digest": stat(|p| p.log_digest),
                         "floor": stat(|p| p.floor),
                         "load_gs_structural": stat(Phases::load_gs_structural),
+                        "load_gs_structural_cpu": stats(&s.phases.iter()
+                            .filter_map(|p| p.load_gs_structural_cpu).collect::<Vec<_>>()).ok(),
                         "linear_total": stat(Phases::linear_total),
                         "load_gs_structural_tasks_per_s": stat(Phases::load_gs_structural)
                             .map(|st| s.tasks as f64 / st.median),
@@ -1241,6 +1366,10 @@ mod tests {
         assert_eq!(s.k, sample::sample_size(FIG7_EPSILON, FIG7_Q, 122).unwrap());
         assert_eq!((s.partial.len(), s.full.len(), s.phases.len()), (1, 1, 1));
         assert!(s.phases[0].floor > 0.0);
+        // The decoder's floor walked the log's events (phases() holds the two passes' counts
+        // equal), and this process's CPU was read.
+        assert!(s.phases[0].scan_frame > 0.0 && s.phases[0].decode_events > 0.0);
+        assert!(s.phases[0].load_gs_structural_cpu.is_some());
         assert!(s.against_floor().is_some());
     }
 }
