@@ -102,6 +102,7 @@ pub mod segment;
 pub mod state;
 pub mod values;
 pub mod watermark;
+mod window;
 mod writer;
 
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};

@@ -87,7 +87,8 @@ pub struct LogState {
     pub acked: HashSet<(DataId, VnodeId)>,
     /// Terminal outputs: their values are always kept (rule 3).
     pub pinned: Vec<DataId>,
-    next_order: u64,
+    /// The order the next declared task gets (`window.rs` counts the tasks it settles).
+    pub(super) next_order: u64,
 }
 
 impl LogState {
@@ -168,7 +169,7 @@ impl LogState {
         );
     }
 
-    fn value(&mut self, o: Output, input: bool) {
+    pub(super) fn value(&mut self, o: Output, input: bool) {
         self.values.insert(
             o.data,
             StoredValue {

@@ -1258,7 +1258,7 @@ fn recovery_state_holds_large_values_by_reference() {
 }
 
 /// One event of a small id space (tasks and data 0..8, vnodes 0..3), of any kind.
-fn any_event() -> impl Strategy<Value = Event> {
+pub(super) fn any_event() -> impl Strategy<Value = Event> {
     let id = 0u128..8;
     let output =
         (id.clone(), proptest::collection::vec(any::<u8>(), 0..6)).prop_map(|(d, v)| Output {
