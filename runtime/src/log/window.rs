@@ -45,13 +45,16 @@ struct Fate {
     settled: bool,
 }
 
-/// An event of the window as the first pass read it.
+/// No task: the writer of a value that a `Returned` or an `Input` wrote.
+const NOBODY: u32 = u32::MAX;
+
+/// An event of the window as the first pass read it (a task by its place in the fates).
 enum Seen {
-    Declared(TaskId),
-    Started(TaskId),
-    Completed(TaskId),
-    /// Rule 3: decoded.
-    Other(Event),
+    Declared(u32),
+    Started(u32),
+    Completed(u32),
+    /// Rule 3: decoded (boxed: most events are the three above, and an `Event` is large).
+    Other(Box<Event>),
 }
 
 impl LogState {
@@ -60,91 +63,102 @@ impl LogState {
     /// building the tasks that compaction would drop at once (rule 2). Returns how many tasks
     /// were settled that way. On an error the state may hold part of the window.
     pub fn fold_window(&mut self, events: &[&[u8]]) -> Result<usize, CodecError> {
-        let mut fates: IdMap<TaskId, Fate> = IdMap::default();
-        fates.reserve(events.len() / 2);
-        // Who wrote each data id in the window (`None`: a `Returned` or `Input`).
-        let mut written: IdMap<DataId, Option<TaskId>> = IdMap::default();
+        // The window's tasks: their fates, and where each is in `fates` (the other passes
+        // read a fate by its place, not by hashing its id again).
+        let mut fates: Vec<Fate> = Vec::with_capacity(events.len() / 2);
+        let mut index: IdMap<TaskId, u32> = IdMap::default();
+        index.reserve(events.len() / 2);
+        let mut slot = |fates: &mut Vec<Fate>, task: TaskId| -> u32 {
+            *index.entry(task).or_insert_with(|| {
+                fates.push(Fate::default());
+                u32::try_from(fates.len() - 1).expect("fewer tasks than events in a window")
+            })
+        };
+        // Who wrote each data id in the window (a place in `fates`; `NOBODY`: a `Returned` or
+        // an `Input`).
+        let mut written: IdMap<DataId, u32> = IdMap::default();
         let mut outputs = Vec::new();
         let mut seen = Vec::with_capacity(events.len());
         for bytes in events {
             let s = match peek_event(bytes, &mut outputs) {
                 Some(Peeked::Declared(task, parent)) => {
                     let known = self.tasks.contains_key(&task) || self.adopted.contains(&task);
-                    let f = fates.entry(task).or_default();
+                    let i = slot(&mut fates, task);
+                    let f = &mut fates[i as usize];
                     f.irregular |= f.seen || known;
                     (f.seen, f.declared, f.parent) = (true, true, parent);
-                    Seen::Declared(task)
+                    Seen::Declared(i)
                 }
                 Some(Peeked::Started(task)) => {
-                    fates.entry(task).or_default().seen = true;
-                    Seen::Started(task)
+                    let i = slot(&mut fates, task);
+                    fates[i as usize].seen = true;
+                    Seen::Started(i)
                 }
                 Some(Peeked::Completed(task)) => {
-                    let f = fates.entry(task).or_default();
+                    let i = slot(&mut fates, task);
+                    let f = &mut fates[i as usize];
                     f.irregular |= f.completed;
                     (f.seen, f.completed) = (true, true);
                     for &d in &outputs {
-                        self.written_by(&mut written, &mut fates, d, Some(task));
+                        self.written_by(&mut written, &mut fates, d, i);
                     }
-                    Seen::Completed(task)
+                    Seen::Completed(i)
                 }
                 None => {
                     let event: Event = codec::decode(bytes)?;
-                    match &event {
-                        Event::Stolen { task, .. } => {
-                            let f = fates.entry(*task).or_default();
-                            (f.seen, f.stolen) = (true, true);
-                        }
-                        Event::Adopted { record, .. } => {
-                            let f = fates.entry(record.task).or_default();
-                            (f.seen, f.irregular) = (true, true);
-                        }
+                    let task = match &event {
+                        Event::Stolen { task, .. } => Some(*task),
+                        Event::Adopted { record, .. } => Some(record.task),
                         Event::Returned { output } | Event::Input { output } => {
-                            self.written_by(&mut written, &mut fates, output.data, None);
+                            self.written_by(&mut written, &mut fates, output.data, NOBODY);
+                            None
                         }
-                        // The task path in a form `peek_event` leaves to postcard: folded
-                        // as decoded, and its task by event.
+                        // The task path in a form `peek_event` leaves to postcard.
                         Event::Declared(_) | Event::Started { .. } | Event::Completed { .. } => {
-                            let f = fates.entry(TaskId(event.key().0)).or_default();
-                            (f.seen, f.irregular) = (true, true);
+                            Some(TaskId(event.key().0))
+                        }
+                    };
+                    if let Some(task) = task {
+                        let i = slot(&mut fates, task);
+                        let f = &mut fates[i as usize];
+                        f.seen = true;
+                        match &event {
+                            Event::Stolen { .. } => f.stolen = true,
+                            _ => f.irregular = true,
                         }
                     }
-                    Seen::Other(event)
+                    Seen::Other(Box::new(event))
                 }
             };
             seen.push(s);
         }
-        let settled: Vec<TaskId> = fates
-            .iter()
-            .filter(|(_, f)| {
-                f.declared
-                    && f.completed
-                    && !f.stolen
-                    && !f.irregular
-                    && f.parent.is_some_and(|p| !self.live_at_end(&fates, p))
-            })
-            .map(|(t, _)| *t)
-            .collect();
-        for t in &settled {
-            if let Some(f) = fates.get_mut(t) {
-                f.settled = true;
+        let mut settled = 0;
+        for i in 0..fates.len() {
+            let f = &fates[i];
+            if f.declared
+                && f.completed
+                && !f.stolen
+                && !f.irregular
+                && f.parent.is_some_and(|p| !self.live_at_end(&fates, &index, p))
+            {
+                fates[i].settled = true;
+                settled += 1;
             }
         }
-        let is_settled = |t: &TaskId| fates.get(t).is_some_and(|f| f.settled);
         // Second pass: everything but the settled tasks, in log order (rule 2).
         let mut deferred = Vec::new();
         for (s, bytes) in seen.into_iter().zip(events) {
             match s {
-                Seen::Declared(t) if is_settled(&t) => self.next_order += 1,
-                Seen::Started(t) if is_settled(&t) => {}
-                Seen::Completed(t) if is_settled(&t) => {
+                Seen::Declared(i) if fates[i as usize].settled => self.next_order += 1,
+                Seen::Started(i) if fates[i as usize].settled => {}
+                Seen::Completed(i) if fates[i as usize].settled => {
                     self.completed += 1;
                     deferred.push(*bytes);
                 }
                 Seen::Declared(_) | Seen::Started(_) | Seen::Completed(_) => {
                     self.fold_encoded(bytes)?
                 }
-                Seen::Other(event) => self.fold(event),
+                Seen::Other(event) => self.fold(*event),
             }
         }
         // Last pass: the settled tasks' values that a remaining task or the terminal outputs
@@ -167,33 +181,34 @@ impl LogState {
             }
         }
         self.compact();
-        Ok(settled.len())
+        Ok(settled)
     }
 
-    /// Notes that `writer` (a task's completion, or `None`) writes `d`; a second write of it in
-    /// the window, or one known before, makes its writers irregular (rule 2: the log keeps the
-    /// last write, so their order matters).
+    /// Notes that `writer` (a place in `fates`, or [`NOBODY`]) writes `d`; a second write of
+    /// it in the window, or one known before, makes its writers irregular (rule 2: the log
+    /// keeps the last write, so their order matters).
     fn written_by(
         &self,
-        written: &mut IdMap<DataId, Option<TaskId>>,
-        fates: &mut IdMap<TaskId, Fate>,
+        written: &mut IdMap<DataId, u32>,
+        fates: &mut [Fate],
         d: DataId,
-        writer: Option<TaskId>,
+        writer: u32,
     ) {
-        let before = self.values.contains_key(&d);
         let earlier = written.insert(d, writer);
-        let again = before || earlier.is_some();
-        for t in [writer, earlier.flatten()].into_iter().flatten() {
-            if again {
-                fates.entry(t).or_default().irregular = true;
+        if earlier.is_none() && !self.values.contains_key(&d) {
+            return;
+        }
+        for i in [Some(writer), earlier].into_iter().flatten() {
+            if let Some(f) = fates.get_mut(i as usize) {
+                f.irregular = true;
             }
         }
     }
 
     /// Whether `p` is live once the window is folded (rule 2), by what the first pass saw;
     /// a task it cannot judge counts as live.
-    fn live_at_end(&self, fates: &IdMap<TaskId, Fate>, p: TaskId) -> bool {
-        match fates.get(&p) {
+    fn live_at_end(&self, fates: &[Fate], index: &IdMap<TaskId, u32>, p: TaskId) -> bool {
+        match index.get(&p).map(|&i| &fates[i as usize]) {
             Some(f) if f.irregular => true,
             Some(f) if f.completed || f.stolen => false,
             f => match self.tasks.get(&p) {
@@ -256,6 +271,10 @@ mod tests {
             next = below;
         }
         out
+    }
+
+    pub(super) fn tree_pub(depth: u32) -> Vec<Event> {
+        tree(depth)
     }
 
     fn encoded(events: &[Event]) -> Vec<Vec<u8>> {
@@ -367,6 +386,45 @@ mod tests {
                 });
                 prop_assert_eq!(peeked.map(|p| (p, outputs)), expected);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    #[test]
+    #[ignore]
+    fn time_window_vs_event_by_event() {
+        let events = super::tests::tree_pub(17);
+        let bytes: Vec<Vec<u8>> = events.iter().map(|e| crate::codec::encode(e).unwrap()).collect();
+        eprintln!("{} events", bytes.len());
+        for window in [bytes.len(), 30_000] {
+            let t = std::time::Instant::now();
+            let mut a = LogState::new(vec![]);
+            for chunk in bytes.chunks(window) {
+                for b in chunk {
+                    a.fold_encoded(b).unwrap();
+                }
+                a.compact();
+            }
+            let one = t.elapsed();
+            let mut b = LogState::new(vec![]);
+            let mut settled = 0;
+            let mut win = std::time::Duration::MAX;
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                b = LogState::new(vec![]);
+                settled = 0;
+                for chunk in bytes.chunks(window) {
+                    let s: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+                    settled += b.fold_window(&s).unwrap();
+                }
+                win = win.min(t.elapsed());
+            }
+            eprintln!("window {window}: one by one {one:?}, windowed {win:?}, settled {settled}");
+            assert_eq!(a, b);
         }
     }
 }
