@@ -68,15 +68,25 @@ impl LogState {
         let mut fates: Vec<Fate> = Vec::with_capacity(events.len() / 2);
         let mut index: IdMap<TaskId, u32> = IdMap::default();
         index.reserve(events.len() / 2);
+        // The last task met: a task's `Started` and `Completed` usually follow each other.
+        let mut last: Option<(TaskId, u32)> = None;
         let mut slot = |fates: &mut Vec<Fate>, task: TaskId| -> u32 {
-            *index.entry(task).or_insert_with(|| {
+            if let Some((t, i)) = last {
+                if t == task {
+                    return i;
+                }
+            }
+            let i = *index.entry(task).or_insert_with(|| {
                 fates.push(Fate::default());
                 u32::try_from(fates.len() - 1).expect("fewer tasks than events in a window")
-            })
+            });
+            last = Some((task, i));
+            i
         };
         // Who wrote each data id in the window (a place in `fates`; `NOBODY`: a `Returned` or
         // an `Input`).
         let mut written: IdMap<DataId, u32> = IdMap::default();
+        written.reserve(events.len() / 3);
         let mut outputs = Vec::new();
         let mut seen = Vec::with_capacity(events.len());
         for bytes in events {
