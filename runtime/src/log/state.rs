@@ -27,6 +27,8 @@
 //!
 //! Recovering from the whole log and from a checkpoint plus the log after it both go through
 //! a `LogState`, so they restart the same tasks with the same values (tested in `tests.rs`).
+//! The log writer folds a window of events at once ([`LogState::fold_window`], `window.rs`),
+//! which gives the state of folding them one by one and compacting.
 
 use std::collections::HashSet;
 
@@ -126,7 +128,8 @@ impl LogState {
     }
 
     /// Applies one encoded event, as [`LogState::fold`] of its decoding. The log writer folds
-    /// every event it stores (rule 9 of `log/mod.rs`), and postcard's serde path, which reads
+    /// with it every event of a window it does not settle (rule 9 of `log/mod.rs`,
+    /// `window.rs`), and postcard's serde path, which reads
     /// an id one byte at a time, was half of the log's CPU per task: the task-path events are
     /// read by `decode.rs` (its rule 1), the others by postcard.
     pub fn fold_encoded(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
