@@ -158,7 +158,7 @@ pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
 /// the more memory it takes (this much per vnode, against the 64 MiB of segments the writer
 /// may hold in flight). At 4 MiB (some 60 segments of 64 KiB, ~15,000 tasks of knary) the
 /// tasks that straddle are a few hundred, the frontier.
-const FOLD_WINDOW_BYTES: u64 = 4 << 20;
+pub(super) const FOLD_WINDOW_BYTES: u64 = 4 << 20;
 
 impl Compactor {
     fn seeded(state: LogState, upto: Option<LastSegment>, segments: u64) -> Compactor {
@@ -190,16 +190,13 @@ impl Compactor {
         true
     }
 
-    /// Keeps an accepted segment's bytes once stored; folds the window when it is full.
-    fn keep(&mut self, vnode: VnodeId, bytes: Vec<u8>) {
+    /// Keeps an accepted segment's bytes once stored, to fold with its window.
+    fn keep(&mut self, bytes: Vec<u8>) {
         if self.broken {
             return;
         }
         self.pending_bytes += bytes.len() as u64;
         self.pending.push(bytes);
-        if self.pending_bytes >= FOLD_WINDOW_BYTES {
-            self.fold(vnode, &[]);
-        }
     }
 
     /// Folds the kept segments, then `more` (accepted, not stored yet), and compacts.
@@ -646,6 +643,21 @@ impl Drop for LogWriter {
     }
 }
 
+#[cfg(test)]
+impl LogWriter {
+    /// Bytes of `vnode`'s stored segments not folded yet, and the tasks its state holds.
+    pub(super) fn unfolded(&self, vnode: VnodeId) -> (u64, usize) {
+        let compactors = self
+            .shared
+            .compactors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        compactors
+            .get(&vnode)
+            .map_or((0, 0), |c| (c.pending_bytes, c.state.tasks.len()))
+    }
+}
+
 fn writer_loop(store: &dyn Store, shared: &Shared, rx: Receiver<ToWriter>) {
     let mut stopping = false;
     let mut barriers = Vec::new();
@@ -804,7 +816,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             // Rule 9: the stored segments' bytes, kept to fold.
             for (vnode, i) in accepted {
                 if let Some(c) = compactors.get_mut(&vnode) {
-                    c.keep(vnode, std::mem::take(&mut values[content + i].1));
+                    c.keep(std::mem::take(&mut values[content + i].1));
                 }
             }
         }
@@ -838,6 +850,13 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     }
     *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     shared.flushed_cv.notify_all();
+    // Rule 9: full windows fold once the flush is acknowledged, so that no vnode waits on it.
+    let mut compactors = shared.compactors.lock().unwrap_or_else(|p| p.into_inner());
+    for (vnode, c) in compactors.iter_mut() {
+        if c.pending_bytes >= FOLD_WINDOW_BYTES {
+            c.fold(*vnode, &[]);
+        }
+    }
     true
 }
 
