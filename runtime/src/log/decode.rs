@@ -201,6 +201,72 @@ impl<'a> Bytes<'a> {
     }
 }
 
+/// A task-path event's kind and ids, read without decoding it (the writer's window fold,
+/// `window.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Peeked {
+    /// `Declared`: the task and its parent.
+    Declared(TaskId, Option<TaskId>),
+    /// `Started`: the task.
+    Started(TaskId),
+    /// `Completed`: the task (its outputs' data ids go to the caller's list).
+    Completed(TaskId),
+}
+
+/// What [`decode_event`] would decode, without building it: `Some` exactly when it gives
+/// `Some` (the same checks, in the same order, allocating nothing; a `Completed`'s output data
+/// ids are pushed to `outputs`, cleared first).
+pub(crate) fn peek_event(bytes: &[u8], outputs: &mut Vec<DataId>) -> Option<Peeked> {
+    fn payload(r: &mut Bytes<'_>) -> Option<()> {
+        match r.byte()? {
+            INLINE => r.bytes().map(drop),
+            STORED => r.digest().and_then(|_| r.varint(10)).map(drop),
+            _ => None,
+        }
+    }
+    fn ids(r: &mut Bytes<'_>) -> Option<()> {
+        let n = r.len(16)?;
+        r.take(16 * n).map(drop)
+    }
+    outputs.clear();
+    let mut r = Bytes(bytes);
+    let peeked = match r.byte()? {
+        DECLARED => {
+            let task = r.task()?;
+            let parent = match r.byte()? {
+                0 => None,
+                1 => Some(r.task()?),
+                _ => return None,
+            };
+            r.u32()?;
+            std::str::from_utf8(r.bytes()?).ok()?;
+            payload(&mut r)?;
+            ids(&mut r)?;
+            ids(&mut r)?;
+            Peeked::Declared(task, parent)
+        }
+        STARTED => {
+            let task = r.task()?;
+            let n = r.len(32)?;
+            r.take(32 * n)?;
+            Peeked::Started(task)
+        }
+        COMPLETED => {
+            let task = r.task()?;
+            let n = r.len(50)?;
+            for _ in 0..n {
+                outputs.push(r.data()?);
+                payload(&mut r)?;
+                r.digest()?;
+            }
+            ids(&mut r)?;
+            Peeked::Completed(task)
+        }
+        _ => return None,
+    };
+    r.0.is_empty().then_some(peeked)
+}
+
 /// Every name shared so far (rule 3).
 static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 

@@ -46,10 +46,13 @@
 //!    written after the last flush may be torn, rule 4), and a vnode the manifest lists with
 //!    no watermark record.
 //! 9. **Recovery checkpoints.** Certification needs the whole log, recovery does not: the
-//!    writer folds each vnode's segments into its recovery state as it stores them
-//!    (`state.rs`: live tasks, the values they need, counts; each event straight from its
-//!    encoding, [`LogState::fold_encoded`], through the task path's own decoder, `decode.rs`), compacts
-//!    it to the live frontier, and every [`LogWriter::set_checkpoint_every`] bytes of segments
+//!    writer folds each vnode's segments into its recovery state (`state.rs`: live tasks, the
+//!    values they need, counts) and compacts it to the live frontier. It keeps the segments it
+//!    stored and folds them a window at a time (4 MiB, or sooner when a checkpoint is due:
+//!    [`LogState::fold_window`], `window.rs`), so that a task declared, run and completed
+//!    inside one window, which compaction would drop at once, is never built; the other events
+//!    are read straight from their encoding by the task path's own decoder (`decode.rs`).
+//!    Every [`LogWriter::set_checkpoint_every`] bytes of segments
 //!    (default [`DEFAULT_CHECKPOINT_BYTES`]) stores it as the vnode's checkpoint
 //!    (`checkpoint.rs`) in the same store batch as the last segment it covers and that
 //!    segment's watermark (so rules 7 and 8 hold for it too). Recovery ([`LogReader::recover_vnode`]) reads the checkpoint and
@@ -102,6 +105,7 @@ pub mod segment;
 pub mod state;
 pub mod values;
 pub mod watermark;
+mod window;
 mod writer;
 
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};

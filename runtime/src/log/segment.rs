@@ -293,9 +293,9 @@ pub fn decode_segment(bytes: &[u8]) -> Result<Segment, SegmentError> {
 /// Checks a stored segment value as [`decode_segment`] does and hands `each` every event's
 /// encoding in order, undecoded (the log writer folds them with
 /// [`crate::log::LogState::fold_encoded`], which decodes only what recovery keeps).
-pub fn for_each_encoded_event(
-    bytes: &[u8],
-    mut each: impl FnMut(&[u8]) -> Result<(), String>,
+pub fn for_each_encoded_event<'a>(
+    bytes: &'a [u8],
+    mut each: impl FnMut(&'a [u8]) -> Result<(), String>,
 ) -> Result<(), SegmentError> {
     walk_segment(&open_segment(bytes)?, |_, encoded| each(encoded))
 }
@@ -334,9 +334,9 @@ fn open_segment(bytes: &[u8]) -> Result<Opened<'_>, SegmentError> {
 }
 
 /// Hands `each` every event's offset in the payload and its bytes, checking the layout.
-fn walk_segment(
-    opened: &Opened<'_>,
-    mut each: impl FnMut(usize, &[u8]) -> Result<(), String>,
+fn walk_segment<'a>(
+    opened: &Opened<'a>,
+    mut each: impl FnMut(usize, &'a [u8]) -> Result<(), String>,
 ) -> Result<(), SegmentError> {
     let (payload, count) = (opened.payload, opened.count);
     let mut at = SEGMENT_HEADER_LEN;

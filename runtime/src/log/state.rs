@@ -27,6 +27,8 @@
 //!
 //! Recovering from the whole log and from a checkpoint plus the log after it both go through
 //! a `LogState`, so they restart the same tasks with the same values (tested in `tests.rs`).
+//! The log writer folds a window of events at once ([`LogState::fold_window`], `window.rs`),
+//! which gives the state of folding them one by one and compacting.
 
 use std::collections::HashSet;
 
@@ -87,7 +89,8 @@ pub struct LogState {
     pub acked: HashSet<(DataId, VnodeId)>,
     /// Terminal outputs: their values are always kept (rule 3).
     pub pinned: Vec<DataId>,
-    next_order: u64,
+    /// The order the next declared task gets (`window.rs` counts the tasks it settles).
+    pub(super) next_order: u64,
 }
 
 impl LogState {
@@ -125,7 +128,8 @@ impl LogState {
     }
 
     /// Applies one encoded event, as [`LogState::fold`] of its decoding. The log writer folds
-    /// every event it stores (rule 9 of `log/mod.rs`), and postcard's serde path, which reads
+    /// with it every event of a window it does not settle (rule 9 of `log/mod.rs`,
+    /// `window.rs`), and postcard's serde path, which reads
     /// an id one byte at a time, was half of the log's CPU per task: the task-path events are
     /// read by `decode.rs` (its rule 1), the others by postcard.
     pub fn fold_encoded(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
@@ -168,7 +172,7 @@ impl LogState {
         );
     }
 
-    fn value(&mut self, o: Output, input: bool) {
+    pub(super) fn value(&mut self, o: Output, input: bool) {
         self.values.insert(
             o.data,
             StoredValue {

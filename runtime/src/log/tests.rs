@@ -1257,8 +1257,44 @@ fn recovery_state_holds_large_values_by_reference() {
     }
 }
 
+/// Rule 9: with no checkpoint due, the writer keeps a vnode's stored segments a window at a
+/// time and then folds them (`window.rs`): what it holds stays bounded, and the state it
+/// folded is the log's.
+#[test]
+fn stored_segments_are_folded_a_window_at_a_time() {
+    use super::writer::FOLD_WINDOW_BYTES;
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::manual(store.clone(), 1, CommitPolicy::default());
+    let mut log = writer.vnode_log(VnodeId(0)).unwrap();
+    // Roots (kept by compaction) with 1 KiB of arguments: some 6 MiB of segments.
+    let roots = 6_000u128;
+    for i in 0..roots {
+        let mut d = declared(i);
+        if let Event::Declared(d) = &mut d {
+            d.args = vec![1; 1024].into();
+        }
+        log.append(&d).unwrap();
+        if i % 50 == 49 {
+            log.seal().unwrap();
+            writer.pump();
+        }
+    }
+    log.sync().unwrap();
+    writer.pump();
+    let (unfolded, tasks) = writer.unfolded(VnodeId(0));
+    assert!(
+        unfolded > 0 && unfolded < FOLD_WINDOW_BYTES,
+        "{unfolded} bytes unfolded"
+    );
+    let folded = u128::try_from(tasks).unwrap();
+    assert!(folded > 3_000 && folded < roots, "{folded} roots folded");
+    assert_eq!(writer.held_value_bytes(), 0, "folds the rest first");
+    assert_eq!(writer.unfolded(VnodeId(0)), (0, 6_000));
+    writer.shutdown().unwrap();
+}
+
 /// One event of a small id space (tasks and data 0..8, vnodes 0..3), of any kind.
-fn any_event() -> impl Strategy<Value = Event> {
+pub(super) fn any_event() -> impl Strategy<Value = Event> {
     let id = 0u128..8;
     let output =
         (id.clone(), proptest::collection::vec(any::<u8>(), 0..6)).prop_map(|(d, v)| Output {

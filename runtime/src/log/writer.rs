@@ -126,20 +126,24 @@ const WATERMARKS_KEPT: usize = 2;
 /// full writer batch ([`MAX_SEGMENTS_PER_FLUSH`] segments of the default 64 KiB).
 const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
 
-/// Rule 9: a vnode's log folded as the writer stores it, compacted now and then, and written
-/// as a checkpoint every [`LogWriter::set_checkpoint_every`] bytes of segments.
+/// Rule 9: a vnode's log folded as the writer stores it, a window at a time (`window.rs`),
+/// and written as a checkpoint every [`LogWriter::set_checkpoint_every`] bytes of segments.
 struct Compactor {
     state: LogState,
-    /// The last segment folded in.
+    /// The last segment taken in (folded, or kept to fold).
     upto: Option<LastSegment>,
     /// Segments in the log up to `upto` (the checkpoint's count).
     segments: u64,
-    /// Bytes of segments folded since the last checkpoint.
+    /// Bytes of segments taken in since the last checkpoint.
     since: u64,
-    /// `state.size()` after the last compaction: the next one comes at twice that.
-    compacted: usize,
-    /// The log could not be read back when the vnode's log was opened: no checkpoint is
-    /// written (recovery reads the whole log, and reports what is wrong with it).
+    /// Stored segments not folded yet, in log order: folded together once they reach
+    /// [`FOLD_WINDOW_BYTES`] or a checkpoint is due.
+    pending: Vec<Vec<u8>>,
+    /// Their bytes.
+    pending_bytes: u64,
+    /// The log could not be read back when the vnode's log was opened, or a segment did not
+    /// fold: no checkpoint is written (recovery reads the whole log, and reports what is wrong
+    /// with it).
     broken: bool,
 }
 
@@ -148,38 +152,34 @@ struct Compactor {
 /// is the live frontier, usually far smaller, so writing one costs little against 32 MiB of
 /// segments.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
-/// Compaction runs when the folded state holds this many entries more than twice its size
-/// after the last compaction (amortised constant cost per event).
-const COMPACT_SLACK: usize = 4096;
+
+/// Bytes of a vnode's stored segments kept to be folded together (rule 9, `window.rs`): the
+/// larger the window, the fewer tasks straddle two windows and are built to be dropped, and
+/// the more memory it takes (this much per vnode, against the 64 MiB of segments the writer
+/// may hold in flight). At 4 MiB (some 60 segments of 64 KiB, ~15,000 tasks of knary) the
+/// tasks that straddle are a few hundred, the frontier.
+pub(super) const FOLD_WINDOW_BYTES: u64 = 4 << 20;
 
 impl Compactor {
     fn seeded(state: LogState, upto: Option<LastSegment>, segments: u64) -> Compactor {
-        let compacted = state.size();
         Compactor {
             state,
             upto,
             segments,
             since: 0,
-            compacted,
+            pending: Vec::new(),
+            pending_bytes: 0,
             broken: false,
         }
     }
 
-    /// Folds one stored segment in (rule 9). A segment at or below what was folded is a
-    /// repeat (a new incarnation re-opened the log): skipped.
-    fn fold(&mut self, s: &Sealed) {
+    /// Takes in one segment as it goes to the store (rule 9): counted now, folded later
+    /// ([`Compactor::keep`] once stored, or by a checkpoint due with it). False: not to be
+    /// folded, a repeat (a segment at or below what was taken in: a new incarnation re-opened
+    /// the log) or a broken log.
+    fn accept(&mut self, s: &Sealed) -> bool {
         if self.broken || self.upto.is_some_and(|u| s.segno <= u.segno) {
-            return;
-        }
-        let state = &mut self.state;
-        let folded = segment::for_each_encoded_event(&s.bytes, |event| {
-            state.fold_encoded(event).map_err(|e| e.to_string())
-        });
-        if let Err(e) = folded {
-            // The state may hold part of the segment: no checkpoint is written from it.
-            tracing::error!("log of {}: cannot fold segment {}: {e:?}", s.vnode, s.segno);
-            self.broken = true;
-            return;
+            return false;
         }
         self.upto = Some(LastSegment {
             segno: s.segno,
@@ -187,23 +187,64 @@ impl Compactor {
         });
         self.segments += 1;
         self.since += s.bytes.len() as u64;
-        if self.state.size() > 2 * self.compacted + COMPACT_SLACK {
-            self.compact();
+        true
+    }
+
+    /// Keeps an accepted segment's bytes once stored, to fold with its window.
+    fn keep(&mut self, bytes: Vec<u8>) {
+        if self.broken {
+            return;
         }
+        self.pending_bytes += bytes.len() as u64;
+        self.pending.push(bytes);
     }
 
-    fn compact(&mut self) {
-        self.state.compact();
-        self.compacted = self.state.size();
+    /// Folds the kept segments, then `more` (accepted, not stored yet), and compacts.
+    fn fold(&mut self, vnode: VnodeId, more: &[&[u8]]) {
+        if !self.broken && (!self.pending.is_empty() || !more.is_empty()) {
+            // Some 100 bytes an event (knary's three a task take 90-130).
+            let bytes: u64 = self.pending_bytes + more.iter().map(|m| m.len() as u64).sum::<u64>();
+            let mut events: Vec<&[u8]> =
+                Vec::with_capacity(usize::try_from(bytes / 100).unwrap_or(0));
+            let folded = self
+                .pending
+                .iter()
+                .map(Vec::as_slice)
+                .chain(more.iter().copied())
+                .try_for_each(|seg| {
+                    segment::for_each_encoded_event(seg, |e| {
+                        events.push(e);
+                        Ok(())
+                    })
+                })
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|()| self.state.fold_window(&events).map_err(|e| e.to_string()));
+            if let Err(e) = folded {
+                // The state may hold part of the window: no checkpoint is written from it.
+                tracing::error!("log of {vnode}: cannot fold its segments: {e}");
+                self.broken = true;
+            }
+        }
+        self.pending.clear();
+        self.pending_bytes = 0;
     }
 
-    /// The checkpoint record, if one is due.
-    fn checkpoint(&mut self, vnode: VnodeId, every: u64) -> Option<(Vec<u8>, Vec<u8>)> {
+    /// The checkpoint record, if one is due, after folding what was kept and `more` (the
+    /// vnode's accepted segments in the chunk it goes with).
+    fn checkpoint(
+        &mut self,
+        vnode: VnodeId,
+        every: u64,
+        more: &[&[u8]],
+    ) -> Option<(Vec<u8>, Vec<u8>)> {
         if self.broken || every == 0 || self.since < every {
             return None;
         }
         let upto = self.upto?;
-        self.compact();
+        self.fold(vnode, more);
+        if self.broken {
+            return None;
+        }
         self.since = 0;
         let ck = Checkpoint {
             vnode,
@@ -551,14 +592,20 @@ impl LogWriter {
 
     /// Bytes of values the writer's recovery state holds inline (rule 9), over all vnodes:
     /// only values below [`CommitPolicy::stored_from`], since larger ones are held as their
-    /// digest (rule 10).
+    /// digest (rule 10). The segments kept to fold (`window.rs`) are folded first.
     pub fn held_value_bytes(&self) -> u64 {
-        let compactors = self
+        let mut compactors = self
             .shared
             .compactors
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        compactors.values().map(|c| c.state.inline_bytes()).sum()
+        compactors
+            .iter_mut()
+            .map(|(vnode, c)| {
+                c.fold(*vnode, &[]);
+                c.state.inline_bytes()
+            })
+            .sum()
     }
 
     /// The store under this writer.
@@ -593,6 +640,21 @@ impl LogWriter {
 impl Drop for LogWriter {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+impl LogWriter {
+    /// Bytes of `vnode`'s stored segments not folded yet, and the tasks its state holds.
+    pub(super) fn unfolded(&self, vnode: VnodeId) -> (u64, usize) {
+        let compactors = self
+            .shared
+            .compactors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        compactors
+            .get(&vnode)
+            .map_or((0, 0), |c| (c.pending_bytes, c.state.tasks.len()))
     }
 }
 
@@ -675,6 +737,8 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     let mut segments = batch.into_iter().peekable();
     while segments.peek().is_some() && result.is_ok() {
         let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // Rule 9: (vnode, index in `chunk`) of the segments to fold once stored.
+        let mut accepted: Vec<(VnodeId, usize)> = Vec::new();
         let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
         // Rule 10: values go in the chunk before the segments that name them, written as
@@ -700,25 +764,31 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
                 Some((_, m)) => *m = mark,
                 None => last.push((s.vnode, mark)),
             }
-            // Rule 9: fold the segment in before its bytes go into the chunk.
-            if every > 0 {
-                if let Some(c) = compactors.get_mut(&s.vnode) {
-                    c.fold(&s);
-                }
+            // Rule 9: taken in now, its bytes folded once stored (or by a checkpoint).
+            if every > 0 && compactors.get_mut(&s.vnode).is_some_and(|c| c.accept(&s)) {
+                accepted.push((s.vnode, chunk.len()));
             }
             chunk.push((segment::segment_key(s.vnode, s.segno), s.bytes));
         }
         // Rule 9: a checkpoint that is due goes in this chunk, beside the last segment it
-        // covers and that segment's watermark.
+        // covers and that segment's watermark, folded up to it.
         if every > 0 {
+            let mut checkpoints = Vec::new();
             for (vnode, _) in &last {
-                if let Some(pair) = compactors
-                    .get_mut(vnode)
-                    .and_then(|c| c.checkpoint(*vnode, every))
-                {
-                    chunk.push(pair);
+                let Some(c) = compactors.get_mut(vnode) else {
+                    continue;
+                };
+                let more: Vec<&[u8]> = accepted
+                    .iter()
+                    .filter(|(v, _)| v == vnode)
+                    .map(|&(_, i)| chunk[i].1.as_slice())
+                    .collect();
+                if let Some(pair) = c.checkpoint(*vnode, every, &more) {
+                    checkpoints.push(pair);
+                    accepted.retain(|(v, _)| v != vnode);
                 }
             }
+            chunk.append(&mut checkpoints);
         }
         let mut written = Vec::with_capacity(last.len());
         for (vnode, mark) in last {
@@ -737,10 +807,18 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
                 }
             }
         }
+        let content = values.len();
         if result.is_ok() {
-            let content = values.len();
             values.append(&mut chunk);
             result = store.put_batch_fenced_content(&fences, &values, content);
+        }
+        if result.is_ok() {
+            // Rule 9: the stored segments' bytes, kept to fold.
+            for (vnode, i) in accepted {
+                if let Some(c) = compactors.get_mut(&vnode) {
+                    c.keep(std::mem::take(&mut values[content + i].1));
+                }
+            }
         }
         drop(values); // the values' bytes, at once
         if result.is_ok() {
@@ -772,6 +850,13 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     }
     *shared.flushed.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     shared.flushed_cv.notify_all();
+    // Rule 9: full windows fold once the flush is acknowledged, so that no vnode waits on it.
+    let mut compactors = shared.compactors.lock().unwrap_or_else(|p| p.into_inner());
+    for (vnode, c) in compactors.iter_mut() {
+        if c.pending_bytes >= FOLD_WINDOW_BYTES {
+            c.fold(*vnode, &[]);
+        }
+    }
     true
 }
 
