@@ -1137,6 +1137,32 @@ mod takeover {
         })
     }
 
+    /// Worker `claim.id` rejoins `c` on connection `conn`; asserts it was admitted there.
+    fn rejoin_admitted(
+        c: &mut Coordinator,
+        now: Duration,
+        conn: u64,
+        claim: Box<Rejoin>,
+        binding: [u8; 32],
+    ) -> Vec<Action> {
+        let w = claim.id;
+        let a = c.on_event(
+            now,
+            Event::Rejoined {
+                conn,
+                claim,
+                binding,
+            },
+        );
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Admit { conn: k, worker }
+                if *k == conn && *worker == w)),
+            "worker {w}: {a:?}"
+        );
+        a
+    }
+
     #[test]
     fn a_successors_status_says_it_took_over_and_whom_it_waits_for() {
         let (_, j) = running_with_keys();
@@ -1205,19 +1231,7 @@ mod takeover {
             .any(|a| matches!(a, Action::Refuse { conn: 9, .. })));
         // Workers 1 and 2 come back; no probe before the recovery ends.
         for (w, hosted) in [(1u32, vec![(0, 0), (3, 0)]), (2, vec![(1, 0)])] {
-            let a = c.on_event(
-                ms(5002),
-                Event::Rejoined {
-                    conn: u64::from(w) + 10,
-                    claim: claim(w, &b, hosted),
-                    binding: b,
-                },
-            );
-            assert!(
-                a.iter()
-                    .any(|a| matches!(a, Action::Admit { worker, .. } if *worker == w)),
-                "{a:?}"
-            );
+            let a = rejoin_admitted(&mut c, ms(5002), u64::from(w) + 10, claim(w, &b, hosted), b);
             assert!(to_worker(&a, w)
                 .iter()
                 .any(|m| matches!(m, ToWorker::Welcome { .. })));
@@ -1333,24 +1347,7 @@ mod takeover {
             .any(|a| matches!(a, Action::Refuse { conn: 77, .. })));
         assert!(c.workers().contains(&2));
         // Worker 2 rejoins, hosting v1 but having lost the host order for v2 (say).
-        let a = c.on_event(
-            ms(52),
-            Event::Rejoined {
-                conn: 78,
-                claim: claim(2, &b, vec![(1, 0)]),
-                binding: b,
-            },
-        );
-        assert!(
-            a.iter().any(|a| matches!(
-                a,
-                Action::Admit {
-                    conn: 78,
-                    worker: 2
-                }
-            )),
-            "{a:?}"
-        );
+        let a = rejoin_admitted(&mut c, ms(52), 78, claim(2, &b, vec![(1, 0)]), b);
         assert!(c.workers().contains(&2));
         let msgs = to_worker(&a, 2);
         assert!(
@@ -1533,19 +1530,7 @@ mod takeover {
         for w in 1..=2u32 {
             let mut cl = claim(w, &b, vec![]);
             cl.job = None;
-            let a = c.on_event(
-                ms(9000),
-                Event::Rejoined {
-                    conn: u64::from(w) + 20,
-                    claim: cl,
-                    binding: b,
-                },
-            );
-            assert!(
-                a.iter()
-                    .any(|a| matches!(a, Action::Admit { worker, .. } if *worker == w)),
-                "worker {w}: {a:?}"
-            );
+            rejoin_admitted(&mut c, ms(9000), u64::from(w) + 20, cl, b);
         }
         assert_eq!(c.workers(), vec![1, 2]);
         // A job asking for both starts.
@@ -1628,24 +1613,7 @@ mod takeover {
         let b = [6u8; 32];
         let mut cl = claim(2, &b, vec![]);
         cl.job = None;
-        let a = c.on_event(
-            now,
-            Event::Rejoined {
-                conn: 42,
-                claim: cl,
-                binding: b,
-            },
-        );
-        assert!(
-            a.iter().any(|a| matches!(
-                a,
-                Action::Admit {
-                    conn: 42,
-                    worker: 2
-                }
-            )),
-            "{a:?}"
-        );
+        rejoin_admitted(&mut c, now, 42, cl, b);
         // A third worker joins: the job starts on all three (after its store is checked).
         let a = join_with_key(&mut c, 3);
         assert!(
