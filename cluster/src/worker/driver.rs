@@ -4,10 +4,15 @@
 //! Every event goes through [`Driver::dispatch`], which runs the state machine and carries out
 //! its actions under one lock: actions only queue frames, deliver to inboxes or pass orders,
 //! so nothing under the lock blocks, and frames leave in the order the machine chose.
+//!
+//! The ticking thread (rule 3) sleeps until [`WorkerCore::next_deadline`] and no longer
+//! polls: a dispatch that brings the deadline before the thread's planned wake-up, or an exit,
+//! wakes it through [`Driver::tick_wake`]. Between rounds (200 ms by default) an idle worker's
+//! timers cost no wake-up at all; they woke every 5 ms before.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -70,6 +75,21 @@ struct State {
     exit: Option<String>,
     /// When the runtime's counters last went to the coordinator ([`METRICS_EVERY`]).
     metrics_sent: Option<Duration>,
+    /// When the ticking thread, asleep, wakes next; None while it runs (module docs).
+    tick_at: Option<Duration>,
+}
+
+impl State {
+    fn new(core: WorkerCore) -> State {
+        State {
+            core,
+            links: HashMap::new(),
+            job: None,
+            exit: None,
+            metrics_sent: None,
+            tick_at: None,
+        }
+    }
 }
 
 /// The runtime's counters go with a probe answer at most this often (`observe` rule 2): the
@@ -88,6 +108,8 @@ struct Driver {
     store: Arc<dyn Store>,
     run_job: RunJob,
     exit_tx: UnboundedSender<String>,
+    /// Wakes the ticking thread before its `tick_at` (module docs); waits on `state`.
+    tick_wake: Condvar,
 }
 
 impl Driver {
@@ -102,6 +124,13 @@ impl Driver {
         let actions = st.core.on_event(now, ev);
         for a in actions {
             self.act(&mut st, a);
+        }
+        if st
+            .tick_at
+            .is_some_and(|at| st.exit.is_some() || st.core.next_deadline() < at)
+        {
+            st.tick_at = None;
+            self.tick_wake.notify_one();
         }
     }
 
@@ -387,9 +416,33 @@ pub(crate) async fn connect_once(
     }
 }
 
-/// How often the ticking thread wakes at most: heartbeats of the default detector go every
-/// 200 ms, so 5 ms keeps them on time without a busy thread.
-const TICK_MAX: Duration = Duration::from_millis(5);
+/// The ticking thread (rule 3): ticks, then sleeps until the next deadline or until a dispatch
+/// or an exit wakes it (module docs). It holds the driver only while awake or asleep on its
+/// condition variable, and stops once the worker exits.
+fn tick_loop(driver: &Weak<Driver>) {
+    while let Some(d) = driver.upgrade() {
+        if d.state().exit.is_some() {
+            return;
+        }
+        d.dispatch(Event::Tick);
+        let mut st = d.state();
+        if st.exit.is_some() {
+            return;
+        }
+        let due = st.core.next_deadline();
+        // At least 1 ms: a deadline that a tick does not move (the detector's clock and ours
+        // disagree by rounding) must not make this thread spin.
+        let wait = due
+            .saturating_sub(d.clock.now())
+            .max(Duration::from_millis(1));
+        st.tick_at = Some(due);
+        let (mut st, _) = d
+            .tick_wake
+            .wait_timeout(st, wait)
+            .unwrap_or_else(|p| p.into_inner());
+        st.tick_at = None;
+    }
+}
 
 type CoordReader = veriflow_checkpoint::wire::WireReader<tokio::net::tcp::OwnedReadHalf>;
 type CoordWriter = veriflow_checkpoint::wire::WireWriter<tokio::net::tcp::OwnedWriteHalf>;
@@ -593,19 +646,14 @@ async fn serve_worker(
     let driver = Arc::new(Driver {
         key: cfg.key.clone(),
         clock,
-        state: Mutex::new(State {
-            core: WorkerCore::new(me, fd_params, clock.now()),
-            links: HashMap::new(),
-            job: None,
-            exit: None,
-            metrics_sent: None,
-        }),
+        state: Mutex::new(State::new(WorkerCore::new(me, fd_params, clock.now()))),
         to_coord,
         lost_tx,
         rt: tokio::runtime::Handle::current(),
         store,
         run_job,
         exit_tx,
+        tick_wake: Condvar::new(),
     });
     *keep = Some(driver.store.clone());
     tokio::spawn(peer_listener(listener, driver.clone()));
@@ -615,19 +663,7 @@ async fn serve_worker(
         let driver = Arc::downgrade(&driver);
         std::thread::Builder::new()
             .name("veriflow-tick".to_string())
-            .spawn(move || loop {
-                let Some(d) = driver.upgrade() else { return };
-                if d.state().exit.is_some() {
-                    return;
-                }
-                d.dispatch(Event::Tick);
-                let wait = {
-                    let st = d.state();
-                    st.core.next_deadline().saturating_sub(d.clock.now())
-                };
-                drop(d);
-                std::thread::sleep(wait.clamp(Duration::from_millis(1), TICK_MAX));
-            })
+            .spawn(move || tick_loop(&driver))
             .map_err(|e| ClusterError::Start {
                 what: "the ticking thread",
                 source: e,
@@ -702,6 +738,8 @@ async fn serve_worker(
     {
         let mut st = driver.state();
         st.exit.get_or_insert(end.to_string());
+        st.tick_at = None;
+        driver.tick_wake.notify_one();
         if let Some(j) = st.job.take() {
             let _ = j.control.send(Control::Stop);
         }
@@ -721,4 +759,141 @@ fn merge(known: &[String], more: &[String]) -> Vec<String> {
         }
     }
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use veriflow_runtime::detect::{FdParams, Heartbeat};
+
+    use super::*;
+    use crate::protocol::PeerInfo;
+
+    /// How long a test waits for what should take milliseconds before it fails (no time is
+    /// asserted: a ticking thread that was never woken sleeps for an hour).
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// Rounds of an hour, and a peer that promises 10 ms found silent 20 ms after that and
+    /// broken 20 ms later: only a woken ticking thread sees it within the hour.
+    fn slow_rounds() -> FdParams {
+        FdParams {
+            interval: Duration::from_secs(3600),
+            timeout: Duration::from_millis(20),
+            insurance: Duration::from_secs(3600),
+            broken: Duration::from_millis(20),
+            k: 3,
+        }
+    }
+
+    /// Worker 1, knowing worker 2, with its ticking thread running; the receiving end of its
+    /// frames to the coordinator; the network runtime (never driven: links never open).
+    fn worker() -> (
+        Arc<Driver>,
+        std::thread::JoinHandle<()>,
+        tokio::sync::mpsc::UnboundedReceiver<ToCoord>,
+        tokio::runtime::Runtime,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (to_coord, coord_rx) = unbounded_channel();
+        let (lost_tx, lost_rx) = unbounded_channel();
+        let (exit_tx, exit_rx) = unbounded_channel();
+        // The receivers live as long as the runtime's tasks that never run.
+        rt.spawn(async move {
+            let _keep = (lost_rx, exit_rx);
+        });
+        let clock = SystemClock::default();
+        let driver = Arc::new(Driver {
+            key: Key::from_bytes([7; 32]),
+            clock,
+            state: Mutex::new(State::new(WorkerCore::new(1, slow_rounds(), clock.now()))),
+            to_coord,
+            lost_tx,
+            rt: rt.handle().clone(),
+            store: open_store(&StoreSpec::Memory, None).unwrap(),
+            run_job: Arc::new(|_| Err("no job in this test".to_string())),
+            exit_tx,
+            tick_wake: Condvar::new(),
+        });
+        driver.dispatch(Event::FromCoord(ToWorker::Map {
+            job: 1,
+            map: vec![],
+            peers: vec![PeerInfo {
+                id: 2,
+                addr: "127.0.0.1:9".to_string(),
+                link_key: [2; 32],
+            }],
+        }));
+        let weak = Arc::downgrade(&driver);
+        let ticking = std::thread::spawn(move || tick_loop(&weak));
+        (driver, ticking, coord_rx, rt)
+    }
+
+    /// Waits until the ticking thread sleeps, and returns until when.
+    fn asleep(driver: &Driver) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            if let Some(at) = driver.state().tick_at {
+                return at;
+            }
+            assert!(t0.elapsed() < PATIENCE, "the ticking thread never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_ticking_thread_sleeps_to_the_deadline_and_an_earlier_one_wakes_it() {
+        let (driver, _ticking, mut coord_rx, _rt) = worker();
+        let at = asleep(&driver);
+        assert_eq!(
+            at,
+            driver.state().core.next_deadline(),
+            "it sleeps until the detector's deadline, not a polling period"
+        );
+        assert!(at > driver.clock.now() + Duration::from_secs(60));
+        // Worker 2 promises 10 ms: its silence is due long before the next round.
+        driver.dispatch(Event::FromPeer {
+            from: 2,
+            frame: Peer::Heartbeat(Heartbeat {
+                interval: Duration::from_millis(10),
+            }),
+        });
+        let t0 = Instant::now();
+        loop {
+            match coord_rx.try_recv() {
+                Ok(ToCoord::Broken { worker }) => {
+                    assert_eq!(worker, 2);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    assert!(
+                        t0.elapsed() < PATIENCE,
+                        "the silent worker 2 was never reported: the ticking thread slept on"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_exit_wakes_the_sleeping_ticking_thread_and_it_stops() {
+        let (driver, ticking, _coord_rx, _rt) = worker();
+        asleep(&driver);
+        driver.dispatch(Event::FromCoord(ToWorker::Refused {
+            reason: "test".to_string(),
+        }));
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = ticking.join();
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx.recv_timeout(PATIENCE).is_ok(),
+            "the ticking thread slept on after the exit"
+        );
+    }
 }

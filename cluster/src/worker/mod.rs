@@ -24,6 +24,8 @@
 //!    (peer 0) and the other workers: heartbeats to k random peers on the same links as the
 //!    messages, every frame received counts, a closed link is broken at once; a worker it
 //!    declares broken is reported to the coordinator, which decides (`coordinator` rule 4).
+//!    The driver runs the detector's timers on a thread of their own, which sleeps until
+//!    [`WorkerCore::next_deadline`] and is woken when an event brings that deadline earlier.
 //! 4. Every order of the coordinator about vnodes (new hosts, epochs, hosting one here) goes to
 //!    the member at once; probes are answered from the member's shared status without waiting
 //!    for its compute threads.
