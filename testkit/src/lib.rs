@@ -86,6 +86,41 @@ impl std::fmt::Display for Out {
     }
 }
 
+/// A loopback TCP port that refuses every connection for as long as this lives: a socket bound
+/// to it and never listening. A listener bound to `127.0.0.1:0` and dropped frees its port,
+/// which another test's server may take at once (a worker told to join such a port once met a
+/// checkpoint server with another key there, and failed with the wrong error).
+pub struct RefusingPort {
+    _socket: rustix::fd::OwnedFd,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl RefusingPort {
+    /// Binds one (panics if the machine has no loopback TCP).
+    pub fn new() -> RefusingPort {
+        use rustix::net::{AddressFamily, SocketType};
+        let socket = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)
+            .expect("a TCP socket");
+        let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        rustix::net::bind(&socket, &any).expect("bind 127.0.0.1:0");
+        let bound = rustix::net::getsockname(&socket).expect("getsockname");
+        let port = std::net::SocketAddrV4::try_from(bound)
+            .expect("an IPv4 address")
+            .port();
+        RefusingPort {
+            _socket: socket,
+            addr: format!("127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Default for RefusingPort {
+    fn default() -> Self {
+        RefusingPort::new()
+    }
+}
+
 /// How long to retry an invocation (or an open) that fails on sled's lock: a store closed a
 /// moment ago may still hold it (sled releases its file in the background).
 pub const LOCK_PATIENCE: Duration = Duration::from_secs(30);

@@ -258,12 +258,9 @@ fn unreachable_coordinator_is_a_clear_error_after_retries() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("k");
     knary(&["keygen", s(&key)]).expect_code(0);
-    // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let addr = port.to_string();
+    // A port that refuses every connection (held: no other test's server can take it).
+    let port = veriflow_testkit::RefusingPort::new();
+    let addr = port.addr.clone();
     knary(&["worker", "--join", &addr, "--key", s(&key)])
         .expect_code(1)
         .stderr_has("unreachable after");

@@ -143,15 +143,11 @@ fn status_with_a_wrong_key_or_no_coordinator_fails_with_a_clear_error() {
     ])
     .expect_code(1)
     .stderr_has("error");
-    // A port nobody listens on: the listener is dropped before the call.
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    knary(&["status", "--coordinator", &free, "--key", s(&c.key)])
+    // A port that refuses every connection (held: no other test's server can take it).
+    let free = veriflow_testkit::RefusingPort::new();
+    knary(&["status", "--coordinator", &free.addr, "--key", s(&c.key)])
         .expect_code(1)
-        .stderr_has(&free);
+        .stderr_has(&free.addr);
     // Usage errors are clap's.
     knary(&["status", "--key", s(&c.key)]).expect_code(2);
 }

@@ -136,10 +136,15 @@ struct Compactor {
     segments: u64,
     /// Bytes of segments taken in since the last checkpoint.
     since: u64,
-    /// Stored segments not folded yet, in log order: folded together once they reach
+    /// Stored segments not folded yet, in log order, one after another in one buffer (a
+    /// sealed segment's own buffer has the batch's whole capacity, 64 KiB, however little it
+    /// holds: CG's segments, whose values go to the value store, held ~1 KiB each, and a 4 MiB
+    /// window of them kept some 250 MB), folded together once they reach
     /// [`FOLD_WINDOW_BYTES`] or a checkpoint is due.
-    pending: Vec<Vec<u8>>,
-    /// Their bytes.
+    pending: Vec<u8>,
+    /// Where each kept segment ends in `pending`.
+    ends: Vec<usize>,
+    /// Their bytes (`pending.len()`).
     pending_bytes: u64,
     /// The log could not be read back when the vnode's log was opened, or a segment did not
     /// fold: no checkpoint is written (recovery reads the whole log, and reports what is wrong
@@ -168,6 +173,7 @@ impl Compactor {
             segments,
             since: 0,
             pending: Vec::new(),
+            ends: Vec::new(),
             pending_bytes: 0,
             broken: false,
         }
@@ -191,25 +197,26 @@ impl Compactor {
     }
 
     /// Keeps an accepted segment's bytes once stored, to fold with its window.
-    fn keep(&mut self, bytes: Vec<u8>) {
+    fn keep(&mut self, bytes: &[u8]) {
         if self.broken {
             return;
         }
-        self.pending_bytes += bytes.len() as u64;
-        self.pending.push(bytes);
+        self.pending.extend_from_slice(bytes);
+        self.ends.push(self.pending.len());
+        self.pending_bytes = self.pending.len() as u64;
     }
 
     /// Folds the kept segments, then `more` (accepted, not stored yet), and compacts.
     fn fold(&mut self, vnode: VnodeId, more: &[&[u8]]) {
-        if !self.broken && (!self.pending.is_empty() || !more.is_empty()) {
+        if !self.broken && (!self.ends.is_empty() || !more.is_empty()) {
             // Some 100 bytes an event (knary's three a task take 90-130).
             let bytes: u64 = self.pending_bytes + more.iter().map(|m| m.len() as u64).sum::<u64>();
             let mut events: Vec<&[u8]> =
                 Vec::with_capacity(usize::try_from(bytes / 100).unwrap_or(0));
-            let folded = self
-                .pending
-                .iter()
-                .map(Vec::as_slice)
+            let starts = std::iter::once(0).chain(self.ends.iter().copied());
+            let folded = starts
+                .zip(self.ends.iter().copied())
+                .map(|(a, b)| &self.pending[a..b])
                 .chain(more.iter().copied())
                 .try_for_each(|seg| {
                     segment::for_each_encoded_event(seg, |e| {
@@ -226,6 +233,7 @@ impl Compactor {
             }
         }
         self.pending.clear();
+        self.ends.clear();
         self.pending_bytes = 0;
     }
 
@@ -647,14 +655,24 @@ impl Drop for LogWriter {
 impl LogWriter {
     /// Bytes of `vnode`'s stored segments not folded yet, and the tasks its state holds.
     pub(super) fn unfolded(&self, vnode: VnodeId) -> (u64, usize) {
+        let (bytes, _, tasks) = self.unfolded_held(vnode);
+        (bytes, tasks)
+    }
+
+    /// [`LogWriter::unfolded`] with the memory that holds those bytes.
+    pub(super) fn unfolded_held(&self, vnode: VnodeId) -> (u64, u64, usize) {
         let compactors = self
             .shared
             .compactors
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        compactors
-            .get(&vnode)
-            .map_or((0, 0), |c| (c.pending_bytes, c.state.tasks.len()))
+        compactors.get(&vnode).map_or((0, 0, 0), |c| {
+            (
+                c.pending_bytes,
+                c.pending.capacity() as u64,
+                c.state.tasks.len(),
+            )
+        })
     }
 }
 
@@ -816,7 +834,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             // Rule 9: the stored segments' bytes, kept to fold.
             for (vnode, i) in accepted {
                 if let Some(c) = compactors.get_mut(&vnode) {
-                    c.keep(std::mem::take(&mut values[content + i].1));
+                    c.keep(&values[content + i].1);
                 }
             }
         }
