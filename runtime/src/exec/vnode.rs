@@ -576,7 +576,7 @@ impl Vnode {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| match sent.get(i) {
-                    Some(&d) if !inputs[i].from_wire() => d,
+                    Some(&d) if !inputs[i].came_over_a_wire() => d,
                     _ => Digest::of(b),
                 })
                 .collect();
@@ -629,7 +629,7 @@ impl Vnode {
         // Bytes from a wire are checked against the digest the thief logged; a value from
         // this process (typed, or the bytes the thief logged) is not. The log needs the bytes
         // and a digest.
-        let wired = value.from_wire();
+        let wired = value.came_over_a_wire();
         let bytes = if wired || self.core.logging() {
             Some(value.encode().map_err(|e| RunError::Encode {
                 what: format!("returned value of {data}"),

@@ -75,7 +75,7 @@ impl Value {
     }
 
     /// Whether this value came over a wire (its bytes were deserialized from a message).
-    pub(crate) fn from_wire(&self) -> bool {
+    pub(crate) fn came_over_a_wire(&self) -> bool {
         matches!(self.0, Inner::Bytes { wire: true, .. })
     }
 
@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn a_value_is_its_encoding_on_a_wire_and_typed_in_process() {
         let v = Value::typed(vec![1.5f64, -2.0, 3.25]);
-        assert!(!v.from_wire());
+        assert!(!v.came_over_a_wire());
         let wire = postcard::to_allocvec(&v).unwrap();
         let want = postcard::to_allocvec(&serde_bytes::ByteBuf::from(
             codec::encode(&vec![1.5f64, -2.0, 3.25]).unwrap(),
@@ -144,11 +144,11 @@ mod tests {
         .unwrap();
         assert_eq!(wire, want);
         let back: Value = postcard::from_bytes(&wire).unwrap();
-        assert!(back.from_wire() && !Value::bytes(vec![0]).from_wire());
+        assert!(back.came_over_a_wire() && !Value::bytes(vec![0]).came_over_a_wire());
         assert_eq!(back, v);
         assert_eq!(back.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
         let moved = v.clone();
-        assert!(!moved.from_wire());
+        assert!(!moved.came_over_a_wire());
         assert_eq!(moved.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
     }
 }
