@@ -1137,6 +1137,23 @@ mod takeover {
         })
     }
 
+    /// Job 1's store is found empty at `now`: asserts the job is accepted (started).
+    fn job_1_store_checked_and_accepted(c: &mut Coordinator, now: Duration) {
+        let a = c.on_event(
+            now,
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        assert!(
+            to_client(&a)
+                .iter()
+                .any(|m| matches!(m, ToSubmit::Accepted { .. })),
+            "{a:?}"
+        );
+    }
+
     /// Worker `claim.id` rejoins `c` on connection `conn`; asserts it was admitted there.
     fn rejoin_admitted(
         c: &mut Coordinator,
@@ -1542,19 +1559,7 @@ mod takeover {
                 job: spec(2, 2),
             },
         );
-        let a = c.on_event(
-            ms(9002),
-            Event::StoreChecked {
-                job: 1,
-                result: Ok(false),
-            },
-        );
-        assert!(
-            to_client(&a)
-                .iter()
-                .any(|m| matches!(m, ToSubmit::Accepted { .. })),
-            "{a:?}"
-        );
+        job_1_store_checked_and_accepted(&mut c, ms(9002));
     }
 
     /// Rule 5: a worker lost while in no job (here silent while a job waits for more workers,
@@ -1620,19 +1625,7 @@ mod takeover {
             a.iter().any(|a| matches!(a, Action::CheckStore { job: 1 })),
             "{a:?}"
         );
-        let a = c.on_event(
-            now,
-            Event::StoreChecked {
-                job: 1,
-                result: Ok(false),
-            },
-        );
-        assert!(
-            to_client(&a)
-                .iter()
-                .any(|m| matches!(m, ToSubmit::Accepted { .. })),
-            "{a:?}"
-        );
+        job_1_store_checked_and_accepted(&mut c, now);
         assert_eq!(c.workers(), vec![1, 2, 3]);
         // Now a member: lost when its connection closes, and refused when it comes back.
         let _ = c.on_event(
