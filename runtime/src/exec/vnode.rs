@@ -576,7 +576,7 @@ impl Vnode {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| match sent.get(i) {
-                    Some(&d) if !inputs[i].came_over_a_wire() => d,
+                    Some(&d) if inputs[i].wire_bytes().is_none() => d,
                     _ => Digest::of(b),
                 })
                 .collect();
@@ -627,44 +627,35 @@ impl Vnode {
         digest: Option<Digest>,
     ) -> Result<(), RunError> {
         // Bytes from a wire are checked against the digest the thief logged; a value from
-        // this process (typed, or the bytes the thief logged) is not. The log needs the bytes
-        // and a digest.
-        let wired = value.came_over_a_wire();
-        let bytes = if wired || self.core.logging() {
-            Some(value.encode().map_err(|e| RunError::Encode {
-                what: format!("returned value of {data}"),
-                reason: e.to_string(),
-            })?)
-        } else {
-            None
-        };
-        let digest = match (&bytes, digest) {
-            (Some(b), Some(d)) if wired && Digest::of(b) != d => {
+        // this process (typed, or the bytes the thief logged) is not.
+        if let (Some(b), Some(d)) = (value.wire_bytes(), digest) {
+            if Digest::of(b) != d {
                 tracing::warn!(
                     "{}: dropped a Returned for {data} from {thief}: a digest mismatch",
                     self.id()
                 );
                 return Ok(());
             }
-            (_, Some(d)) => Some(d),
-            (Some(b), None) if self.core.logging() => Some(Digest::of(b)),
-            _ => None,
-        };
+        }
         let expected = self.expected.remove(&(data, thief));
         // An expected value may already be here, written by a task we stole back (see
         // `Core::create_return`); its entry may even be gone (dropped once written).
         if expected && self.core.awaits(data) {
-            let seq = match (bytes, digest) {
-                (Some(b), Some(digest)) if self.core.logging() => {
-                    self.core.append(&Event::Returned {
-                        output: Output {
-                            data,
-                            value: b.into(),
-                            digest,
-                        },
-                    })?
-                }
-                _ => 0,
+            // The log needs the bytes and a digest; a duplicate is never encoded.
+            let (seq, digest) = if self.core.logging() {
+                let bytes = value.encode().map_err(|e| RunError::Encode {
+                    what: format!("returned value of {data}"),
+                    reason: e.to_string(),
+                })?;
+                let digest = digest.unwrap_or_else(|| Digest::of(&bytes));
+                let output = Output {
+                    data,
+                    value: bytes.into(),
+                    digest,
+                };
+                (self.core.append(&Event::Returned { output })?, Some(digest))
+            } else {
+                (0, digest)
             };
             self.core.write(data, value, digest, None, seq)?;
             self.held

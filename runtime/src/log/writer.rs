@@ -144,8 +144,6 @@ struct Compactor {
     pending: Vec<u8>,
     /// Where each kept segment ends in `pending`.
     ends: Vec<usize>,
-    /// Their bytes (`pending.len()`).
-    pending_bytes: u64,
     /// The log could not be read back when the vnode's log was opened, or a segment did not
     /// fold: no checkpoint is written (recovery reads the whole log, and reports what is wrong
     /// with it).
@@ -174,7 +172,6 @@ impl Compactor {
             since: 0,
             pending: Vec::new(),
             ends: Vec::new(),
-            pending_bytes: 0,
             broken: false,
         }
     }
@@ -196,6 +193,11 @@ impl Compactor {
         true
     }
 
+    /// Bytes of the kept segments.
+    fn pending_bytes(&self) -> u64 {
+        self.pending.len() as u64
+    }
+
     /// Keeps an accepted segment's bytes once stored, to fold with its window.
     fn keep(&mut self, bytes: &[u8]) {
         if self.broken {
@@ -203,14 +205,14 @@ impl Compactor {
         }
         self.pending.extend_from_slice(bytes);
         self.ends.push(self.pending.len());
-        self.pending_bytes = self.pending.len() as u64;
     }
 
     /// Folds the kept segments, then `more` (accepted, not stored yet), and compacts.
     fn fold(&mut self, vnode: VnodeId, more: &[&[u8]]) {
         if !self.broken && (!self.ends.is_empty() || !more.is_empty()) {
             // Some 100 bytes an event (knary's three a task take 90-130).
-            let bytes: u64 = self.pending_bytes + more.iter().map(|m| m.len() as u64).sum::<u64>();
+            let bytes: u64 =
+                self.pending_bytes() + more.iter().map(|m| m.len() as u64).sum::<u64>();
             let mut events: Vec<&[u8]> =
                 Vec::with_capacity(usize::try_from(bytes / 100).unwrap_or(0));
             let starts = std::iter::once(0).chain(self.ends.iter().copied());
@@ -234,7 +236,6 @@ impl Compactor {
         }
         self.pending.clear();
         self.ends.clear();
-        self.pending_bytes = 0;
     }
 
     /// The checkpoint record, if one is due, after folding what was kept and `more` (the
@@ -668,7 +669,7 @@ impl LogWriter {
             .unwrap_or_else(|p| p.into_inner());
         compactors.get(&vnode).map_or((0, 0, 0), |c| {
             (
-                c.pending_bytes,
+                c.pending_bytes(),
                 c.pending.capacity() as u64,
                 c.state.tasks.len(),
             )
@@ -871,7 +872,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     // Rule 9: full windows fold once the flush is acknowledged, so that no vnode waits on it.
     let mut compactors = shared.compactors.lock().unwrap_or_else(|p| p.into_inner());
     for (vnode, c) in compactors.iter_mut() {
-        if c.pending_bytes >= FOLD_WINDOW_BYTES {
+        if c.pending_bytes() >= FOLD_WINDOW_BYTES {
             c.fold(*vnode, &[]);
         }
     }

@@ -74,9 +74,12 @@ impl Value {
         }
     }
 
-    /// Whether this value came over a wire (its bytes were deserialized from a message).
-    pub(crate) fn came_over_a_wire(&self) -> bool {
-        matches!(self.0, Inner::Bytes { wire: true, .. })
+    /// The bytes of a value that came over a wire (deserialized from a message), else `None`.
+    pub(crate) fn wire_bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Inner::Bytes { bytes, wire: true } => Some(bytes),
+            _ => None,
+        }
     }
 
     /// The value as a `T`: moved out when this is the last reference, cloned otherwise,
@@ -136,7 +139,7 @@ mod tests {
     #[test]
     fn a_value_is_its_encoding_on_a_wire_and_typed_in_process() {
         let v = Value::typed(vec![1.5f64, -2.0, 3.25]);
-        assert!(!v.came_over_a_wire());
+        assert!(v.wire_bytes().is_none());
         let wire = postcard::to_allocvec(&v).unwrap();
         let want = postcard::to_allocvec(&serde_bytes::ByteBuf::from(
             codec::encode(&vec![1.5f64, -2.0, 3.25]).unwrap(),
@@ -144,11 +147,11 @@ mod tests {
         .unwrap();
         assert_eq!(wire, want);
         let back: Value = postcard::from_bytes(&wire).unwrap();
-        assert!(back.came_over_a_wire() && !Value::bytes(vec![0]).came_over_a_wire());
+        assert!(back.wire_bytes().is_some() && Value::bytes(vec![0]).wire_bytes().is_none());
         assert_eq!(back, v);
         assert_eq!(back.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
         let moved = v.clone();
-        assert!(!moved.came_over_a_wire());
+        assert!(moved.wire_bytes().is_none());
         assert_eq!(moved.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
     }
 }
