@@ -24,6 +24,7 @@
 
 use std::any::TypeId;
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::{HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
@@ -361,34 +362,35 @@ impl Core {
     /// tasks the log declared, without logging them again.
     pub(crate) fn wire(&mut self, spec: TaskSpec) -> Result<(), RunError> {
         self.shared.work_add(self.vnode);
-        let mut missing = 0;
-        for &input in &spec.inputs {
-            let Some(e) = self.data.get(&input) else {
-                return Err(self.internal(format!("task {} reads unknown {input}", spec.id)));
-            };
-            missing += u32::from(e.value.is_none());
-        }
-        let id = spec.id;
         let slot = self.alloc(
             ReadyTask {
                 spec,
                 values: Vec::new(),
                 digests: Vec::new(),
             },
-            missing,
+            0,
         );
-        let Some(Some(s)) = self.tasks.get(slot as usize) else {
-            return Err(self.internal(format!("task {id} lost its slot")));
+        let vnode = self.vnode;
+        let internal = |message| RunError::Internal { vnode, message };
+        let Some(Some(s)) = self.tasks.get_mut(slot as usize) else {
+            return Err(internal(format!("slot {slot} lost its task")));
         };
+        // One map lookup per input (an internal error ends the run, so a half-wired task
+        // is never seen).
         for &input in &s.task.spec.inputs {
-            if let Some(e) = self.data.get_mut(&input) {
-                e.readers += 1;
-                if e.value.is_none() {
-                    e.waiters.push(slot);
-                }
+            let Some(e) = self.data.get_mut(&input) else {
+                return Err(internal(format!(
+                    "task {} reads unknown {input}",
+                    s.task.spec.id
+                )));
+            };
+            e.readers += 1;
+            if e.value.is_none() {
+                e.waiters.push(slot);
+                s.missing += 1;
             }
         }
-        if missing == 0 {
+        if s.missing == 0 {
             self.make_ready(slot)?;
         } else {
             self.waiting += 1;
@@ -420,16 +422,17 @@ impl Core {
                 vnode: self.vnode,
                 message,
             };
-            let Some(e) = self.data.get_mut(&input) else {
+            let Entry::Occupied(mut o) = self.data.entry(input) else {
                 return Err(internal(format!("task {id} lost input {input}")));
             };
+            let e = o.get_mut();
             if logging {
                 task.digests.push(e.digest.unwrap_or_default());
             }
             e.readers -= 1;
             let value = if e.droppable() {
                 // Rule 6: the last reader takes the value itself.
-                self.data.remove(&input).and_then(|e| e.value)
+                o.remove().value
             } else {
                 e.value.clone()
             };
@@ -492,9 +495,11 @@ impl Core {
     /// The scope that declared `ids` has ended (rule 3).
     pub(crate) fn close(&mut self, ids: &[DataId]) {
         for &id in ids {
-            if let Some(e) = self.data.get_mut(&id) {
-                e.open = false;
-                self.maybe_drop(id);
+            if let Entry::Occupied(mut o) = self.data.entry(id) {
+                o.get_mut().open = false;
+                if o.get().droppable() {
+                    o.remove();
+                }
             }
         }
     }
@@ -511,8 +516,10 @@ impl Core {
     }
 
     fn maybe_drop(&mut self, id: DataId) {
-        if self.data.get(&id).is_some_and(DataEntry::droppable) {
-            self.data.remove(&id);
+        if let Entry::Occupied(o) = self.data.entry(id) {
+            if o.get().droppable() {
+                o.remove();
+            }
         }
     }
 
