@@ -108,6 +108,9 @@ pub mod watermark;
 mod window;
 mod writer;
 
+pub use decode::{
+    view_event, DeclaredView, Digests, EventView, Ids, OutputView, Outputs, PayloadView,
+};
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
