@@ -954,6 +954,16 @@ impl Track {
             .map(|o| (DataId(o.data), o.digest))
     }
 
+    /// The tasks that wrote a value themselves, sorted by id.
+    pub fn writers(&self) -> Vec<TaskId> {
+        let ids =
+            (0..self.len() as Ix).filter(|&t| !self.outs_of(self.wrote[t as usize]).is_empty());
+        self.sorted_by_id(ids)
+            .into_iter()
+            .map(|t| self.id(t))
+            .collect()
+    }
+
     /// Task `t`'s record (rule 5: built from its part's columns).
     pub fn record(&self, t: Ix) -> Option<Declared> {
         let (part, r) = self.rec_of(t)?;
