@@ -492,9 +492,10 @@ impl Index {
         }
         let b = (id >> self.shift) as usize;
         let (from, to) = (*self.buckets.get(b)? as usize, self.buckets[b + 1] as usize);
+        // About one id a bucket: a scan, no branches to mispredict in a search.
         ids[from..to]
-            .binary_search(&id)
-            .ok()
+            .iter()
+            .position(|&x| x == id)
             .map(|i| (from + i) as u32)
     }
 }
@@ -574,8 +575,9 @@ pub struct Track {
     digest: Vec<Option<Digest>>,
     /// Program inputs' values (few): (part, value, digest).
     input: HashMap<u32, (u32, Val, Digest)>,
-    /// Copies returned to victims (few).
-    returned: HashMap<u32, Vec<(VnodeId, Digest)>>,
+    /// Copies returned to victims (few), by datum id: the structural check looks a written
+    /// datum up here without its index.
+    returned: IdMap<u128, Vec<(VnodeId, Digest)>>,
 }
 
 impl Track {
@@ -686,7 +688,7 @@ impl Track {
             writer: Vec::new(),
             digest: Vec::new(),
             input: HashMap::new(),
-            returned: HashMap::new(),
+            returned: IdMap::default(),
         }
     }
 
@@ -825,8 +827,8 @@ impl Track {
             }
             (Kind::Returned, _) => {
                 let digest = self.parts[p as usize].returns[ev.at as usize];
-                let d = self.dix(ev.id);
-                self.returned.entry(d).or_default().push((v, digest));
+                self.dix(ev.id);
+                self.returned.entry(ev.id).or_default().push((v, digest));
             }
             (Kind::Input, _) => {
                 let (value, digest) = self.parts[p as usize].inputs[ev.at as usize];
@@ -1030,7 +1032,7 @@ impl Track {
                 .input
                 .get(&x)
                 .map(|&(p, v, g)| (self.parts[p as usize].payload(v).to_payload(), g)),
-            returned: self.returned.get(&x).cloned().unwrap_or_default(),
+            returned: self.returned.get(&d.0).cloned().unwrap_or_default(),
         })
     }
 
@@ -1040,7 +1042,7 @@ impl Track {
             .filter(|x| {
                 self.digest[*x as usize].is_some()
                     || self.writer[*x as usize] != NONE
-                    || self.returned.contains_key(x)
+                    || self.returned.contains_key(&self.data_ids[*x as usize])
             })
             .map(|x| DataId(self.data_ids[x as usize]))
     }
@@ -1254,12 +1256,8 @@ impl Track {
                     "wrote a datum that is not one of its outputs".to_string(),
                 ));
             }
-            // Most data were never returned: no lookup for them when none was.
-            let returned = match self.returned.is_empty() {
-                true => None,
-                false => self.data_ix(d).and_then(|x| self.returned.get(&x)),
-            };
-            for (victim, got) in returned.into_iter().flatten() {
+            // Few data were returned: a small map, looked up by id.
+            for (victim, got) in self.returned.get(&o.data).into_iter().flatten() {
                 if *got != digest {
                     out.push(self.error(
                         Some(t),

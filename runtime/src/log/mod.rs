@@ -116,8 +116,8 @@ pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
 pub use reader::{
-    LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, StreamedVnode, TornTail, VnodeEvents,
-    MAX_REPEATS,
+    EncodedSink, LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, StreamedVnode, TornTail,
+    VnodeEvents, MAX_REPEATS,
 };
 pub use state::LogState;
 pub use values::STORED_FROM;

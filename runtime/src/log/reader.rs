@@ -113,6 +113,10 @@ pub struct StreamedVnode {
 /// and its new events with their offsets, in log order.
 type Admitted = (u64, Vec<(u32, Event)>);
 
+/// Who takes each event's encoding from [`LogReader::walk_encoded`]: (segment number, byte
+/// offset in the stored segment, bytes); an `Err` is why the event does not decode.
+pub type EncodedSink<'a> = dyn FnMut(u64, u32, &[u8]) -> Result<(), String> + 'a;
+
 /// What a segment's header says, and how many events it holds.
 struct Header {
     vnode: VnodeId,
@@ -347,7 +351,7 @@ impl LogReader {
     pub fn walk_encoded(
         &self,
         vnode: VnodeId,
-        each: &mut dyn FnMut(u64, u32, &[u8]) -> Result<(), String>,
+        each: &mut EncodedSink<'_>,
     ) -> Result<StreamedVnode, LogError> {
         let prefix = self.key(&segment::vnode_prefix(vnode));
         let first = self.store.scan_page(&prefix, None, ONE_KEY)?;
@@ -1020,7 +1024,7 @@ impl Walk {
         key: &[u8],
         value: &[u8],
         is_last: bool,
-        each: &mut dyn FnMut(u64, u32, &[u8]) -> Result<(), String>,
+        each: &mut EncodedSink<'_>,
     ) -> Result<bool, LogError> {
         let segno = self.open(key)?;
         let mut events = 0u64;
