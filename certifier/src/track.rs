@@ -486,6 +486,24 @@ impl Index {
         }
     }
 
+    /// The index of `id` in `ids` and false, or true and a new index at the end of `ids`
+    /// (a sorted index becomes a hash index then: the ids no longer ascend).
+    fn get_or_push(&mut self, ids: &mut Vec<u128>, id: u128) -> (u32, bool) {
+        if let Some(i) = self.get(ids, id) {
+            return (i, false);
+        }
+        let map = self.map.get_or_insert_with(|| {
+            ids.iter()
+                .enumerate()
+                .map(|(i, &x)| (x, i as u32))
+                .collect()
+        });
+        let i = ids.len() as u32;
+        ids.push(id);
+        map.insert(id, i);
+        (i, true)
+    }
+
     fn get(&self, ids: &[u128], id: u128) -> Option<u32> {
         if let Some(m) = &self.map {
             return m.get(&id).copied();
@@ -708,16 +726,14 @@ impl Track {
         self.apply(p, ev, None);
     }
 
-    /// The index of task `id`, a new one if a live track has not met it yet.
+    /// The index of task `id`, a new one if the track has not met it yet.
     fn ix(&mut self, id: u128) -> Ix {
-        if let Some(i) = self.index.get(&self.ids, id) {
+        let (i, new) = self.index.get_or_push(&mut self.ids, id);
+        if !new {
             return i;
         }
-        let i = self.ids.len() as Ix;
-        self.ids.push(id);
-        if let Some(m) = &mut self.index.map {
-            m.insert(id, i);
-        }
+        // A loaded track grown further: indexes are no longer ranks.
+        self.sorted &= self.index.map.is_none();
         self.rec.push((NONE, 0));
         self.declared_on.push(None);
         self.ran_on.push(None);
@@ -727,15 +743,11 @@ impl Track {
         i
     }
 
-    /// The index of datum `id`, a new one if a live track has not met it yet.
+    /// The index of datum `id`, a new one if the track has not met it yet.
     fn dix(&mut self, id: u128) -> u32 {
-        if let Some(i) = self.data_index.get(&self.data_ids, id) {
+        let (i, new) = self.data_index.get_or_push(&mut self.data_ids, id);
+        if !new {
             return i;
-        }
-        let i = self.data_ids.len() as u32;
-        self.data_ids.push(id);
-        if let Some(m) = &mut self.data_index.map {
-            m.insert(id, i);
         }
         self.writer.push(NONE);
         self.digest.push(None);

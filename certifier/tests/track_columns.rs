@@ -2,7 +2,7 @@
 //! time from the reader's decoded events (each vnode's events once, in log order, vnode after
 //! vnode): on arbitrary logs, with events repeated inside one log, logs that disagree, steals,
 //! returns, program inputs and values in the value store, both give the same G, the same
-//! conflicts, G_S, structural errors and leaves.
+//! conflicts, G_S, structural errors and leaves; and so do both grown by more events.
 
 use std::sync::Arc;
 
@@ -161,6 +161,7 @@ proptest! {
     fn the_columnar_load_is_the_track_of_the_events_one_by_one(
         logs in logs(),
         terminal in prop::collection::vec(data(), 0..3),
+        later in prop::collection::vec(event(), 0..6),
     ) {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let mut manifest = Manifest {
@@ -184,7 +185,7 @@ proptest! {
         write_generation(&*store, &mut manifest, 1, &logs).unwrap();
         let reader = LogReader::latest(store.clone()).unwrap();
         prop_assert_eq!(reader.generation(), 1);
-        let loaded = Track::load_from(&reader).unwrap();
+        let mut loaded = Track::load_from(&reader).unwrap();
         let mut one_by_one = Track::live(reader.manifest().unwrap(), 1);
         one_by_one.store = Some(ValueSource(store.clone()));
         for v in reader.vnodes().unwrap() {
@@ -193,6 +194,12 @@ proptest! {
             }
         }
         prop_assert_eq!(loaded.len(), one_by_one.len());
+        prop_assert_eq!(seen(&loaded, &terminal), seen(&one_by_one, &terminal));
+        // A loaded track grown further (its indexes no longer ranks) is still the same G.
+        for e in later {
+            loaded.absorb(VnodeId(0), e.clone());
+            one_by_one.absorb(VnodeId(0), e);
+        }
         prop_assert_eq!(seen(&loaded, &terminal), seen(&one_by_one, &terminal));
     }
 }
