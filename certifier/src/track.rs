@@ -41,8 +41,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{
-    view_event, Declared, Event, EventView, LogError, LogReader, Manifest, Output, Payload,
-    PayloadView, StreamedVnode, TornTail,
+    view_event, Declared, Event, EventKind as Kind, EventView, LogError, LogReader, Manifest,
+    Output, Payload, PayloadView, StreamedVnode, TornTail,
 };
 use veriflow_runtime::{DataId, Digest, IdMap, TaskId, VnodeId};
 
@@ -176,23 +176,10 @@ struct Out {
     value: Val,
 }
 
-/// Kinds of [`Ev`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Declared,
-    Started,
-    Completed,
-    Stolen,
-    Adopted,
-    Returned,
-    Input,
-}
-
-impl Kind {
-    /// Its bit in the kinds of events a vnode logged of one id (rule 1: each counts once).
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
+/// The bit of `kind` in the kinds of events a vnode logged of one id (rule 1: each counts
+/// once).
+fn bit(kind: Kind) -> u8 {
+    1 << kind as u8
 }
 
 /// One event of a part, in log order: its id (a task's, or a datum's for `Returned` and
@@ -542,11 +529,11 @@ impl Once {
                     self.vnode[t] = p;
                     self.kinds[t] = 0;
                 }
-                let new = self.kinds[t] & kind.bit() == 0;
-                self.kinds[t] |= kind.bit();
+                let new = self.kinds[t] & bit(kind) == 0;
+                self.kinds[t] |= bit(kind);
                 new
             }
-            None => self.data.insert((id, kind.bit())),
+            None => self.data.insert((id, bit(kind))),
         }
     }
 }

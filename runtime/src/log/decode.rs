@@ -127,14 +127,20 @@ impl<'a> From<&'a Payload> for PayloadView<'a> {
     }
 }
 
-/// 16-byte little-endian ids read in place.
+/// Items of `N` bytes side by side, read in place: [`Ids`] or [`Digests`].
 #[derive(Clone, Copy, Debug)]
-pub struct Ids<'a>(&'a [u8]);
+pub struct Fixed<'a, const N: usize>(&'a [u8]);
 
-impl<'a> Ids<'a> {
+/// 16-byte little-endian ids read in place.
+pub type Ids<'a> = Fixed<'a, 16>;
+
+/// 32-byte digests read in place.
+pub type Digests<'a> = Fixed<'a, 32>;
+
+impl<'a, const N: usize> Fixed<'a, N> {
     /// How many.
     pub fn len(&self) -> usize {
-        self.0.len() / 16
+        self.0.len() / N
     }
 
     /// Whether there are none.
@@ -142,34 +148,25 @@ impl<'a> Ids<'a> {
         self.0.is_empty()
     }
 
-    /// The ids as numbers, in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = u128> + 'a {
+    /// The items' bytes, in order.
+    fn items(&self) -> impl ExactSizeIterator<Item = [u8; N]> + 'a {
         self.0
-            .chunks_exact(16)
-            .map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes")))
+            .chunks_exact(N)
+            .map(|c| c.try_into().expect("chunks of N bytes"))
     }
 }
 
-/// 32-byte digests read in place.
-#[derive(Clone, Copy, Debug)]
-pub struct Digests<'a>(&'a [u8]);
+impl<'a> Ids<'a> {
+    /// The ids as numbers, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = u128> + 'a {
+        self.items().map(u128::from_le_bytes)
+    }
+}
 
 impl<'a> Digests<'a> {
-    /// How many.
-    pub fn len(&self) -> usize {
-        self.0.len() / 32
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// The digests, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Digest> + 'a {
-        self.0
-            .chunks_exact(32)
-            .map(|c| Digest(c.try_into().expect("32 bytes")))
+        self.items().map(Digest)
     }
 }
 
@@ -265,7 +262,7 @@ pub fn view_event(bytes: &[u8]) -> Option<EventView<'_>> {
             let n = r.len(32)?;
             EventView::Started {
                 task,
-                inputs: Digests(r.take(32 * n)?),
+                inputs: Fixed(r.take(32 * n)?),
             }
         }
         COMPLETED => {
@@ -362,7 +359,7 @@ impl<'a> Bytes<'a> {
 
     fn ids(&mut self) -> Option<Ids<'a>> {
         let n = self.len(16)?;
-        Some(Ids(self.take(16 * n)?))
+        Some(Fixed(self.take(16 * n)?))
     }
 
     fn declared(&mut self) -> Option<DeclaredView<'a>> {

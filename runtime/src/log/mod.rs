@@ -109,7 +109,7 @@ mod window;
 mod writer;
 
 pub use decode::{
-    view_event, DeclaredView, Digests, EventView, Ids, OutputView, Outputs, PayloadView,
+    view_event, DeclaredView, Digests, EventView, Fixed, Ids, OutputView, Outputs, PayloadView,
 };
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
 pub use generation::write_generation;
