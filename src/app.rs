@@ -1215,13 +1215,7 @@ impl ForgeArgs {
         let (root, inputs) = program.root();
         b.build()?.run(root, inputs)?;
         let track = Track::load(store)?;
-        let mut writers: Vec<TaskId> = track
-            .tasks
-            .iter()
-            .filter(|t| t.wrote.as_ref().is_some_and(|w| !w.is_empty()))
-            .map(|t| t.id)
-            .collect();
-        writers.sort_unstable();
+        let writers = track.writers();
         let n = usize::try_from(n).unwrap_or(usize::MAX);
         if n > writers.len() {
             return Err(CliError::Usage(format!(

@@ -484,7 +484,7 @@ impl Certificate {
             None => DrawKey::from_seed(self.seed, self.generation),
         };
         let order: Vec<String> = Draws::of_track(track, gs, &key)
-            .map(|i| format!("{:#}", track.tasks[gs[i] as usize].id))
+            .map(|i| format!("{:#}", track.id(gs[i])))
             .collect();
         let wrong = |what: String| Err(VerifyError::WrongDraw(what));
         if self.detections.is_empty() && self.structural.is_empty() {

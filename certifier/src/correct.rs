@@ -123,18 +123,17 @@ pub fn reexecute(
 ) -> Result<Vec<Redone>, CorrectError> {
     let mut recomputed: IdSet<DataId> = IdSet::default();
     let mut pending: Vec<Declared> = Vec::new();
-    for (i, rec) in track.tasks.iter().enumerate() {
-        if !in_gf[i] {
+    for (i, _) in in_gf.iter().enumerate().filter(|(_, &b)| b) {
+        let Some(r) = track.record(i as Ix) else {
             continue;
-        }
-        let Some(r) = &rec.record else { continue };
+        };
         recomputed.extend(r.outputs.iter().copied());
         let parent_in_gf = r
             .parent
             .and_then(|p| track.index_of(p))
             .is_some_and(|p| in_gf[p as usize]);
         if !parent_in_gf {
-            pending.push(r.clone());
+            pending.push(r);
         }
     }
     let mut fresh: IdMap<DataId, (Payload, Digest)> = IdMap::default();
@@ -169,18 +168,19 @@ pub fn reexecute(
                     .collect();
                 let bytes: Vec<Vec<u8>> = values
                     .iter()
-                    .map(|(v, _)| track.resolve(v))
+                    .map(|(v, _)| track.resolve(v.into()))
                     .collect::<Result<_, _>>()
                     .map_err(|source| CorrectError::Value {
                         task: r.task,
                         source,
                     })?;
-                let args = track
-                    .resolve(&r.args)
-                    .map_err(|source| CorrectError::Value {
-                        task: r.task,
-                        source,
-                    })?;
+                let args =
+                    track
+                        .resolve((&r.args).into())
+                        .map_err(|source| CorrectError::Value {
+                            task: r.task,
+                            source,
+                        })?;
                 let again =
                     replay(registry, &r, &args, &bytes).map_err(|source| CorrectError::Rerun {
                         task: r.task,
@@ -247,7 +247,7 @@ fn value(
     if recomputed.contains(&d) {
         return None;
     }
-    track.value(d).map(|(v, digest)| (v.clone(), digest))
+    track.value(d).map(|(v, digest)| (v.to_payload(), digest))
 }
 
 /// Rule 4: the events of the next generation, per vnode.
@@ -259,12 +259,10 @@ pub fn next_generation(
 ) -> Result<Vec<(VnodeId, Vec<Event>)>, veriflow_runtime::log::LogError> {
     let mut dropped_tasks: IdSet<TaskId> = IdSet::default();
     let mut dropped_data: IdSet<DataId> = IdSet::default();
-    for (i, rec) in track.tasks.iter().enumerate() {
-        if in_gf[i] {
-            dropped_tasks.insert(rec.id);
-            if let Some(r) = &rec.record {
-                dropped_data.extend(r.outputs.iter().copied());
-            }
+    for (i, _) in in_gf.iter().enumerate().filter(|(_, &b)| b) {
+        dropped_tasks.insert(track.id(i as Ix));
+        if let Some(r) = track.record(i as Ix) {
+            dropped_data.extend(r.outputs);
         }
     }
     for r in redone {

@@ -116,7 +116,7 @@ impl Draws {
 
     /// The tasks `tasks` of `track` in draw order, as positions in `tasks`.
     pub fn of_track(track: &Track, tasks: &[Ix], key: &DrawKey) -> Draws {
-        let ids: Vec<TaskId> = tasks.iter().map(|&t| track.tasks[t as usize].id).collect();
+        let ids: Vec<TaskId> = tasks.iter().map(|&t| track.id(t)).collect();
         Draws::of(&ids, key)
     }
 

@@ -563,10 +563,7 @@ impl PassOutcome {
             Decision::Reject
         };
         let mut per: std::collections::BTreeMap<u32, VnodeCount> = Default::default();
-        let vnode_of = |t: Ix| {
-            let r = &track.tasks[t as usize];
-            r.ran_on.or(r.declared_on).unwrap_or(VnodeId(0)).0
-        };
+        let vnode_of = |t: Ix| track.vnode(t).unwrap_or(VnodeId(0)).0;
         for &t in &self.gs {
             let v = vnode_of(t);
             per.entry(v)
@@ -611,7 +608,7 @@ impl PassOutcome {
             checked: self
                 .checked
                 .iter()
-                .map(|&t| format!("{:#}", track.tasks[t as usize].id))
+                .map(|&t| format!("{:#}", track.id(t)))
                 .collect(),
             detections: self.forged.iter().map(|(_, d)| d.clone()).collect(),
             structural: self.structural.clone(),

@@ -352,7 +352,7 @@ impl Follower {
             if self.pending.insert(t) {
                 self.taken += 1;
                 let track = self.track.as_ref().expect("candidates come from it");
-                if let Some(inc) = self.done_in.get(&track.tasks[t as usize].id) {
+                if let Some(inc) = self.done_in.get(&track.id(t)) {
                     self.by_inc.entry(*inc).or_default().drawn += 1;
                 }
             }
@@ -361,18 +361,13 @@ impl Follower {
 
     /// Rule 3: whether everything the check of `t` reads is in the logs read.
     fn ready(track: &Track, t: Ix) -> bool {
-        let rec = &track.tasks[t as usize];
-        let Some(record) = &rec.record else {
-            return false;
-        };
         // Presence only: the values are copied once, by the check itself.
-        rec.wrote.is_some()
-            && record.inputs.iter().all(|d| track.value(*d).is_some())
-            && rec.children.iter().all(|c| {
-                track
-                    .index_of(*c)
-                    .is_some_and(|ci| track.tasks[ci as usize].record.is_some())
-            })
+        track.has_record(t)
+            && track.is_completed(t)
+            && track.inputs(t).all(|d| track.value(d).is_some())
+            && track
+                .children(t)
+                .all(|c| track.index_of(c).is_some_and(|ci| track.has_record(ci)))
     }
 
     fn check_ready(&mut self, polled: &mut Polled) -> Result<(), FollowError> {
@@ -398,7 +393,7 @@ impl Follower {
             self.pending.remove(&t);
             let v = v.map_err(FollowError::Program)?;
             let track = self.track.as_ref().expect("checked above");
-            let id = track.tasks[t as usize].id;
+            let id = track.id(t);
             let inc = self.done_in[&id];
             self.checked += 1;
             polled.checked += 1;

@@ -42,7 +42,7 @@ pub enum Verdict {
 
 /// Checks task `t` of `track` (rules 1-2).
 pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunError> {
-    let rec = &track.tasks[t as usize];
+    let rec = track.task(t);
     let forged = |reason: String| {
         Ok(Verdict::Forged(Detection {
             task: format!("{:#}", rec.id),
@@ -60,7 +60,7 @@ pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunEr
     let Some(inputs) = track.input_values(t)? else {
         return forged("an input has no logged value".to_string());
     };
-    let args = track.resolve(&record.args)?;
+    let args = track.resolve((&record.args).into())?;
     let again = match replay(registry, record, &args, &inputs) {
         Ok(r) => r,
         Err(e @ (RunError::UnknownTaskName { .. } | RunError::UnregisteredTask { .. })) => {
@@ -95,10 +95,8 @@ pub fn check(track: &Track, registry: &Registry, t: Ix) -> Result<Verdict, RunEr
         ));
     }
     for (i, (c, &logged_id)) in again.children.iter().zip(&rec.children).enumerate() {
-        let logged = track
-            .index_of(logged_id)
-            .and_then(|ci| track.tasks[ci as usize].record.as_ref());
-        if c.task != logged_id || logged != Some(c) {
+        let logged = track.index_of(logged_id).and_then(|ci| track.record(ci));
+        if c.task != logged_id || logged.as_ref() != Some(c) {
             return forged(format!(
                 "child {i} ({}) differs from its logged record",
                 c.task

@@ -3,13 +3,17 @@
 //!
 //! Rules:
 //!
-//! 1. Loading is linear in the number of events (segments decoded in parallel while the
-//!    events decoded before are merged, `LogReader::stream`; nothing of the log is held but
-//!    G itself).
-//!    Every task gets one dense index; a task's record comes from `Declared` (or the
-//!    `Adopted` copy, which must be equal), its reads from `Started`, its writes and children
-//!    from `Completed`. Two logs that disagree about one task or one datum are a
-//!    [`Conflict`], never silently merged.
+//! 1. Loading is linear in the number of events, and columnar. Each vnode's log is read in
+//!    place (`LogReader::walk_encoded`, the vnodes in parallel) into a *part*: flat columns of
+//!    ids, digests, outputs and value bytes, with no allocation per task. Every task then
+//!    gets one dense index, its rank among the sorted task ids (no hash map), and the events
+//!    are applied in log order, vnode after vnode, as a reader of every log one by one would
+//!    apply them: a task's record comes from `Declared` (or the `Adopted` copy, which must be
+//!    equal), its reads from `Started`, its writes and children from `Completed`; an event a
+//!    vnode logged twice counts once. Two logs that disagree about one task or one datum are
+//!    a [`Conflict`], never silently merged. A track grown one event at a time while a run
+//!    goes on ([`Track::live`], [`Track::absorb`]) has the same columns, with indexes in the
+//!    order tasks were met and a hash index of ids.
 //! 2. G_S is the set of ancestors of the chosen terminal outputs S: the writer of each datum,
 //!    and for each task the writers of its inputs *and its parent* (a task's record is its
 //!    parent's output: a lying parent can declare a wrong child). One backward pass, linear.
@@ -23,26 +27,33 @@
 //!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
 //!    independent of how events were spread over segments and vnodes. (The keyed hashers are
 //!    derived once and cloned: the same bytes as deriving them for every leaf and node.)
-//! 5. A written value is kept once, in its writer's record as its `Completed` logged it (the
-//!    event's outputs moved in whole, no copy of the (datum, digest) pairs); a datum's record
-//!    holds its writer, the digest of its value, a program input's value and the copies
-//!    returned to victims. [`Track::value`] is a datum's logged value: its writer's (the first
-//!    output naming it), else the program input's.
+//! 5. A written value is kept once, in its part's columns as its writer's `Completed` logged
+//!    it; a datum's columns hold its writer, the digest of its value, a program input's value
+//!    and the copies returned to victims. [`Track::value`] is a datum's logged value: its
+//!    writer's (the first output naming it), else the program input's. Records, outputs and
+//!    children are handed out as views built on demand ([`Track::task`], [`Track::record`]).
 
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
 use veriflow_runtime::log::{
-    Declared, Event, LogError, LogReader, Manifest, Output, Payload, TornTail,
+    view_event, Declared, Event, EventKind as Kind, EventView, LogError, LogReader, Manifest,
+    Output, Payload, PayloadView, StreamedVnode, TornTail,
 };
-use veriflow_runtime::{DataId, Digest, IdMap, IdSet, TaskId, VnodeId};
+use veriflow_runtime::{DataId, Digest, IdMap, TaskId, VnodeId};
 
 /// Index of a task in a [`Track`].
 pub type Ix = u32;
 
-/// One task of G, merged from every log that mentions it (rule 1).
+/// No index, no part.
+const NONE: u32 = u32::MAX;
+
+/// One task of G, merged from every log that mentions it (rule 1): a view of the track's
+/// columns built by [`Track::task`].
 #[derive(Clone, Debug, Default)]
 pub struct TaskRec {
     /// Its id.
@@ -55,8 +66,7 @@ pub struct TaskRec {
     pub ran_on: Option<VnodeId>,
     /// Digests of the inputs it read (`Started`).
     pub started: Option<Vec<Digest>>,
-    /// The values it wrote itself (`Completed`), as logged; `None` if not completed. A written
-    /// datum's logged value is here, not in its [`DataRec`] (rule 5).
+    /// The values it wrote itself (`Completed`), as logged; `None` if not completed.
     pub wrote: Option<Vec<Output>>,
     /// Children it declared (`Completed`), in spawn order.
     pub children: Vec<TaskId>,
@@ -64,18 +74,16 @@ pub struct TaskRec {
     pub adopted: Option<(VnodeId, Vec<Digest>)>,
 }
 
-/// One data object of G.
+/// One data object of G: a view of the track's columns built by [`Track::data`].
 #[derive(Clone, Debug, Default)]
 pub struct DataRec {
     /// The task that wrote it (`None` for a program input or a datum never written).
     pub writer: Option<Ix>,
     /// The digest of its logged value ([`Track::value`]): its writer's, else the program
-    /// input's (kept here for the structural check, rule 5).
+    /// input's.
     pub digest: Option<Digest>,
-    /// A program input's logged value and digest (the `Input` event), boxed: few data are
-    /// inputs. A written datum's is in its writer's [`TaskRec::wrote`]; [`Track::value`] gives
-    /// either (rule 5).
-    pub input: Option<Box<(Payload, Digest)>>,
+    /// A program input's logged value and digest (the `Input` event).
+    pub input: Option<(Payload, Digest)>,
     /// Copies returned to victims: (victim vnode, digest).
     pub returned: Vec<(VnodeId, Digest)>,
 }
@@ -114,6 +122,422 @@ impl std::fmt::Debug for ValueSource {
     }
 }
 
+/// A run of items in one part's flat column; `part` [`NONE`]: absent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    part: u32,
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    const ABSENT: Span = Span {
+        part: NONE,
+        start: 0,
+        len: 0,
+    };
+
+    fn is_some(self) -> bool {
+        self.part != NONE
+    }
+
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
+/// Where a logged value is, in its part: `len` bytes of the part's bytes from `start`, or
+/// (`len` [`NONE`]) the value-store reference at `start` in the part's stored references.
+#[derive(Clone, Copy, Debug)]
+struct Val {
+    start: u64,
+    len: u32,
+}
+
+/// A record (`Declared` or `Adopted`), in its part's columns.
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    task: u128,
+    parent: Option<u128>,
+    index: u32,
+    name: u32,
+    args: Val,
+    /// Inputs then outputs, in the part's ids.
+    ids: u32,
+    inputs: u32,
+    outputs: u32,
+}
+
+/// A written value, in its part's columns.
+#[derive(Clone, Copy, Debug)]
+struct Out {
+    data: u128,
+    digest: Digest,
+    value: Val,
+}
+
+/// The bit of `kind` in the kinds of events a vnode logged of one id (rule 1: each counts
+/// once).
+fn bit(kind: Kind) -> u8 {
+    1 << kind as u8
+}
+
+/// One event of a part, in log order: its id (a task's, or a datum's for `Returned` and
+/// `Input`), its kind and where its content is in the part's list of that kind.
+#[derive(Clone, Copy, Debug)]
+struct Ev {
+    id: u128,
+    kind: Kind,
+    at: u32,
+}
+
+/// What one vnode's log holds, in flat columns (rule 1).
+#[derive(Debug, Default)]
+struct Part {
+    vnode: VnodeId,
+    /// Inline values and arguments.
+    bytes: Vec<u8>,
+    /// Value-store references.
+    stored: Vec<(Digest, u64)>,
+    /// Task names, each once.
+    names: Vec<Box<str>>,
+    name_ix: HashMap<Box<str>, u32>,
+    /// Data ids of records, children's task ids.
+    ids: Vec<u128>,
+    /// Digests read (`Started`) and adopted (`Adopted`).
+    digests: Vec<Digest>,
+    outs: Vec<Out>,
+    records: Vec<Rec>,
+    /// `Started`: its digests.
+    starts: Vec<(u32, u32)>,
+    /// `Completed`: its outputs (in `outs`) and children (in `ids`).
+    completions: Vec<[u32; 4]>,
+    /// `Adopted`: its record, its thief's digests.
+    adoptions: Vec<(u32, u32, u32)>,
+    /// `Returned`: digest.
+    returns: Vec<Digest>,
+    /// `Input`: value and digest.
+    inputs: Vec<(Val, Digest)>,
+    /// Its events in log order (while loading).
+    events: Vec<Ev>,
+}
+
+impl Part {
+    fn new(vnode: VnodeId) -> Part {
+        Part {
+            vnode,
+            ..Part::default()
+        }
+    }
+
+    fn val(&mut self, p: PayloadView<'_>) -> Val {
+        match p {
+            PayloadView::Inline(b) => {
+                let start = self.bytes.len() as u64;
+                self.bytes.extend_from_slice(b);
+                Val {
+                    start,
+                    len: b.len() as u32,
+                }
+            }
+            PayloadView::Stored { digest, len } => {
+                self.stored.push((digest, len));
+                Val {
+                    start: self.stored.len() as u64 - 1,
+                    len: NONE,
+                }
+            }
+        }
+    }
+
+    fn payload(&self, v: Val) -> PayloadView<'_> {
+        match v.len {
+            NONE => {
+                let (digest, len) = self.stored[v.start as usize];
+                PayloadView::Stored { digest, len }
+            }
+            n => PayloadView::Inline(&self.bytes[v.start as usize..v.start as usize + n as usize]),
+        }
+    }
+
+    fn name(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.name_ix.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.into());
+        self.name_ix.insert(name.into(), i);
+        i
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        task: TaskId,
+        parent: Option<TaskId>,
+        index: u32,
+        name: &str,
+        args: PayloadView<'_>,
+        inputs: impl Iterator<Item = u128>,
+        outputs: impl Iterator<Item = u128>,
+    ) -> u32 {
+        let ids = self.ids.len() as u32;
+        self.ids.extend(inputs);
+        let n_in = self.ids.len() as u32 - ids;
+        self.ids.extend(outputs);
+        let n_out = self.ids.len() as u32 - ids - n_in;
+        let rec = Rec {
+            task: task.0,
+            parent: parent.map(|p| p.0),
+            index,
+            name: self.name(name),
+            args: self.val(args),
+            ids,
+            inputs: n_in,
+            outputs: n_out,
+        };
+        self.records.push(rec);
+        self.records.len() as u32 - 1
+    }
+
+    fn digests(&mut self, d: impl Iterator<Item = Digest>) -> (u32, u32) {
+        let start = self.digests.len() as u32;
+        self.digests.extend(d);
+        (start, self.digests.len() as u32 - start)
+    }
+
+    fn completion<'a>(
+        &mut self,
+        outputs: impl Iterator<Item = (DataId, PayloadView<'a>, Digest)>,
+        children: impl Iterator<Item = u128>,
+    ) -> u32 {
+        let outs = self.outs.len() as u32;
+        for (data, value, digest) in outputs {
+            let value = self.val(value);
+            self.outs.push(Out {
+                data: data.0,
+                digest,
+                value,
+            });
+        }
+        let kids = self.ids.len() as u32;
+        self.ids.extend(children);
+        self.completions.push([
+            outs,
+            self.outs.len() as u32 - outs,
+            kids,
+            self.ids.len() as u32 - kids,
+        ]);
+        self.completions.len() as u32 - 1
+    }
+
+    /// Adds one event read in place (rule 1); `Err`: it does not decode (postcard's words).
+    fn push_encoded(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let ev = match view_event(bytes) {
+            Some(EventView::Declared(d)) => Ev {
+                id: d.task.0,
+                kind: Kind::Declared,
+                at: self.record(
+                    d.task,
+                    d.parent,
+                    d.index,
+                    d.name,
+                    d.args,
+                    d.inputs.iter(),
+                    d.outputs.iter(),
+                ),
+            },
+            Some(EventView::Started { task, inputs }) => {
+                let d = self.digests(inputs.iter());
+                self.starts.push(d);
+                Ev {
+                    id: task.0,
+                    kind: Kind::Started,
+                    at: self.starts.len() as u32 - 1,
+                }
+            }
+            Some(EventView::Completed {
+                task,
+                outputs,
+                children,
+            }) => Ev {
+                id: task.0,
+                kind: Kind::Completed,
+                at: self.completion(
+                    outputs.iter().map(|o| (o.data, o.value, o.digest)),
+                    children.iter(),
+                ),
+            },
+            None => {
+                let event: Event =
+                    veriflow_runtime::codec::decode(bytes).map_err(|e| e.to_string())?;
+                self.push_event(&event)
+            }
+        };
+        self.events.push(ev);
+        Ok(())
+    }
+
+    /// Adds one decoded event (rule 1).
+    fn push_event(&mut self, event: &Event) -> Ev {
+        let record = |part: &mut Part, d: &Declared| {
+            part.record(
+                d.task,
+                d.parent,
+                d.index,
+                &d.name,
+                PayloadView::from(&d.args),
+                d.inputs.iter().map(|i| i.0),
+                d.outputs.iter().map(|o| o.0),
+            )
+        };
+        let (id, kind, at) = match event {
+            Event::Declared(d) => (d.task.0, Kind::Declared, record(self, d)),
+            Event::Started { task, inputs } => {
+                let d = self.digests(inputs.iter().copied());
+                self.starts.push(d);
+                (task.0, Kind::Started, self.starts.len() as u32 - 1)
+            }
+            Event::Completed {
+                task,
+                outputs,
+                children,
+            } => {
+                let at = self.completion(
+                    outputs
+                        .iter()
+                        .map(|o| (o.data, PayloadView::from(&o.value), o.digest)),
+                    children.iter().map(|c| c.0),
+                );
+                (task.0, Kind::Completed, at)
+            }
+            Event::Stolen { task, .. } => (task.0, Kind::Stolen, 0),
+            Event::Adopted {
+                record: r, inputs, ..
+            } => {
+                let rec = record(self, r);
+                let (start, len) = self.digests(inputs.iter().map(Payload::digest));
+                self.adoptions.push((rec, start, len));
+                (r.task.0, Kind::Adopted, self.adoptions.len() as u32 - 1)
+            }
+            Event::Returned { output } => {
+                self.returns.push(output.digest);
+                (output.data.0, Kind::Returned, self.returns.len() as u32 - 1)
+            }
+            Event::Input { output } => {
+                let v = self.val(PayloadView::from(&output.value));
+                self.inputs.push((v, output.digest));
+                (output.data.0, Kind::Input, self.inputs.len() as u32 - 1)
+            }
+        };
+        Ev { id, kind, at }
+    }
+}
+
+/// Ids to indexes (rule 1): the sorted ids of a loaded track searched from the bucket of
+/// their top bits, or a hash map for a track grown one event at a time.
+#[derive(Debug, Default)]
+struct Index {
+    /// `buckets[b]`: the first id whose top bits are `b` or more (sorted ids only).
+    buckets: Vec<u32>,
+    shift: u32,
+    map: Option<IdMap<u128, u32>>,
+}
+
+impl Index {
+    fn live() -> Index {
+        Index {
+            map: Some(IdMap::default()),
+            ..Index::default()
+        }
+    }
+
+    /// The index of `ids`, sorted and distinct: ids are random, so a bucket holds about one.
+    fn sorted(ids: &[u128]) -> Index {
+        let bits = (usize::BITS - ids.len().leading_zeros()).clamp(1, 24);
+        let shift = 128 - bits;
+        let mut buckets = Vec::with_capacity((1 << bits) + 1);
+        for (i, &id) in ids.iter().enumerate() {
+            let b = (id >> shift) as usize;
+            while buckets.len() <= b {
+                buckets.push(i as u32);
+            }
+        }
+        while buckets.len() <= 1 << bits {
+            buckets.push(ids.len() as u32);
+        }
+        Index {
+            buckets,
+            shift,
+            map: None,
+        }
+    }
+
+    /// The index of `id` in `ids` and false, or true and a new index at the end of `ids`
+    /// (a sorted index becomes a hash index then: the ids no longer ascend).
+    fn get_or_push(&mut self, ids: &mut Vec<u128>, id: u128) -> (u32, bool) {
+        if let Some(i) = self.get(ids, id) {
+            return (i, false);
+        }
+        let map = self.map.get_or_insert_with(|| {
+            ids.iter()
+                .enumerate()
+                .map(|(i, &x)| (x, i as u32))
+                .collect()
+        });
+        let i = ids.len() as u32;
+        ids.push(id);
+        map.insert(id, i);
+        (i, true)
+    }
+
+    fn get(&self, ids: &[u128], id: u128) -> Option<u32> {
+        if let Some(m) = &self.map {
+            return m.get(&id).copied();
+        }
+        let b = (id >> self.shift) as usize;
+        let (from, to) = (*self.buckets.get(b)? as usize, self.buckets[b + 1] as usize);
+        // About one id a bucket: a scan, no branches to mispredict in a search.
+        ids[from..to]
+            .iter()
+            .position(|&x| x == id)
+            .map(|i| (from + i) as u32)
+    }
+}
+
+/// Each vnode's events counted once (rule 1), while a track is loaded: the kinds of event
+/// the vnode being applied logged of each task, and of the data it returned or got as input.
+struct Once {
+    vnode: Vec<u32>,
+    kinds: Vec<u8>,
+    data: HashSet<(u128, u8)>,
+    part: u32,
+}
+
+impl Once {
+    /// Whether this is the first event of `kind` about task `t` (`Some`) or datum `id` of
+    /// part `p`.
+    fn first(&mut self, p: u32, t: Option<Ix>, id: u128, kind: Kind) -> bool {
+        if self.part != p {
+            self.part = p;
+            self.data.clear();
+        }
+        match t {
+            Some(t) => {
+                let t = t as usize;
+                if self.vnode[t] != p {
+                    self.vnode[t] = p;
+                    self.kinds[t] = 0;
+                }
+                let new = self.kinds[t] & bit(kind) == 0;
+                self.kinds[t] |= bit(kind);
+                new
+            }
+            None => self.data.insert((id, bit(kind))),
+        }
+    }
+}
+
 /// G as read from the logs of one generation.
 #[derive(Debug)]
 pub struct Track {
@@ -121,11 +545,6 @@ pub struct Track {
     pub manifest: Manifest,
     /// The generation read.
     pub generation: u32,
-    /// Tasks, by dense index.
-    pub tasks: Vec<TaskRec>,
-    index: IdMap<TaskId, Ix>,
-    /// Data objects.
-    pub data: IdMap<DataId, DataRec>,
     /// Disagreements between logs (rule 1).
     pub conflicts: Vec<Conflict>,
     /// Torn last segments that were skipped.
@@ -134,9 +553,36 @@ pub struct Track {
     pub events: u64,
     /// The store the log is in: large values are read from its value store.
     pub store: Option<ValueSource>,
-    /// The data with copies returned to victims ([`DataRec::returned`] not empty): few, so the
-    /// structural check looks a written datum up only when it is one of them (rule 3).
-    returned: IdSet<DataId>,
+    parts: Vec<Part>,
+    /// A live track's part of each vnode.
+    part_of: HashMap<VnodeId, u32>,
+    /// Whether `ids` ascend (a loaded track: an index is a rank).
+    sorted: bool,
+    // Tasks, by index.
+    ids: Vec<u128>,
+    index: Index,
+    /// (part, record) of its record, `part` [`NONE`] if none.
+    rec: Vec<(u32, u32)>,
+    declared_on: Vec<Option<VnodeId>>,
+    ran_on: Vec<Option<VnodeId>>,
+    /// Digests read, in its part's digests.
+    started: Vec<Span>,
+    /// Outputs written, in its part's outputs.
+    wrote: Vec<Span>,
+    /// Children, in its part's ids.
+    children: Vec<Span>,
+    /// The thief and the digests it adopted (few tasks are stolen).
+    adopted: HashMap<Ix, (VnodeId, Span)>,
+    // Data, by index.
+    data_ids: Vec<u128>,
+    data_index: Index,
+    writer: Vec<u32>,
+    digest: Vec<Option<Digest>>,
+    /// Program inputs' values (few): (part, value, digest).
+    input: HashMap<u32, (u32, Val, Digest)>,
+    /// Copies returned to victims (few), by datum id: the structural check looks a written
+    /// datum up here without its index.
+    returned: IdMap<u128, Vec<(VnodeId, Digest)>>,
 }
 
 impl Track {
@@ -146,21 +592,76 @@ impl Track {
         Track::load_from(&reader)
     }
 
-    /// Reads the generation `reader` reads.
+    /// Reads the generation `reader` reads (rule 1).
     pub fn load_from(reader: &LogReader) -> Result<Track, LogError> {
         let manifest = reader.manifest()?;
+        let vnodes = reader.vnodes()?;
+        // Each vnode's log into its part, in parallel; the first damaged log (in vnode order)
+        // is the error, as when they are read one by one.
+        let read: Vec<Result<(Part, StreamedVnode), LogError>> = vnodes
+            .par_iter()
+            .map(|&v| {
+                let mut part = Part::new(v);
+                let read = reader.walk_encoded(v, &mut |_, _, bytes| part.push_encoded(bytes))?;
+                Ok((part, read))
+            })
+            .collect();
         let mut t = Track::live(manifest, reader.generation());
         t.store = Some(ValueSource(reader.store().clone()));
-        let vnodes = reader.vnodes()?;
-        // About 3 events per task (declared, started, completed) and a datum per task.
-        let tasks = usize::try_from(reader.events_hint(&vnodes) / 3).unwrap_or(0);
-        t.tasks.reserve(tasks);
-        t.index.reserve(tasks);
-        t.data.reserve(tasks);
-        let read = reader.stream(&vnodes, &mut |v, e| t.absorb(v, e.event))?;
         for r in read {
-            if let Some(torn) = r.torn {
-                t.torn.push((r.vnode, torn));
+            let (part, read) = r?;
+            if let Some(torn) = read.torn {
+                t.torn.push((read.vnode, torn));
+            }
+            t.parts.push(part);
+        }
+        // Indexes are ranks of the sorted ids.
+        let mut ids: Vec<u128> = t
+            .parts
+            .iter()
+            .flat_map(|p| p.events.iter())
+            .filter(|e| !matches!(e.kind, Kind::Returned | Kind::Input | Kind::Stolen))
+            .map(|e| e.id)
+            .collect();
+        ids.par_sort_unstable();
+        ids.dedup();
+        let mut data: Vec<u128> = t
+            .parts
+            .iter()
+            .flat_map(|p| {
+                let returned = p
+                    .events
+                    .iter()
+                    .filter(|e| matches!(e.kind, Kind::Returned | Kind::Input));
+                p.outs.iter().map(|o| o.data).chain(returned.map(|e| e.id))
+            })
+            .collect();
+        data.par_sort_unstable();
+        data.dedup();
+        let n = ids.len();
+        t.index = Index::sorted(&ids);
+        t.ids = ids;
+        t.sorted = true;
+        t.rec = vec![(NONE, 0); n];
+        t.declared_on = vec![None; n];
+        t.ran_on = vec![None; n];
+        t.started = vec![Span::ABSENT; n];
+        t.wrote = vec![Span::ABSENT; n];
+        t.children = vec![Span::ABSENT; n];
+        t.data_index = Index::sorted(&data);
+        t.writer = vec![NONE; data.len()];
+        t.digest = vec![None; data.len()];
+        t.data_ids = data;
+        let mut once = Once {
+            vnode: vec![NONE; n],
+            kinds: vec![0; n],
+            data: HashSet::new(),
+            part: NONE,
+        };
+        for p in 0..t.parts.len() {
+            let events = std::mem::take(&mut t.parts[p].events);
+            for ev in events {
+                t.apply(p as u32, ev, Some(&mut once));
             }
         }
         Ok(t)
@@ -171,26 +672,72 @@ impl Track {
         Track {
             manifest,
             generation,
-            tasks: Vec::new(),
-            index: IdMap::default(),
-            data: IdMap::default(),
             conflicts: Vec::new(),
             torn: Vec::new(),
             events: 0,
             store: None,
-            returned: IdSet::default(),
+            parts: Vec::new(),
+            part_of: HashMap::new(),
+            sorted: false,
+            ids: Vec::new(),
+            index: Index::live(),
+            rec: Vec::new(),
+            declared_on: Vec::new(),
+            ran_on: Vec::new(),
+            started: Vec::new(),
+            wrote: Vec::new(),
+            children: Vec::new(),
+            adopted: HashMap::new(),
+            data_ids: Vec::new(),
+            data_index: Index::live(),
+            writer: Vec::new(),
+            digest: Vec::new(),
+            input: HashMap::new(),
+            returned: IdMap::default(),
         }
     }
 
-    fn ix(&mut self, id: TaskId) -> Ix {
-        let next = self.tasks.len() as Ix;
-        let i = *self.index.entry(id).or_insert(next);
-        if i == next {
-            self.tasks.push(TaskRec {
-                id,
-                ..TaskRec::default()
-            });
+    /// Adds one event that vnode `v` logged (rule 1), to a track grown while the run goes on
+    /// (its reader counts each event once).
+    pub fn absorb(&mut self, v: VnodeId, event: Event) {
+        let p = match self.part_of.get(&v) {
+            Some(&p) => p,
+            None => {
+                self.parts.push(Part::new(v));
+                let p = self.parts.len() as u32 - 1;
+                self.part_of.insert(v, p);
+                p
+            }
+        };
+        let ev = self.parts[p as usize].push_event(&event);
+        self.apply(p, ev, None);
+    }
+
+    /// The index of task `id`, a new one if the track has not met it yet.
+    fn ix(&mut self, id: u128) -> Ix {
+        let (i, new) = self.index.get_or_push(&mut self.ids, id);
+        if !new {
+            return i;
         }
+        // A loaded track grown further: indexes are no longer ranks.
+        self.sorted &= self.index.map.is_none();
+        self.rec.push((NONE, 0));
+        self.declared_on.push(None);
+        self.ran_on.push(None);
+        self.started.push(Span::ABSENT);
+        self.wrote.push(Span::ABSENT);
+        self.children.push(Span::ABSENT);
+        i
+    }
+
+    /// The index of datum `id`, a new one if the track has not met it yet.
+    fn dix(&mut self, id: u128) -> u32 {
+        let (i, new) = self.data_index.get_or_push(&mut self.data_ids, id);
+        if !new {
+            return i;
+        }
+        self.writer.push(NONE);
+        self.digest.push(None);
         i
     }
 
@@ -201,110 +748,321 @@ impl Track {
         });
     }
 
-    fn set_record(&mut self, v: VnodeId, record: Declared, declared: bool) {
-        let i = self.ix(record.task) as usize;
-        match &self.tasks[i].record {
-            Some(r) if *r != record => {
-                let task = record.task;
-                self.conflict(task, format!("{v} logged another record for it"));
+    /// Applies event `ev` of part `p` (rule 1); `once`: drop what its vnode logged before.
+    fn apply(&mut self, p: u32, ev: Ev, once: Option<&mut Once>) {
+        let t = match ev.kind {
+            Kind::Returned | Kind::Input => None,
+            Kind::Stolen => self.index.get(&self.ids, ev.id),
+            _ => Some(self.ix(ev.id)),
+        };
+        if let Some(once) = once {
+            if !once.first(p, t, ev.id, ev.kind) {
+                return;
             }
-            Some(_) => {}
-            None => self.tasks[i].record = Some(record),
         }
-        if declared {
-            self.tasks[i].declared_on.get_or_insert(v);
-        }
-    }
-
-    /// Adds one event that vnode `v` logged (rule 1).
-    pub fn absorb(&mut self, v: VnodeId, event: Event) {
         self.events += 1;
-        match event {
-            Event::Declared(d) => self.set_record(v, d, true),
-            Event::Adopted {
-                victim: _,
-                record,
-                inputs,
-            } => {
-                let digests = inputs.iter().map(Payload::digest).collect();
-                let i = self.ix(record.task) as usize;
-                self.tasks[i].adopted = Some((v, digests));
-                self.set_record(v, record, false);
+        let v = self.parts[p as usize].vnode;
+        let task = TaskId(ev.id);
+        let span = |start: u32, len: u32| Span {
+            part: p,
+            start,
+            len,
+        };
+        match (ev.kind, t) {
+            (Kind::Declared, Some(i)) => self.set_record(v, i, (p, ev.at), true),
+            (Kind::Adopted, Some(i)) => {
+                let (rec, start, len) = self.parts[p as usize].adoptions[ev.at as usize];
+                self.adopted.insert(i, (v, span(start, len)));
+                self.set_record(v, i, (p, rec), false);
             }
-            Event::Stolen { .. } => {}
-            Event::Started { task, inputs } => {
-                let i = self.ix(task) as usize;
-                if self.tasks[i].started.as_ref().is_some_and(|s| *s != inputs) {
+            (Kind::Started, Some(i)) => {
+                let (start, len) = self.parts[p as usize].starts[ev.at as usize];
+                let new = span(start, len);
+                let old = self.started[i as usize];
+                if old.is_some() && self.digests_of(old) != self.digests_of(new) {
                     self.conflict(task, format!("{v} logged another start for it"));
                 }
-                self.tasks[i].started = Some(inputs);
-                self.tasks[i].ran_on = Some(v);
+                self.started[i as usize] = new;
+                self.ran_on[i as usize] = Some(v);
             }
-            Event::Completed {
-                task,
-                outputs,
-                children,
-            } => {
-                let i = self.ix(task);
-                if let Some(w) = &self.tasks[i as usize].wrote {
+            (Kind::Completed, Some(i)) => {
+                let [o, no, c, nc] = self.parts[p as usize].completions[ev.at as usize];
+                let (outs, kids) = (span(o, no), span(c, nc));
+                let old = self.wrote[i as usize];
+                if old.is_some() {
                     // Compared as (datum, digest), as the leaf hashes them.
-                    let same = w.len() == outputs.len()
-                        && w.iter()
-                            .zip(&outputs)
-                            .all(|(a, b)| a.data == b.data && a.digest == b.digest);
-                    if !same || self.tasks[i as usize].children != children {
+                    let same = self.outs_of(old).len() == self.outs_of(outs).len()
+                        && self
+                            .outs_of(old)
+                            .iter()
+                            .zip(self.outs_of(outs))
+                            .all(|(a, b)| a.data == b.data && a.digest == b.digest)
+                        && self.ids_of(self.children[i as usize]) == self.ids_of(kids);
+                    if !same {
                         self.conflict(task, format!("{v} logged another completion for it"));
                     }
                     return;
                 }
-                for o in &outputs {
-                    let d = self.data.entry(o.data).or_default();
-                    match d.writer {
-                        Some(w) if w != i => {
-                            let other = self.tasks[w as usize].id;
-                            self.conflict(task, format!("{} is also written by {other}", o.data));
+                for k in outs.range() {
+                    let o = self.parts[p as usize].outs[k];
+                    let d = self.dix(o.data) as usize;
+                    match self.writer[d] {
+                        w if w == NONE => {
+                            self.writer[d] = i;
+                            self.digest[d] = Some(o.digest);
                         }
                         // Written twice in one completion: the first is its value (rule 5).
-                        Some(_) => {}
-                        None => {
-                            d.writer = Some(i);
-                            d.digest = Some(o.digest);
+                        w if w == i => {}
+                        w => {
+                            let other = TaskId(self.ids[w as usize]);
+                            let data = DataId(o.data);
+                            self.conflict(task, format!("{data} is also written by {other}"));
                         }
                     }
                 }
-                let rec = &mut self.tasks[i as usize];
-                rec.wrote = Some(outputs);
-                rec.children = children;
-                rec.ran_on = Some(v);
+                self.wrote[i as usize] = outs;
+                self.children[i as usize] = kids;
+                self.ran_on[i as usize] = Some(v);
             }
-            Event::Returned { output } => {
-                let d = self.data.entry(output.data).or_default();
-                d.returned.push((v, output.digest));
-                self.returned.insert(output.data);
+            (Kind::Returned, _) => {
+                let digest = self.parts[p as usize].returns[ev.at as usize];
+                self.dix(ev.id);
+                self.returned.entry(ev.id).or_default().push((v, digest));
             }
-            Event::Input { output } => {
-                let d = self.data.entry(output.data).or_default();
-                if d.writer.is_none() {
-                    d.digest = Some(output.digest);
+            (Kind::Input, _) => {
+                let (value, digest) = self.parts[p as usize].inputs[ev.at as usize];
+                let d = self.dix(ev.id);
+                if self.writer[d as usize] == NONE {
+                    self.digest[d as usize] = Some(digest);
                 }
-                d.input = Some(Box::new((output.value, output.digest)));
+                self.input.insert(d, (p, value, digest));
             }
+            _ => {} // `Stolen`
         }
+    }
+
+    fn set_record(&mut self, v: VnodeId, i: Ix, rec: (u32, u32), declared: bool) {
+        let old = self.rec[i as usize];
+        if old.0 == NONE {
+            self.rec[i as usize] = rec;
+        } else if !self.same_record(old, rec) {
+            let task = TaskId(self.ids[i as usize]);
+            self.conflict(task, format!("{v} logged another record for it"));
+        }
+        if declared && self.declared_on[i as usize].is_none() {
+            self.declared_on[i as usize] = Some(v);
+        }
+    }
+
+    /// Whether two records are equal as [`Declared`]s are (arguments compared as payloads).
+    fn same_record(&self, (pa, a): (u32, u32), (pb, b): (u32, u32)) -> bool {
+        let (x, y) = (&self.parts[pa as usize], &self.parts[pb as usize]);
+        let (ra, rb) = (x.records[a as usize], y.records[b as usize]);
+        fn ids(part: &Part, r: Rec) -> &[u128] {
+            &part.ids[r.ids as usize..(r.ids + r.inputs + r.outputs) as usize]
+        }
+        ra.task == rb.task
+            && ra.parent == rb.parent
+            && ra.index == rb.index
+            && ra.inputs == rb.inputs
+            && ids(x, ra) == ids(y, rb)
+            && x.names[ra.name as usize] == y.names[rb.name as usize]
+            && x.payload(ra.args).to_payload() == y.payload(rb.args).to_payload()
+    }
+
+    fn digests_of(&self, s: Span) -> &[Digest] {
+        match s.is_some() {
+            true => &self.parts[s.part as usize].digests[s.range()],
+            false => &[],
+        }
+    }
+
+    fn outs_of(&self, s: Span) -> &[Out] {
+        match s.is_some() {
+            true => &self.parts[s.part as usize].outs[s.range()],
+            false => &[],
+        }
+    }
+
+    fn ids_of(&self, s: Span) -> &[u128] {
+        match s.is_some() {
+            true => &self.parts[s.part as usize].ids[s.range()],
+            false => &[],
+        }
+    }
+
+    /// Task `t`'s record in its part, if any.
+    fn rec_of(&self, t: Ix) -> Option<(&Part, Rec)> {
+        let (p, r) = self.rec[t as usize];
+        (p != NONE).then(|| {
+            let part = &self.parts[p as usize];
+            (part, part.records[r as usize])
+        })
+    }
+
+    /// The data task `t` reads, in order (none without a record).
+    pub fn inputs(&self, t: Ix) -> impl ExactSizeIterator<Item = DataId> + '_ {
+        let ids = self.rec_of(t).map_or(&[][..], |(part, r)| {
+            &part.ids[r.ids as usize..(r.ids + r.inputs) as usize]
+        });
+        ids.iter().map(|&d| DataId(d))
+    }
+
+    /// The data task `t` must write or delegate, in order (none without a record).
+    fn outputs(&self, t: Ix) -> &[u128] {
+        self.rec_of(t).map_or(&[][..], |(part, r)| {
+            let from = (r.ids + r.inputs) as usize;
+            &part.ids[from..from + r.outputs as usize]
+        })
+    }
+
+    /// The id of task `t`.
+    pub fn id(&self, t: Ix) -> TaskId {
+        TaskId(self.ids[t as usize])
+    }
+
+    /// Whether a log declared task `t` (it has a record).
+    pub fn has_record(&self, t: Ix) -> bool {
+        self.rec[t as usize].0 != NONE
+    }
+
+    /// Whether a log holds task `t`'s completion.
+    pub fn is_completed(&self, t: Ix) -> bool {
+        self.wrote[t as usize].is_some()
+    }
+
+    /// The vnode where task `t` ran, if a log holds its start or completion.
+    pub fn ran_on(&self, t: Ix) -> Option<VnodeId> {
+        self.ran_on[t as usize]
+    }
+
+    /// The vnode that logged task `t`: where it ran, else where it was declared.
+    pub fn vnode(&self, t: Ix) -> Option<VnodeId> {
+        self.ran_on[t as usize].or(self.declared_on[t as usize])
+    }
+
+    /// The children task `t` declared, in spawn order (none if not completed).
+    pub fn children(&self, t: Ix) -> impl Iterator<Item = TaskId> + '_ {
+        self.ids_of(self.children[t as usize])
+            .iter()
+            .map(|&c| TaskId(c))
+    }
+
+    /// The (datum, digest) pairs task `t` wrote, as logged (none if not completed).
+    pub fn wrote(&self, t: Ix) -> impl Iterator<Item = (DataId, Digest)> + '_ {
+        self.outs_of(self.wrote[t as usize])
+            .iter()
+            .map(|o| (DataId(o.data), o.digest))
+    }
+
+    /// The tasks that wrote a value themselves, sorted by id.
+    pub fn writers(&self) -> Vec<TaskId> {
+        let ids =
+            (0..self.len() as Ix).filter(|&t| !self.outs_of(self.wrote[t as usize]).is_empty());
+        self.sorted_by_id(ids)
+            .into_iter()
+            .map(|t| self.id(t))
+            .collect()
+    }
+
+    /// Task `t`'s record (rule 5: built from its part's columns).
+    pub fn record(&self, t: Ix) -> Option<Declared> {
+        let (part, r) = self.rec_of(t)?;
+        let ids = |from: u32, n: u32| {
+            part.ids[from as usize..(from + n) as usize]
+                .iter()
+                .map(|&d| DataId(d))
+                .collect()
+        };
+        Some(Declared {
+            task: TaskId(r.task),
+            parent: r.parent.map(TaskId),
+            index: r.index,
+            name: Cow::Owned(part.names[r.name as usize].to_string()),
+            args: part.payload(r.args).to_payload(),
+            inputs: ids(r.ids, r.inputs),
+            outputs: ids(r.ids + r.inputs, r.outputs),
+        })
+    }
+
+    /// The name of task `t`, if it has a record.
+    pub fn name(&self, t: Ix) -> Option<&str> {
+        self.rec_of(t)
+            .map(|(part, r)| &*part.names[r.name as usize])
+    }
+
+    /// Task `t` whole (rule 5: a view built from the columns).
+    pub fn task(&self, t: Ix) -> TaskRec {
+        let i = t as usize;
+        let started = self.started[i];
+        let wrote = self.wrote[i];
+        TaskRec {
+            id: self.id(t),
+            record: self.record(t),
+            declared_on: self.declared_on[i],
+            ran_on: self.ran_on[i],
+            started: started.is_some().then(|| self.digests_of(started).to_vec()),
+            wrote: wrote.is_some().then(|| {
+                let part = &self.parts[wrote.part as usize];
+                self.outs_of(wrote)
+                    .iter()
+                    .map(|o| Output {
+                        data: DataId(o.data),
+                        value: part.payload(o.value).to_payload(),
+                        digest: o.digest,
+                    })
+                    .collect()
+            }),
+            children: self.children(t).collect(),
+            adopted: self
+                .adopted
+                .get(&t)
+                .map(|&(v, s)| (v, self.digests_of(s).to_vec())),
+        }
+    }
+
+    /// Datum `d` (a view built from the columns), if a log names it.
+    pub fn data(&self, d: DataId) -> Option<DataRec> {
+        let x = self.data_ix(d)?;
+        Some(DataRec {
+            writer: (self.writer[x as usize] != NONE).then_some(self.writer[x as usize]),
+            digest: self.digest[x as usize],
+            input: self
+                .input
+                .get(&x)
+                .map(|&(p, v, g)| (self.parts[p as usize].payload(v).to_payload(), g)),
+            returned: self.returned.get(&d.0).cloned().unwrap_or_default(),
+        })
+    }
+
+    /// Every datum the logs name: written, a program input or returned.
+    pub fn data_ids(&self) -> impl Iterator<Item = DataId> + '_ {
+        (0..self.data_ids.len() as u32)
+            .filter(|x| {
+                self.digest[*x as usize].is_some()
+                    || self.writer[*x as usize] != NONE
+                    || self.returned.contains_key(&self.data_ids[*x as usize])
+            })
+            .map(|x| DataId(self.data_ids[x as usize]))
+    }
+
+    fn data_ix(&self, d: DataId) -> Option<u32> {
+        self.data_index.get(&self.data_ids, d.0)
     }
 
     /// Number of tasks in G.
     pub fn len(&self) -> usize {
-        self.tasks.len()
+        self.ids.len()
     }
 
     /// Whether G has no task.
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
+        self.ids.is_empty()
     }
 
     /// The index of a task.
     pub fn index_of(&self, id: TaskId) -> Option<Ix> {
-        self.index.get(&id).copied()
+        self.index.get(&self.ids, id.0)
     }
 
     /// The terminal outputs of the run (the root's outputs).
@@ -316,9 +1074,17 @@ impl Track {
     /// is in no log read (`log::terminal_outputs` from a track already read); a large one is
     /// read from the value store ([`Track::resolve`]).
     pub fn terminal_values(&self) -> Result<Option<Vec<Vec<u8>>>, LogError> {
-        let mut out = Vec::with_capacity(self.manifest.terminal.len());
-        for d in &self.manifest.terminal {
-            let Some((v, _)) = self.value(*d) else {
+        self.values_of(self.manifest.terminal.iter().copied())
+    }
+
+    /// The logged values of `data`, in order, or `None` if one has none.
+    fn values_of(
+        &self,
+        data: impl ExactSizeIterator<Item = DataId>,
+    ) -> Result<Option<Vec<Vec<u8>>>, LogError> {
+        let mut out = Vec::with_capacity(data.len());
+        for d in data {
+            let Some((v, _)) = self.value(d) else {
                 return Ok(None);
             };
             out.push(self.resolve(v)?);
@@ -330,22 +1096,20 @@ impl Track {
     /// errors met on the way (a datum of S or an input nobody wrote).
     pub fn terminal_subgraph(&self, s: &[DataId]) -> (Vec<Ix>, Vec<StructuralError>) {
         let mut errors = Vec::new();
-        let mut seen = vec![false; self.tasks.len()];
+        let mut seen = vec![false; self.len()];
         let mut stack: Vec<Ix> = Vec::new();
         let mut need =
             |d: DataId, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| match self
-                .data
-                .get(&d)
+                .data_ix(d)
             {
-                Some(DataRec {
-                    writer: Some(w), ..
-                }) => {
-                    if !seen[*w as usize] {
-                        seen[*w as usize] = true;
-                        stack.push(*w);
+                Some(x) if self.writer[x as usize] != NONE => {
+                    let w = self.writer[x as usize];
+                    if !seen[w as usize] {
+                        seen[w as usize] = true;
+                        stack.push(w);
                     }
                 }
-                Some(DataRec { input: Some(_), .. }) => {}
+                Some(x) if self.input.contains_key(&x) => {}
                 _ => errors.push(self.error(
                     reader,
                     Some(d),
@@ -359,37 +1123,39 @@ impl Track {
             need(d, None, &mut stack, &mut seen);
         }
         while let Some(t) = stack.pop() {
-            let rec = &self.tasks[t as usize];
-            if let Some(r) = &rec.record {
-                for &d in &r.inputs {
-                    need(d, Some(t), &mut stack, &mut seen);
-                }
-                if let Some(p) = r.parent.and_then(|p| self.index_of(p)) {
-                    if !seen[p as usize] {
-                        seen[p as usize] = true;
-                        stack.push(p);
-                    }
+            let Some((part, r)) = self.rec_of(t) else {
+                continue;
+            };
+            for &d in &part.ids[r.ids as usize..(r.ids + r.inputs) as usize] {
+                need(DataId(d), Some(t), &mut stack, &mut seen);
+            }
+            if let Some(p) = r.parent.and_then(|p| self.index_of(TaskId(p))) {
+                if !seen[p as usize] {
+                    seen[p as usize] = true;
+                    stack.push(p);
                 }
             }
         }
-        let gs = self.sorted_by_id((0..self.tasks.len() as Ix).filter(|&i| seen[i as usize]));
+        let gs = self.sorted_by_id((0..self.len() as Ix).filter(|&i| seen[i as usize]));
         (gs, errors)
     }
 
-    /// The tasks `ixs`, sorted by id: (id, index) pairs sorted side by side, so the sort reads
-    /// memory in order instead of a task record per comparison.
+    /// The tasks `ixs`, sorted by id: in index order when indexes are ranks, else (id, index)
+    /// pairs sorted side by side.
     fn sorted_by_id(&self, ixs: impl Iterator<Item = Ix>) -> Vec<Ix> {
-        let mut pairs: Vec<(TaskId, Ix)> = ixs.map(|i| (self.tasks[i as usize].id, i)).collect();
+        if self.sorted {
+            return ixs.collect();
+        }
+        let mut pairs: Vec<(u128, Ix)> = ixs.map(|i| (self.ids[i as usize], i)).collect();
         pairs.par_sort_unstable_by_key(|&(id, _)| id);
         pairs.into_iter().map(|(_, i)| i).collect()
     }
 
     fn error(&self, task: Option<Ix>, data: Option<DataId>, message: String) -> StructuralError {
-        let rec = task.map(|t| &self.tasks[t as usize]);
         StructuralError {
-            task: rec.map_or_else(|| "-".to_string(), |r| format!("{:#}", r.id)),
-            name: rec.and_then(|r| r.record.as_ref().map(|d| d.name.to_string())),
-            vnode: rec.and_then(|r| r.ran_on.or(r.declared_on)).map(|v| v.0),
+            task: task.map_or_else(|| "-".to_string(), |t| format!("{:#}", self.id(t))),
+            name: task.and_then(|t| self.name(t)).map(str::to_string),
+            vnode: task.and_then(|t| self.vnode(t)).map(|v| v.0),
             data: data.map(|d| format!("{d:#}")),
             message,
         }
@@ -415,57 +1181,62 @@ impl Track {
 
     fn check_task(&self, t: Ix) -> Vec<StructuralError> {
         let mut out = Vec::new();
-        let rec = &self.tasks[t as usize];
-        let Some(r) = &rec.record else {
+        let Some((part, r)) = self.rec_of(t) else {
             out.push(self.error(Some(t), None, "no log declared it".to_string()));
             return out;
         };
-        let (Some(started), Some(wrote)) = (&rec.started, &rec.wrote) else {
+        let (started, wrote) = (self.started[t as usize], self.wrote[t as usize]);
+        if !started.is_some() || !wrote.is_some() {
             out.push(self.error(Some(t), None, "declared but never completed".to_string()));
             return out;
-        };
+        }
+        let started = self.digests_of(started);
+        let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
         // The producer's digest, and (only on a mismatch) who it is.
-        let producer = |d: DataId| -> Option<(Digest, Option<Ix>)> {
-            let rec = self.data.get(&d)?;
-            Some((rec.digest?, rec.writer))
+        let producer = |d: u128| -> Option<(Digest, u32)> {
+            let x = self.data_ix(DataId(d))? as usize;
+            Some((self.digest[x]?, self.writer[x]))
         };
-        let who = |writer: Option<Ix>| match writer {
-            Some(w) => {
-                let wr = &self.tasks[w as usize];
-                let on = wr.ran_on.map_or_else(String::new, |v| format!(" on {v}"));
-                format!("its producer {}{on}", wr.id)
+        let who = |writer: u32| match writer {
+            NONE => "the program input".to_string(),
+            w => {
+                let on = self
+                    .ran_on(w)
+                    .map_or_else(String::new, |v| format!(" on {v}"));
+                format!("its producer {}{on}", self.id(w))
             }
-            None => "the program input".to_string(),
         };
-        if started.len() != r.inputs.len() {
+        if started.len() != inputs.len() {
             out.push(self.error(
                 Some(t),
                 None,
-                format!("read {} inputs, declared {}", started.len(), r.inputs.len()),
+                format!("read {} inputs, declared {}", started.len(), inputs.len()),
             ));
         }
-        for (i, (&d, read)) in r.inputs.iter().zip(started).enumerate() {
+        for (i, (&d, read)) in inputs.iter().zip(started).enumerate() {
             match producer(d) {
                 Some((logged, w)) if logged != *read => out.push(self.error(
                     Some(t),
-                    Some(d),
+                    Some(DataId(d)),
                     format!(
                         "read input {i} with digest {read}, but {} logged {logged}",
                         who(w)
                     ),
                 )),
                 Some(_) => {}
-                None => {
-                    out.push(self.error(Some(t), Some(d), format!("input {i} has no logged value")))
-                }
+                None => out.push(self.error(
+                    Some(t),
+                    Some(DataId(d)),
+                    format!("input {i} has no logged value"),
+                )),
             }
         }
-        if let Some((thief, adopted)) = &rec.adopted {
-            for (i, (&d, got)) in r.inputs.iter().zip(adopted).enumerate() {
+        if let Some(&(thief, adopted)) = self.adopted.get(&t) {
+            for (i, (&d, got)) in inputs.iter().zip(self.digests_of(adopted)).enumerate() {
                 if let Some((logged, w)) = producer(d).filter(|(l, _)| l != got) {
                     out.push(self.error(
                         Some(t),
-                        Some(d),
+                        Some(DataId(d)),
                         format!(
                             "{thief} adopted input {i} with digest {got}, but {} logged {logged}",
                             who(w)
@@ -474,43 +1245,41 @@ impl Track {
                 }
             }
         }
-        for o in wrote {
-            let (d, digest) = (o.data, o.digest);
-            if !r.outputs.contains(&d) {
+        let outputs = self.outputs(t);
+        for o in self.outs_of(wrote) {
+            let (d, digest) = (DataId(o.data), o.digest);
+            if !outputs.contains(&o.data) {
                 out.push(self.error(
                     Some(t),
                     Some(d),
                     "wrote a datum that is not one of its outputs".to_string(),
                 ));
             }
-            // Most data were never returned: no lookup in `data` for them.
-            if let Some(rec) = self
-                .returned
-                .contains(&d)
-                .then(|| self.data.get(&d))
-                .flatten()
-            {
-                for (victim, got) in &rec.returned {
-                    if *got != digest {
-                        out.push(self.error(
-                            Some(t),
-                            Some(d),
-                            format!("{victim} received digest {got}, the writer logged {digest}"),
-                        ));
-                    }
+            // Few data were returned: a small map, looked up by id.
+            for (victim, got) in self.returned.get(&o.data).into_iter().flatten() {
+                if *got != digest {
+                    out.push(self.error(
+                        Some(t),
+                        Some(d),
+                        format!("{victim} received digest {got}, the writer logged {digest}"),
+                    ));
                 }
             }
         }
-        for (i, c) in rec.children.iter().enumerate() {
+        let id = self.ids[t as usize];
+        for (i, &c) in self.ids_of(self.children[t as usize]).iter().enumerate() {
             let ok = self
-                .index_of(*c)
-                .and_then(|ci| self.tasks[ci as usize].record.as_ref())
-                .is_some_and(|cr| cr.parent == Some(rec.id) && cr.index as usize == i);
+                .index_of(TaskId(c))
+                .and_then(|ci| self.rec_of(ci))
+                .is_some_and(|(_, cr)| cr.parent == Some(id) && cr.index as usize == i);
             if !ok {
                 out.push(self.error(
                     Some(t),
                     None,
-                    format!("child {i} ({c}) has no record naming it as parent"),
+                    format!(
+                        "child {i} ({}) has no record naming it as parent",
+                        TaskId(c)
+                    ),
                 ));
             }
         }
@@ -519,36 +1288,43 @@ impl Track {
 
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
-        let rec = &self.tasks[t as usize];
+        let i = t as usize;
         let mut h = LEAF_HASHER.clone();
-        h.update(&rec.id.0.to_le_bytes());
-        if let Some(r) = &rec.record {
-            h.update(&(r.name.len() as u64).to_le_bytes());
-            h.update(r.name.as_bytes());
-            h.update(&r.args.digest().0);
-            h.update(&(r.inputs.len() as u64).to_le_bytes());
-            for (i, d) in r.inputs.iter().enumerate() {
-                h.update(&d.0.to_le_bytes());
-                let read = rec.started.as_ref().and_then(|s| s.get(i)).copied();
-                h.update(&read.unwrap_or_default().0);
+        h.update(&self.ids[i].to_le_bytes());
+        if let Some((part, r)) = self.rec_of(t) {
+            let name = part.names[r.name as usize].as_bytes();
+            h.update(&(name.len() as u64).to_le_bytes());
+            h.update(name);
+            let args = match part.payload(r.args) {
+                PayloadView::Inline(b) => Digest::of(b),
+                PayloadView::Stored { digest, .. } => digest,
+            };
+            h.update(&args.0);
+            h.update(&u64::from(r.inputs).to_le_bytes());
+            let started = self.digests_of(self.started[i]);
+            let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
+            for (k, d) in inputs.iter().enumerate() {
+                h.update(&d.to_le_bytes());
+                h.update(&started.get(k).copied().unwrap_or_default().0);
             }
         }
-        let wrote = rec.wrote.as_deref().unwrap_or(&[]);
+        let wrote = self.outs_of(self.wrote[i]);
         h.update(&(wrote.len() as u64).to_le_bytes());
         for o in wrote {
-            h.update(&o.data.0.to_le_bytes());
+            h.update(&o.data.to_le_bytes());
             h.update(&o.digest.0);
         }
-        h.update(&(rec.children.len() as u64).to_le_bytes());
-        for c in &rec.children {
-            h.update(&c.0.to_le_bytes());
+        let children = self.ids_of(self.children[i]);
+        h.update(&(children.len() as u64).to_le_bytes());
+        for c in children {
+            h.update(&c.to_le_bytes());
         }
         *h.finalize().as_bytes()
     }
 
     /// The leaf of every task, by index (computed in parallel).
     pub fn leaves(&self) -> Vec<[u8; 32]> {
-        (0..self.tasks.len() as Ix)
+        (0..self.len() as Ix)
             .into_par_iter()
             .map(|t| self.leaf(t))
             .collect()
@@ -572,7 +1348,7 @@ impl Track {
 
     /// [`Track::log_digest`] from leaves already computed by [`Track::leaves`].
     pub fn log_digest_of(&self, leaves: &[[u8; 32]]) -> [u8; 32] {
-        let all = self.sorted_by_id(0..self.tasks.len() as Ix);
+        let all = self.sorted_by_id(0..self.len() as Ix);
         self.merkle_root_of(&all, leaves)
     }
 
@@ -581,7 +1357,7 @@ impl Track {
     /// roots are over the same leaves in the same order).
     pub fn roots_of(&self, gs: &[Ix], leaves: &[[u8; 32]]) -> ([u8; 32], [u8; 32]) {
         let root = self.merkle_root_of(gs, leaves);
-        if gs.len() == self.tasks.len() {
+        if gs.len() == self.len() {
             return (root, root);
         }
         (root, self.log_digest_of(leaves))
@@ -593,75 +1369,61 @@ impl Track {
         t: Ix,
         readers: &'a IdMap<DataId, Vec<Ix>>,
     ) -> impl Iterator<Item = Ix> + 'a {
-        let rec = &self.tasks[t as usize];
-        let wrote = rec.wrote.as_deref().unwrap_or(&[]);
-        let out = wrote
-            .iter()
-            .flat_map(move |o| readers.get(&o.data).into_iter().flatten().copied());
-        let kids = rec.children.iter().filter_map(move |c| self.index_of(*c));
+        let out = self
+            .wrote(t)
+            .flat_map(move |(d, _)| readers.get(&d).into_iter().flatten().copied());
+        let kids = self.children(t).filter_map(move |c| self.index_of(c));
         out.chain(kids)
     }
 
     /// Who reads each datum.
     pub(crate) fn readers(&self) -> IdMap<DataId, Vec<Ix>> {
         let mut m: IdMap<DataId, Vec<Ix>> = IdMap::default();
-        for (i, t) in self.tasks.iter().enumerate() {
-            if let Some(r) = &t.record {
-                for &d in &r.inputs {
-                    m.entry(d).or_default().push(i as Ix);
-                }
+        for t in 0..self.len() as Ix {
+            for d in self.inputs(t) {
+                m.entry(d).or_default().push(t);
             }
         }
         m
     }
 
     /// The logged input values of task `t`, in input order; `None` if one has no logged
-    /// value. A large value is read from the value store: an error if it is not there or not
-    /// what its digest says.
+    /// value (or it has no record). A large value is read from the value store: an error if
+    /// it is not there or not what its digest says.
     pub fn input_values(&self, t: Ix) -> Result<Option<Vec<Vec<u8>>>, LogError> {
-        let Some(r) = self.tasks[t as usize].record.as_ref() else {
+        if !self.has_record(t) {
             return Ok(None);
-        };
-        let mut out = Vec::with_capacity(r.inputs.len());
-        for d in &r.inputs {
-            let Some((v, _)) = self.value(*d) else {
-                return Ok(None);
-            };
-            out.push(self.resolve(v)?);
         }
-        Ok(Some(out))
+        self.values_of(self.inputs(t))
     }
 
     /// The logged value of `d` and its digest (rule 5): its writer's, else the program
     /// input's; `None` if no log read holds it. A large one is a reference into the value
     /// store, read when a re-run needs it ([`Track::resolve`]; rule 10 of the runtime's
     /// `log/mod.rs`).
-    pub fn value(&self, d: DataId) -> Option<(&Payload, Digest)> {
-        let rec = self.data.get(&d)?;
-        match rec.writer.and_then(|w| self.written(w, d)) {
-            Some(o) => Some((&o.value, o.digest)),
-            None => rec.input.as_ref().map(|b| (&b.0, b.1)),
+    pub fn value(&self, d: DataId) -> Option<(PayloadView<'_>, Digest)> {
+        let x = self.data_ix(d)?;
+        let w = self.writer[x as usize];
+        if w != NONE {
+            let s = self.wrote[w as usize];
+            if let Some(o) = self.outs_of(s).iter().find(|o| o.data == d.0) {
+                return Some((self.parts[s.part as usize].payload(o.value), o.digest));
+            }
         }
-    }
-
-    /// What task `w` logged writing `d`, if it did.
-    fn written(&self, w: Ix, d: DataId) -> Option<&Output> {
-        self.tasks[w as usize]
-            .wrote
-            .as_deref()?
-            .iter()
-            .find(|o| o.data == d)
+        self.input
+            .get(&x)
+            .map(|&(p, v, g)| (self.parts[p as usize].payload(v), g))
     }
 
     /// The bytes of a logged value: its own, or read from the value store and checked.
-    pub fn resolve(&self, p: &Payload) -> Result<Vec<u8>, LogError> {
+    pub fn resolve(&self, p: PayloadView<'_>) -> Result<Vec<u8>, LogError> {
         match (p, &self.store) {
-            (Payload::Inline(b), _) => Ok(b.clone()),
-            (Payload::Stored { digest, len }, Some(ValueSource(store))) => {
-                veriflow_runtime::log::values::load(&**store, *digest, *len)
+            (PayloadView::Inline(b), _) => Ok(b.to_vec()),
+            (PayloadView::Stored { digest, len }, Some(ValueSource(store))) => {
+                veriflow_runtime::log::values::load(&**store, digest, len)
             }
-            (Payload::Stored { digest, .. }, None) => Err(LogError::Value {
-                digest: *digest,
+            (PayloadView::Stored { digest, .. }, None) => Err(LogError::Value {
+                digest,
                 reason: "is in a value store this reader was not given".to_string(),
             }),
         }
@@ -830,7 +1592,7 @@ mod tests {
                 },
             },
         );
-        let value = |d| track.value(d).map(|(v, digest)| (v.clone(), digest));
+        let value = |d| track.value(d).map(|(v, digest)| (v.to_payload(), digest));
         assert_eq!(
             value(written),
             Some((Payload::Inline(vec![1]), Digest([1; 32])))
@@ -840,10 +1602,11 @@ mod tests {
             Some((Payload::Inline(vec![3]), Digest([3; 32])))
         );
         assert_eq!(value(nothing), None);
-        assert_eq!(track.data[&written].writer, Some(0));
-        assert_eq!(track.data[&written].digest, Some(Digest([1; 32])));
-        assert!(track.data[&written].input.is_none());
-        assert_eq!(track.data[&input].digest, Some(Digest([3; 32])));
+        let data = |d| track.data(d).unwrap();
+        assert_eq!(data(written).writer, Some(0));
+        assert_eq!(data(written).digest, Some(Digest([1; 32])));
+        assert!(data(written).input.is_none());
+        assert_eq!(data(input).digest, Some(Digest([3; 32])));
         // A second completion with another digest is a conflict, and the first value stays.
         track.absorb(
             VnodeId(1),

@@ -129,8 +129,9 @@ fn the_pinned_log_has_the_pinned_digests() {
     let store = pinned_store();
     let track = Track::load(store).unwrap();
     assert!(track.conflicts.is_empty() && track.torn.is_empty());
-    let vnodes: std::collections::BTreeSet<VnodeId> =
-        track.tasks.iter().filter_map(|t| t.ran_on).collect();
+    let vnodes: std::collections::BTreeSet<VnodeId> = (0..track.len() as u32)
+        .filter_map(|t| track.ran_on(t))
+        .collect();
     assert!(vnodes.len() > 1, "the fixture spreads over vnodes");
     let leaves = track.leaves();
     let hex = |b: &[u8; 32]| veriflow_checkpoint::hex::encode(b);
@@ -141,7 +142,7 @@ fn the_pinned_log_has_the_pinned_digests() {
     assert_eq!(hex(&track.merkle_root(&gs)), MERKLE_ROOT);
     assert_eq!(hex(&track.merkle_root_of(&gs, &leaves)), MERKLE_ROOT);
     // A G_S smaller than G: the ancestors of the datum with the lowest id.
-    let low = *track.data.keys().min().unwrap();
+    let low = track.data_ids().min().unwrap();
     let (part, errors) = track.terminal_subgraph(&[low]);
     assert!(errors.is_empty() && part.len() < gs.len(), "{}", part.len());
     assert_eq!(

@@ -16,6 +16,10 @@
 //!    names, not a million strings. At most [`MAX_NAMES`] names of at most [`MAX_NAME_LEN`]
 //!    bytes are ever kept (a log of made-up names gets owned strings past that, never an
 //!    unbounded table).
+//! 4. [`view_event`] reads an event in place ([`EventView`]: ids, digests and values are
+//!    slices of the encoded bytes), with exactly [`decode_event`]'s checks: it is the one
+//!    decoder, and [`decode_event`] builds the owned event from its view. A reader that keeps
+//!    only some fields (the certifier's columnar track) allocates nothing per event.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -41,32 +45,240 @@ pub(crate) const MAX_NAME_LEN: usize = 256;
 
 /// The event `bytes` hold, when rule 1 lets this decoder say; `None`: ask postcard.
 pub(crate) fn decode_event(bytes: &[u8]) -> Option<Event> {
+    view_event(bytes).map(|v| v.to_event())
+}
+
+/// A task-path event read in place (rule 4): its ids, digests and values are slices of the
+/// encoded bytes, walked when asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum EventView<'a> {
+    /// [`Event::Declared`].
+    Declared(DeclaredView<'a>),
+    /// [`Event::Started`].
+    Started {
+        /// The task.
+        task: TaskId,
+        /// Digests of the input values read.
+        inputs: Digests<'a>,
+    },
+    /// [`Event::Completed`].
+    Completed {
+        /// The task.
+        task: TaskId,
+        /// Values written by the task itself.
+        outputs: Outputs<'a>,
+        /// Children declared, in spawn order.
+        children: Ids<'a>,
+    },
+}
+
+/// [`Declared`] read in place.
+#[derive(Clone, Copy, Debug)]
+pub struct DeclaredView<'a> {
+    /// The task.
+    pub task: TaskId,
+    /// Its parent; `None` for the root.
+    pub parent: Option<TaskId>,
+    /// Its spawn index in the parent.
+    pub index: u32,
+    /// Registered task name.
+    pub name: &'a str,
+    /// Encoded arguments.
+    pub args: PayloadView<'a>,
+    /// Data it reads, in order.
+    pub inputs: Ids<'a>,
+    /// Data it must write or delegate, in order.
+    pub outputs: Ids<'a>,
+}
+
+/// [`Payload`] read in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadView<'a> {
+    /// The bytes themselves.
+    Inline(&'a [u8]),
+    /// A reference into the value store.
+    Stored {
+        /// blake3 of the bytes.
+        digest: Digest,
+        /// Length of the bytes.
+        len: u64,
+    },
+}
+
+impl PayloadView<'_> {
+    /// The owned payload.
+    pub fn to_payload(self) -> Payload {
+        match self {
+            PayloadView::Inline(b) => Payload::Inline(b.to_vec()),
+            PayloadView::Stored { digest, len } => Payload::Stored { digest, len },
+        }
+    }
+}
+
+impl<'a> From<&'a Payload> for PayloadView<'a> {
+    fn from(p: &'a Payload) -> Self {
+        match p {
+            Payload::Inline(b) => PayloadView::Inline(b),
+            Payload::Stored { digest, len } => PayloadView::Stored {
+                digest: *digest,
+                len: *len,
+            },
+        }
+    }
+}
+
+/// Items of `N` bytes side by side, read in place: [`Ids`] or [`Digests`].
+#[derive(Clone, Copy, Debug)]
+pub struct Fixed<'a, const N: usize>(&'a [u8]);
+
+/// 16-byte little-endian ids read in place.
+pub type Ids<'a> = Fixed<'a, 16>;
+
+/// 32-byte digests read in place.
+pub type Digests<'a> = Fixed<'a, 32>;
+
+impl<'a, const N: usize> Fixed<'a, N> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len() / N
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The items' bytes, in order.
+    fn items(&self) -> impl ExactSizeIterator<Item = [u8; N]> + 'a {
+        self.0
+            .chunks_exact(N)
+            .map(|c| c.try_into().expect("chunks of N bytes"))
+    }
+}
+
+impl<'a> Ids<'a> {
+    /// The ids as numbers, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = u128> + 'a {
+        self.items().map(u128::from_le_bytes)
+    }
+}
+
+impl<'a> Digests<'a> {
+    /// The digests, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Digest> + 'a {
+        self.items().map(Digest)
+    }
+}
+
+/// A `Completed`'s outputs read in place, checked whole when the event was viewed.
+#[derive(Clone, Copy, Debug)]
+pub struct Outputs<'a> {
+    bytes: &'a [u8],
+    n: usize,
+}
+
+/// One output read in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputView<'a> {
+    /// The data object.
+    pub data: DataId,
+    /// Its value.
+    pub value: PayloadView<'a>,
+    /// blake3 of the value's bytes.
+    pub digest: Digest,
+}
+
+impl<'a> Outputs<'a> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The outputs, in order.
+    pub fn iter(&self) -> impl Iterator<Item = OutputView<'a>> + 'a {
+        let mut r = Bytes(self.bytes);
+        // [`view_event`] read them all once: each reads again.
+        (0..self.n).map_while(move |_| r.output())
+    }
+}
+
+impl EventView<'_> {
+    /// The owned event.
+    pub fn to_event(&self) -> Event {
+        match *self {
+            EventView::Declared(d) => Event::Declared(d.to_declared()),
+            EventView::Started { task, inputs } => Event::Started {
+                task,
+                inputs: inputs.iter().collect(),
+            },
+            EventView::Completed {
+                task,
+                outputs,
+                children,
+            } => Event::Completed {
+                task,
+                outputs: outputs
+                    .iter()
+                    .map(|o| Output {
+                        data: o.data,
+                        value: o.value.to_payload(),
+                        digest: o.digest,
+                    })
+                    .collect(),
+                children: children.iter().map(TaskId).collect(),
+            },
+        }
+    }
+}
+
+impl DeclaredView<'_> {
+    /// The owned record (its name shared, rule 3).
+    pub fn to_declared(&self) -> Declared {
+        Declared {
+            task: self.task,
+            parent: self.parent,
+            index: self.index,
+            name: intern(self.name),
+            args: self.args.to_payload(),
+            inputs: self.inputs.iter().map(DataId).collect(),
+            outputs: self.outputs.iter().map(DataId).collect(),
+        }
+    }
+}
+
+/// The task-path event `bytes` hold, read in place, exactly when [`decode_event`] decodes it
+/// (rule 4; `None`: ask postcard).
+pub fn view_event(bytes: &[u8]) -> Option<EventView<'_>> {
     let mut r = Bytes(bytes);
     let event = match r.byte()? {
-        DECLARED => Event::Declared(r.declared()?),
+        DECLARED => EventView::Declared(r.declared()?),
         STARTED => {
             let task = r.task()?;
             let n = r.len(32)?;
-            let mut inputs = Vec::with_capacity(n);
-            for _ in 0..n {
-                inputs.push(r.digest()?);
+            EventView::Started {
+                task,
+                inputs: Fixed(r.take(32 * n)?),
             }
-            Event::Started { task, inputs }
         }
         COMPLETED => {
             let task = r.task()?;
             // An output takes at least 16 + 1 + 1 + 32 bytes.
             let n = r.len(50)?;
-            let mut outputs = Vec::with_capacity(n);
+            let from = r.0;
             for _ in 0..n {
-                outputs.push(r.output()?);
+                r.output()?;
             }
-            let n = r.len(16)?;
-            let mut children = Vec::with_capacity(n);
-            for _ in 0..n {
-                children.push(r.task()?);
-            }
-            Event::Completed {
+            let outputs = Outputs {
+                bytes: &from[..from.len() - r.0.len()],
+                n,
+            };
+            let children = r.ids()?;
+            EventView::Completed {
                 task,
                 outputs,
                 children,
@@ -145,16 +357,12 @@ impl<'a> Bytes<'a> {
         self.take(n)
     }
 
-    fn ids(&mut self) -> Option<Vec<DataId>> {
+    fn ids(&mut self) -> Option<Ids<'a>> {
         let n = self.len(16)?;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push(self.data()?);
-        }
-        Some(out)
+        Some(Fixed(self.take(16 * n)?))
     }
 
-    fn declared(&mut self) -> Option<Declared> {
+    fn declared(&mut self) -> Option<DeclaredView<'a>> {
         let task = self.task()?;
         let parent = match self.byte()? {
             0 => None,
@@ -162,11 +370,11 @@ impl<'a> Bytes<'a> {
             _ => return None,
         };
         let index = self.u32()?;
-        let name = intern(std::str::from_utf8(self.bytes()?).ok()?);
+        let name = std::str::from_utf8(self.bytes()?).ok()?;
         let args = self.payload()?;
         let inputs = self.ids()?;
         let outputs = self.ids()?;
-        Some(Declared {
+        Some(DeclaredView {
             task,
             parent,
             index,
@@ -177,23 +385,23 @@ impl<'a> Bytes<'a> {
         })
     }
 
-    fn payload(&mut self) -> Option<Payload> {
+    fn payload(&mut self) -> Option<PayloadView<'a>> {
         Some(match self.byte()? {
-            INLINE => Payload::Inline(self.bytes()?.to_vec()),
+            INLINE => PayloadView::Inline(self.bytes()?),
             STORED => {
                 let digest = self.digest()?;
                 let len = self.varint(10)?;
-                Payload::Stored { digest, len }
+                PayloadView::Stored { digest, len }
             }
             _ => return None,
         })
     }
 
-    fn output(&mut self) -> Option<Output> {
+    fn output(&mut self) -> Option<OutputView<'a>> {
         let data = self.data()?;
         let value = self.payload()?;
         let digest = self.digest()?;
-        Some(Output {
+        Some(OutputView {
             data,
             value,
             digest,
@@ -217,54 +425,17 @@ pub(crate) enum Peeked {
 /// `Some` (the same checks, in the same order, allocating nothing; a `Completed`'s output data
 /// ids are pushed to `outputs`, cleared first).
 pub(crate) fn peek_event(bytes: &[u8], outputs: &mut Vec<DataId>) -> Option<Peeked> {
-    fn payload(r: &mut Bytes<'_>) -> Option<()> {
-        match r.byte()? {
-            INLINE => r.bytes().map(drop),
-            STORED => r.digest().and_then(|_| r.varint(10)).map(drop),
-            _ => None,
-        }
-    }
-    fn ids(r: &mut Bytes<'_>) -> Option<()> {
-        let n = r.len(16)?;
-        r.take(16 * n).map(drop)
-    }
     outputs.clear();
-    let mut r = Bytes(bytes);
-    let peeked = match r.byte()? {
-        DECLARED => {
-            let task = r.task()?;
-            let parent = match r.byte()? {
-                0 => None,
-                1 => Some(r.task()?),
-                _ => return None,
-            };
-            r.u32()?;
-            std::str::from_utf8(r.bytes()?).ok()?;
-            payload(&mut r)?;
-            ids(&mut r)?;
-            ids(&mut r)?;
-            Peeked::Declared(task, parent)
-        }
-        STARTED => {
-            let task = r.task()?;
-            let n = r.len(32)?;
-            r.take(32 * n)?;
-            Peeked::Started(task)
-        }
-        COMPLETED => {
-            let task = r.task()?;
-            let n = r.len(50)?;
-            for _ in 0..n {
-                outputs.push(r.data()?);
-                payload(&mut r)?;
-                r.digest()?;
-            }
-            ids(&mut r)?;
+    Some(match view_event(bytes)? {
+        EventView::Declared(d) => Peeked::Declared(d.task, d.parent),
+        EventView::Started { task, .. } => Peeked::Started(task),
+        EventView::Completed {
+            task, outputs: o, ..
+        } => {
+            outputs.extend(o.iter().map(|o| o.data));
             Peeked::Completed(task)
         }
-        _ => return None,
-    };
-    r.0.is_empty().then_some(peeked)
+    })
 }
 
 /// Every name shared so far (rule 3).

@@ -108,13 +108,16 @@ pub mod watermark;
 mod window;
 mod writer;
 
+pub use decode::{
+    view_event, DeclaredView, Digests, EventView, Fixed, Ids, OutputView, Outputs, PayloadView,
+};
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};
 pub use outputs::terminal_outputs;
 pub use reader::{
-    LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, StreamedVnode, TornTail, VnodeEvents,
-    MAX_REPEATS,
+    EncodedSink, LogReader, LogTail, LoggedEvent, RecoveredLog, Repeat, StreamedVnode, TornTail,
+    VnodeEvents, MAX_REPEATS,
 };
 pub use state::LogState;
 pub use values::STORED_FROM;

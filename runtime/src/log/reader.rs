@@ -14,6 +14,10 @@
 //!    duplicates) and the page after that is fetched and decoded. The reader gets the same
 //!    events in the same order as with segments read one by one; on an error it has taken
 //!    some events of the pages before the damaged segment, then the error.
+//! 4. A reader that decodes events its own way ([`LogReader::walk_encoded`]: the certifier's
+//!    columnar track) gets each event's bytes in place, with the checks of rule 2 on every
+//!    segment (the same [`Walk`], the same errors), but not the duplicates' check: it drops
+//!    the repeats of one vnode's log itself. No event is decoded or copied by the reader.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -31,7 +35,7 @@ use super::watermark::{
     parse_watermark_key, watermark_prefix, LastSegment, Watermark, WATERMARK_PREFIX,
 };
 use super::{Event, EventKey, EventKind, LogError, Manifest};
-use crate::codec::FrameError;
+use crate::codec::{FrameError, HEADER_LEN};
 use crate::ids::{IdHasher, VnodeId};
 
 /// An event and where it was found.
@@ -108,6 +112,18 @@ pub struct StreamedVnode {
 /// A segment's events that [`Walk::admit`] lets through (rule 3 of this module): its number,
 /// and its new events with their offsets, in log order.
 type Admitted = (u64, Vec<(u32, Event)>);
+
+/// Who takes each event's encoding from [`LogReader::walk_encoded`]: (segment number, byte
+/// offset in the stored segment, bytes); an `Err` is why the event does not decode.
+pub type EncodedSink<'a> = dyn FnMut(u64, u32, &[u8]) -> Result<(), String> + 'a;
+
+/// What a segment's header says, and how many events it holds.
+struct Header {
+    vnode: VnodeId,
+    segno: u64,
+    first_seq: u64,
+    events: u64,
+}
 
 /// One page of a log's segments, decoded (rule 1 of this module): store key and segment.
 type Decoded = Vec<(Vec<u8>, Result<segment::Segment, SegmentError>)>;
@@ -324,6 +340,53 @@ impl LogReader {
                 })
             })
             .collect()
+    }
+
+    /// Reads the log of `vnode` as [`LogReader::read_vnode`] reads it, with every check but
+    /// one, and hands `each` every event's encoding (segment number, byte offset in the stored
+    /// segment, bytes) in log order, undecoded (rule 4 of this module). Duplicates are *not*
+    /// dropped: `each` gets an event as often as it was logged, and drops repeats itself
+    /// ([`StreamedVnode::duplicates`] is 0). An `Err` of `each` stops the read with the
+    /// segment's content error, as a reader that decodes it names it.
+    pub fn walk_encoded(
+        &self,
+        vnode: VnodeId,
+        each: &mut EncodedSink<'_>,
+    ) -> Result<StreamedVnode, LogError> {
+        let prefix = self.key(&segment::vnode_prefix(vnode));
+        let first = self.store.scan_page(&prefix, None, ONE_KEY)?;
+        let covered = self.covered(vnode, !first.pairs.is_empty())?;
+        let mut walk = Walk::new(vnode, covered, None);
+        let skip = self.prefix.len();
+        // Only the last segment may be torn (rule 4 of `log/mod.rs`): one is held back until
+        // the next is seen.
+        let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
+        let mut after: Option<Vec<u8>> = None;
+        while !first.pairs.is_empty() {
+            let page = self
+                .store
+                .scan_page(&prefix, after.as_deref(), SEGMENT_PAGE)?;
+            after = page.pairs.last().map(|(k, _)| k.clone());
+            for pair in page.pairs {
+                if let Some((key, value)) = pending.replace(pair) {
+                    walk.encoded(key.get(skip..).unwrap_or_default(), &value, false, each)?;
+                }
+            }
+            if !page.more || after.is_none() {
+                break;
+            }
+        }
+        if let Some((key, value)) = pending {
+            walk.encoded(key.get(skip..).unwrap_or_default(), &value, true, each)?;
+        }
+        walk.finish()?;
+        Ok(StreamedVnode {
+            vnode,
+            segments: walk.segments,
+            events: walk.distinct,
+            duplicates: 0,
+            torn: walk.torn,
+        })
     }
 
     /// One page of `vnode`'s segments after `after`, decoded in parallel (rule 1).
@@ -867,41 +930,44 @@ impl Walk {
         }
     }
 
-    /// The checks of [`Walk::segment_decoded`] on one segment, without handing its events on:
-    /// its number and its new events (duplicates dropped, the others in log order), or `None`
-    /// after a torn last segment (skipped).
-    fn admit(
-        &mut self,
-        key: &[u8],
-        decoded: Result<segment::Segment, SegmentError>,
-        is_last: bool,
-    ) -> Result<Option<Admitted>, LogError> {
-        let vnode = self.vnode;
+    /// The first checks of a segment, on its key alone (rules 1 and 8): its number, in order
+    /// after the one before.
+    fn open(&mut self, key: &[u8]) -> Result<u64, LogError> {
         self.segments += 1;
-        let segno = match segment::parse_segment_key(key) {
-            Some((_, s)) => s,
-            None => {
-                return Err(LogError::Corrupt {
-                    vnode,
-                    segment: u64::MAX,
-                    offset: 0,
-                    reason: format!("malformed segment key {key:02x?}"),
-                })
-            }
+        let Some((_, segno)) = segment::parse_segment_key(key) else {
+            return Err(LogError::Corrupt {
+                vnode: self.vnode,
+                segment: u64::MAX,
+                offset: 0,
+                reason: format!("malformed segment key {key:02x?}"),
+            });
         };
+        if let Some((from, there)) = gap(self.prev_segno, segno) {
+            return Err(self.missing(Some(from), gap_text(from, segno, &there)));
+        }
+        self.prev_segno = Some(segno);
+        Ok(segno)
+    }
+
+    /// The checks of segment `segno` once it was opened ([`Walk::open`]) and decoded or walked
+    /// (`header`: what its header says, or why it could not be read): false after a torn last
+    /// segment (skipped).
+    fn header(
+        &mut self,
+        segno: u64,
+        header: Result<Header, SegmentError>,
+        is_last: bool,
+    ) -> Result<bool, LogError> {
+        let vnode = self.vnode;
         let corrupt = |offset: u64, reason: String| LogError::Corrupt {
             vnode,
             segment: segno,
             offset,
             reason,
         };
-        if let Some((from, there)) = gap(self.prev_segno, segno) {
-            return Err(self.missing(Some(from), gap_text(from, segno, &there)));
-        }
-        self.prev_segno = Some(segno);
         let covered = self.covered;
         let covered_by_watermark = covered.is_some_and(|c| segno <= c.segno);
-        let seg = match decoded {
+        let seg = match header {
             Ok(s) => s,
             Err(SegmentError::Frame(f)) if f.is_torn() && is_last && !covered_by_watermark => {
                 tracing::warn!("log of {vnode}: torn last segment {segno} skipped ({f})");
@@ -909,7 +975,7 @@ impl Walk {
                     segment: segno,
                     reason: f,
                 });
-                return Ok(None);
+                return Ok(false);
             }
             Err(SegmentError::Frame(f)) if f.is_torn() && is_last => {
                 return Err(corrupt(
@@ -942,11 +1008,75 @@ impl Walk {
                 ),
             ));
         }
-        let end = seg.first_seq + seg.events.len() as u64;
+        let end = seg.first_seq + seg.events;
         self.next_seq = self.next_seq.max(end);
         self.durable_seq = self.durable_seq.max(end);
         self.last_read = Some(segno);
-        let mut events = seg.events;
+        Ok(true)
+    }
+
+    /// Rule 4 of this module on one stored segment (`key` without the generation prefix): its
+    /// events' encodings to `each` (segment number, byte offset in the stored value, bytes),
+    /// duplicates included; false after a torn last segment (skipped). An `Err` of `each` is
+    /// the segment's content error, as [`segment::decode_segment`] names one.
+    fn encoded(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        is_last: bool,
+        each: &mut EncodedSink<'_>,
+    ) -> Result<bool, LogError> {
+        let segno = self.open(key)?;
+        let mut events = 0u64;
+        let walked = segment::for_each_encoded_event(value, |e| {
+            events += 1;
+            // `e` is a slice of `value`: its place is where it starts, less its length.
+            let offset = (e.as_ptr() as usize - value.as_ptr() as usize - 4) as u32;
+            each(segno, offset, e)
+        });
+        let header = walked.map(|()| {
+            // The frame and the segment header were checked by the walk.
+            let h = &value[HEADER_LEN..HEADER_LEN + segment::SEGMENT_HEADER_LEN];
+            let u64_at = |p: usize| u64::from_le_bytes(h[p..p + 8].try_into().expect("8 bytes"));
+            Header {
+                vnode: VnodeId(u32::from_le_bytes(h[..4].try_into().expect("4 bytes"))),
+                segno: u64_at(4),
+                first_seq: u64_at(12),
+                events,
+            }
+        });
+        let kept = self.header(segno, header, is_last)?;
+        self.distinct += if kept { events } else { 0 };
+        Ok(kept)
+    }
+
+    /// The checks of [`Walk::segment_decoded`] on one segment, without handing its events on:
+    /// its number and its new events (duplicates dropped, the others in log order), or `None`
+    /// after a torn last segment (skipped).
+    fn admit(
+        &mut self,
+        key: &[u8],
+        decoded: Result<segment::Segment, SegmentError>,
+        is_last: bool,
+    ) -> Result<Option<Admitted>, LogError> {
+        let segno = self.open(key)?;
+        let (header, events) = match decoded {
+            Ok(seg) => {
+                let header = Header {
+                    vnode: seg.vnode,
+                    segno: seg.segno,
+                    first_seq: seg.first_seq,
+                    events: seg.events.len() as u64,
+                };
+                (Ok(header), seg.events)
+            }
+            Err(e) => (Err(e), Vec::new()),
+        };
+        // A segment that did not decode is an error or a torn tail skipped here.
+        if !self.header(segno, header, is_last)? {
+            return Ok(None);
+        }
+        let mut events = events;
         // Duplicates are rare: `retain` moves nothing until it drops one.
         events.retain(|(_, event)| {
             let key = event.key();
