@@ -1237,3 +1237,108 @@ fn values_between_vnodes_of_one_process_are_never_encoded_without_a_log() {
     let e = rt.run(OpaqueFib(14), ()).unwrap_err().to_string();
     assert!(e.contains("cannot encode output"), "{e}");
 }
+
+/// vnode.rs rule 6: a held acknowledgement (`AdoptAck`) waits for the next seal and costs no
+/// flush of its own, while a held message its receiver awaits (`Returned`) seals at once; both
+/// leave only once durable.
+#[test]
+fn an_acknowledgement_waits_for_the_next_seal_and_a_returned_value_does_not() {
+    use super::core::Core;
+    use super::shared::RunShared;
+    use super::vnode::{Timers, Vnode};
+    use crate::clock::ManualClock;
+    use crate::ids::{DataId, Epoch, TaskId, VnodeId};
+    use crate::log::{CommitPolicy, Declared, LogWriter, Payload};
+    use crate::transport::{InProcTransport, Message, Transport};
+    use rand::SeedableRng;
+    let store = Arc::new(MemoryStore::default());
+    // No seal for size or age in this test: only the vnode's own choices seal.
+    let policy = CommitPolicy {
+        max_bytes: 64 << 20,
+        max_delay: std::time::Duration::from_secs(3600),
+        ..CommitPolicy::default()
+    };
+    let writer = LogWriter::manual(store.clone(), 2, policy);
+    let transport = InProcTransport::new(2);
+    let shared = Arc::new(RunShared::new(2, None));
+    let core = Core::new(
+        VnodeId(0),
+        Arc::new(fib_registry()),
+        Some(writer.vnode_log(VnodeId(0)).unwrap()),
+        shared,
+    );
+    let mut thief = Vnode::new(
+        core,
+        transport.endpoint(VnodeId(0)).unwrap(),
+        Arc::new(ManualClock::default()),
+        rand::rngs::ChaCha8Rng::seed_from_u64(1),
+        2,
+        Timers::default(),
+    );
+    thief.steal_ok = false; // it asks nobody for work: only the grant below comes in
+    let mut victim = transport.endpoint(VnodeId(1)).unwrap();
+    victim.set_epoch(Epoch(0));
+    // Two grants of Fib(1) (a task that writes its output at once); the newest runs first.
+    let root = TaskId::root("fib", b"test");
+    let tasks = [TaskId::child(root, 0), TaskId::child(root, 1)];
+    for task in tasks {
+        let record = Declared {
+            task,
+            parent: None,
+            index: 0,
+            name: "fib".into(),
+            args: Payload::Inline(crate::codec::encode(&Fib(1)).unwrap()),
+            inputs: vec![],
+            outputs: vec![DataId::output(task, 0)],
+        };
+        let grant = Message::StealGrant {
+            record,
+            inputs: vec![],
+            digests: vec![],
+        };
+        victim.send(VnodeId(0), grant).unwrap();
+    }
+    // Both are adopted (logged) and their acks held; no task runs, nothing is sealed.
+    thief.step(0).unwrap();
+    let log = thief.core.log.as_ref().unwrap();
+    assert_eq!(log.appended(), 2, "Adopted is logged");
+    assert_eq!(log.sealed(), 0, "acknowledgements alone do not seal");
+    writer.pump();
+    thief.step(0).unwrap();
+    assert!(
+        victim.try_recv().is_none(),
+        "nothing leaves before it is durable"
+    );
+    // One task runs and writes the output owed to the victim while the other is still ready
+    // (the vnode is not idle): `Returned` seals at once, and once durable the acks leave too.
+    thief.step(1).unwrap();
+    assert!(thief.has_ready());
+    let log = thief.core.log.as_ref().unwrap();
+    assert_eq!(
+        log.sealed(),
+        log.appended(),
+        "a returned value seals at once"
+    );
+    assert!(
+        victim.try_recv().is_none(),
+        "nothing leaves before it is durable"
+    );
+    writer.pump();
+    thief.step(0).unwrap();
+    let mut got = Vec::new();
+    while let Some(env) = victim.try_recv() {
+        got.push(env.msg);
+    }
+    let out = DataId::output(tasks[1], 0);
+    assert!(
+        matches!(
+            got.as_slice(),
+            [
+                Message::AdoptAck { task: a },
+                Message::AdoptAck { task: b },
+                Message::Returned { data, .. },
+            ] if [*a, *b] == tasks && *data == out
+        ),
+        "the acks, then the value: {got:?}"
+    );
+}
