@@ -33,15 +33,9 @@
 //! 5. When a returned output is written, the thief sends `Returned`, resent until `ReturnAck`.
 //!    The victim logs `Returned` and writes the value into its graph, waking its readers; a
 //!    duplicate is only acknowledged again.
-//! 6. Output commit: a message caused by a logged event leaves only once that event is durable.
-//!    Then a receiver never holds something its sender could forget in a crash. For a message
-//!    its receiver awaits (a `StealGrant`, a `Returned` value) the vnode seals its batch at
-//!    once so that this is quick. An acknowledgement (`AdoptAck`, `ReturnAck`) only ends its
-//!    receiver's resends (rules 3 and 5), so it waits for the batch's next seal (full, idle,
-//!    or at most `CommitPolicy::max_delay` old) and costs no flush of its own: across
-//!    processes a flush is a checkpoint server's round trip and half of the seals a steal
-//!    forced (`paper cluster`). A `max_delay` above `Timers::resend_after` only makes the
-//!    receiver resend, which a duplicate answers. Without a log, messages leave at once.
+//! 6. Output commit: a message caused by a logged event leaves only once that event is durable
+//!    (the vnode seals its batch at once so that this is quick). Then a receiver never holds
+//!    something its sender could forget in a crash. Without a log, messages leave at once.
 
 use std::borrow::Cow;
 use std::collections::{HashSet, VecDeque};
@@ -727,14 +721,7 @@ impl Vnode {
         if self.held.is_empty() {
             return Ok(false);
         }
-        // Rule 6: the newest held message that its receiver awaits; acknowledgements wait
-        // for the next seal.
-        let waiting_for = self
-            .held
-            .iter()
-            .rev()
-            .find(|(_, _, m)| awaited(m))
-            .map_or(0, |h| h.0);
+        let waiting_for = self.held.back().map_or(0, |h| h.0);
         let durable = match &mut self.core.log {
             Some(log) => {
                 // Seal only when a held message waits for the open batch: sealing on every
@@ -778,13 +765,6 @@ impl Vnode {
             message: format!("send to {to}: {e}"),
         })
     }
-}
-
-/// Rule 6: whether a held message is awaited by its receiver (a grant by an idle thief, a
-/// returned value by the task that reads it), so that the vnode seals at once for it; an
-/// acknowledgement only ends its receiver's resends and waits for the next seal.
-fn awaited(msg: &Message) -> bool {
-    !matches!(msg, Message::AdoptAck { .. } | Message::ReturnAck { .. })
 }
 
 /// While messages wait for durability, an idle vnode looks at the watermark this often.

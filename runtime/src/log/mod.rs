@@ -9,8 +9,8 @@
 //! 2. **Group commit.** A vnode appends events to an open batch in memory (microseconds per
 //!    task). The batch is sealed into one *segment* when it reaches [`CommitPolicy::max_bytes`],
 //!    when it is older than [`CommitPolicy::max_delay`] ([`DEFAULT_MAX_DELAY`] in one process,
-//!    [`CLUSTER_MAX_DELAY`] in a cluster job), when the vnode goes idle, or when a message
-//!    that its receiver awaits waits for durability (`exec/vnode.rs` rule 6). One background writer thread puts every sealed segment in
+//!    [`CLUSTER_MAX_DELAY`] in a cluster job), when the vnode goes idle, or when someone
+//!    waits for durability (`exec/vnode.rs` rule 6). One background writer thread puts every sealed segment in
 //!    the store and then calls the store's flush explicitly (sled's timer is off), many
 //!    segments per flush. Only after the flush returns does it raise each vnode's *durable
 //!    watermark*: events with a sequence number at or below it are on stable storage. A vnode
