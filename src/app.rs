@@ -1700,3 +1700,32 @@ mod progress_tests {
         assert_eq!(bar.position(), 12);
     }
 }
+
+#[cfg(test)]
+mod commit_tests {
+    use clap::Parser;
+    use std::time::Duration;
+    use veriflow_runtime::log::{CLUSTER_MAX_DELAY, DEFAULT_MAX_DELAY};
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        commit: super::CommitArgs,
+    }
+
+    /// `--commit-ms` defaults by mode (20 ms in one process, 100 ms in a cluster job); given,
+    /// it holds in both.
+    #[test]
+    fn the_commit_delay_defaults_by_mode_unless_given() {
+        let a = Args::try_parse_from(["t"]).unwrap();
+        assert_eq!(a.commit.policy().max_delay, DEFAULT_MAX_DELAY);
+        assert_eq!(a.commit.cluster_policy().max_delay, CLUSTER_MAX_DELAY);
+        assert_ne!(DEFAULT_MAX_DELAY, CLUSTER_MAX_DELAY);
+        let a = Args::try_parse_from(["t", "--commit-ms", "7"]).unwrap();
+        assert_eq!(a.commit.policy().max_delay, Duration::from_millis(7));
+        assert_eq!(
+            a.commit.cluster_policy().max_delay,
+            Duration::from_millis(7)
+        );
+    }
+}
