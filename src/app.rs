@@ -49,7 +49,9 @@ use veriflow_certifier::{
 use veriflow_checkpoint::{
     open_store, Key, KeyError, MemoryStore, Namespaced, Store, StoreError, StoreSpec,
 };
-use veriflow_runtime::log::{CommitPolicy, LogError, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY};
+use veriflow_runtime::log::{
+    CommitPolicy, LogError, CLUSTER_MAX_DELAY, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY,
+};
 use veriflow_runtime::{
     DataId, Forge, IdSet, Kill, Registry, RegistryError, RunError, Runtime, Task, TaskId, VnodeId,
 };
@@ -520,9 +522,10 @@ pub(crate) struct CommitArgs {
     #[arg(long, value_name = "KIB", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=65536))]
     commit_kib: u64,
-    /// Group commit: seal a non-empty segment after this many ms.
-    #[arg(long, value_name = "MS", default_value_t = DEFAULT_MAX_DELAY.as_millis() as u64)]
-    commit_ms: u64,
+    /// Group commit: seal a non-empty segment after this many ms [default: 20 in a run, 100
+    /// in a cluster job, whose flushes go over the network to a checkpoint server].
+    #[arg(long, value_name = "MS")]
+    commit_ms: Option<u64>,
     /// Recovery checkpoints: one per vnode every this many KiB of its log, so that recovery
     /// reads the checkpoint and the log after it; 0 writes none (recovery reads whole logs).
     #[arg(long, value_name = "KIB", default_value_t = DEFAULT_CHECKPOINT_BYTES >> 10,
@@ -536,11 +539,22 @@ pub(crate) struct CommitArgs {
 }
 
 impl CommitArgs {
+    /// The policy of a run in one process (`--commit-ms` defaults to [`DEFAULT_MAX_DELAY`]).
     pub(crate) fn policy(&self) -> CommitPolicy {
+        self.policy_or(DEFAULT_MAX_DELAY)
+    }
+
+    /// The policy of a cluster job's members (`--commit-ms` defaults to
+    /// [`CLUSTER_MAX_DELAY`]).
+    pub(crate) fn cluster_policy(&self) -> CommitPolicy {
+        self.policy_or(CLUSTER_MAX_DELAY)
+    }
+
+    fn policy_or(&self, max_delay: Duration) -> CommitPolicy {
         CommitPolicy {
             // Bounded to 64 MiB by the parser.
             max_bytes: usize::try_from(self.commit_kib << 10).unwrap_or(usize::MAX),
-            max_delay: Duration::from_millis(self.commit_ms),
+            max_delay: self.commit_ms.map_or(max_delay, Duration::from_millis),
             stored_from: usize::try_from(self.stored_from).unwrap_or(usize::MAX),
         }
     }
@@ -1678,5 +1692,34 @@ mod progress_tests {
         assert_eq!(bar.position(), 10);
         super::advance(&bar, 12);
         assert_eq!(bar.position(), 12);
+    }
+}
+
+#[cfg(test)]
+mod commit_tests {
+    use clap::Parser;
+    use std::time::Duration;
+    use veriflow_runtime::log::{CLUSTER_MAX_DELAY, DEFAULT_MAX_DELAY};
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        commit: super::CommitArgs,
+    }
+
+    /// `--commit-ms` defaults by mode (20 ms in one process, 100 ms in a cluster job); given,
+    /// it holds in both.
+    #[test]
+    fn the_commit_delay_defaults_by_mode_unless_given() {
+        let a = Args::try_parse_from(["t"]).unwrap();
+        assert_eq!(a.commit.policy().max_delay, DEFAULT_MAX_DELAY);
+        assert_eq!(a.commit.cluster_policy().max_delay, CLUSTER_MAX_DELAY);
+        assert_ne!(DEFAULT_MAX_DELAY, CLUSTER_MAX_DELAY);
+        let a = Args::try_parse_from(["t", "--commit-ms", "7"]).unwrap();
+        assert_eq!(a.commit.policy().max_delay, Duration::from_millis(7));
+        assert_eq!(
+            a.commit.cluster_policy().max_delay,
+            Duration::from_millis(7)
+        );
     }
 }

@@ -535,7 +535,7 @@ fn run_job<P: Program>(
         .timers(worker::member_timers())
         .store(ctx.store)
         .checkpoint(!job.no_checkpoint)
-        .commit_policy(job.commit.policy())
+        .commit_policy(job.commit.cluster_policy())
         .checkpoint_every(job.commit.checkpoint_every());
     if let Some(f) = forge {
         builder = builder.forge(f);

@@ -8,8 +8,9 @@
 //!    every reader sees each event once and only once.
 //! 2. **Group commit.** A vnode appends events to an open batch in memory (microseconds per
 //!    task). The batch is sealed into one *segment* when it reaches [`CommitPolicy::max_bytes`],
-//!    when it is older than [`CommitPolicy::max_delay`], when the vnode goes idle, or when
-//!    someone waits for durability. One background writer thread puts every sealed segment in
+//!    when it is older than [`CommitPolicy::max_delay`] ([`DEFAULT_MAX_DELAY`] in one process,
+//!    [`CLUSTER_MAX_DELAY`] in a cluster job), when the vnode goes idle, or when someone
+//!    waits for durability (`exec/vnode.rs` rule 6). One background writer thread puts every sealed segment in
 //!    the store and then calls the store's flush explicitly (sled's timer is off), many
 //!    segments per flush. Only after the flush returns does it raise each vnode's *durable
 //!    watermark*: events with a sequence number at or below it are on stable storage. A vnode
@@ -121,7 +122,10 @@ pub use reader::{
 };
 pub use state::LogState;
 pub use values::STORED_FROM;
-pub use writer::{CommitPolicy, LogWriter, VnodeLog, DEFAULT_CHECKPOINT_BYTES, DEFAULT_MAX_DELAY};
+pub use writer::{
+    CommitPolicy, LogWriter, VnodeLog, CLUSTER_MAX_DELAY, DEFAULT_CHECKPOINT_BYTES,
+    DEFAULT_MAX_DELAY,
+};
 
 use crate::ids::VnodeId;
 use veriflow_checkpoint::StoreError;

@@ -45,6 +45,17 @@ pub struct CommitPolicy {
 /// PostgreSQL's `wal_writer_delay` for its asynchronous commits, the same kind of durability.
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(20);
 
+/// [`DEFAULT_MAX_DELAY`] of a cluster job's members (the `--commit-ms` default of `cluster`
+/// and `submit`). There a flush is a request to a checkpoint server over an encrypted
+/// connection, answered after the server's own flush: some 130 µs of CPU over the writer,
+/// the server's committer and sled (perf, session 32), against ~10 µs for a local flush. At
+/// 20 ms a one-vnode worker of `paper cluster` (knary depth 7 at 300 µs, 4 workers on 2
+/// cores) sealed ~140 times a run, 80 % of them for the delay. At 100 ms the log's threads
+/// (the workers' writers, the server's committer, sled and tokio threads) took 215-255 ms of
+/// CPU a run against 285-342 at 20 ms (`perf record`, 4 interleaved S1 runs, load 6-9). The
+/// price is the work a killed worker's vnode runs again: at most its last 100 ms.
+pub const CLUSTER_MAX_DELAY: Duration = Duration::from_millis(100);
+
 impl Default for CommitPolicy {
     fn default() -> Self {
         Self {
