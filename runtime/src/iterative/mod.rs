@@ -53,8 +53,9 @@
 //!    after [`IterConfig::local_iterations`] counting iterations in a row with a residual below
 //!    [`IterConfig::tol`]; a residual at or above it starts the count again. An asynchronous
 //!    vnode whose last residual is below the tolerance (converged on what it has) iterates
-//!    again only once every neighbour's halo is fresh, when a verification asks it to (rule 3),
-//!    or when the resend period has passed since its last iteration; one above it iterates
+//!    again only once every neighbour's halo is fresh, on any news while a verification runs
+//!    (rule 3: its neighbours wait for its fresh halo), or when the resend period has passed
+//!    since its last iteration; one above it iterates
 //!    on whatever it has. So a converged vnode keeps pace with its neighbours as a synchronous
 //!    one does (each iteration on a chain or tree leaves a fresh halo on at least one side of
 //!    every edge, so some vnode always has all its halos fresh; on other graphs the resend

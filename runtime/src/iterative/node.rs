@@ -455,7 +455,7 @@ impl Node {
             return Ok(Prepared::Poll(Poll::Idle(Duration::from_millis(1))));
         }
         if self.cfg.mode == Mode::Async
-            && !(self.news && self.all_fresh())
+            && !(self.news && (self.all_fresh() || self.verify_need.is_some()))
             && !self.kick
             && self.last_residual < self.cfg.tol
             && !due(self.now, Some(self.last_iteration), self.cfg.resend)
@@ -464,8 +464,9 @@ impl Node {
             // halo is fresh (as a synchronous vnode would), not on each one: on a halo from
             // one side, a vnode whose change is below 3e-16 changed nothing and took a core
             // from a vnode still converging (64³ on 8 vnodes: 1.5 × sync's iterations on the
-            // converged vnodes). Never longer than the resend period, so that lost halos are
-            // replaced and a verification gets its fresh round.
+            // converged vnodes). In a verification it iterates on any news: its neighbours
+            // wait for its fresh halo to answer. Never longer than the resend period, so that
+            // lost halos are replaced.
             return Ok(Prepared::Poll(Poll::Idle(Duration::from_millis(1))));
         }
         Ok(Prepared::Iterate {

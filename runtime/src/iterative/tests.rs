@@ -119,12 +119,20 @@ fn a_converged_async_vnode_waits_for_all_its_halos() {
         .node(VnodeId(1), Epoch(0), false, ep, Duration::ZERO)
         .unwrap();
     let mut iter = 0;
-    let mut halo = |side: usize| {
+    // A halo from vnode 0 (side 0) or 2 (side 1), or, with `verify`, a verification from 0.
+    let mut send = |side: usize, verify: bool| {
         iter += 1;
-        let msg = IterMsg::Halo {
-            step: 0,
-            iter,
-            data: vec![0],
+        let msg = if verify {
+            IterMsg::Conv {
+                tag: Tag { step: 0, round: 0 },
+                kind: ConvKind::Verify,
+            }
+        } else {
+            IterMsg::Halo {
+                step: 0,
+                iter,
+                data: vec![0],
+            }
         };
         sides[side].send(VnodeId(1), Message::Iter(msg)).unwrap();
     };
@@ -132,16 +140,16 @@ fn a_converged_async_vnode_waits_for_all_its_halos() {
     // The first iteration: residual 0, below the tolerance.
     assert_eq!(node.step(ms(1)).unwrap(), Stepped::Busy);
     assert!(matches!(node.step(ms(2)).unwrap(), Stepped::Idle(_)));
-    halo(0);
+    send(0, false);
     assert!(
         matches!(node.step(ms(3)).unwrap(), Stepped::Idle(_)),
         "one side fresh"
     );
     assert_eq!(node.stats().iterations, 1);
-    halo(1);
+    send(1, false);
     assert_eq!(node.step(ms(4)).unwrap(), Stepped::Busy, "both sides fresh");
     assert_eq!(node.stats().iterations, 2);
-    halo(1);
+    send(1, false);
     assert!(
         matches!(node.step(ms(5)).unwrap(), Stepped::Idle(_)),
         "one side fresh"
@@ -153,6 +161,21 @@ fn a_converged_async_vnode_waits_for_all_its_halos() {
     assert_eq!(s.iterations, 3);
     // The first (no halo yet) and the last (one side fresh) used stale halos; all converged.
     assert_eq!((s.stale_iterations, s.converged_iterations), (2, 3));
+    // A verification from vnode 0: one iteration at once (its fresh halos for the
+    // neighbours' answers), then one on any news, since the neighbours wait for it.
+    send(0, true);
+    assert_eq!(
+        node.step(ms(25)).unwrap(),
+        Stepped::Busy,
+        "the verification's kick"
+    );
+    send(0, false);
+    assert_eq!(
+        node.step(ms(26)).unwrap(),
+        Stepped::Busy,
+        "one side fresh, verifying"
+    );
+    assert_eq!(node.stats().iterations, 5);
 }
 
 #[test]
