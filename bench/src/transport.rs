@@ -34,8 +34,9 @@
 //! 5. Order: one warm-up crash-free async run (which sets the periods), then `runs`
 //!    repetitions, each running every (mode, period) once, interleaved so that the drifts of a
 //!    shared machine hit all alike; before each repetition, wait up to `--quiet-wait` s for
-//!    other processes to use less than a quarter of a core. Medians (min, max) of time,
-//!    iterations, messages, kills and negative verdicts.
+//!    other processes to use less than a quarter of a core. Medians (min, max) of time, CPU
+//!    time of this process and of the others during each run, iterations, messages, kills and
+//!    negative verdicts.
 //! 6. Targets: (issue 7) the most crash-heavy async time <= 1.15 × the crash-free async time
 //!    (JaceP2P-V2: 744 s / 495 s = 1.50); (issue 17 target 6) crash-free async no slower than
 //!    crash-free sync: the ratio of their medians <= 1.
@@ -57,8 +58,8 @@ use veriflow::runtime::iterative::{run_embedded, Embedded, IterKills, Mode};
 use veriflow::{Program, Registry, Runtime};
 
 use crate::harness::{
-    loadavg, plot, require_runs, Disturbed, Figure, Plots, Quiet, Redo, Rounds, Session, Stats,
-    Timed, COLORS,
+    loadavg, plot, require_runs, CpuSnapshot, Disturbed, Figure, Plots, Quiet, Redo, Rounds,
+    Session, Stats, Timed, COLORS,
 };
 
 /// Issue 7's target: most crash-heavy async time / crash-free async time.
@@ -122,7 +123,16 @@ struct Setting {
 #[derive(Clone, Debug, serde::Serialize)]
 struct Run {
     seconds: f64,
+    /// CPU seconds of this process during the run (`None` where `/proc` is not readable):
+    /// a shared machine stretches the wall time, not the work (issue 17 target 6).
+    cpu_s: Option<f64>,
+    /// CPU seconds other processes took meanwhile.
+    foreign_cpu_s: Option<f64>,
     iterations: u64,
+    /// Iterations on a halo that was not fresh (`NodeStats::stale_iterations`).
+    stale_iterations: u64,
+    /// Iterations with a residual below the tolerance (`NodeStats::converged_iterations`).
+    converged_iterations: u64,
     messages: u64,
     kills: u64,
     negative_verdicts: u64,
@@ -134,7 +144,8 @@ impl Timed for Run {
     fn seconds(&self) -> f64 {
         self.seconds
     }
-    /// Not recorded: a transport run is never judged disturbed.
+    /// Recorded and reported, but a transport run is never judged disturbed (its rounds
+    /// redo nothing).
     fn foreign_cpu_s(&self) -> Option<f64> {
         None
     }
@@ -174,8 +185,10 @@ fn iterative(
     if let Some(n) = backup_every {
         cfg.backup_every = n;
     }
+    let before = CpuSnapshot::now();
     let report = run_embedded(cfg, factory(problem), &opts)
         .map_err(|e| anyhow!("{mode:?} run failed: {e}"))?;
+    let (cpu_s, foreign_cpu_s) = CpuSnapshot::since(before);
     let checked = check(problem, &report.states).context("checking the final states")?;
     let bound = residual_bound(problem);
     if let Some((step, r)) = checked.false_convergence(bound) {
@@ -190,7 +203,11 @@ fn iterative(
     Ok((
         Run {
             seconds: report.elapsed_s,
+            cpu_s,
+            foreign_cpu_s,
             iterations: report.iterations(),
+            stale_iterations: report.vnodes.iter().map(|s| s.stale_iterations).sum(),
+            converged_iterations: report.vnodes.iter().map(|s| s.converged_iterations).sum(),
             messages: report.messages(),
             kills: report.replacements,
             negative_verdicts: report.negative_verdicts(),
@@ -228,7 +245,9 @@ fn dataflow(problem: &Problem, reference: &Solution) -> Result<Run> {
         .checkpoint(false)
         .build()?;
     let (root, inputs) = program.root();
+    let before = CpuSnapshot::now();
     let report = rt.run(root, inputs)?;
+    let (cpu_s, foreign_cpu_s) = CpuSnapshot::since(before);
     program
         .check(&report.outputs)
         .map_err(|e| anyhow!("dataflow: {e}"))?;
@@ -240,8 +259,12 @@ fn dataflow(problem: &Problem, reference: &Solution) -> Result<Run> {
     }
     Ok(Run {
         seconds: report.elapsed.as_secs_f64(),
+        cpu_s,
+        foreign_cpu_s,
         // A round is one outer iteration of every block.
         iterations: outcome.rounds * p.blocks as u64,
+        stale_iterations: 0,
+        converged_iterations: 0,
         messages: 0,
         kills: 0,
         negative_verdicts: 0,
@@ -389,6 +412,12 @@ fn stat(runs: &[Run], f: impl Fn(&Run) -> f64) -> Stats {
     })
 }
 
+/// [`stat`] of a CPU measure over the runs that have it.
+fn cpu_stat(runs: &[Run], f: impl Fn(&Run) -> Option<f64>) -> Stats {
+    let have: Vec<Run> = runs.iter().filter(|r| f(r).is_some()).cloned().collect();
+    stat(&have, |r| f(r).unwrap_or(f64::NAN))
+}
+
 impl Report<'_> {
     fn time(&self, mode: RunMode, period: Option<usize>) -> f64 {
         self.settings
@@ -408,6 +437,14 @@ impl Report<'_> {
     /// Issue 17 target 6's ratio: crash-free async over crash-free sync.
     fn async_over_sync(&self) -> f64 {
         self.time(RunMode::Async, None) / self.time(RunMode::Sync, None)
+    }
+
+    /// The median CPU seconds of a setting's runs (NaN where none was measured).
+    fn cpu(&self, mode: RunMode, period: Option<usize>) -> f64 {
+        self.settings
+            .iter()
+            .position(|s| s.mode == mode && s.period == period)
+            .map_or(f64::NAN, |i| cpu_stat(&self.runs[i], |r| r.cpu_s).median)
     }
 
     fn markdown(&self, drawn: &Plots) -> String {
@@ -448,15 +485,17 @@ impl Report<'_> {
         );
         let _ = writeln!(
             md,
-            "| mode | kill every | time (s) | / crash-free | kills | iterations | messages | \
-             negative verdicts | max global residual |\n|---|---|---|---|---|---|---|---|---|"
+            "| mode | kill every | time (s) | / crash-free | CPU (s) | others' CPU (s) | kills | \
+             iterations | messages | negative verdicts | max global residual |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|"
         );
         for (s, runs) in self.settings.iter().zip(self.runs) {
             let t = stat(runs, |r| r.seconds);
             let base = self.time(s.mode, None);
             let _ = writeln!(
                 md,
-                "| {:?} | {} | {:.2} ({:.2}-{:.2}) | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1e} |",
+                "| {:?} | {} | {:.2} ({:.2}-{:.2}) | {:.3} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} \
+                 | {:.0} | {:.1e} |",
                 s.mode,
                 s.period
                     .map_or("never".to_string(), |i| format!("{:.2} s", self.periods[i])),
@@ -464,6 +503,8 @@ impl Report<'_> {
                 t.min,
                 t.max,
                 t.median / base,
+                cpu_stat(runs, |r| r.cpu_s).median,
+                cpu_stat(runs, |r| r.foreign_cpu_s).median,
                 stat(runs, |r| r.kills as f64).median,
                 stat(runs, |r| r.iterations as f64).median,
                 stat(runs, |r| r.messages as f64).median,
@@ -478,8 +519,10 @@ impl Report<'_> {
             md,
             "\nTarget (issue 17 target 6): crash-free async / crash-free sync = **{speed:.3}** \
              (goal <= {TARGET_ASYNC_OVER_SYNC}: {}; before the thread pool, async 7.20 s / sync \
-             4.41 s = 1.633).",
+             4.41 s = 1.633). Their CPU: async / sync = {:.3} (the work; the time also holds the \
+             waits).",
             met(speed <= TARGET_ASYNC_OVER_SYNC),
+            self.cpu(RunMode::Async, None) / self.cpu(RunMode::Sync, None),
         );
         let _ = writeln!(
             md,
@@ -508,10 +551,14 @@ impl Report<'_> {
                     "mode": s.mode,
                     "kill_every_s": s.period.map(|i| self.periods[i]),
                     "time_s": stat(runs, |r| r.seconds),
+                    "cpu_s": cpu_stat(runs, |r| r.cpu_s),
+                    "foreign_cpu_s": cpu_stat(runs, |r| r.foreign_cpu_s),
                     "ratio_to_crash_free": stat(runs, |r| r.seconds).median
                         / self.time(s.mode, None),
                     "kills": stat(runs, |r| r.kills as f64),
                     "iterations": stat(runs, |r| r.iterations as f64),
+                    "stale_iterations": stat(runs, |r| r.stale_iterations as f64),
+                    "converged_iterations": stat(runs, |r| r.converged_iterations as f64),
                     "messages": stat(runs, |r| r.messages as f64),
                     "negative_verdicts": stat(runs, |r| r.negative_verdicts as f64),
                     "runs": runs,
@@ -560,6 +607,7 @@ impl Report<'_> {
                 "goal": format!("<= {TARGET_ASYNC_OVER_SYNC}"),
                 "measured": speed,
                 "met": speed <= TARGET_ASYNC_OVER_SYNC,
+                "cpu_ratio": self.cpu(RunMode::Async, None) / self.cpu(RunMode::Sync, None),
             }],
         })
     }

@@ -7,8 +7,9 @@
 //! process (the cluster's coordinator, router and failure detector, as for data-flow runs). The mode is chosen by
 //! [`IterConfig::mode`]:
 //!
-//! - [`Mode::Async`]: a vnode never waits. It iterates with the last halo it received from each
-//!   neighbour; lost halos only make it use older data.
+//! - [`Mode::Async`]: a vnode never waits for a neighbour while it has not converged. It
+//!   iterates with the last halo it received from each neighbour; lost halos only make it use
+//!   older data. Once converged on what it has, it keeps pace with its neighbours (rule 2).
 //! - [`Mode::Sync`]: every iteration waits for a fresh halo from every neighbour (asking for a
 //!   resend when one is late), the classical synchronous block iteration, for comparison.
 //!
@@ -50,7 +51,16 @@
 //! 2. **Local convergence.** An iteration *counts* when every neighbour's halo it used is fresh
 //!    (newer than the one the previous counting iteration used). A vnode is locally converged
 //!    after [`IterConfig::local_iterations`] counting iterations in a row with a residual below
-//!    [`IterConfig::tol`]; a residual at or above it starts the count again.
+//!    [`IterConfig::tol`]; a residual at or above it starts the count again. An asynchronous
+//!    vnode whose last residual is below the tolerance (converged on what it has) iterates
+//!    again only once every neighbour's halo is fresh, on any news while a verification runs
+//!    (rule 3: its neighbours wait for its fresh halo), or when the resend period has passed
+//!    since its last iteration; one above it iterates
+//!    on whatever it has. So a converged vnode keeps pace with its neighbours as a synchronous
+//!    one does (each iteration on a chain or tree leaves a fresh halo on at least one side of
+//!    every edge, so some vnode always has all its halos fresh; on other graphs the resend
+//!    period bounds the wait), instead of iterating on every
+//!    halo from either side and taking a core from a vnode still converging.
 //! 3. **Global convergence** (`conv.rs`): detection along a spanning tree of the data
 //!    neighbours, then verification: a vnode answers a verification only after a fresh halo from
 //!    every neighbour and one iteration with them, and answers yes only if it is locally
@@ -102,8 +112,9 @@
 //! 9. **Scheduling** (`pool.rs`). [`run_embedded`] runs the nodes on
 //!    [`Embedded::threads`] workers, min(cores, vnodes) by default, never a thread per vnode:
 //!    a free worker first handles the messages of the nodes that received some, then iterates
-//!    the node whose neighbours' halos are freshest (all fresh, then the most fresh, then the
-//!    one that iterated least recently). An asynchronous vnode still never waits (it iterates
+//!    the node whose neighbours' halos are freshest (all fresh, then one still converging
+//!    before an asynchronous one converged on what it has, then the most fresh, then the one
+//!    that iterated least recently). An asynchronous vnode still never waits (it iterates
 //!    on stale halos when nothing fresher is to be done), but no longer takes a core from the
 //!    neighbour whose halo it lacks: with 8 threads on 2 cores, async iterated twice as often
 //!    as sync and took 1.6 × its time (`paper transport`, 64³).

@@ -16,8 +16,11 @@
 //!    asked for has passed. A free worker prepares stale nodes first, the lowest vnode first
 //!    (no iteration: cheap).
 //! 3. Otherwise a free worker iterates, among the nodes that want to, the one whose
-//!    neighbours' halos are freshest: all of them fresh before some, more fresh before fewer,
-//!    and among equals the one that iterated least recently (round-robin: [`pick`]). A node
+//!    neighbours' halos are freshest: all of them fresh before some, then a node still
+//!    converging before one *settled* (an asynchronous node converged on what it has, module
+//!    rule 2: its iteration changes little, the other's is on the step's critical path), more
+//!    fresh before fewer, and among equals the one that iterated least recently (round-robin:
+//!    [`pick`]). A node
 //!    whose halos are all stale still iterates when nothing better waits (async mode never
 //!    waits for a neighbour), but no longer instead of a neighbour that would refresh them.
 //! 4. With nothing to do, a worker sleeps until a doorbell rings, a node is parked wanting to
@@ -65,9 +68,15 @@ pub(crate) enum Want {
     Stale,
     /// Nothing until this time, or a doorbell.
     Idle(Duration),
-    /// To iterate, with `fresh` of its `of` neighbours' halos fresh; it last iterated at the
-    /// pool's iteration count `last` (0: never).
-    Iterate { fresh: usize, of: usize, last: u64 },
+    /// To iterate, with `fresh` of its `of` neighbours' halos fresh, `settled` when it is
+    /// converged on what it has (rule 3); it last iterated at the pool's iteration count
+    /// `last` (0: never).
+    Iterate {
+        fresh: usize,
+        of: usize,
+        settled: bool,
+        last: u64,
+    },
 }
 
 /// Rules 2-3: the node a free worker takes at `now` among the parked ones (vnode index,
@@ -88,8 +97,14 @@ pub(crate) fn pick(parked: &[(usize, Want)], now: Duration) -> Option<(usize, bo
     parked
         .iter()
         .filter_map(|&(i, w)| match w {
-            Want::Iterate { fresh, of, last } => Some((
+            Want::Iterate {
+                fresh,
+                of,
+                settled,
+                last,
+            } => Some((
                 fresh >= of,
+                !settled,
                 fresh,
                 std::cmp::Reverse(last),
                 std::cmp::Reverse(i),
@@ -97,7 +112,7 @@ pub(crate) fn pick(parked: &[(usize, Want)], now: Duration) -> Option<(usize, bo
             _ => None,
         })
         .max()
-        .map(|(_, _, _, std::cmp::Reverse(i))| (i, true))
+        .map(|(_, _, _, _, std::cmp::Reverse(i))| (i, true))
 }
 
 /// Where a node's exit goes (rule 5): its vnode, the node (`None` after a panic), why.
@@ -313,9 +328,10 @@ fn work<J: Job>(shared: &Shared<J>) {
                 }
                 slot.want = match p {
                     _ if slot.rung => Want::Stale,
-                    Prepared::Iterate { fresh, of } => Want::Iterate {
+                    Prepared::Iterate { fresh, of, settled } => Want::Iterate {
                         fresh,
                         of,
+                        settled,
                         last: slot.last,
                     },
                     Prepared::Poll(Poll::Idle(d)) => {
@@ -394,7 +410,12 @@ mod tests {
     #[test]
     fn stale_nodes_are_prepared_first_then_the_freshest_iterates() {
         let now = Duration::from_millis(10);
-        let it = |fresh, last| Want::Iterate { fresh, of: 2, last };
+        let it = |fresh, last| Want::Iterate {
+            fresh,
+            of: 2,
+            settled: false,
+            last,
+        };
         // A stale node, or one whose idle time has passed, before any iteration (rule 2).
         let parked = [(0, it(2, 0)), (3, Want::Idle(now)), (1, Want::Stale)];
         assert_eq!(pick(&parked, now), Some((1, false)));
@@ -410,11 +431,31 @@ mod tests {
         let lone = Want::Iterate {
             fresh: 0,
             of: 0,
+            settled: false,
             last: 4,
         };
         assert_eq!(pick(&[(0, it(1, 0)), (5, lone)], now), Some((5, true)));
         // Equals: the lower vnode.
         assert_eq!(pick(&[(4, it(1, 3)), (2, it(1, 3))], now), Some((2, true)));
+        // Among all fresh, or among some fresh, one still converging before a settled one.
+        let settled = |fresh, last| Want::Iterate {
+            fresh,
+            of: 2,
+            settled: true,
+            last,
+        };
+        assert_eq!(
+            pick(&[(0, settled(2, 0)), (1, it(2, 9))], now),
+            Some((1, true))
+        );
+        assert_eq!(
+            pick(&[(0, settled(1, 0)), (1, it(1, 9))], now),
+            Some((1, true))
+        );
+        assert_eq!(
+            pick(&[(0, settled(2, 9)), (1, it(1, 0))], now),
+            Some((0, true))
+        );
         assert_eq!(pick(&[(2, later)], now), None);
     }
 
@@ -435,6 +476,7 @@ mod tests {
                 Prepared::Iterate {
                     fresh: self.fresh,
                     of: 2,
+                    settled: false,
                 }
             })
         }

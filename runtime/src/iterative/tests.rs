@@ -74,6 +74,110 @@ fn run_and_check_with(
     report
 }
 
+/// A block whose every iteration changes nothing: converged from its first iteration.
+struct Still;
+
+impl Block for Still {
+    fn halo_for(&self, _: VnodeId) -> Vec<u8> {
+        vec![0]
+    }
+    fn set_halo(&mut self, _: VnodeId, _: &[u8]) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn iterate(&mut self) -> f64 {
+        0.0
+    }
+    fn advance(&mut self) -> bool {
+        false
+    }
+    fn save(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn restore(&mut self, _: &[u8]) -> Result<(), BlockError> {
+        Ok(())
+    }
+}
+
+/// Rule 2: an asynchronous vnode converged on what it has iterates again once both its
+/// neighbours' halos are fresh, not on a halo from one side; and, lacking one, once the
+/// resend period has passed.
+#[test]
+fn a_converged_async_vnode_waits_for_all_its_halos() {
+    use crate::ids::Epoch;
+    use crate::transport::{InProcTransport, Message, Transport};
+    let mut cfg = IterConfig::new(Mode::Async, IterConfig::chain(3), TOL);
+    cfg.resend = Duration::from_millis(20);
+    let f: BlockFactory = Arc::new(|_| Ok(Box::new(Still) as Box<dyn Block>));
+    let run = SteppedRun::new(cfg, f).unwrap();
+    let t = InProcTransport::new(3);
+    let mut sides = [
+        t.endpoint(VnodeId(0)).unwrap(),
+        t.endpoint(VnodeId(2)).unwrap(),
+    ];
+    let ep = t.endpoint(VnodeId(1)).unwrap();
+    let mut node = run
+        .node(VnodeId(1), Epoch(0), false, ep, Duration::ZERO)
+        .unwrap();
+    let mut iter = 0;
+    // A halo from vnode 0 (side 0) or 2 (side 1), or, with `verify`, a verification from 0.
+    let mut send = |side: usize, verify: bool| {
+        iter += 1;
+        let msg = if verify {
+            IterMsg::Conv {
+                tag: Tag { step: 0, round: 0 },
+                kind: ConvKind::Verify,
+            }
+        } else {
+            IterMsg::Halo {
+                step: 0,
+                iter,
+                data: vec![0],
+            }
+        };
+        sides[side].send(VnodeId(1), Message::Iter(msg)).unwrap();
+    };
+    let ms = Duration::from_millis;
+    // The first iteration: residual 0, below the tolerance.
+    assert_eq!(node.step(ms(1)).unwrap(), Stepped::Busy);
+    assert!(matches!(node.step(ms(2)).unwrap(), Stepped::Idle(_)));
+    send(0, false);
+    assert!(
+        matches!(node.step(ms(3)).unwrap(), Stepped::Idle(_)),
+        "one side fresh"
+    );
+    assert_eq!(node.stats().iterations, 1);
+    send(1, false);
+    assert_eq!(node.step(ms(4)).unwrap(), Stepped::Busy, "both sides fresh");
+    assert_eq!(node.stats().iterations, 2);
+    send(1, false);
+    assert!(
+        matches!(node.step(ms(5)).unwrap(), Stepped::Idle(_)),
+        "one side fresh"
+    );
+    // The resend period after its last iteration (at 4 ms): it iterates on what it has.
+    assert!(matches!(node.step(ms(23)).unwrap(), Stepped::Idle(_)));
+    assert_eq!(node.step(ms(24)).unwrap(), Stepped::Busy);
+    let s = node.stats();
+    assert_eq!(s.iterations, 3);
+    // The first (no halo yet) and the last (one side fresh) used stale halos; all converged.
+    assert_eq!((s.stale_iterations, s.converged_iterations), (2, 3));
+    // A verification from vnode 0: one iteration at once (its fresh halos for the
+    // neighbours' answers), then one on any news, since the neighbours wait for it.
+    send(0, true);
+    assert_eq!(
+        node.step(ms(25)).unwrap(),
+        Stepped::Busy,
+        "the verification's kick"
+    );
+    send(0, false);
+    assert_eq!(
+        node.step(ms(26)).unwrap(),
+        Stepped::Busy,
+        "one side fresh, verifying"
+    );
+    assert_eq!(node.stats().iterations, 5);
+}
+
 #[test]
 fn async_and_sync_reach_the_direct_solution() {
     for blocks in [1, 2, 3, 5, 8] {
