@@ -132,11 +132,15 @@ fn without_faults_the_run_converges_to_the_direct_solution() {
 /// from the replacements, left the detection state split (some vnodes a step ahead of the
 /// others, or no leader) and the run hung with every vnode locally converged. Nodes now drop
 /// the messages of an epoch older than one seen from the same vnode (`iterative` rule 8). With
-/// that check removed, seeds 328 and 480 hang (checked by hand); with it they end, and their
-/// nodes dropped zombie messages.
+/// that check removed, seeds 328 and 480 hung (checked by hand); with it they end, and their
+/// nodes dropped zombie messages. Since converged asynchronous vnodes iterate only on fresh
+/// halos (`iterative` rule 2), seed 480's schedule has no zombie, so seed 483 (88 messages
+/// fenced) stands in for it. With the check removed, every seed that fences fails at once on
+/// the simulator's invariant ("accepted a message of a dead incarnation"; seeds 461-499
+/// checked by hand).
 #[test]
-fn regression_seeds_328_480_zombie_messages_are_fenced() {
-    for seed in [328, 480] {
+fn regression_seeds_328_483_zombie_messages_are_fenced() {
+    for seed in [328, 483] {
         let o = iterative::run(&IterSimConfig::from_seed(seed)).unwrap_or_else(|e| panic!("{e}"));
         assert!(o.fenced > 0, "seed {seed}: {o:?}");
     }
