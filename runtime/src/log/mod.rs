@@ -10,12 +10,12 @@
 //!    task). The batch is sealed into one *segment* when it reaches [`CommitPolicy::max_bytes`],
 //!    when it is older than [`CommitPolicy::max_delay`] ([`DEFAULT_MAX_DELAY`] in one process,
 //!    [`CLUSTER_MAX_DELAY`] in a cluster job), when the vnode goes idle, or when someone
-//!    waits for durability (`exec/vnode.rs` rule 6). One background writer thread puts every sealed segment in
-//!    the store and then calls the store's flush explicitly (sled's timer is off), many
-//!    segments per flush. Only after the flush returns does it raise each vnode's *durable
-//!    watermark*: events with a sequence number at or below it are on stable storage. A vnode
-//!    that seals while 64 MiB of segments wait for the writer waits too, so the backlog, and
-//!    the memory it takes, stays bounded however long the run.
+//!    waits for durability (`exec/vnode.rs` rule 6). One background writer thread puts every
+//!    sealed segment in the store and then calls the store's flush explicitly (sled's timer
+//!    is off), many segments per flush. Only after the flush returns does it raise each
+//!    vnode's *durable watermark*: events with a sequence number at or below it are on stable
+//!    storage. A vnode that seals while 64 MiB of segments wait for the writer waits too, so
+//!    the backlog, and the memory it takes, stays bounded however long the run.
 //! 3. **Segments are framed records** (`codec.rs` rule 1) under key (vnode, segment number),
 //!    with the vnode, number, first sequence number and event count inside (`segment.rs`).
 //! 4. **Reading never panics.** A segment that fails its checks is an error naming the vnode,
