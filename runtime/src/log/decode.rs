@@ -19,7 +19,8 @@
 //! 4. [`view_event`] reads an event in place ([`EventView`]: ids, digests and values are
 //!    slices of the encoded bytes), with exactly [`decode_event`]'s checks: it is the one
 //!    decoder, and [`decode_event`] builds the owned event from its view. A reader that keeps
-//!    only some fields (the certifier's columnar track) allocates nothing per event.
+//!    only some fields (the certifier's columnar track) allocates nothing per event; the
+//!    writer's window fold takes a `Completed`'s output ids in the same walk that checks them.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -265,25 +266,7 @@ pub fn view_event(bytes: &[u8]) -> Option<EventView<'_>> {
                 inputs: Fixed(r.take(32 * n)?),
             }
         }
-        COMPLETED => {
-            let task = r.task()?;
-            // An output takes at least 16 + 1 + 1 + 32 bytes.
-            let n = r.len(50)?;
-            let from = r.0;
-            for _ in 0..n {
-                r.output()?;
-            }
-            let outputs = Outputs {
-                bytes: &from[..from.len() - r.0.len()],
-                n,
-            };
-            let children = r.ids()?;
-            EventView::Completed {
-                task,
-                outputs,
-                children,
-            }
-        }
+        COMPLETED => r.completed(|_| {})?,
         _ => return None,
     };
     r.0.is_empty().then_some(event)
@@ -397,6 +380,28 @@ impl<'a> Bytes<'a> {
         })
     }
 
+    /// A `Completed` after its kind byte, each output handed to `each` as it is checked (the
+    /// one walk over them: the window fold takes their ids there).
+    fn completed(&mut self, mut each: impl FnMut(&OutputView<'a>)) -> Option<EventView<'a>> {
+        let task = self.task()?;
+        // An output takes at least 16 + 1 + 1 + 32 bytes.
+        let n = self.len(50)?;
+        let from = self.0;
+        for _ in 0..n {
+            each(&self.output()?);
+        }
+        let outputs = Outputs {
+            bytes: &from[..from.len() - self.0.len()],
+            n,
+        };
+        let children = self.ids()?;
+        Some(EventView::Completed {
+            task,
+            outputs,
+            children,
+        })
+    }
+
     fn output(&mut self) -> Option<OutputView<'a>> {
         let data = self.data()?;
         let value = self.payload()?;
@@ -426,15 +431,23 @@ pub(crate) enum Peeked {
 /// ids are pushed to `outputs`, cleared first).
 pub(crate) fn peek_event(bytes: &[u8], outputs: &mut Vec<DataId>) -> Option<Peeked> {
     outputs.clear();
+    let mut r = Bytes(bytes);
+    if bytes.first() == Some(&COMPLETED) {
+        // Its outputs' ids taken in the walk that checks them, not in a second one.
+        r.byte()?;
+        let task = match r.completed(|o| outputs.push(o.data)) {
+            Some(EventView::Completed { task, .. }) if r.0.is_empty() => task,
+            _ => {
+                outputs.clear();
+                return None;
+            }
+        };
+        return Some(Peeked::Completed(task));
+    }
     Some(match view_event(bytes)? {
         EventView::Declared(d) => Peeked::Declared(d.task, d.parent),
         EventView::Started { task, .. } => Peeked::Started(task),
-        EventView::Completed {
-            task, outputs: o, ..
-        } => {
-            outputs.extend(o.iter().map(|o| o.data));
-            Peeked::Completed(task)
-        }
+        EventView::Completed { task, .. } => Peeked::Completed(task),
     })
 }
 
