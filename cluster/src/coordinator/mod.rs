@@ -1118,14 +1118,10 @@ impl Coordinator {
         // oldest one, hosting nothing until a lost member's vnodes move to it (rule 5), unless
         // a job of its program waits (it stays free for that job). Journaled with its
         // admission, before it hears of the job (rule 9).
-        let wanted = self.waiting.iter().any(|w| w.program == hello.program);
-        let joins_job = if self.recovery.is_some() || wanted {
+        let joins_job = if self.recovery.is_some() {
             None
         } else {
-            self.jobs
-                .values()
-                .find(|j| j.program == hello.program && j.running && !j.stopping)
-                .map(|j| j.id)
+            self.job_to_join(&hello.program)
         };
         if let Some(j) = joins_job.and_then(|j| self.jobs.get_mut(&j)) {
             j.members.push(id);
@@ -1148,6 +1144,46 @@ impl Coordinator {
             ));
             self.catch_up(id, &[], true);
         }
+    }
+
+    /// Rule 2: the running job a free worker of `program` joins: the oldest one not stopping,
+    /// unless a job of the program waits (the worker stays free for it).
+    fn job_to_join(&self, program: &str) -> Option<u64> {
+        if self.waiting.iter().any(|w| w.program == program) {
+            return None;
+        }
+        self.jobs
+            .values()
+            .find(|j| j.program == program && j.running && !j.stopping)
+            .map(|j| j.id)
+    }
+
+    /// Rule 2 at the end of a takeover (rule 10): every free worker joins the job it would have
+    /// joined had no takeover been under way. Returns them; the caller journals and starts
+    /// them.
+    fn enlist_joiners(&mut self) -> Vec<WorkerId> {
+        let free: Vec<(WorkerId, String)> = self
+            .workers
+            .iter()
+            .filter(|(&id, _)| self.job_of(id).is_none())
+            .map(|(&id, w)| (id, w.program.clone()))
+            .collect();
+        let mut enlisted = Vec::new();
+        for (id, program) in free {
+            let Some(j) = self
+                .job_to_join(&program)
+                .and_then(|j| self.jobs.get_mut(&j))
+            else {
+                continue;
+            };
+            j.members.push(id);
+            let job = j.id;
+            self.note(format!(
+                "worker {id} joins running job {job}, hosting nothing yet"
+            ));
+            enlisted.push(id);
+        }
+        enlisted
     }
 
     /// Admits connection `conn` as worker `id`, journaled before it is welcomed (rule 9).
@@ -1339,9 +1375,13 @@ impl Coordinator {
         if waiting_for > 0 && now < r.deadline {
             return;
         }
-        let Some(r) = self.recovery.take() else {
+        let Some(mut r) = self.recovery.take() else {
             return;
         };
+        // Rule 2, held back while the takeover waited: workers that joined meanwhile become
+        // members hosting nothing, so the vnodes of members that did not come back have
+        // somewhere to move (they are started with the others, below).
+        r.unstarted.extend(self.enlist_joiners());
         let absent: Vec<WorkerId> = self
             .absent
             .keys()
@@ -2349,6 +2389,30 @@ impl Coordinator {
             now,
             u32::try_from(moved_away).unwrap_or(u32::MAX),
         ));
+        if j.members.is_empty() && !j.stopping {
+            // The last member: a free worker of the program (kept free for a job waiting
+            // behind this one, rule 2) carries the job rather than let it fail.
+            let program = j.program.clone();
+            if let Some(&w) = self.free_workers(&program).first() {
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.members.push(w);
+                }
+                self.note(format!(
+                    "worker {w} joins running job {job} in place of its last member"
+                ));
+                // Rule 9: its membership is durable before it hears of the job.
+                self.journal(now);
+                match self.recovery.as_mut() {
+                    Some(r) => {
+                        r.unstarted.insert(w);
+                    }
+                    None => self.catch_up(w, &[], true),
+                }
+            }
+        }
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         if j.members.is_empty() {
             let error = j.error.clone().filter(|_| j.cancelled).unwrap_or_else(|| {
                 format!("every worker was lost (the last: worker {id}, {reason})")
@@ -2366,19 +2430,27 @@ impl Coordinator {
             }
             return;
         }
+        // Members still absent after a takeover (rule 10) host only if no member is here: a
+        // vnode moved to one would move again if it does not come back.
+        let here: Vec<WorkerId> = j
+            .members
+            .iter()
+            .copied()
+            .filter(|m| self.workers.contains_key(m))
+            .collect();
+        let candidates = if here.is_empty() { &j.members } else { &here };
         let mut moved = Vec::new();
         for v in 0..j.host.len() {
             if j.host[v] != id {
                 continue;
             }
             let load = |w: &WorkerId| j.host.iter().filter(|h| *h == w).count();
-            let idle_spare = j
-                .members
+            let idle_spare = candidates
                 .iter()
                 .copied()
                 .find(|m| self.workers.get(m).is_some_and(|w| w.spare) && load(m) == 0);
             let Some(target) =
-                idle_spare.or_else(|| j.members.iter().copied().min_by_key(|m| (load(m), *m)))
+                idle_spare.or_else(|| candidates.iter().copied().min_by_key(|m| (load(m), *m)))
             else {
                 break;
             };

@@ -1517,6 +1517,96 @@ mod takeover {
         }
     }
 
+    /// Found by `knary chaos` (CI of stop 33, nqueens job 2): a coordinator deposed during a
+    /// job left its successor waiting for the four members; they were killed one by one while
+    /// it waited and their successors joined, but a worker that joins during a takeover was
+    /// kept out of the job (rule 2), so at the deadline the last absent member was lost and the
+    /// job failed "every worker was lost" beside idle workers of its program. Those who joined
+    /// meanwhile become members when the recovery ends, and the lost members' vnodes move to
+    /// them.
+    #[test]
+    fn workers_that_joined_during_a_takeover_carry_the_job_when_no_member_comes_back() {
+        let (_, j) = running_with_keys();
+        let mut c = successor(j);
+        // Two fresh processes join while the successor waits for workers 1-3.
+        let mut fresh = Vec::new();
+        for w in 4..=5u32 {
+            let a = join_with_key(&mut c, w);
+            let id = a
+                .iter()
+                .find_map(|a| match a {
+                    Action::Admit { worker, .. } => Some(*worker),
+                    _ => None,
+                })
+                .expect("admitted");
+            assert!(
+                to_worker(&a, id)
+                    .iter()
+                    .all(|m| !matches!(m, ToWorker::Start { .. })),
+                "no job before the recovery ends: {a:?}"
+            );
+            fresh.push(id);
+        }
+        assert!(c.recovering());
+        // None of the members comes back: at the deadline they are lost, and the job goes on.
+        let a = c.on_event(ms(6001), Event::Tick);
+        assert!(!c.recovering());
+        assert!(
+            to_client(&a)
+                .iter()
+                .all(|m| !matches!(m, ToSubmit::Failed { .. })),
+            "{a:?}"
+        );
+        let map = c.map(1).expect("job 1 still runs");
+        assert!(
+            map.iter().all(|&(w, e)| fresh.contains(&w) && e == 1),
+            "every vnode moved to a worker that joined, at epoch 1: {map:?}"
+        );
+        // Each fresh worker is journaled as a member, then started hosting nothing, then told to
+        // host its share.
+        let jpos = a
+            .iter()
+            .position(|a| matches!(a, Action::Journal(_)))
+            .unwrap();
+        let j = last_journal(&a).unwrap();
+        for &w in &fresh {
+            assert!(j.jobs[0].members.contains(&w), "{:?}", j.jobs[0]);
+            let msgs = to_worker(&a, w);
+            let start = msgs
+                .iter()
+                .position(|m| matches!(m, ToWorker::Start { hosted, .. } if hosted.is_empty()))
+                .unwrap_or_else(|| panic!("worker {w} started: {msgs:?}"));
+            let hosts: Vec<u32> = msgs[start..]
+                .iter()
+                .filter_map(|m| match m {
+                    ToWorker::Host {
+                        vnode, epoch: 1, ..
+                    } => Some(*vnode),
+                    _ => None,
+                })
+                .collect();
+            let want: Vec<u32> = (0..4u32).filter(|&v| map[v as usize].0 == w).collect();
+            assert!(!want.is_empty(), "both fresh workers host: {map:?}");
+            assert!(
+                want.iter().all(|v| hosts.contains(v)),
+                "worker {w}: {msgs:?}"
+            );
+        }
+        let first_order = a
+            .iter()
+            .position(|a| {
+                matches!(
+                    a,
+                    Action::ToWorker {
+                        msg: ToWorker::Start { .. } | ToWorker::Map { .. } | ToWorker::Host { .. },
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        assert!(jpos < first_order, "journaled before the orders: {a:?}");
+    }
+
     /// Found by the simulator (coordinator faults at 80/s, seed 6): the coordinator crashed
     /// before any job; its successor, with no job to wait for, declared the absent workers lost
     /// at once, refused them when they came back, and the submitted job then waited forever
@@ -2616,4 +2706,82 @@ fn a_worker_joining_while_a_job_of_its_program_waits_starts_that_job_beside_the_
     assert_eq!(c.map(1).unwrap(), vec![(1, 0), (2, 0)]);
     assert_eq!(job_state(&c, ms(8), 1), "running");
     assert_eq!(job_state(&c, ms(8), 2), "running");
+}
+
+/// Rule 5: a worker kept free for a job waiting behind a running one (rule 2) carries the
+/// running job when its last member is lost, rather than let it fail beside an idle worker.
+#[test]
+fn a_free_worker_takes_the_place_of_a_running_jobs_last_member() {
+    let mut c = running(2, 0, 2);
+    let a = submit(&mut c, ms(5), 101, spec(2, 2));
+    assert!(
+        matches!(to_client(&a).as_slice(), [ToSubmit::Queued { job: 2, .. }]),
+        "{a:?}"
+    );
+    let _ = c.on_event(
+        ms(6),
+        Event::Joined {
+            conn: 3,
+            hello: hello(1, false),
+        },
+    );
+    assert_eq!(job_state(&c, ms(6), 2), "queued", "job 2 wants two workers");
+    let _ = c.on_event(
+        ms(20),
+        Event::Closed {
+            worker: 1,
+            reason: "reset".into(),
+        },
+    );
+    assert_eq!(c.map(1).unwrap(), vec![(2, 1), (2, 0)]);
+    let a = c.on_event(
+        ms(21),
+        Event::Closed {
+            worker: 2,
+            reason: "reset".into(),
+        },
+    );
+    assert_eq!(c.map(1).unwrap(), vec![(3, 2), (3, 1)], "{a:?}");
+    assert_eq!(job_state(&c, ms(22), 1), "running");
+    assert_eq!(job_state(&c, ms(22), 2), "queued");
+    // Journaled a member, started hosting nothing, then told to host both vnodes.
+    let jpos = a.iter().position(|a| matches!(a, Action::Journal(_)));
+    let start = a.iter().position(|a| {
+        matches!(
+            a,
+            Action::ToWorker {
+                worker: 3,
+                msg: ToWorker::Start { hosted, .. },
+            } if hosted.is_empty()
+        )
+    });
+    assert!(jpos.is_some() && jpos < start, "{a:?}");
+    let hosts: Vec<(u32, u64)> = to_worker(&a, 3)
+        .iter()
+        .filter_map(|m| match m {
+            ToWorker::Host { vnode, epoch, .. } => Some((*vnode, *epoch)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hosts, vec![(0, 2), (1, 1)]);
+    assert!(
+        to_client(&a)
+            .iter()
+            .all(|m| !matches!(m, ToSubmit::Failed { .. })),
+        "{a:?}"
+    );
+    // With no free worker left, losing it fails the job as before.
+    let a = c.on_event(
+        ms(30),
+        Event::Closed {
+            worker: 3,
+            reason: "reset".into(),
+        },
+    );
+    assert!(
+        to_client(&a).iter().any(
+            |m| matches!(m, ToSubmit::Failed { error } if error.contains("every worker was lost"))
+        ),
+        "{a:?}"
+    );
 }

@@ -21,7 +21,8 @@
 //!    crashes (its connection resets, or it falls silent) and a new process joins later; a
 //!    worker pauses, sometimes past the detector's bound, and comes back as a zombie; a
 //!    partition cuts a worker from the coordinator or two workers from each other, one way or
-//!    both, and heals. At least one member of the job is always left alive and unpaused. In
+//!    both, and heals. At least one worker that can carry the job (a host, or any worker the
+//!    coordinator admitted) is always left alive, unpaused and not cut off. In
 //!    one seed in five, a vnode forges a share of its tasks (a wrong value, plausibly so).
 //! 4. The safety phase lasts at least `safety` and until `min_faults` faults were injected;
 //!    a seed behind that budget is forced one fault per quantum (a crash, pause or partition
@@ -1506,16 +1507,23 @@ impl World {
         !p.dead && p.paused_until.is_none_or(|t| self.now >= t)
     }
 
-    /// The members of the job alive and not paused (rule 3 keeps one), as processes.
+    /// The processes that can carry the job, alive, not paused and not cut off (rule 3 keeps
+    /// one): the hosts of its vnodes, and every worker the newest coordinator has admitted
+    /// (a member hosting nothing, or one that joined during a takeover: it becomes a member
+    /// when the takeover ends, `coordinator` rule 10). So every host may fail at once while
+    /// one such worker stands by.
     fn healthy_members(&self) -> Vec<Pid> {
-        let map = self.coords.last().and_then(|c| c.core.map(JOB));
+        let newest = self.coords.last();
+        let map = newest.and_then(|c| c.core.map(JOB)).unwrap_or_default();
+        let admitted = newest.map(|c| c.core.workers()).unwrap_or_default();
         let mut members: Vec<Pid> = map
-            .unwrap_or_default()
             .iter()
-            .filter_map(|(w, _)| {
+            .map(|(w, _)| *w)
+            .chain(admitted)
+            .filter_map(|w| {
                 self.procs
                     .values()
-                    .find(|p| p.worker() == Some(*w))
+                    .find(|p| p.worker() == Some(w))
                     .map(|p| p.pid)
             })
             .collect();
