@@ -23,10 +23,11 @@
 //!    store, `job-N` ([`crate::job_store`]), so one store holds every job; before it starts,
 //!    that namespace is checked ([`Action::CheckStore`]): one that holds a run already (a
 //!    journal lost) is refused. A worker that joins while a job of its program runs (not
-//!    stopping, no takeover under way, no job of its program waiting) becomes a member of the
-//!    oldest such job, hosting nothing: it is started with an empty share,
-//!    probed from the round under way, and is a candidate when a lost member's vnodes move
-//!    (rule 5). Rules 3-6 hold per job.
+//!    stopping, no job of its program waiting) becomes a member of the oldest such job,
+//!    hosting nothing: it is started with an empty share, probed from the round under way,
+//!    and is a candidate when a lost member's vnodes move (rule 5). One that joins while a
+//!    takeover waits for the members (rule 10) becomes a member when the wait ends. Rules 3-6
+//!    hold per job.
 //! 3. Termination: the coordinator probes every member for the work words of the vnodes it
 //!    hosts; when two complete rounds in a row cover all V vnodes, every word has no work
 //!    outstanding and no word changed, the run is over (the two-scan test of the runtime's
@@ -46,7 +47,10 @@
 //!    itself or about a stranger is refused and noted. Every message counts as a heartbeat; a coordinator that was itself
 //!    stalled accuses nobody when it wakes (the detector's rule 9).
 //! 5. A lost worker's vnodes move, each at a new epoch, to a spare if one is idle, else to the
-//!    live member with the fewest vnodes; the new host rebuilds them from their logs and every
+//!    live member with the fewest vnodes (a member still absent after a takeover only when no
+//!    member is here); when the lost worker was the job's last member, a free worker of its
+//!    program (kept for a job waiting behind it) takes its place, and the job fails only if
+//!    there is none. The new host rebuilds them from their logs and every
 //!    member learns the new map and epochs (so late messages of the lost incarnation are
 //!    dropped). The termination test starts over. A lost member of a job is never admitted
 //!    again under its id; its messages are ignored. A worker lost while in no job (it hosts
