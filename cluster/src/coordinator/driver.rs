@@ -594,13 +594,17 @@ const JOURNAL_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Rule 9: writes the journal before anything else happens; retries a failing store for
 /// [`JOURNAL_PATIENCE`].
-async fn write_journal(store: &Arc<dyn Store>, j: journal::Journal) -> Result<(), ClusterError> {
+async fn write_journal(
+    store: &Arc<dyn Store>,
+    j: journal::Journal,
+    seq: u64,
+) -> Result<(), ClusterError> {
     let j = Arc::new(j);
     let start = Instant::now();
     let mut delay = Duration::from_millis(20);
     loop {
         let (s, jj) = (store.clone(), j.clone());
-        match blocking(move || journal::write_journal(&*s, &jj)).await {
+        match blocking(move || journal::write_journal(&*s, &jj, seq)).await {
             Ok(()) => return Ok(()),
             Err(ClusterError::Journal(e @ JournalError::Deposed(_))) => {
                 return Err(ClusterError::Deposed(e.to_string()))
@@ -638,10 +642,15 @@ async fn actor(
     // And what the admitted oracle reported (`observe` rule 1).
     let mut oracle_news = OracleNews::default();
     let mut pending = first;
+    let mut journal_seq = 0u64;
     loop {
         for action in std::mem::take(&mut pending) {
             match action {
-                Action::Journal(j) => write_journal(&store, *j).await?,
+                Action::Journal(j) => {
+                    // `journal` rule 6: each record its own number; retries keep it.
+                    write_journal(&store, *j, journal_seq).await?;
+                    journal_seq += 1;
+                }
                 Action::Admit { conn, worker } => {
                     if let Some((tx, reader)) = conns.remove(&conn) {
                         admitted.insert(conn, worker);

@@ -25,6 +25,21 @@
 //!    keep no fences (`local:`, which a coordinator refuses anyway) still stop a woken one.
 //! 5. **Damage.** Both records are framed with a digest (`veriflow_runtime::codec`); a
 //!    damaged or unreadable record is an error naming it, never an empty state.
+//! 6. **Written once.** Each lease and each journal is written under a key of its own,
+//!    `coord/lease/<term><beat>` and `coord/journal/<term><seq>` (big-endian, so newer keys
+//!    sort after older ones), and read as the newest key that can be read
+//!    ([`Store::last_under`]). A key's bytes follow from the key (one writer per term, one
+//!    record per beat or sequence number; a retry writes the same record again), so the
+//!    writes carry the store's content stamp and a retry is the same fragments again
+//!    (`strategy.rs` rule 13 of the checkpoint crate). Every [`TIDY_EVERY`] writes, the
+//!    writer deletes the keys older than the one before its last; a failed delete is left
+//!    for the next. Never an overwrite in place: found by `knary chaos` (ida:4,2), a
+//!    coordinator whose journal overwrite straddled its successor's fence raise left the new
+//!    journal on three servers and the old one on three, neither readable, and the successor
+//!    stood by for ever while no coordinator was active. A write-once key that reached too
+//!    few servers reads as absent (the seal of the fence raise deletes it where it can) and
+//!    leaves the one before it whole; and the proof of the checkpoint crate's fences, which
+//!    needs every key under a fence scope written once, now holds for this scope too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -37,16 +52,19 @@ use crate::protocol::{Hosting, JobSpec, ToSubmit, WorkerId};
 
 /// The fence scope of the coordinator's records (rule 1).
 pub const FENCE_SCOPE: &[u8] = b"coord";
-/// Key of the lease (rule 4).
-pub const LEASE_KEY: &[u8] = b"coord/lease";
-/// Key of the journal (rule 3).
-pub const JOURNAL_KEY: &[u8] = b"coord/journal";
+/// Prefix of the lease's keys (rules 4 and 6).
+pub const LEASE_PREFIX: &[u8] = b"coord/lease/";
+/// Prefix of the journal's keys (rules 3 and 6).
+pub const JOURNAL_PREFIX: &[u8] = b"coord/journal/";
+/// The one journal key of formats 1 and 2, overwritten in place (before rule 6): refused by
+/// name.
+const OLD_JOURNAL_KEY: &[u8] = b"coord/journal";
+/// A writer deletes its older records after every this many writes (rule 6).
+const TIDY_EVERY: u64 = 16;
 
 const LEASE_MAGIC: [u8; 4] = *b"VFCL";
 /// Format 2 (many jobs: running, queued and ended ones).
 const JOURNAL_MAGIC: [u8; 4] = *b"VFC2";
-/// Format 1 (one job), written before issue 18: refused by name.
-const JOURNAL_MAGIC_1: [u8; 4] = *b"VFCJ";
 /// Largest journal accepted: 4,096 vnodes and a few thousand members fit many times.
 const JOURNAL_LIMIT: u64 = 64 << 20;
 
@@ -231,19 +249,58 @@ pub fn next_term(seen: u64, addr: &str) -> u64 {
     (((seen >> 16) + 1) << 16) | tag
 }
 
-fn fenced_put(
+/// The key of a record written once (rule 6): `prefix`, the writer's term, then `n`.
+fn record_key(prefix: &[u8], term: u64, n: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 16);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&term.to_be_bytes());
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// Writes `value` once under `record_key(prefix, term, n)`, fenced at `term` (rules 1 and 6),
+/// then tidies every [`TIDY_EVERY`] writes.
+fn put_record(
     store: &dyn Store,
+    prefix: &[u8],
     term: u64,
-    key: &[u8],
+    n: u64,
     value: Vec<u8>,
 ) -> Result<(), JournalError> {
-    store.put_batch_fenced(&[(FENCE_SCOPE.to_vec(), term)], &[(key.to_vec(), value)])?;
+    let key = record_key(prefix, term, n);
+    store.put_batch_fenced_content(&[(FENCE_SCOPE.to_vec(), term)], &[(key, value)], 1)?;
+    if n % TIDY_EVERY == 1 {
+        tidy(store, prefix, &record_key(prefix, term, n - 1));
+    }
     Ok(())
 }
 
-/// Reads the lease, if one was ever written.
+/// Rule 6: deletes the keys under `prefix` older than `keep`, best effort (a failure is
+/// retried by the next tidy; leftovers only cost a listing).
+fn tidy(store: &dyn Store, prefix: &[u8], keep: &[u8]) {
+    let old = match store.scan_keys(prefix, None, 1024) {
+        Ok((keys, _)) => keys
+            .into_iter()
+            .filter(|k| k.as_slice() < keep)
+            .collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::debug!(error = %e, "coordinator records not listed for tidying");
+            return;
+        }
+    };
+    if let Err(e) = store.delete_batch(&old) {
+        tracing::debug!(error = %e, keys = old.len(), "old coordinator records not deleted");
+    }
+}
+
+/// The newest record under `prefix` that reads (rule 6).
+fn newest_record(store: &dyn Store, prefix: &[u8]) -> Result<Option<Vec<u8>>, JournalError> {
+    Ok(store.last_under(prefix)?.map(|(_, v)| v))
+}
+
+/// The lease, if any coordinator ever took the role here.
 pub fn read_lease(store: &dyn Store) -> Result<Option<Lease>, JournalError> {
-    let Some(bytes) = store.get(LEASE_KEY)? else {
+    let Some(bytes) = newest_record(store, LEASE_PREFIX)? else {
         return Ok(None);
     };
     let damaged = |reason: String| JournalError::Damaged {
@@ -257,8 +314,7 @@ pub fn read_lease(store: &dyn Store) -> Result<Option<Lease>, JournalError> {
         .map_err(|e| damaged(e.to_string()))
 }
 
-/// Renews the lease at its term (rule 4): a lease of a newer term found first deposes the
-/// writer (the same guard as [`write_journal`]'s).
+/// Renews `lease` (rule 4): a lease of a newer term in the store deposes this holder.
 pub fn renew_lease(store: &dyn Store, lease: &Lease) -> Result<(), JournalError> {
     if let Some(l) = read_lease(store)? {
         if l.term > lease.term {
@@ -272,36 +328,37 @@ pub fn renew_lease(store: &dyn Store, lease: &Lease) -> Result<(), JournalError>
     write_lease(store, lease)
 }
 
-/// Writes the lease at its term (rules 2 and 4).
+/// Writes `lease` under its own key, `(term, beat)` (rule 6).
 pub fn write_lease(store: &dyn Store, lease: &Lease) -> Result<(), JournalError> {
     let bytes = codec::encode(lease).map_err(|e| JournalError::Damaged {
         what: "lease",
         reason: e.to_string(),
     })?;
-    fenced_put(
+    put_record(
         store,
+        LEASE_PREFIX,
         lease.term,
-        LEASE_KEY,
+        lease.beat,
         codec::frame(LEASE_MAGIC, &bytes),
     )
 }
 
-/// Reads the journal, if one was ever written.
+/// The newest journal, if any coordinator wrote one here.
 pub fn read_journal(store: &dyn Store) -> Result<Option<Journal>, JournalError> {
-    let Some(bytes) = store.get(JOURNAL_KEY)? else {
-        return Ok(None);
-    };
     let damaged = |reason: String| JournalError::Damaged {
         what: "journal",
         reason,
     };
-    if bytes.starts_with(&JOURNAL_MAGIC_1) {
-        return Err(damaged(
-            "it is in format 1 (one job per coordinator), written by an older veriflow: finish \
-             its job with that version, or start the coordinators on a fresh store"
-                .to_string(),
-        ));
-    }
+    let Some(bytes) = newest_record(store, JOURNAL_PREFIX)? else {
+        if store.get(OLD_JOURNAL_KEY)?.is_some() {
+            return Err(damaged(
+                "it was written by an older veriflow (one record overwritten in place): finish \
+                 its jobs with that version, or start the coordinators on a fresh store"
+                    .to_string(),
+            ));
+        }
+        return Ok(None);
+    };
     let payload =
         codec::unframe(JOURNAL_MAGIC, &bytes, JOURNAL_LIMIT).map_err(|e| damaged(e.to_string()))?;
     codec::decode(payload)
@@ -309,10 +366,9 @@ pub fn read_journal(store: &dyn Store) -> Result<Option<Journal>, JournalError> 
         .map_err(|e| damaged(e.to_string()))
 }
 
-/// Writes the journal at its term (rule 3). A lease of a newer term deposes the writer even
-/// on a store that keeps no fences (checked first; the fence is the guarantee, this the guard
-/// of a coordinator that wakes from a pause on such a store).
-pub fn write_journal(store: &dyn Store, journal: &Journal) -> Result<(), JournalError> {
+/// Writes `journal` as its writer's record number `seq` (rule 6: one number per record; a
+/// retry of one record keeps its number), unless a lease of a newer term is found (rule 4).
+pub fn write_journal(store: &dyn Store, journal: &Journal, seq: u64) -> Result<(), JournalError> {
     if let Some(l) = read_lease(store)? {
         if l.term > journal.term {
             return Err(JournalError::Deposed(StoreError::Fenced {
@@ -326,10 +382,11 @@ pub fn write_journal(store: &dyn Store, journal: &Journal) -> Result<(), Journal
         what: "journal",
         reason: e.to_string(),
     })?;
-    fenced_put(
+    put_record(
         store,
+        JOURNAL_PREFIX,
         journal.term,
-        JOURNAL_KEY,
+        seq,
         codec::frame(JOURNAL_MAGIC, &bytes),
     )
 }
@@ -353,8 +410,14 @@ pub fn take_over(store: &dyn Store, term: u64, holder: &str) -> Result<bool, Jou
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
     use super::*;
-    use veriflow_checkpoint::MemoryStore;
+    use veriflow_checkpoint::client::ClientError;
+    use veriflow_checkpoint::{
+        Ack, Layout, MemoryStore, RemoteStore, ServerAnswer, ServerCall, ServerLink,
+    };
 
     #[test]
     fn terms_grow_and_two_candidates_of_one_round_differ() {
@@ -375,7 +438,7 @@ mod tests {
             next_worker: 3,
             ..Journal::default()
         };
-        write_journal(&store, &j).unwrap();
+        write_journal(&store, &j, 0).unwrap();
         let new = next_term(old, "b");
         assert!(take_over(&store, new, "b").unwrap());
         assert_eq!(read_journal(&store).unwrap().unwrap().next_worker, 3);
@@ -386,6 +449,7 @@ mod tests {
                 next_worker: 9,
                 ..j.clone()
             },
+            1,
         )
         .unwrap_err();
         assert!(matches!(err, JournalError::Deposed(_)), "{err}");
@@ -397,13 +461,185 @@ mod tests {
     #[test]
     fn a_damaged_journal_is_an_error_not_an_empty_state() {
         let store = MemoryStore::default();
-        store.put(JOURNAL_KEY, b"VFCJ not a journal").unwrap();
+        store
+            .put(&record_key(JOURNAL_PREFIX, 5, 0), b"VFC2 not a journal")
+            .unwrap();
         let err = read_journal(&store).unwrap_err();
         assert!(
             err.to_string().contains("journal in the store is damaged"),
             "{err}"
         );
-        store.put(LEASE_KEY, b"x").unwrap();
+        store.put(&record_key(LEASE_PREFIX, 5, 0), b"x").unwrap();
         assert!(read_lease(&store).is_err());
+        // A journal of an older veriflow, overwritten in place under one key, is refused by
+        // name rather than taken for an empty store.
+        let store = MemoryStore::default();
+        store.put(OLD_JOURNAL_KEY, b"VFCJ a journal").unwrap();
+        let err = read_journal(&store).unwrap_err().to_string();
+        assert!(err.contains("older veriflow"), "{err}");
+    }
+
+    /// A checkpoint server in a test: the real request handler over a memory store, which can
+    /// be taken down.
+    #[derive(Debug, Default)]
+    struct Server {
+        store: MemoryStore,
+        down: AtomicBool,
+    }
+
+    impl ServerLink for Server {
+        fn call(&self, call: ServerCall) -> Result<ServerAnswer, ClientError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(ClientError::Unreachable {
+                    addr: "test".into(),
+                    reason: "down".into(),
+                });
+            }
+            Ok(veriflow_checkpoint::server::serve(&self.store, call))
+        }
+    }
+
+    /// ida:4,2 at a quorum of 5 on six test servers, as `knary chaos` runs.
+    fn ida_4_2() -> (RemoteStore, Vec<Arc<Server>>) {
+        let servers: Vec<Arc<Server>> = (0..6).map(|_| Arc::new(Server::default())).collect();
+        let links = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("test:{i}"), s.clone() as Arc<dyn ServerLink>))
+            .collect();
+        let store =
+            RemoteStore::with_links(Layout::Ida { m: 4, k: 2 }, Ack::Quorum, links).unwrap();
+        (store, servers)
+    }
+
+    /// Rule 6, found by `knary chaos`: a coordinator's journal write straddled its successor's
+    /// fence raise, landing on three servers and refused by the three the raise had reached.
+    /// Overwritten in place, the journal was then three fragments of each version, four
+    /// needed: unreadable, and the successor stood by for ever. Written once, the cut write
+    /// reads as absent and the journal before it is whole.
+    #[test]
+    fn a_journal_write_cut_by_a_successors_fence_leaves_the_one_before_it() {
+        let (store, servers) = ida_4_2();
+        let a = next_term(0, "a");
+        assert!(take_over(&store, a, "a").unwrap());
+        let j = |next_worker| Journal {
+            term: a,
+            next_worker,
+            ..Journal::default()
+        };
+        write_journal(&store, &j(3), 0).unwrap();
+        let b = next_term(a, "b");
+        for i in [0, 3, 4] {
+            servers[i].store.raise_fence(FENCE_SCOPE, b).unwrap();
+        }
+        let err = write_journal(&store, &j(4), 1).unwrap_err();
+        assert!(matches!(err, JournalError::Deposed(_)), "{err}");
+        let landed = servers
+            .iter()
+            .filter(|s| {
+                s.store
+                    .get(&record_key(JOURNAL_PREFIX, a, 1))
+                    .unwrap()
+                    .is_some()
+            })
+            .count();
+        assert_eq!(
+            landed, 3,
+            "the cut write is on the three servers without the fence"
+        );
+        assert_eq!(read_journal(&store).unwrap().unwrap().next_worker, 3);
+        // The successor takes over (its seal deletes the cut write), reads the same journal,
+        // and its own records come after the predecessor's.
+        assert!(take_over(&store, b, "b").unwrap());
+        assert_eq!(read_journal(&store).unwrap().unwrap().next_worker, 3);
+        let nb = Journal {
+            term: b,
+            next_worker: 7,
+            ..Journal::default()
+        };
+        write_journal(&store, &nb, 0).unwrap();
+        assert_eq!(read_journal(&store).unwrap().unwrap().next_worker, 7);
+    }
+
+    /// Rule 6 for the lease: a holder killed while its renewal reached three of six servers
+    /// leaves the beat before it readable, so a standby sees the beat stop and takes over
+    /// (overwritten in place, the lease was unreadable and the standby retried for ever).
+    #[test]
+    fn a_renewal_cut_half_way_leaves_the_beat_before_it() {
+        let (store, servers) = ida_4_2();
+        let t = next_term(0, "a");
+        assert!(take_over(&store, t, "a").unwrap());
+        let lease = |beat| Lease {
+            term: t,
+            holder: "a".into(),
+            beat,
+        };
+        renew_lease(&store, &lease(1)).unwrap();
+        // Beat 2's fragments, as its write put them, reach servers 1, 2 and 5 before the
+        // holder dies.
+        let bytes = codec::frame(LEASE_MAGIC, &codec::encode(&lease(2)).unwrap());
+        let frags = Layout::Ida { m: 4, k: 2 }
+            .codec()
+            .unwrap()
+            .encode(&bytes, veriflow_checkpoint::strategy::CONTENT_STAMP);
+        for i in [1, 2, 5] {
+            servers[i]
+                .store
+                .put(&record_key(LEASE_PREFIX, t, 2), &frags[i])
+                .unwrap();
+        }
+        assert_eq!(read_lease(&store).unwrap().unwrap().beat, 1);
+        let b = next_term(t, "b");
+        assert!(take_over(&store, b, "b").unwrap());
+        assert_eq!(read_lease(&store).unwrap().unwrap().holder, "b");
+    }
+
+    /// Rule 6: old records are deleted as new ones are written, a predecessor's too, and a
+    /// retried record is the same fragments again (never an overwrite).
+    #[test]
+    fn writers_delete_their_old_records_and_a_retry_rewrites_the_same_record() {
+        let (store, _servers) = ida_4_2();
+        let a = next_term(0, "a");
+        assert!(take_over(&store, a, "a").unwrap());
+        for seq in 0..40 {
+            let j = Journal {
+                term: a,
+                next_worker: u32::try_from(seq).unwrap(),
+                ..Journal::default()
+            };
+            write_journal(&store, &j, seq).unwrap();
+            write_journal(&store, &j, seq).unwrap();
+        }
+        let keys = |p| store.scan_keys(p, None, 1000).unwrap().0.len();
+        assert!(
+            keys(JOURNAL_PREFIX) <= 1 + TIDY_EVERY as usize,
+            "{}",
+            keys(JOURNAL_PREFIX)
+        );
+        assert_eq!(read_journal(&store).unwrap().unwrap().next_worker, 39);
+        let b = next_term(a, "b");
+        assert!(take_over(&store, b, "b").unwrap());
+        for seq in 0..2 {
+            let j = Journal {
+                term: b,
+                ..Journal::default()
+            };
+            write_journal(&store, &j, seq).unwrap();
+        }
+        renew_lease(
+            &store,
+            &Lease {
+                term: b,
+                holder: "b".into(),
+                beat: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            keys(JOURNAL_PREFIX),
+            2,
+            "the predecessor's journals are gone"
+        );
+        assert_eq!(keys(LEASE_PREFIX), 2, "the predecessor's leases are gone");
     }
 }

@@ -430,6 +430,8 @@ struct CoordProc {
     crash_after_journal: bool,
     /// When it renews its lease next (`journal` rule 4).
     next_renew: Duration,
+    /// Its next journal record's number (`journal` rule 6).
+    journal_seq: u64,
 }
 
 /// The submitting client (rule 9): it submits, follows its job, and after losing its
@@ -843,6 +845,7 @@ impl World {
             conn_of: BTreeMap::new(),
             crash_after_journal: false,
             next_renew: self.now + LEASE / 4,
+            journal_seq: 0,
         });
         self.coord_event(gen, coordinator::Event::Tick)?;
         Ok(true)
@@ -1135,7 +1138,9 @@ impl World {
                 }
             }
             coordinator::Action::Journal(j) => {
-                match coordinator::journal::write_journal(&*self.store, &j) {
+                let seq = self.coords[gen as usize].journal_seq;
+                self.coords[gen as usize].journal_seq += 1;
+                match coordinator::journal::write_journal(&*self.store, &j, seq) {
                     Ok(()) => {
                         if j.term < self.journal_term {
                             return Err(format!(
