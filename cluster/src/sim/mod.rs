@@ -432,6 +432,8 @@ struct CoordProc {
     next_renew: Duration,
     /// Its next journal record's number (`journal` rule 6).
     journal_seq: u64,
+    /// Its lease's last beat (0 at the takeover, `journal` rule 2).
+    beat: u64,
 }
 
 /// The submitting client (rule 9): it submits, follows its job, and after losing its
@@ -846,6 +848,7 @@ impl World {
             crash_after_journal: false,
             next_renew: self.now + LEASE / 4,
             journal_seq: 0,
+            beat: 0,
         });
         self.coord_event(gen, coordinator::Event::Tick)?;
         Ok(true)
@@ -1889,10 +1892,11 @@ impl World {
     fn renew(&mut self, gen: Gen) {
         let c = &mut self.coords[gen as usize];
         c.next_renew = self.now + LEASE / 4;
+        c.beat += 1;
         let lease = journal::Lease {
             term: c.core.config().term,
             holder: c.core.config().advertise.clone(),
-            beat: self.now.as_micros() as u64,
+            beat: c.beat,
         };
         if let Err(e) = journal::renew_lease(&*self.store, &lease) {
             self.coord_dies(gen, true, &format!("stepped down: {e}"));
