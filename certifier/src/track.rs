@@ -25,8 +25,10 @@
 //! 4. A task's *leaf* hashes its id, name, argument digest, input ids with the digests it read,
 //!    output ids with the digests it wrote, and its children. The Merkle root of G_S is over the
 //!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
-//!    independent of how events were spread over segments and vnodes. (The keyed hashers are
-//!    derived once and cloned: the same bytes as deriving them for every leaf and node.)
+//!    independent of how events were spread over segments and vnodes. (The context keys of the
+//!    leaf and node hashers are derived once, and a leaf's fields are laid out in one buffer
+//!    hashed in one call: the same bytes as deriving the key for every leaf and node and
+//!    hashing field by field.)
 //! 5. A written value is kept once, in its part's columns as its writer's `Completed` logged
 //!    it; a datum's columns hold its writer, the digest of its value, a program input's value
 //!    and the copies returned to victims. [`Track::value`] is a datum's logged value: its
@@ -37,6 +39,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
 
+use blake3::hazmat::{hash_derive_key_context, ContextKey, HasherExt};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
@@ -1288,37 +1291,44 @@ impl Track {
 
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
+        self.leaf_in(&mut Vec::new(), t)
+    }
+
+    /// [`Track::leaf`], its bytes laid out in `buf` and hashed in one call (rule 4).
+    fn leaf_in(&self, buf: &mut Vec<u8>, t: Ix) -> [u8; 32] {
         let i = t as usize;
-        let mut h = LEAF_HASHER.clone();
-        h.update(&self.ids[i].to_le_bytes());
+        buf.clear();
+        buf.extend_from_slice(&self.ids[i].to_le_bytes());
         if let Some((part, r)) = self.rec_of(t) {
             let name = part.names[r.name as usize].as_bytes();
-            h.update(&(name.len() as u64).to_le_bytes());
-            h.update(name);
+            buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            buf.extend_from_slice(name);
             let args = match part.payload(r.args) {
                 PayloadView::Inline(b) => Digest::of(b),
                 PayloadView::Stored { digest, .. } => digest,
             };
-            h.update(&args.0);
-            h.update(&u64::from(r.inputs).to_le_bytes());
+            buf.extend_from_slice(&args.0);
+            buf.extend_from_slice(&u64::from(r.inputs).to_le_bytes());
             let started = self.digests_of(self.started[i]);
             let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
             for (k, d) in inputs.iter().enumerate() {
-                h.update(&d.to_le_bytes());
-                h.update(&started.get(k).copied().unwrap_or_default().0);
+                buf.extend_from_slice(&d.to_le_bytes());
+                buf.extend_from_slice(&started.get(k).copied().unwrap_or_default().0);
             }
         }
         let wrote = self.outs_of(self.wrote[i]);
-        h.update(&(wrote.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&(wrote.len() as u64).to_le_bytes());
         for o in wrote {
-            h.update(&o.data.to_le_bytes());
-            h.update(&o.digest.0);
+            buf.extend_from_slice(&o.data.to_le_bytes());
+            buf.extend_from_slice(&o.digest.0);
         }
         let children = self.ids_of(self.children[i]);
-        h.update(&(children.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
         for c in children {
-            h.update(&c.to_le_bytes());
+            buf.extend_from_slice(&c.to_le_bytes());
         }
+        let mut h = blake3::Hasher::new_from_context_key(&LEAF_KEY);
+        h.update(buf);
         *h.finalize().as_bytes()
     }
 
@@ -1326,13 +1336,16 @@ impl Track {
     pub fn leaves(&self) -> Vec<[u8; 32]> {
         (0..self.len() as Ix)
             .into_par_iter()
-            .map(|t| self.leaf(t))
+            .map_init(Vec::new, |buf, t| self.leaf_in(buf, t))
             .collect()
     }
 
     /// The Merkle root over the leaves of `tasks` (sorted by id; rule 4).
     pub fn merkle_root(&self, tasks: &[Ix]) -> [u8; 32] {
-        let leaves: Vec<[u8; 32]> = tasks.par_iter().map(|&t| self.leaf(t)).collect();
+        let leaves: Vec<[u8; 32]> = tasks
+            .par_iter()
+            .map_init(Vec::new, |buf, &t| self.leaf_in(buf, t))
+            .collect();
         merkle(leaves)
     }
 
@@ -1430,20 +1443,32 @@ impl Track {
     }
 }
 
-/// The hasher of a leaf (rule 4), derived once.
-static LEAF_HASHER: LazyLock<blake3::Hasher> =
-    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier leaf v1"));
-/// The hasher of a node, derived once.
-static NODE_HASHER: LazyLock<blake3::Hasher> =
-    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier node v1"));
+/// The key of a leaf's hasher (rule 4), derived once from its context.
+static LEAF_KEY: LazyLock<ContextKey> =
+    LazyLock::new(|| hash_derive_key_context("veriflow certifier leaf v1"));
+/// The key of a node's hasher, derived once.
+static NODE_KEY: LazyLock<ContextKey> =
+    LazyLock::new(|| hash_derive_key_context("veriflow certifier node v1"));
+
+/// A node of the tree: its two children hashed under the node key, as one block.
+fn node(a: &[u8; 32], b: &[u8; 32], key: &ContextKey) -> [u8; 32] {
+    let mut pair = [0u8; 64];
+    pair[..32].copy_from_slice(a);
+    pair[32..].copy_from_slice(b);
+    let mut h = blake3::Hasher::new_from_context_key(key);
+    h.update(&pair);
+    *h.finalize().as_bytes()
+}
 
 /// Pairwise blake3 up to one root; an odd node is carried up; the empty tree's root is the
 /// hash of nothing under the node key. Each level is hashed in place, in parallel chunks.
 pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
     if level.is_empty() {
-        return *NODE_HASHER.clone().finalize().as_bytes();
+        return *blake3::Hasher::new_from_context_key(&NODE_KEY)
+            .finalize()
+            .as_bytes();
     }
-    let node = &*NODE_HASHER;
+    let key = &*NODE_KEY;
     let mut len = level.len();
     while len > 1 {
         let half = len.div_ceil(2);
@@ -1454,12 +1479,7 @@ pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
         done.par_chunks_mut(2 * CHUNK).for_each(|chunk| {
             for i in 0..chunk.len().div_ceil(2) {
                 chunk[i] = match chunk.get(2 * i + 1) {
-                    Some(b) => {
-                        let mut h = node.clone();
-                        h.update(&chunk[2 * i]);
-                        h.update(b);
-                        *h.finalize().as_bytes()
-                    }
+                    Some(b) => node(&chunk[2 * i], b, key),
                     None => chunk[2 * i],
                 };
             }
