@@ -1291,61 +1291,40 @@ impl Track {
 
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
-        self.leaf_in(&mut Vec::new(), t)
+        let mut batch = LeafBatch::default();
+        batch.gather(self, t);
+        let mut leaf = [[0; 32]];
+        batch.hash_into(&mut leaf);
+        leaf[0]
     }
 
-    /// [`Track::leaf`], its bytes laid out in `buf` and hashed in one call (rule 4).
-    fn leaf_in(&self, buf: &mut Vec<u8>, t: Ix) -> [u8; 32] {
-        let i = t as usize;
-        buf.clear();
-        buf.extend_from_slice(&self.ids[i].to_le_bytes());
-        if let Some((part, r)) = self.rec_of(t) {
-            let name = part.names[r.name as usize].as_bytes();
-            buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
-            buf.extend_from_slice(name);
-            let args = match part.payload(r.args) {
-                PayloadView::Inline(b) => Digest::of(b),
-                PayloadView::Stored { digest, .. } => digest,
-            };
-            buf.extend_from_slice(&args.0);
-            buf.extend_from_slice(&u64::from(r.inputs).to_le_bytes());
-            let started = self.digests_of(self.started[i]);
-            let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
-            for (k, d) in inputs.iter().enumerate() {
-                buf.extend_from_slice(&d.to_le_bytes());
-                buf.extend_from_slice(&started.get(k).copied().unwrap_or_default().0);
-            }
-        }
-        let wrote = self.outs_of(self.wrote[i]);
-        buf.extend_from_slice(&(wrote.len() as u64).to_le_bytes());
-        for o in wrote {
-            buf.extend_from_slice(&o.data.to_le_bytes());
-            buf.extend_from_slice(&o.digest.0);
-        }
-        let children = self.ids_of(self.children[i]);
-        buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
-        for c in children {
-            buf.extend_from_slice(&c.to_le_bytes());
-        }
-        let mut h = blake3::Hasher::new_from_context_key(&LEAF_KEY);
-        h.update(buf);
-        *h.finalize().as_bytes()
+    /// The leaves of `tasks` into `out` (rule 4), in batches: the fields of a batch of tasks
+    /// are gathered first, so that their cache misses overlap, then hashed.
+    fn leaves_into(&self, tasks: impl IndexedParallelIterator<Item = Ix>, out: &mut [[u8; 32]]) {
+        const BATCH: usize = 512;
+        tasks
+            .chunks(BATCH)
+            .zip(out.par_chunks_mut(BATCH))
+            .for_each_init(LeafBatch::default, |batch, (tasks, out)| {
+                batch.clear();
+                for t in tasks {
+                    batch.gather(self, t);
+                }
+                batch.hash_into(out);
+            });
     }
 
     /// The leaf of every task, by index (computed in parallel).
     pub fn leaves(&self) -> Vec<[u8; 32]> {
-        (0..self.len() as Ix)
-            .into_par_iter()
-            .map_init(Vec::new, |buf, t| self.leaf_in(buf, t))
-            .collect()
+        let mut out = vec![[0; 32]; self.len()];
+        self.leaves_into((0..self.len() as Ix).into_par_iter(), &mut out);
+        out
     }
 
     /// The Merkle root over the leaves of `tasks` (sorted by id; rule 4).
     pub fn merkle_root(&self, tasks: &[Ix]) -> [u8; 32] {
-        let leaves: Vec<[u8; 32]> = tasks
-            .par_iter()
-            .map_init(Vec::new, |buf, &t| self.leaf_in(buf, t))
-            .collect();
+        let mut leaves = vec![[0; 32]; tasks.len()];
+        self.leaves_into(tasks.par_iter().copied(), &mut leaves);
         merkle(leaves)
     }
 
@@ -1439,6 +1418,88 @@ impl Track {
                 digest,
                 reason: "is in a value store this reader was not given".to_string(),
             }),
+        }
+    }
+}
+
+/// The bytes of a batch of leaves (rule 4), laid out one after the other.
+#[derive(Default)]
+struct LeafBatch {
+    bytes: Vec<u8>,
+    /// Per leaf: where its bytes end, and where its argument digest goes (`NONE`: none).
+    ends: Vec<(usize, u32)>,
+    /// Inline arguments, hashed with the leaves: (their place in `args`).
+    args: Vec<u8>,
+    arg_spans: Vec<std::ops::Range<usize>>,
+}
+
+impl LeafBatch {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.args.clear();
+        self.arg_spans.clear();
+    }
+
+    /// Lays out the fields of task `t`'s leaf; an inline argument's digest is left to
+    /// [`LeafBatch::hash_into`] (32 zero bytes until then).
+    fn gather(&mut self, track: &Track, t: Ix) {
+        let i = t as usize;
+        let buf = &mut self.bytes;
+        let leaf_start = buf.len();
+        buf.extend_from_slice(&track.ids[i].to_le_bytes());
+        let mut args_at = NONE;
+        if let Some((part, r)) = track.rec_of(t) {
+            let name = part.names[r.name as usize].as_bytes();
+            buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            buf.extend_from_slice(name);
+            let digest = match part.payload(r.args) {
+                PayloadView::Inline(b) => {
+                    args_at = (buf.len() - leaf_start) as u32;
+                    let from = self.args.len();
+                    self.args.extend_from_slice(b);
+                    self.arg_spans.push(from..self.args.len());
+                    Digest::default()
+                }
+                PayloadView::Stored { digest, .. } => digest,
+            };
+            buf.extend_from_slice(&digest.0);
+            buf.extend_from_slice(&u64::from(r.inputs).to_le_bytes());
+            let started = track.digests_of(track.started[i]);
+            let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
+            for (k, d) in inputs.iter().enumerate() {
+                buf.extend_from_slice(&d.to_le_bytes());
+                buf.extend_from_slice(&started.get(k).copied().unwrap_or_default().0);
+            }
+        }
+        let wrote = track.outs_of(track.wrote[i]);
+        buf.extend_from_slice(&(wrote.len() as u64).to_le_bytes());
+        for o in wrote {
+            buf.extend_from_slice(&o.data.to_le_bytes());
+            buf.extend_from_slice(&o.digest.0);
+        }
+        let children = track.ids_of(track.children[i]);
+        buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
+        for c in children {
+            buf.extend_from_slice(&c.to_le_bytes());
+        }
+        self.ends.push((buf.len(), args_at));
+    }
+
+    /// Hashes the leaves gathered, in order, into `out`.
+    fn hash_into(&mut self, out: &mut [[u8; 32]]) {
+        let mut start = 0;
+        let mut spans = self.arg_spans.iter();
+        for (leaf, &(end, args_at)) in out.iter_mut().zip(&self.ends) {
+            if args_at != NONE {
+                let span = spans.next().cloned().unwrap_or_default();
+                let at = start + args_at as usize;
+                self.bytes[at..at + 32].copy_from_slice(&Digest::of(&self.args[span]).0);
+            }
+            let mut h = blake3::Hasher::new_from_context_key(&LEAF_KEY);
+            h.update(&self.bytes[start..end]);
+            *leaf = *h.finalize().as_bytes();
+            start = end;
         }
     }
 }
