@@ -28,7 +28,8 @@
 //!    independent of how events were spread over segments and vnodes. (The context keys of the
 //!    leaf and node hashers are derived once, and a leaf's fields are laid out in one buffer
 //!    hashed in one call: the same bytes as deriving the key for every leaf and node and
-//!    hashing field by field.)
+//!    hashing field by field. Leaves are computed in batches of tasks, each batch's fields
+//!    gathered before any is hashed, so that the reads of many tasks are in flight at once.)
 //! 5. A written value is kept once, in its part's columns as its writer's `Completed` logged
 //!    it; a datum's columns hold its writer, the digest of its value, a program input's value
 //!    and the copies returned to victims. [`Track::value`] is a datum's logged value: its
@@ -1703,6 +1704,72 @@ mod tests {
         );
         assert_eq!(track.conflicts.len(), 1, "{:?}", track.conflicts);
         assert_eq!(track.value(written).map(|(_, d)| d), Some(Digest([1; 32])));
+    }
+
+    /// Leaves of many tasks, some with inline arguments and some stored, across batches:
+    /// each the leaf of that task alone (a batch of one), and the roots over them those of
+    /// the tree by levels.
+    #[test]
+    fn leaves_hashed_in_batches_are_the_leaves_one_by_one() {
+        let (mut track, _) = one_task(None);
+        let v = VnodeId(1);
+        for i in 0..6000u128 {
+            let task = TaskId(i * 0x9e37_79b9_7f4a_7c15 + 11);
+            let args = match i % 3 {
+                0 => Payload::Inline(vec![i as u8; (i % 7) as usize]),
+                1 => Payload::Stored {
+                    digest: Digest([i as u8; 32]),
+                    len: 9000,
+                },
+                _ => Payload::Inline(Vec::new()),
+            };
+            let d = DataId(i + 100);
+            track.absorb(
+                v,
+                Event::Declared(Declared {
+                    task,
+                    parent: Some(TaskId(7)),
+                    index: i as u32,
+                    name: if i % 2 == 0 { "a" } else { "bb" }.into(),
+                    args,
+                    inputs: vec![DataId(8)],
+                    outputs: vec![d],
+                }),
+            );
+            if i % 5 != 0 {
+                track.absorb(
+                    v,
+                    Event::Completed {
+                        task,
+                        outputs: vec![veriflow_runtime::log::Output {
+                            data: d,
+                            value: Payload::Inline(vec![2]),
+                            digest: Digest([3; 32]),
+                        }],
+                        children: vec![TaskId(i)],
+                    },
+                );
+            }
+        }
+        let leaves = track.leaves();
+        let one_by_one: Vec<[u8; 32]> = (0..track.len() as Ix).map(|t| track.leaf(t)).collect();
+        assert_eq!(leaves, one_by_one);
+        // One batch reused for batch after batch.
+        let mut batch = LeafBatch::default();
+        for from in (0..track.len()).step_by(700) {
+            let to = (from + 700).min(track.len());
+            batch.clear();
+            for t in from..to {
+                batch.gather(&track, t as Ix);
+            }
+            let mut out = vec![[0; 32]; to - from];
+            batch.hash_into(&mut out);
+            assert_eq!(out, one_by_one[from..to]);
+        }
+        let all = track.sorted_by_id(0..track.len() as Ix);
+        let by_levels = merkle_by_levels(all.iter().map(|&t| one_by_one[t as usize]).collect());
+        assert_eq!(track.merkle_root(&all), by_levels);
+        assert_eq!(track.log_digest(), by_levels);
     }
 
     #[test]
