@@ -25,8 +25,11 @@
 //! 4. A task's *leaf* hashes its id, name, argument digest, input ids with the digests it read,
 //!    output ids with the digests it wrote, and its children. The Merkle root of G_S is over the
 //!    leaves of G_S sorted by task id; the log digest is the root over all tasks of G. Both are
-//!    independent of how events were spread over segments and vnodes. (The keyed hashers are
-//!    derived once and cloned: the same bytes as deriving them for every leaf and node.)
+//!    independent of how events were spread over segments and vnodes. (The context keys of the
+//!    leaf and node hashers are derived once, and a leaf's fields are laid out in one buffer
+//!    hashed in one call: the same bytes as deriving the key for every leaf and node and
+//!    hashing field by field. Leaves are computed in batches of tasks, each batch's fields
+//!    gathered before any is hashed, so that the reads of many tasks are in flight at once.)
 //! 5. A written value is kept once, in its part's columns as its writer's `Completed` logged
 //!    it; a datum's columns hold its writer, the digest of its value, a program input's value
 //!    and the copies returned to victims. [`Track::value`] is a datum's logged value: its
@@ -37,6 +40,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
 
+use blake3::hazmat::{hash_derive_key_context, ContextKey, HasherExt};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use veriflow_checkpoint::Store;
@@ -1288,51 +1292,40 @@ impl Track {
 
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
-        let i = t as usize;
-        let mut h = LEAF_HASHER.clone();
-        h.update(&self.ids[i].to_le_bytes());
-        if let Some((part, r)) = self.rec_of(t) {
-            let name = part.names[r.name as usize].as_bytes();
-            h.update(&(name.len() as u64).to_le_bytes());
-            h.update(name);
-            let args = match part.payload(r.args) {
-                PayloadView::Inline(b) => Digest::of(b),
-                PayloadView::Stored { digest, .. } => digest,
-            };
-            h.update(&args.0);
-            h.update(&u64::from(r.inputs).to_le_bytes());
-            let started = self.digests_of(self.started[i]);
-            let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
-            for (k, d) in inputs.iter().enumerate() {
-                h.update(&d.to_le_bytes());
-                h.update(&started.get(k).copied().unwrap_or_default().0);
-            }
-        }
-        let wrote = self.outs_of(self.wrote[i]);
-        h.update(&(wrote.len() as u64).to_le_bytes());
-        for o in wrote {
-            h.update(&o.data.to_le_bytes());
-            h.update(&o.digest.0);
-        }
-        let children = self.ids_of(self.children[i]);
-        h.update(&(children.len() as u64).to_le_bytes());
-        for c in children {
-            h.update(&c.to_le_bytes());
-        }
-        *h.finalize().as_bytes()
+        let mut batch = LeafBatch::default();
+        batch.gather(self, t);
+        let mut leaf = [[0; 32]];
+        batch.hash_into(&mut leaf);
+        leaf[0]
+    }
+
+    /// The leaves of `tasks` into `out` (rule 4), in batches: the fields of a batch of tasks
+    /// are gathered first, so that their cache misses overlap, then hashed.
+    fn leaves_into(&self, tasks: impl IndexedParallelIterator<Item = Ix>, out: &mut [[u8; 32]]) {
+        const BATCH: usize = 512;
+        tasks
+            .chunks(BATCH)
+            .zip(out.par_chunks_mut(BATCH))
+            .for_each_init(LeafBatch::default, |batch, (tasks, out)| {
+                batch.clear();
+                for t in tasks {
+                    batch.gather(self, t);
+                }
+                batch.hash_into(out);
+            });
     }
 
     /// The leaf of every task, by index (computed in parallel).
     pub fn leaves(&self) -> Vec<[u8; 32]> {
-        (0..self.len() as Ix)
-            .into_par_iter()
-            .map(|t| self.leaf(t))
-            .collect()
+        let mut out = vec![[0; 32]; self.len()];
+        self.leaves_into((0..self.len() as Ix).into_par_iter(), &mut out);
+        out
     }
 
     /// The Merkle root over the leaves of `tasks` (sorted by id; rule 4).
     pub fn merkle_root(&self, tasks: &[Ix]) -> [u8; 32] {
-        let leaves: Vec<[u8; 32]> = tasks.par_iter().map(|&t| self.leaf(t)).collect();
+        let mut leaves = vec![[0; 32]; tasks.len()];
+        self.leaves_into(tasks.par_iter().copied(), &mut leaves);
         merkle(leaves)
     }
 
@@ -1430,20 +1423,114 @@ impl Track {
     }
 }
 
-/// The hasher of a leaf (rule 4), derived once.
-static LEAF_HASHER: LazyLock<blake3::Hasher> =
-    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier leaf v1"));
-/// The hasher of a node, derived once.
-static NODE_HASHER: LazyLock<blake3::Hasher> =
-    LazyLock::new(|| blake3::Hasher::new_derive_key("veriflow certifier node v1"));
+/// The bytes of a batch of leaves (rule 4), laid out one after the other.
+#[derive(Default)]
+struct LeafBatch {
+    bytes: Vec<u8>,
+    /// Per leaf: where its bytes end, and where its argument digest goes (`NONE`: none).
+    ends: Vec<(usize, u32)>,
+    /// Inline arguments, hashed with the leaves: (their place in `args`).
+    args: Vec<u8>,
+    arg_spans: Vec<std::ops::Range<usize>>,
+}
+
+impl LeafBatch {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.args.clear();
+        self.arg_spans.clear();
+    }
+
+    /// Lays out the fields of task `t`'s leaf; an inline argument's digest is left to
+    /// [`LeafBatch::hash_into`] (32 zero bytes until then).
+    fn gather(&mut self, track: &Track, t: Ix) {
+        let i = t as usize;
+        let buf = &mut self.bytes;
+        let leaf_start = buf.len();
+        buf.extend_from_slice(&track.ids[i].to_le_bytes());
+        let mut args_at = NONE;
+        if let Some((part, r)) = track.rec_of(t) {
+            let name = part.names[r.name as usize].as_bytes();
+            buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            buf.extend_from_slice(name);
+            let digest = match part.payload(r.args) {
+                PayloadView::Inline(b) => {
+                    args_at = (buf.len() - leaf_start) as u32;
+                    let from = self.args.len();
+                    self.args.extend_from_slice(b);
+                    self.arg_spans.push(from..self.args.len());
+                    Digest::default()
+                }
+                PayloadView::Stored { digest, .. } => digest,
+            };
+            buf.extend_from_slice(&digest.0);
+            buf.extend_from_slice(&u64::from(r.inputs).to_le_bytes());
+            let started = track.digests_of(track.started[i]);
+            let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
+            for (k, d) in inputs.iter().enumerate() {
+                buf.extend_from_slice(&d.to_le_bytes());
+                buf.extend_from_slice(&started.get(k).copied().unwrap_or_default().0);
+            }
+        }
+        let wrote = track.outs_of(track.wrote[i]);
+        buf.extend_from_slice(&(wrote.len() as u64).to_le_bytes());
+        for o in wrote {
+            buf.extend_from_slice(&o.data.to_le_bytes());
+            buf.extend_from_slice(&o.digest.0);
+        }
+        let children = track.ids_of(track.children[i]);
+        buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
+        for c in children {
+            buf.extend_from_slice(&c.to_le_bytes());
+        }
+        self.ends.push((buf.len(), args_at));
+    }
+
+    /// Hashes the leaves gathered, in order, into `out`.
+    fn hash_into(&mut self, out: &mut [[u8; 32]]) {
+        let mut start = 0;
+        let mut spans = self.arg_spans.iter();
+        for (leaf, &(end, args_at)) in out.iter_mut().zip(&self.ends) {
+            if args_at != NONE {
+                let span = spans.next().cloned().unwrap_or_default();
+                let at = start + args_at as usize;
+                self.bytes[at..at + 32].copy_from_slice(&Digest::of(&self.args[span]).0);
+            }
+            let mut h = blake3::Hasher::new_from_context_key(&LEAF_KEY);
+            h.update(&self.bytes[start..end]);
+            *leaf = *h.finalize().as_bytes();
+            start = end;
+        }
+    }
+}
+
+/// The key of a leaf's hasher (rule 4), derived once from its context.
+static LEAF_KEY: LazyLock<ContextKey> =
+    LazyLock::new(|| hash_derive_key_context("veriflow certifier leaf v1"));
+/// The key of a node's hasher, derived once.
+static NODE_KEY: LazyLock<ContextKey> =
+    LazyLock::new(|| hash_derive_key_context("veriflow certifier node v1"));
+
+/// A node of the tree: its two children hashed under the node key, as one block.
+fn node(a: &[u8; 32], b: &[u8; 32], key: &ContextKey) -> [u8; 32] {
+    let mut pair = [0u8; 64];
+    pair[..32].copy_from_slice(a);
+    pair[32..].copy_from_slice(b);
+    let mut h = blake3::Hasher::new_from_context_key(key);
+    h.update(&pair);
+    *h.finalize().as_bytes()
+}
 
 /// Pairwise blake3 up to one root; an odd node is carried up; the empty tree's root is the
 /// hash of nothing under the node key. Each level is hashed in place, in parallel chunks.
 pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
     if level.is_empty() {
-        return *NODE_HASHER.clone().finalize().as_bytes();
+        return *blake3::Hasher::new_from_context_key(&NODE_KEY)
+            .finalize()
+            .as_bytes();
     }
-    let node = &*NODE_HASHER;
+    let key = &*NODE_KEY;
     let mut len = level.len();
     while len > 1 {
         let half = len.div_ceil(2);
@@ -1454,12 +1541,7 @@ pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
         done.par_chunks_mut(2 * CHUNK).for_each(|chunk| {
             for i in 0..chunk.len().div_ceil(2) {
                 chunk[i] = match chunk.get(2 * i + 1) {
-                    Some(b) => {
-                        let mut h = node.clone();
-                        h.update(&chunk[2 * i]);
-                        h.update(b);
-                        *h.finalize().as_bytes()
-                    }
+                    Some(b) => node(&chunk[2 * i], b, key),
                     None => chunk[2 * i],
                 };
             }
@@ -1622,6 +1704,72 @@ mod tests {
         );
         assert_eq!(track.conflicts.len(), 1, "{:?}", track.conflicts);
         assert_eq!(track.value(written).map(|(_, d)| d), Some(Digest([1; 32])));
+    }
+
+    /// Leaves of many tasks, some with inline arguments and some stored, across batches:
+    /// each the leaf of that task alone (a batch of one), and the roots over them those of
+    /// the tree by levels.
+    #[test]
+    fn leaves_hashed_in_batches_are_the_leaves_one_by_one() {
+        let (mut track, _) = one_task(None);
+        let v = VnodeId(1);
+        for i in 0..6000u128 {
+            let task = TaskId(i * 0x9e37_79b9_7f4a_7c15 + 11);
+            let args = match i % 3 {
+                0 => Payload::Inline(vec![i as u8; (i % 7) as usize]),
+                1 => Payload::Stored {
+                    digest: Digest([i as u8; 32]),
+                    len: 9000,
+                },
+                _ => Payload::Inline(Vec::new()),
+            };
+            let d = DataId(i + 100);
+            track.absorb(
+                v,
+                Event::Declared(Declared {
+                    task,
+                    parent: Some(TaskId(7)),
+                    index: i as u32,
+                    name: if i % 2 == 0 { "a" } else { "bb" }.into(),
+                    args,
+                    inputs: vec![DataId(8)],
+                    outputs: vec![d],
+                }),
+            );
+            if i % 5 != 0 {
+                track.absorb(
+                    v,
+                    Event::Completed {
+                        task,
+                        outputs: vec![veriflow_runtime::log::Output {
+                            data: d,
+                            value: Payload::Inline(vec![2]),
+                            digest: Digest([3; 32]),
+                        }],
+                        children: vec![TaskId(i)],
+                    },
+                );
+            }
+        }
+        let leaves = track.leaves();
+        let one_by_one: Vec<[u8; 32]> = (0..track.len() as Ix).map(|t| track.leaf(t)).collect();
+        assert_eq!(leaves, one_by_one);
+        // One batch reused for batch after batch.
+        let mut batch = LeafBatch::default();
+        for from in (0..track.len()).step_by(700) {
+            let to = (from + 700).min(track.len());
+            batch.clear();
+            for t in from..to {
+                batch.gather(&track, t as Ix);
+            }
+            let mut out = vec![[0; 32]; to - from];
+            batch.hash_into(&mut out);
+            assert_eq!(out, one_by_one[from..to]);
+        }
+        let all = track.sorted_by_id(0..track.len() as Ix);
+        let by_levels = merkle_by_levels(all.iter().map(|&t| one_by_one[t as usize]).collect());
+        assert_eq!(track.merkle_root(&all), by_levels);
+        assert_eq!(track.log_digest(), by_levels);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! time from the reader's decoded events (each vnode's events once, in log order, vnode after
 //! vnode): on arbitrary logs, with events repeated inside one log, logs that disagree, steals,
 //! returns, program inputs and values in the value store, both give the same G, the same
-//! conflicts, G_S, structural errors and leaves; and so do both grown by more events.
+//! conflicts, G_S, structural errors and leaves; and so do both grown by more events. Every
+//! leaf is also the hash of rule 4's fields one by one under a key derived for it.
 
 use std::sync::Arc;
 
@@ -115,6 +116,36 @@ fn logs() -> impl Strategy<Value = Vec<Vec<Event>>> {
     )
 }
 
+/// Rule 4's leaf as first written: the key derived for this leaf, each field hashed in turn
+/// from the task's view.
+fn leaf_field_by_field(t: &Track, i: u32) -> [u8; 32] {
+    let rec = t.task(i);
+    let mut h = blake3::Hasher::new_derive_key("veriflow certifier leaf v1");
+    h.update(&rec.id.0.to_le_bytes());
+    if let Some(r) = &rec.record {
+        h.update(&(r.name.len() as u64).to_le_bytes());
+        h.update(r.name.as_bytes());
+        h.update(&r.args.digest().0);
+        h.update(&(r.inputs.len() as u64).to_le_bytes());
+        let started = rec.started.clone().unwrap_or_default();
+        for (k, d) in r.inputs.iter().enumerate() {
+            h.update(&d.0.to_le_bytes());
+            h.update(&started.get(k).copied().unwrap_or_default().0);
+        }
+    }
+    let wrote = rec.wrote.clone().unwrap_or_default();
+    h.update(&(wrote.len() as u64).to_le_bytes());
+    for o in &wrote {
+        h.update(&o.data.0.to_le_bytes());
+        h.update(&o.digest.0);
+    }
+    h.update(&(rec.children.len() as u64).to_le_bytes());
+    for c in &rec.children {
+        h.update(&c.0.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
 /// Everything a certifier reads of a track, by task id (indexes differ between the two).
 fn seen(t: &Track, terminal: &[DataId]) -> String {
     let mut out = String::new();
@@ -195,6 +226,11 @@ proptest! {
         }
         prop_assert_eq!(loaded.len(), one_by_one.len());
         prop_assert_eq!(seen(&loaded, &terminal), seen(&one_by_one, &terminal));
+        let leaves = loaded.leaves();
+        for i in 0..loaded.len() as u32 {
+            prop_assert_eq!(leaves[i as usize], leaf_field_by_field(&loaded, i));
+            prop_assert_eq!(loaded.leaf(i), leaves[i as usize]);
+        }
         // A loaded track grown further (its indexes no longer ranks) is still the same G.
         for e in later {
             loaded.absorb(VnodeId(0), e.clone());
