@@ -56,14 +56,14 @@ impl Partition {
 
     /// Rows of block `b`.
     pub fn range(&self, b: usize) -> Range<usize> {
-        let at = |b: usize| (b as u128 * self.n as u128 / self.blocks as u128) as usize;
+        let at = |b: usize| muldiv(b, self.n, self.blocks);
         at(b)..at(b + 1)
     }
 
     /// The block that holds row `row`.
     pub fn block_of(&self, row: usize) -> usize {
         // The first block whose end is past `row`; ranges are monotone, so a guess and a fix-up.
-        let mut b = ((row as u128 * self.blocks as u128) / self.n.max(1) as u128) as usize;
+        let mut b = muldiv(row, self.blocks, self.n.max(1));
         b = b.min(self.blocks - 1);
         while b > 0 && self.range(b).start > row {
             b -= 1;
@@ -77,6 +77,15 @@ impl Partition {
     /// All blocks' ranges, in order.
     pub fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         (0..self.blocks).map(|b| self.range(b))
+    }
+}
+
+/// `a * b / d` without overflow: in 64 bits when the product fits (every real matrix: a
+/// 128-bit division is a library call, and `problem.rs` asks once per nonzero), else in 128.
+fn muldiv(a: usize, b: usize, d: usize) -> usize {
+    match (a as u64).checked_mul(b as u64) {
+        Some(p) => (p / d as u64) as usize,
+        None => (a as u128 * b as u128 / d as u128) as usize,
     }
 }
 
@@ -431,6 +440,19 @@ mod tests {
     use super::*;
     use crate::matrix::poisson;
     use proptest::prelude::*;
+
+    #[test]
+    fn muldiv_is_exact_in_64_bits_and_past_them() {
+        for (a, b, d) in [
+            (0, 5, 3),
+            (999_999, 16, 1_000_000),
+            (usize::MAX / 2, 4, 8),
+            (usize::MAX, usize::MAX, usize::MAX),
+        ] {
+            let want = (a as u128 * b as u128 / d as u128) as usize;
+            assert_eq!(muldiv(a, b, d), want, "{a} * {b} / {d}");
+        }
+    }
 
     #[test]
     fn partitions_cover_in_order() {
