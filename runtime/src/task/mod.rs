@@ -300,7 +300,10 @@ impl<T: Task> ErasedTask for Boxed<T> {
     fn encode_args(&self) -> Result<Vec<u8>, CodecError> {
         match &self.0 {
             Some(task) => crate::codec::encode(task),
-            None => Err(CodecError::other(format!("task {} has run: no arguments left", T::NAME))),
+            None => Err(CodecError::other(format!(
+                "task {} has run: no arguments left",
+                T::NAME
+            ))),
         }
     }
 
