@@ -121,6 +121,13 @@ impl FrameError {
 #[error("{0}")]
 pub struct CodecError(String);
 
+impl CodecError {
+    /// An error of the runtime's own, not of the codec (e.g. encoding a task that already ran).
+    pub(crate) fn other(message: String) -> Self {
+        CodecError(message)
+    }
+}
+
 impl From<postcard::Error> for CodecError {
     fn from(e: postcard::Error) -> Self {
         CodecError(e.to_string())

@@ -14,13 +14,12 @@
 //! 4. A task does not know it is replayed: [`Ctx::vnode`] answers
 //!    [`VnodeId::ORACLE`](crate::VnodeId::ORACLE).
 
-use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
 use crate::exec::core::TaskSpec;
-use crate::log::{Declared, Output, Payload};
+use crate::log::{Declared, Output};
 use crate::task::value::Value;
 use crate::task::{Ctx, Host, Registry};
 
@@ -39,24 +38,9 @@ pub(crate) struct Replayer {
 }
 
 impl Replayer {
-    pub(crate) fn declare(&mut self, spec: TaskSpec) -> Result<(), RunError> {
-        let name = spec.body.name();
-        let args = match spec.args {
-            Some(a) => a,
-            None => spec.body.encode_args().map_err(|e| RunError::Encode {
-                what: format!("arguments of task {name}"),
-                reason: e.to_string(),
-            })?,
-        };
-        self.children.push(Declared {
-            task: spec.id,
-            parent: spec.parent,
-            index: spec.index,
-            name: Cow::Borrowed(name),
-            args: Payload::Inline(args),
-            inputs: spec.inputs.to_vec(),
-            outputs: spec.outputs.to_vec(),
-        });
+    pub(crate) fn declare(&mut self, mut spec: TaskSpec) -> Result<(), RunError> {
+        let args = spec.take_args()?;
+        self.children.push(spec.record(args));
         Ok(())
     }
 }
@@ -87,7 +71,7 @@ pub fn replay(
             ),
         });
     }
-    let body = kind.decode(args).map_err(|e| RunError::TaskFailed {
+    let mut body = kind.decode(args).map_err(|e| RunError::TaskFailed {
         task: kind.name().to_string(),
         id: record.task,
         message: format!("its logged arguments do not decode: {e}"),

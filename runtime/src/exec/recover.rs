@@ -97,15 +97,15 @@ pub(crate) fn plant_root(core: &mut Core, root: &RootSetup) -> Result<(), RunErr
         core.pin(o);
     }
     let inputs: Vec<DataId> = root.inputs.iter().map(|(id, _)| *id).collect();
-    core.declare(TaskSpec {
-        id: root.id,
-        parent: None,
-        index: 0,
+    core.declare(TaskSpec::new(
+        root.id,
+        None,
+        0,
         body,
-        inputs: inputs.iter().copied().collect(),
-        outputs: root.terminal.iter().copied().collect(),
-        args: Some(root.args.clone()),
-    })?;
+        inputs.iter().copied().collect(),
+        root.terminal.iter().copied().collect(),
+        Some(root.args.clone()),
+    ))?;
     core.close(&inputs);
     Ok(())
 }
@@ -299,15 +299,15 @@ impl Vnode {
                 what: format!("arguments of task {} in the log of {v}", d.task),
                 reason: e.to_string(),
             })?;
-            let spec = TaskSpec {
-                id: d.task,
-                parent: d.parent,
-                index: d.index,
+            let spec = TaskSpec::new(
+                d.task,
+                d.parent,
+                d.index,
                 body,
-                inputs: d.inputs.iter().copied().collect(),
-                outputs: d.outputs.iter().copied().collect(),
-                args: Some(args),
-            };
+                d.inputs.iter().copied().collect(),
+                d.outputs.iter().copied().collect(),
+                Some(args),
+            );
             if t.started {
                 self.keep.insert(*id); // rule 3: its children are known here only
             }

@@ -1237,3 +1237,49 @@ fn values_between_vnodes_of_one_process_are_never_encoded_without_a_log() {
     let e = rt.run(OpaqueFib(14), ()).unwrap_err().to_string();
     assert!(e.contains("cannot encode output"), "{e}");
 }
+
+/// Core rule 7: a task spec is its id and a pointer to one block holding the declaration and
+/// the body; the record it gives is the declaration as spawned, its arguments survive a run
+/// only as an error, and the body runs once (a second run is an error, not a second run).
+#[test]
+fn a_task_spec_holds_its_declaration_in_one_block_and_its_body_runs_once() {
+    use crate::exec::core::TaskSpec;
+    use crate::ids::{DataId, TaskId};
+    use crate::log::Payload;
+    use crate::replay::Replayer;
+    use crate::task::{Boxed, Host};
+
+    assert!(std::mem::size_of::<TaskSpec>() <= 32);
+    let registry = fib_registry();
+    let (id, parent, out) = (TaskId(7), TaskId(3), DataId(9));
+    let mut spec = TaskSpec::new(
+        id,
+        Some(parent),
+        4,
+        Boxed::new(Fib(1)),
+        [].into_iter().collect(),
+        [out].into_iter().collect(),
+        None,
+    );
+    let args = spec.take_args().unwrap();
+    assert_eq!(args, crate::codec::encode(&Fib(1)).unwrap());
+    let record = spec.record(args.clone());
+    assert_eq!(
+        (record.task, record.parent, record.index, &*record.name),
+        (id, Some(parent), 4, "fib")
+    );
+    assert_eq!((record.inputs, record.outputs), (vec![], vec![out]));
+    assert_eq!(record.args, Payload::Inline(args));
+
+    let mut replayer = Replayer::default();
+    let outputs = [out];
+    let mut ctx = Ctx::new(Host::Replay(&registry, &mut replayer), id, "fib", &outputs);
+    spec.decl.body.run(&mut ctx, Vec::new()).unwrap();
+    assert_eq!(ctx.writes.len(), 1);
+    let again = spec.decl.body.run(&mut ctx, Vec::new());
+    assert!(
+        matches!(again, Err(crate::RunError::TaskFailed { .. })),
+        "{again:?}"
+    );
+    assert!(spec.take_args().is_err());
+}

@@ -37,7 +37,6 @@
 //!    (the vnode seals its batch at once so that this is quick). Then a receiver never holds
 //!    something its sender could forget in a crash. Without a log, messages leave at once.
 
-use std::borrow::Cow;
 use std::collections::{HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -352,10 +351,8 @@ impl Vnode {
             values,
             digests,
         } = task;
-        let TaskSpec {
-            id, body, outputs, ..
-        } = spec;
-        let name = body.name();
+        let TaskSpec { id, mut decl } = spec;
+        let name = decl.body.name();
         tracing::trace!(vnode = %self.id(), task = %id, name, "task started");
         if self.core.logging() {
             self.core.append(&Event::Started {
@@ -363,7 +360,9 @@ impl Vnode {
                 inputs: digests,
             })?;
         }
-        let mut ctx = Ctx::new(Host::Vnode(&mut self.core), id, name, &outputs);
+        let decl = &mut *decl;
+        let (outputs, body) = (&decl.outputs, &mut decl.body);
+        let mut ctx = Ctx::new(Host::Vnode(&mut self.core), id, name, outputs);
         let result = catch_unwind(AssertUnwindSafe(|| body.run(&mut ctx, values)));
         match result {
             Ok(Ok(())) => {}
@@ -384,7 +383,7 @@ impl Vnode {
             ..
         } = ctx;
         self.core
-            .complete(id, name, &outputs, writes, children, &created)?;
+            .complete(id, name, outputs, writes, children, &created)?;
         tracing::trace!(vnode = %self.id(), task = %id, name, "task completed");
         self.stats.tasks += 1;
         Ok(())
@@ -453,24 +452,10 @@ impl Vnode {
             values,
             digests,
         } = task;
-        let args = match spec.args.take() {
-            Some(a) => a,
-            None => spec.body.encode_args().map_err(|e| RunError::Encode {
-                what: format!("arguments of task {}", spec.body.name()),
-                reason: e.to_string(),
-            })?,
-        };
+        let args = spec.take_args()?;
         // The values themselves: encoded only if the message goes over a wire (value.rs).
         let inputs = values;
-        let record = Declared {
-            task: spec.id,
-            parent: spec.parent,
-            index: spec.index,
-            name: Cow::Borrowed(spec.body.name()),
-            args: Payload::Inline(args),
-            inputs: spec.inputs.to_vec(),
-            outputs: spec.outputs.to_vec(),
-        };
+        let record = spec.record(args);
         let seq = self.core.append(&Event::Stolen {
             task: spec.id,
             thief,
@@ -479,7 +464,7 @@ impl Vnode {
         let shared = self.core.shared.clone();
         // Rule 4 of core.rs: obligations (one per output, one for the ack) before the task
         // stops counting as live here.
-        for &o in &spec.outputs {
+        for &o in &spec.decl.outputs {
             if self.expected.insert((o, thief)) {
                 shared.work_add(me);
             }
@@ -596,15 +581,15 @@ impl Vnode {
         for &o in &record.outputs {
             self.core.create_return(o, victim);
         }
-        let spec = TaskSpec {
-            id: task,
-            parent: record.parent,
-            index: record.index,
+        let spec = TaskSpec::new(
+            task,
+            record.parent,
+            record.index,
             body,
-            inputs: record.inputs.into_iter().collect(),
-            outputs: record.outputs.into_iter().collect(),
-            args: record.args.into_inline(),
-        };
+            record.inputs.into_iter().collect(),
+            record.outputs.into_iter().collect(),
+            record.args.into_inline(),
+        );
         self.core.push_ready(ReadyTask {
             spec,
             values: inputs,

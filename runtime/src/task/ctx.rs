@@ -148,15 +148,15 @@ impl<'a> Ctx<'a> {
         }
         let mut ins = IdList::new();
         T::Inputs::ids(inputs, &mut ins);
-        let spec = TaskSpec {
+        let spec = TaskSpec::new(
             id,
-            parent: Some(self.task),
+            Some(self.task),
             index,
-            body: Box::new(Boxed(task)),
-            inputs: ins,
+            Boxed::new(task),
+            ins,
             outputs,
-            args: None,
-        };
+            None,
+        );
         let declared = match &mut self.host {
             Host::Vnode(core) => core.declare(spec),
             Host::Replay(_, r) => r.declare(spec),

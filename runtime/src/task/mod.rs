@@ -258,14 +258,39 @@ impl fmt::Debug for TaskError {
     }
 }
 
-/// A task with its type erased, as the scheduler holds it.
+/// A task with its type erased, as the scheduler holds it: in place, at the end of the heap
+/// block of its declaration (`exec/core.rs` rule 7), so running it takes the task out of the
+/// block instead of consuming a box of its own.
 pub(crate) trait ErasedTask: Send {
     fn name(&self) -> &'static str;
     fn encode_args(&self) -> Result<Vec<u8>, CodecError>;
-    fn run(self: Box<Self>, ctx: &mut Ctx<'_>, inputs: Vec<Value>) -> Result<(), RunError>;
+    /// Runs the task; it is gone afterwards (a second call is an error, never a second run).
+    fn run(&mut self, ctx: &mut Ctx<'_>, inputs: Vec<Value>) -> Result<(), RunError>;
 }
 
-pub(crate) struct Boxed<T>(pub(crate) T);
+/// A typed task behind [`ErasedTask`]; `None` once it has run.
+pub(crate) struct Boxed<T>(pub(crate) Option<T>);
+
+impl<T> Boxed<T> {
+    pub(crate) fn new(task: T) -> Self {
+        Boxed(Some(task))
+    }
+}
+
+/// Bodies decoded by the registry (recovery, steals, replay) are boxed already.
+impl ErasedTask for Box<dyn ErasedTask> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn encode_args(&self) -> Result<Vec<u8>, CodecError> {
+        (**self).encode_args()
+    }
+
+    fn run(&mut self, ctx: &mut Ctx<'_>, inputs: Vec<Value>) -> Result<(), RunError> {
+        (**self).run(ctx, inputs)
+    }
+}
 
 impl<T: Task> ErasedTask for Boxed<T> {
     fn name(&self) -> &'static str {
@@ -273,10 +298,23 @@ impl<T: Task> ErasedTask for Boxed<T> {
     }
 
     fn encode_args(&self) -> Result<Vec<u8>, CodecError> {
-        crate::codec::encode(&self.0)
+        match &self.0 {
+            Some(task) => crate::codec::encode(task),
+            None => Err(CodecError::other(format!(
+                "task {} has run: no arguments left",
+                T::NAME
+            ))),
+        }
     }
 
-    fn run(self: Box<Self>, ctx: &mut Ctx<'_>, inputs: Vec<Value>) -> Result<(), RunError> {
+    fn run(&mut self, ctx: &mut Ctx<'_>, inputs: Vec<Value>) -> Result<(), RunError> {
+        let Some(task) = self.0.take() else {
+            return Err(RunError::TaskFailed {
+                task: T::NAME.to_string(),
+                id: ctx.task_id(),
+                message: "it was run a second time".to_string(),
+            });
+        };
         let inputs = T::Inputs::from_values(inputs).map_err(|e| RunError::InputDecode {
             task: T::NAME.to_string(),
             id: ctx.task_id(),
@@ -284,8 +322,7 @@ impl<T: Task> ErasedTask for Boxed<T> {
             reason: e.reason,
         })?;
         let writes = T::Outputs::make_writes(ctx.outputs);
-        self.0
-            .run(ctx, inputs, writes)
+        task.run(ctx, inputs, writes)
             .map_err(|e| RunError::TaskFailed {
                 task: T::NAME.to_string(),
                 id: ctx.task_id(),

@@ -31,7 +31,7 @@ impl std::fmt::Debug for TaskKind {
 }
 
 fn decode_as<T: Task>(args: &[u8]) -> Result<Box<dyn ErasedTask>, CodecError> {
-    Ok(Box::new(Boxed(codec::decode::<T>(args)?)))
+    Ok(Box::new(Boxed::new(codec::decode::<T>(args)?)))
 }
 
 impl TaskKind {
