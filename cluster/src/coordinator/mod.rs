@@ -1735,9 +1735,18 @@ impl Coordinator {
         if let Some(j) = self
             .jobs
             .values_mut()
-            .find(|j| j.running && j.client.is_none() && j.program == program && j.spec == spec)
+            .find(|j| j.client.is_none() && j.program == program && j.spec == spec)
         {
             j.client = Some(client);
+            if !j.running {
+                // Its store is being checked: it is accepted (or fails) when the check
+                // answers, and this client hears it then.
+                let id = j.id;
+                self.note(format!(
+                    "a submission was job {id}, whose store is being checked: it follows it"
+                ));
+                return;
+            }
             // Its hosts now, and the other members (spares).
             let hosts: BTreeSet<WorkerId> = j.host.iter().copied().collect();
             let workers = u32::try_from(hosts.len()).unwrap_or(u32::MAX);

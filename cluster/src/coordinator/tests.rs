@@ -1469,6 +1469,79 @@ mod takeover {
         );
     }
 
+    /// Found by `knary chaos` (seed 3, in the full suite): the coordinator died before its
+    /// client heard that job 1 was queued; the successor put job 1's store check under way as
+    /// its workers came back, and the client's repeated submission, arriving then, matched
+    /// neither a running job nor a queued one: it became job 2, a copy that ran on one late
+    /// worker and failed with it while job 1 ran unfollowed. It follows job 1 now.
+    #[test]
+    fn a_submission_repeated_while_its_store_is_checked_follows_that_job() {
+        let mut c = coord();
+        for w in 1..=2u32 {
+            let _ = join_with_key(&mut c, w);
+        }
+        let a = c.on_event(
+            ms(2),
+            Event::Submit {
+                client: 100,
+                program: "knary".into(),
+                job: spec(2, 2),
+            },
+        );
+        assert!(a.iter().any(|a| matches!(a, Action::CheckStore { job: 1 })));
+        let j = last_journal(&a).expect("the job is journaled before its store is checked");
+        assert_eq!(j.queue.len(), 1);
+        let mut cfg = Config::new("central:x:1", crate::test_fd(), [9; 32]);
+        cfg.term = journal::next_term(j.term, "127.0.0.1:2");
+        let mut s = Coordinator::recover(cfg, j, ms(5000));
+        let _ = s.on_event(ms(5000), Event::Tick);
+        let b = [3u8; 32];
+        let mut acts = Vec::new();
+        for w in 1..=2u32 {
+            let mut cl = claim(w, &b, vec![]);
+            cl.job = None;
+            acts.extend(rejoin_admitted(&mut s, ms(5001), u64::from(w) + 20, cl, b));
+        }
+        acts.extend(s.on_event(ms(5002), Event::Tick));
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::CheckStore { job: 1 })),
+            "{acts:?}"
+        );
+        let a = s.on_event(
+            ms(5003),
+            Event::Submit {
+                client: 7,
+                program: "knary".into(),
+                job: spec(2, 2),
+            },
+        );
+        assert!(to_client(&a).is_empty(), "{a:?}");
+        assert!(
+            a.iter()
+                .any(|a| matches!(a, Action::Note(n) if n.contains("store is being checked"))),
+            "{a:?}"
+        );
+        assert_eq!(job_state(&s, ms(5003), 2), "unknown", "no copy of the job");
+        let a = s.on_event(
+            ms(5004),
+            Event::StoreChecked {
+                job: 1,
+                result: Ok(false),
+            },
+        );
+        assert!(
+            a.iter().any(|a| matches!(
+                a,
+                Action::ToClient {
+                    client: 7,
+                    msg: ToSubmit::Accepted { job: 1, .. }
+                }
+            )),
+            "{a:?}"
+        );
+    }
+
     /// Found by the simulator (coordinator faults at 80/s, seeds 195 and 511 once resubmission
     /// worked): the coordinator died between journaling the job and sending its starts; the
     /// members came back without the job, ignored the successor's maps and host orders (for a
