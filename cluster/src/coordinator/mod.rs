@@ -61,8 +61,9 @@
 //!    66", with 66 one-thread workers on a 2-core machine three times over).
 //! 6. The job ends when every live member has reported; the coordinator then records the run
 //!    as finished in the manifest ([`Action::RecordFinished`]) and sends the summary to the
-//!    client. If the member holding vnode 0 was lost after the run ended, the terminal outputs
-//!    are read from the logs ([`Action::ReadOutputs`]): termination means they are durable. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
+//!    client. If the member holding vnode 0 was lost after the run ended (or every member
+//!    was), the terminal outputs are read from the logs ([`Action::ReadOutputs`]):
+//!    termination means they are durable. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
 //!    say which vnodes have finished their last step, a moved vnode restores from its
 //!    neighbours' backups instead of a log, and its result is the final states all members
 //!    returned.
@@ -2426,7 +2427,7 @@ impl Coordinator {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        if j.members.is_empty() {
+        if j.members.is_empty() && !j.stopping {
             let error = j.error.clone().filter(|_| j.cancelled).unwrap_or_else(|| {
                 format!("every worker was lost (the last: worker {id}, {reason})")
             });
@@ -2435,7 +2436,8 @@ impl Coordinator {
         }
         if j.stopping {
             // A member lost while the job ends: if it was the recording's only wait, the
-            // others' reports decide (rule 6).
+            // others' reports decide (rule 6); with none left, the run is over all the same
+            // and its outputs are read from the logs.
             let recording = j.recording;
             self.journal(now);
             if !recording {

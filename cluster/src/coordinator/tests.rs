@@ -961,6 +961,62 @@ fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
 /// Found by the simulator (then seed 538): the member hosting vnode 0 was lost after the run
 /// ended and before it reported, and the job failed with "no member returned the terminal
 /// outputs". They are durable in the logs: the coordinator reads them from there.
+/// Found by `knary chaos` (seed 3, full suite at 09:10): after two takeovers the run had
+/// ended and its members were told to stop, then every one of them was killed or paused
+/// before it reported, and the job failed "every worker was lost". Termination means the
+/// outputs are durable: they are read from the logs, and the job finishes.
+#[test]
+fn when_every_member_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
+    let mut c = running(2, 0, 2);
+    let now = idle_until_stopped(&mut c, ms(10), 4).expect("the run ends");
+    let _ = c.on_event(
+        now,
+        Event::Closed {
+            worker: 2,
+            reason: "reset".into(),
+        },
+    );
+    let a = c.on_event(
+        now,
+        Event::Closed {
+            worker: 1,
+            reason: "reset".into(),
+        },
+    );
+    assert!(
+        to_client(&a)
+            .iter()
+            .all(|m| !matches!(m, ToSubmit::Failed { .. })),
+        "{a:?}"
+    );
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::ReadOutputs { job: 1 })),
+        "{a:?}"
+    );
+    let a = c.on_event(
+        now,
+        Event::OutputsRead {
+            job: 1,
+            result: Ok(Some(vec![vec![42]])),
+        },
+    );
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::RecordFinished { job: 1 })));
+    let a = c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    );
+    assert!(
+        matches!(to_client(&a).as_slice(), [ToSubmit::Finished { outputs, workers_lost: 2, .. }] if outputs == &vec![vec![42u8]]),
+        "{a:?}"
+    );
+}
+
 #[test]
 fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
     let mut c = running(2, 0, 2);
