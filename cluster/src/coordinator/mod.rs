@@ -2414,14 +2414,10 @@ impl Coordinator {
                 self.note(format!(
                     "worker {w} joins running job {job} in place of its last member"
                 ));
-                // Rule 9: its membership is durable before it hears of the job.
+                // Rule 9: its membership is durable before it hears of the job. (No takeover
+                // waits here: while one does, a member is still absent, so none is the last.)
                 self.journal(now);
-                match self.recovery.as_mut() {
-                    Some(r) => {
-                        r.unstarted.insert(w);
-                    }
-                    None => self.catch_up(w, &[], true),
-                }
+                self.catch_up(w, &[], true);
             }
         }
         let Some(j) = self.jobs.get_mut(&job) else {

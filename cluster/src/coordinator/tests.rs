@@ -961,6 +961,28 @@ fn a_silent_worker_is_lost_by_the_coordinators_own_detector() {
 /// Found by the simulator (then seed 538): the member hosting vnode 0 was lost after the run
 /// ended and before it reported, and the job failed with "no member returned the terminal
 /// outputs". They are durable in the logs: the coordinator reads them from there.
+/// Rule 6: job 1's outputs, `[[42]]`, are read from the logs and its end recorded; the
+/// actions of the record.
+fn outputs_read_and_recorded(c: &mut Coordinator, now: Duration) -> Vec<Action> {
+    let a = c.on_event(
+        now,
+        Event::OutputsRead {
+            job: 1,
+            result: Ok(Some(vec![vec![42]])),
+        },
+    );
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::RecordFinished { job: 1 })));
+    c.on_event(
+        now,
+        Event::Recorded {
+            job: 1,
+            result: Ok("t:root".into()),
+        },
+    )
+}
+
 /// Found by `knary chaos` (seed 3, full suite at 09:10): after two takeovers the run had
 /// ended and its members were told to stop, then every one of them was killed or paused
 /// before it reported, and the job failed "every worker was lost". Termination means the
@@ -994,23 +1016,7 @@ fn when_every_member_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
             .any(|a| matches!(a, Action::ReadOutputs { job: 1 })),
         "{a:?}"
     );
-    let a = c.on_event(
-        now,
-        Event::OutputsRead {
-            job: 1,
-            result: Ok(Some(vec![vec![42]])),
-        },
-    );
-    assert!(a
-        .iter()
-        .any(|a| matches!(a, Action::RecordFinished { job: 1 })));
-    let a = c.on_event(
-        now,
-        Event::Recorded {
-            job: 1,
-            result: Ok("t:root".into()),
-        },
-    );
+    let a = outputs_read_and_recorded(&mut c, now);
     assert!(
         matches!(to_client(&a).as_slice(), [ToSubmit::Finished { outputs, workers_lost: 2, .. }] if outputs == &vec![vec![42u8]]),
         "{a:?}"
@@ -1044,23 +1050,7 @@ fn when_vnode_0s_host_is_lost_as_the_job_ends_the_outputs_come_from_the_logs() {
             .any(|a| matches!(a, Action::ReadOutputs { job: 1 })),
         "{a:?}"
     );
-    let a = c.on_event(
-        now,
-        Event::OutputsRead {
-            job: 1,
-            result: Ok(Some(vec![vec![42]])),
-        },
-    );
-    assert!(a
-        .iter()
-        .any(|a| matches!(a, Action::RecordFinished { job: 1 })));
-    let a = c.on_event(
-        now,
-        Event::Recorded {
-            job: 1,
-            result: Ok("t:root".into()),
-        },
-    );
+    let a = outputs_read_and_recorded(&mut c, now);
     match to_client(&a).as_slice() {
         [ToSubmit::Finished {
             outputs,
