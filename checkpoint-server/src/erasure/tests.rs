@@ -618,13 +618,30 @@ fn rebuild_passes() -> u64 {
     REBUILD_PASSES.with(Cell::get)
 }
 
-/// Rule 2: a log segment read back through a replicated store (one fragment, or a few small
-/// ones) is decoded on the calling thread; only large blobs in several fragments go to a pool.
+/// Rule 2: a log segment written or read back through a replicated store (one fragment, or a
+/// few small ones) is coded on the calling thread; only large blobs go to a pool.
 #[test]
-fn small_or_single_fragment_decodes_stay_on_the_calling_thread() {
+fn small_or_single_fragment_codings_stay_on_the_calling_thread() {
     let blob: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let replicas = Codec::replicate(3).unwrap();
+    let segment = &blob[..64 << 10];
+    let before = dispatched();
+    let one = Codec::replicate(1).unwrap().encode(segment, 1);
+    let two = Codec::replicate(2).unwrap().encode(segment, 1);
+    let small = Codec::ida(4, 2).unwrap().encode(segment, 1);
+    assert_eq!(dispatched(), before, "a small encode woke the coding pool");
+    for (codec, frags) in [(1, one), (2, two)] {
+        let got: Vec<Option<Vec<u8>>> = frags.into_iter().map(Some).collect();
+        let codec = Codec::replicate(codec).unwrap();
+        assert_eq!(codec.decode(&got).unwrap().blob, segment);
+    }
+    let got: Vec<Option<Vec<u8>>> = small.into_iter().map(Some).collect();
+    assert_eq!(
+        Codec::ida(4, 2).unwrap().decode(&got).unwrap().blob,
+        segment
+    );
     let frags = replicas.encode(&blob, 1);
+    assert!(dispatched() > before, "a 300 KB encode ran on one thread");
     let one: Vec<Option<&[u8]>> = vec![Some(&frags[0][..]), None, None];
     let ida = Codec::ida(4, 2).unwrap();
     let small: Vec<Option<Vec<u8>>> = ida.encode(&blob, 1).into_iter().map(Some).collect();
