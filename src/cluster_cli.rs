@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command as Process, Stdio};
+use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use veriflow_checkpoint::server::Server;
-use veriflow_checkpoint::{open_store, Key, SledStore, Store, StoreSpec};
+use veriflow_checkpoint::{open_store, Key, StoreSpec};
 use veriflow_runtime::{decode_outputs, Runtime, Task};
 
 use veriflow_cluster::coordinator::{self, CoordinatorConfig};
@@ -292,6 +293,11 @@ pub(crate) struct ClusterArgs<P: Program> {
     /// ida:M,K (with ,quorum or ,quorum=W as in --store).
     #[arg(long, value_name = "STRATEGY", default_value = "central")]
     store_strategy: String,
+    /// The store engine of the checkpoint servers: fjall, local (sled) or redb. fjall by
+    /// default: a server answers many small flushes from many writers, and fjall takes a third
+    /// of sled's CPU for them (checkpoint-server/src/store/mod.rs, "Choosing the engine").
+    #[arg(long, value_name = "ENGINE", default_value = "fjall", value_parser = ["fjall", "local", "redb"])]
+    server_engine: String,
     /// Kill K worker processes with SIGKILL at points drawn from --seed.
     #[arg(long, value_name = "K", default_value_t = 0)]
     kill_random: u32,
@@ -1352,7 +1358,12 @@ pub(crate) fn cluster_cmd<P: Program>(
     let mut addrs = Vec::new();
     let config = loopback_server_config(args.workers + args.spares + args.coordinators);
     for i in 0..servers {
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join(format!("cs{i}")))?);
+        let spec = StoreSpec::from_str(&format!(
+            "{}:{}",
+            args.server_engine,
+            dir.path().join(format!("cs{i}")).display()
+        ))?;
+        let store = open_store(&spec, None)?;
         let server = net
             .block_on(Server::bind_with(
                 "127.0.0.1:0",

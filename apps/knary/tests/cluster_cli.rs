@@ -39,7 +39,20 @@ fn expect_right(v: &Value, ctx: &str) {
 #[test]
 fn knary_cluster_gives_the_embedded_result_with_and_without_kills() {
     let embedded = knary(&["run", "--depth", "6", "--fanout", "5", "--json"]).json();
-    for extra in [&[][..], &["--kill-random", "1", "--seed", "4"][..]] {
+    // The servers' default engine (fjall), and sled's, each read back by a recovery.
+    let sled = [
+        "--kill-random",
+        "1",
+        "--seed",
+        "4",
+        "--server-engine",
+        "local",
+    ];
+    for extra in [
+        &[][..],
+        &["--kill-random", "1", "--seed", "4"][..],
+        &sled[..],
+    ] {
         let mut args = vec![
             "cluster",
             "--workers",

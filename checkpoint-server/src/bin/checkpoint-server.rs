@@ -1,7 +1,7 @@
 //! `checkpoint-server`: serve fragments, make a key, or scrub a strategy.
 //!
 //! ```text
-//! checkpoint-server --listen 127.0.0.1:7000 --data DIR --key FILE [--memory]
+//! checkpoint-server --listen 127.0.0.1:7000 --data [ENGINE:]DIR --key FILE [--memory]
 //!                   [--max-connections N] [--max-connections-per-peer N] [--memory-budget-mib M]
 //! checkpoint-server keygen FILE
 //! checkpoint-server scrub --store SPEC --key FILE [--json]
@@ -12,15 +12,21 @@
 //! usage (clap's own errors, and options that contradict each other); 3 `scrub` found the
 //! strategy degraded but whole: every value can be read, yet fragments are missing or servers
 //! unreachable (scrub again once they are back).
+//!
+//! `--data` is a directory of sled (a plain `DIR`, or `local:DIR`), or `fjall:DIR` or
+//! `redb:DIR` for those engines (`store/mod.rs`, "Choosing the engine": fjall takes a third
+//! of sled's CPU for a server's many small flushes). A directory keeps the engine it was
+//! made with: name it the same way on every start.
 
 use std::path::PathBuf;
+use std::str::FromStr as _;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use veriflow_checkpoint::server::{Server, ServerConfig};
 use veriflow_checkpoint::strategy::RemoteStore;
-use veriflow_checkpoint::{Key, MemoryStore, SledStore, Store, StoreSpec};
+use veriflow_checkpoint::{open_store, Key, MemoryStore, Store, StoreSpec};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,9 +40,9 @@ struct Cli {
     /// Address to listen on (port 0: any free port; the bound address is printed).
     #[arg(long)]
     listen: Option<String>,
-    /// Directory of the sled database holding the fragments.
-    #[arg(long)]
-    data: Option<PathBuf>,
+    /// Where the fragments are kept: DIR (sled), local:DIR, fjall:DIR or redb:DIR.
+    #[arg(long, value_name = "[ENGINE:]DIR")]
+    data: Option<String>,
     /// Shared key file (create one with `checkpoint-server keygen FILE`).
     #[arg(long)]
     key: Option<PathBuf>,
@@ -99,6 +105,18 @@ impl std::fmt::Display for Degraded {
 
 impl std::error::Error for Degraded {}
 
+/// `--data`: a plain directory is sled's; an engine prefix names another (module docs).
+fn data_spec(data: &str) -> Result<StoreSpec> {
+    match StoreSpec::from_str(data) {
+        Ok(spec @ (StoreSpec::Local(_) | StoreSpec::Redb(_) | StoreSpec::Fjall(_))) => Ok(spec),
+        Ok(other) => Err(usage(format!(
+            "--data {data}: a directory of this machine (DIR, local:DIR, fjall:DIR or redb:DIR), \
+             not the store {other}"
+        ))),
+        Err(_) => Ok(StoreSpec::Local(PathBuf::from(data))),
+    }
+}
+
 fn usage(why: impl Into<String>) -> anyhow::Error {
     Usage(why.into()).into()
 }
@@ -157,9 +175,10 @@ fn serve(cli: Cli) -> Result<()> {
                 "--memory keeps fragments in RAM: drop --data, or drop --memory",
             ))
         }
-        (false, Some(dir)) => Arc::new(
-            SledStore::open(&dir).with_context(|| format!("opening data dir {}", dir.display()))?,
-        ),
+        (false, Some(data)) => {
+            let spec = data_spec(&data)?;
+            open_store(&spec, None).with_context(|| format!("opening the data dir {spec}"))?
+        }
         (false, None) => return Err(usage("--data DIR is required (or --memory for RAM only)")),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
