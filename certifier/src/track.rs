@@ -6,7 +6,11 @@
 //! 1. Loading is linear in the number of events, and columnar. Each vnode's log is read in
 //!    place (`LogReader::walk_encoded`, the vnodes in parallel) into a *part*: flat columns of
 //!    ids, digests, outputs and value bytes, with no allocation per task. Every task then
-//!    gets one dense index, its rank among the sorted task ids (no hash map), and the events
+//!    gets one dense index, its rank among the sorted task ids (no hash map). Every id a part
+//!    names (an event's task or datum, a record's data and parent, a completion's outputs
+//!    and children) is then resolved to its index once, in parallel, so that applying the
+//!    events, G_S and the structural check look up no id (an id not found then, or named
+//!    after, is looked up when used). The events
 //!    are applied in log order, vnode after vnode, as a reader of every log one by one would
 //!    apply them: a task's record comes from `Declared` (or the `Adopted` copy, which must be
 //!    equal), its reads from `Started`, its writes and children from `Completed`; an event a
@@ -170,6 +174,8 @@ struct Rec {
     ids: u32,
     inputs: u32,
     outputs: u32,
+    /// The parent's index, resolved at load ([`NONE`]: look it up).
+    parent_ix: u32,
 }
 
 /// A written value, in its part's columns.
@@ -193,6 +199,8 @@ struct Ev {
     id: u128,
     kind: Kind,
     at: u32,
+    /// The index of `id` (a task's, or a datum's), resolved at load ([`NONE`]: look it up).
+    ix: u32,
 }
 
 /// What one vnode's log holds, in flat columns (rule 1).
@@ -206,8 +214,16 @@ struct Part {
     /// Task names, each once.
     names: Vec<Box<str>>,
     name_ix: HashMap<Box<str>, u32>,
-    /// Data ids of records, children's task ids.
+    /// Data ids of records (inputs then outputs).
     ids: Vec<u128>,
+    /// Children's task ids.
+    kids: Vec<u128>,
+    /// Indexes resolved at load (rule 1), each empty or as long as its column: the data
+    /// index of each of `ids`, the task index of each of `kids`, the data index of each of
+    /// `outs` ([`NONE`]: not found then, look it up).
+    ids_ix: Vec<u32>,
+    kids_ix: Vec<u32>,
+    outs_ix: Vec<u32>,
     /// Digests read (`Started`) and adopted (`Adopted`).
     digests: Vec<Digest>,
     outs: Vec<Out>,
@@ -299,6 +315,7 @@ impl Part {
             ids,
             inputs: n_in,
             outputs: n_out,
+            parent_ix: NONE,
         };
         self.records.push(rec);
         self.records.len() as u32 - 1
@@ -324,15 +341,37 @@ impl Part {
                 value,
             });
         }
-        let kids = self.ids.len() as u32;
-        self.ids.extend(children);
+        let kids = self.kids.len() as u32;
+        self.kids.extend(children);
         self.completions.push([
             outs,
             self.outs.len() as u32 - outs,
             kids,
-            self.ids.len() as u32 - kids,
+            self.kids.len() as u32 - kids,
         ]);
         self.completions.len() as u32 - 1
+    }
+
+    /// Resolves every id of the part to its index (rule 1): `tasks` and `data` are the
+    /// indexes of a loaded track and their sorted ids.
+    fn resolve(&mut self, tasks: (&Index, &[u128]), data: (&Index, &[u128])) {
+        let ((ti, tids), (di, dids)) = (tasks, data);
+        self.ids_ix = di.get_all(dids, &self.ids, |&d| Some(d));
+        self.kids_ix = ti.get_all(tids, &self.kids, |&c| Some(c));
+        self.outs_ix = di.get_all(dids, &self.outs, |o| Some(o.data));
+        let parents = ti.get_all(tids, &self.records, |r| r.parent);
+        for (r, p) in self.records.iter_mut().zip(parents) {
+            r.parent_ix = p;
+        }
+        let is_data = |kind: Kind| matches!(kind, Kind::Returned | Kind::Input);
+        let evs = ti.get_all(tids, &self.events, |e| (!is_data(e.kind)).then_some(e.id));
+        for (e, x) in self.events.iter_mut().zip(evs) {
+            // Few events are about data: looked up one by one.
+            e.ix = match is_data(e.kind) {
+                true => di.get(dids, e.id).unwrap_or(NONE),
+                false => x,
+            };
+        }
     }
 
     /// Adds one event read in place (rule 1); `Err`: it does not decode (postcard's words).
@@ -341,6 +380,7 @@ impl Part {
             Some(EventView::Declared(d)) => Ev {
                 id: d.task.0,
                 kind: Kind::Declared,
+                ix: NONE,
                 at: self.record(
                     d.task,
                     d.parent,
@@ -357,6 +397,7 @@ impl Part {
                 Ev {
                     id: task.0,
                     kind: Kind::Started,
+                    ix: NONE,
                     at: self.starts.len() as u32 - 1,
                 }
             }
@@ -367,6 +408,7 @@ impl Part {
             }) => Ev {
                 id: task.0,
                 kind: Kind::Completed,
+                ix: NONE,
                 at: self.completion(
                     outputs.iter().map(|o| (o.data, o.value, o.digest)),
                     children.iter(),
@@ -434,8 +476,18 @@ impl Part {
                 (output.data.0, Kind::Input, self.inputs.len() as u32 - 1)
             }
         };
-        Ev { id, kind, at }
+        Ev {
+            id,
+            kind,
+            at,
+            ix: NONE,
+        }
     }
+}
+
+/// Item `k` of a column of indexes resolved at load ([`NONE`]: not resolved, look it up).
+fn resolved(column: &[u32], k: usize) -> u32 {
+    column.get(k).copied().unwrap_or(NONE)
 }
 
 /// Ids to indexes (rule 1): the sorted ids of a loaded track searched from the bucket of
@@ -493,6 +545,47 @@ impl Index {
         ids.push(id);
         map.insert(id, i);
         (i, true)
+    }
+
+    /// The index of the id `key` gives of each of `items` ([`NONE`] where it is absent or
+    /// `key` gives none), in parallel chunks. Each group of lookups is made in two passes,
+    /// every bucket then every scan, so that their cache misses overlap.
+    fn get_all<T: Sync>(
+        &self,
+        ids: &[u128],
+        items: &[T],
+        key: impl Fn(&T) -> Option<u128> + Sync,
+    ) -> Vec<u32> {
+        const CHUNK: usize = 1 << 14;
+        const GROUP: usize = 16;
+        let mut out = vec![NONE; items.len()];
+        items
+            .par_chunks(CHUNK)
+            .zip(out.par_chunks_mut(CHUNK))
+            .for_each(|(items, out)| {
+                if self.map.is_some() {
+                    for (o, item) in out.iter_mut().zip(items) {
+                        *o = key(item).and_then(|id| self.get(ids, id)).unwrap_or(NONE);
+                    }
+                    return;
+                }
+                for (items, out) in items.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+                    let mut spans = [(0u128, 0u32, 0u32); GROUP];
+                    for (span, item) in spans.iter_mut().zip(items) {
+                        if let Some(id) = key(item) {
+                            let b = (id >> self.shift) as usize;
+                            *span = (id, self.buckets[b], self.buckets[b + 1]);
+                        }
+                    }
+                    for (o, &(id, from, to)) in out.iter_mut().zip(&spans) {
+                        *o = ids[from as usize..to as usize]
+                            .iter()
+                            .position(|&x| x == id)
+                            .map_or(NONE, |i| from + i as u32);
+                    }
+                }
+            });
+        out
     }
 
     fn get(&self, ids: &[u128], id: u128) -> Option<u32> {
@@ -656,6 +749,12 @@ impl Track {
         t.writer = vec![NONE; data.len()];
         t.digest = vec![None; data.len()];
         t.data_ids = data;
+        // Every id each part names resolved to its index at once, in parallel: applying the
+        // events, G_S and the structural check then look up no id.
+        let (tasks, data) = ((&t.index, &t.ids[..]), (&t.data_index, &t.data_ids[..]));
+        t.parts
+            .par_iter_mut()
+            .for_each(|part| part.resolve(tasks, data));
         let mut once = Once {
             vnode: vec![NONE; n],
             kinds: vec![0; n],
@@ -756,6 +855,7 @@ impl Track {
     fn apply(&mut self, p: u32, ev: Ev, once: Option<&mut Once>) {
         let t = match ev.kind {
             Kind::Returned | Kind::Input => None,
+            _ if ev.ix != NONE => Some(ev.ix),
             Kind::Stolen => self.index.get(&self.ids, ev.id),
             _ => Some(self.ix(ev.id)),
         };
@@ -801,15 +901,19 @@ impl Track {
                             .iter()
                             .zip(self.outs_of(outs))
                             .all(|(a, b)| a.data == b.data && a.digest == b.digest)
-                        && self.ids_of(self.children[i as usize]) == self.ids_of(kids);
+                        && self.kids_of(self.children[i as usize]) == self.kids_of(kids);
                     if !same {
                         self.conflict(task, format!("{v} logged another completion for it"));
                     }
                     return;
                 }
                 for k in outs.range() {
-                    let o = self.parts[p as usize].outs[k];
-                    let d = self.dix(o.data) as usize;
+                    let part = &self.parts[p as usize];
+                    let (o, x) = (part.outs[k], resolved(&part.outs_ix, k));
+                    let d = match x {
+                        NONE => self.dix(o.data) as usize,
+                        x => x as usize,
+                    };
                     match self.writer[d] {
                         w if w == NONE => {
                             self.writer[d] = i;
@@ -830,12 +934,17 @@ impl Track {
             }
             (Kind::Returned, _) => {
                 let digest = self.parts[p as usize].returns[ev.at as usize];
-                self.dix(ev.id);
+                if ev.ix == NONE {
+                    self.dix(ev.id);
+                }
                 self.returned.entry(ev.id).or_default().push((v, digest));
             }
             (Kind::Input, _) => {
                 let (value, digest) = self.parts[p as usize].inputs[ev.at as usize];
-                let d = self.dix(ev.id);
+                let d = match ev.ix {
+                    NONE => self.dix(ev.id),
+                    x => x,
+                };
                 if self.writer[d as usize] == NONE {
                     self.digest[d as usize] = Some(digest);
                 }
@@ -888,9 +997,9 @@ impl Track {
         }
     }
 
-    fn ids_of(&self, s: Span) -> &[u128] {
+    fn kids_of(&self, s: Span) -> &[u128] {
         match s.is_some() {
-            true => &self.parts[s.part as usize].ids[s.range()],
+            true => &self.parts[s.part as usize].kids[s.range()],
             false => &[],
         }
     }
@@ -947,7 +1056,7 @@ impl Track {
 
     /// The children task `t` declared, in spawn order (none if not completed).
     pub fn children(&self, t: Ix) -> impl Iterator<Item = TaskId> + '_ {
-        self.ids_of(self.children[t as usize])
+        self.kids_of(self.children[t as usize])
             .iter()
             .map(|&c| TaskId(c))
     }
@@ -1054,6 +1163,14 @@ impl Track {
         self.data_index.get(&self.data_ids, d.0)
     }
 
+    /// The index of datum `d`: `x` if resolved at load, else looked up.
+    fn data_ix_or(&self, d: DataId, x: u32) -> Option<u32> {
+        match x {
+            NONE => self.data_ix(d),
+            x => Some(x),
+        }
+    }
+
     /// Number of tasks in G.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -1102,38 +1219,44 @@ impl Track {
         let mut errors = Vec::new();
         let mut seen = vec![false; self.len()];
         let mut stack: Vec<Ix> = Vec::new();
+        // `x`: the datum's index if resolved at load.
         let mut need =
-            |d: DataId, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| match self
-                .data_ix(d)
-            {
-                Some(x) if self.writer[x as usize] != NONE => {
-                    let w = self.writer[x as usize];
-                    if !seen[w as usize] {
-                        seen[w as usize] = true;
-                        stack.push(w);
+            |d: DataId, x: u32, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| {
+                match self.data_ix_or(d, x) {
+                    Some(x) if self.writer[x as usize] != NONE => {
+                        let w = self.writer[x as usize];
+                        if !seen[w as usize] {
+                            seen[w as usize] = true;
+                            stack.push(w);
+                        }
                     }
+                    Some(x) if self.input.contains_key(&x) => {}
+                    _ => errors.push(self.error(
+                        reader,
+                        Some(d),
+                        match reader {
+                            Some(_) => "reads a datum that no task wrote".to_string(),
+                            None => "terminal output was never written".to_string(),
+                        },
+                    )),
                 }
-                Some(x) if self.input.contains_key(&x) => {}
-                _ => errors.push(self.error(
-                    reader,
-                    Some(d),
-                    match reader {
-                        Some(_) => "reads a datum that no task wrote".to_string(),
-                        None => "terminal output was never written".to_string(),
-                    },
-                )),
             };
         for &d in s {
-            need(d, None, &mut stack, &mut seen);
+            need(d, NONE, None, &mut stack, &mut seen);
         }
         while let Some(t) = stack.pop() {
             let Some((part, r)) = self.rec_of(t) else {
                 continue;
             };
-            for &d in &part.ids[r.ids as usize..(r.ids + r.inputs) as usize] {
-                need(DataId(d), Some(t), &mut stack, &mut seen);
+            for k in r.ids as usize..(r.ids + r.inputs) as usize {
+                let x = resolved(&part.ids_ix, k);
+                need(DataId(part.ids[k]), x, Some(t), &mut stack, &mut seen);
             }
-            if let Some(p) = r.parent.and_then(|p| self.index_of(TaskId(p))) {
+            let parent = match r.parent_ix {
+                NONE => r.parent.and_then(|p| self.index_of(TaskId(p))),
+                p => Some(p),
+            };
+            if let Some(p) = parent {
                 if !seen[p as usize] {
                     seen[p as usize] = true;
                     stack.push(p);
@@ -1195,10 +1318,13 @@ impl Track {
             return out;
         }
         let started = self.digests_of(started);
-        let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
-        // The producer's digest, and (only on a mismatch) who it is.
-        let producer = |d: u128| -> Option<(Digest, u32)> {
-            let x = self.data_ix(DataId(d))? as usize;
+        let inputs = r.ids as usize..(r.ids + r.inputs) as usize;
+        let inputs_ix = |i: usize| resolved(&part.ids_ix, inputs.start + i);
+        let inputs = &part.ids[inputs.clone()];
+        // The producer's digest (`x`: the datum's index if resolved at load), and (only on a
+        // mismatch) who it is.
+        let producer = |d: u128, x: u32| -> Option<(Digest, u32)> {
+            let x = self.data_ix_or(DataId(d), x)? as usize;
             Some((self.digest[x]?, self.writer[x]))
         };
         let who = |writer: u32| match writer {
@@ -1218,7 +1344,7 @@ impl Track {
             ));
         }
         for (i, (&d, read)) in inputs.iter().zip(started).enumerate() {
-            match producer(d) {
+            match producer(d, inputs_ix(i)) {
                 Some((logged, w)) if logged != *read => out.push(self.error(
                     Some(t),
                     Some(DataId(d)),
@@ -1237,7 +1363,7 @@ impl Track {
         }
         if let Some(&(thief, adopted)) = self.adopted.get(&t) {
             for (i, (&d, got)) in inputs.iter().zip(self.digests_of(adopted)).enumerate() {
-                if let Some((logged, w)) = producer(d).filter(|(l, _)| l != got) {
+                if let Some((logged, w)) = producer(d, inputs_ix(i)).filter(|(l, _)| l != got) {
                     out.push(self.error(
                         Some(t),
                         Some(DataId(d)),
@@ -1271,9 +1397,20 @@ impl Track {
             }
         }
         let id = self.ids[t as usize];
-        for (i, &c) in self.ids_of(self.children[t as usize]).iter().enumerate() {
-            let ok = self
-                .index_of(TaskId(c))
+        let kids = self.children[t as usize];
+        for (i, &c) in self.kids_of(kids).iter().enumerate() {
+            let resolved = match kids.is_some() {
+                true => resolved(
+                    &self.parts[kids.part as usize].kids_ix,
+                    kids.start as usize + i,
+                ),
+                false => NONE,
+            };
+            let child = match resolved {
+                NONE => self.index_of(TaskId(c)),
+                ci => Some(ci),
+            };
+            let ok = child
                 .and_then(|ci| self.rec_of(ci))
                 .is_some_and(|(_, cr)| cr.parent == Some(id) && cr.index as usize == i);
             if !ok {
@@ -1479,7 +1616,7 @@ impl LeafBatch {
             buf.extend_from_slice(&o.data.to_le_bytes());
             buf.extend_from_slice(&o.digest.0);
         }
-        let children = track.ids_of(track.children[i]);
+        let children = track.kids_of(track.children[i]);
         buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
         for c in children {
             buf.extend_from_slice(&c.to_le_bytes());
@@ -1770,6 +1907,45 @@ mod tests {
         let by_levels = merkle_by_levels(all.iter().map(|&t| one_by_one[t as usize]).collect());
         assert_eq!(track.merkle_root(&all), by_levels);
         assert_eq!(track.log_digest(), by_levels);
+    }
+
+    /// Rule 1: the ids resolved at load in groups, in parallel chunks, are the ids looked up
+    /// one by one, found or not, on a sorted index and on a hash index.
+    #[test]
+    fn ids_resolved_in_groups_are_the_ids_looked_up_one_by_one() {
+        let mut ids: Vec<u128> = (0..50_000u128)
+            .map(|i| {
+                u128::from_le_bytes(
+                    blake3::hash(&i.to_le_bytes()).as_bytes()[..16]
+                        .try_into()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        ids.sort_unstable();
+        // Present ids, absent ones, and items without an id, past chunk and group edges.
+        let items: Vec<Option<u128>> = (0..70_003usize)
+            .map(|k| match k % 5 {
+                0 => None,
+                1 => Some(ids[k % ids.len()] ^ 1),
+                _ => Some(ids[(k * 7919) % ids.len()]),
+            })
+            .collect();
+        let sorted = Index::sorted(&ids);
+        let mut live = Index::live();
+        let mut grown = Vec::new();
+        for &id in &ids {
+            live.get_or_push(&mut grown, id);
+        }
+        for (index, ids) in [(&sorted, &ids), (&live, &grown)] {
+            let all = index.get_all(ids, &items, |&x| x);
+            let one_by_one: Vec<u32> = items
+                .iter()
+                .map(|x| x.and_then(|id| index.get(ids, id)).unwrap_or(NONE))
+                .collect();
+            assert_eq!(all, one_by_one);
+            assert!(all.iter().filter(|&&x| x != NONE).count() > items.len() / 2);
+        }
     }
 
     #[test]
