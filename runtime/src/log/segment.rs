@@ -111,29 +111,55 @@ impl SegmentBuilder {
     /// Appends one event; its large values go to the segment's value list (rule 10 of
     /// `log/mod.rs`), and the event names them.
     pub fn push(&mut self, event: &Event) -> Result<(), codec::CodecError> {
+        self.push_with(|buf, stored_from, values| {
+            // The task path's events byte for byte as postcard, faster (`encode.rs`).
+            if !super::encode::encode_event(event, buf, stored_from, values) {
+                let outlined = outline(event, stored_from, values);
+                codec::encode_into(outlined.as_ref().unwrap_or(event), buf)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Appends `Event::Declared` of `d`'s fields (`encode.rs` rule 4), as [`SegmentBuilder::push`]
+    /// of that event; `true` when its arguments went out of line.
+    pub(crate) fn push_declared(
+        &mut self,
+        d: &super::encode::DeclaredRef<'_>,
+    ) -> Result<bool, codec::CodecError> {
+        let before = self.values.len();
+        self.push_with(|buf, stored_from, values| {
+            super::encode::encode_declared(buf, d, stored_from, values);
+            Ok(())
+        })?;
+        Ok(self.values.len() > before)
+    }
+
+    /// Appends one event that `encode` writes (its large values to the list it is given).
+    fn push_with(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>, usize, &mut SegmentValues) -> Result<(), codec::CodecError>,
+    ) -> Result<(), codec::CodecError> {
         let at = self.buf.len();
         let values_before = self.values.len();
         self.buf.extend_from_slice(&[0; 4]);
-        // The task path's events byte for byte as postcard, faster (`encode.rs`).
-        if !super::encode::encode_event(event, &mut self.buf, self.stored_from, &mut self.values) {
-            let outlined = outline(event, self.stored_from, &mut self.values);
-            if let Err(e) = codec::encode_into(outlined.as_ref().unwrap_or(event), &mut self.buf) {
-                self.buf.truncate(at);
-                self.values.truncate(values_before);
-                return Err(e);
-            }
+        if let Err(e) = encode(&mut self.buf, self.stored_from, &mut self.values) {
+            self.buf.truncate(at);
+            self.values.truncate(values_before);
+            return Err(e);
+        }
+        let len = self.buf.len() - at - 4;
+        if len > MAX_EVENT_BYTES {
+            self.buf.truncate(at);
+            self.values.truncate(values_before);
+            return Err(codec::CodecError::from(
+                postcard::Error::SerializeBufferFull,
+            ));
         }
         self.value_bytes += self.values[values_before..]
             .iter()
             .map(|(_, b)| b.len())
             .sum::<usize>();
-        let len = self.buf.len() - at - 4;
-        if len > MAX_EVENT_BYTES {
-            self.buf.truncate(at);
-            return Err(codec::CodecError::from(
-                postcard::Error::SerializeBufferFull,
-            ));
-        }
         // `len` is below MAX_EVENT_BYTES, so it fits.
         self.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
         self.count += 1;
