@@ -13,9 +13,9 @@
 //!    fixed-size id one byte at a time (a call and a capacity check per byte), which made the
 //!    ids and digests the largest part of a logged task's encoding; here each is one copy.
 //! 3. An output value, or a declared task's arguments, of at least `stored_from` bytes is
-//!    written as [`Payload::Stored`] (its digest and length) and its bytes are handed back for
-//!    the value store (rule 10 of `log/mod.rs`): the same bytes postcard writes for the event
-//!    with that value stored.
+//!    written as [`Payload::Stored`](super::Payload::Stored) (its digest and length) and its
+//!    bytes are handed back for the value store (rule 10 of `log/mod.rs`): the same bytes
+//!    postcard writes for the event with that value stored.
 //! 4. A declaration is encoded from borrowed fields ([`DeclaredRef`], [`encode_declared`]):
 //!    a vnode logs each task it declares from the task's own block, without first copying
 //!    its input and output lists into a [`Declared`] (two allocations a task, and their
@@ -25,7 +25,7 @@ use crate::codec::Digest;
 use crate::ids::{DataId, TaskId};
 
 use super::decode::PayloadView;
-use super::event::{Declared, Event, Output, Payload};
+use super::event::{Declared, Event, Output};
 use super::segment::SegmentValues;
 
 /// A [`Declared`] of borrowed fields (rule 4).
@@ -135,7 +135,7 @@ fn declared(
     }
 }
 
-/// Variant indices of [`Payload`].
+/// Variant indices of [`Payload`](super::Payload).
 const INLINE: u32 = 0;
 const STORED: u32 = 1;
 
@@ -213,6 +213,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::ids::VnodeId;
+    use crate::log::Payload;
 
     fn digests() -> impl Strategy<Value = Vec<Digest>> {
         proptest::collection::vec(any::<[u8; 32]>().prop_map(Digest), 0..4)

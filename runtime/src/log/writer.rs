@@ -258,7 +258,7 @@ impl Compactor {
                 .enumerate()
                 .try_for_each(|(k, seg)| {
                     let base = seg.as_ptr() as usize;
-                    segment::for_each_encoded_event(seg, |e| {
+                    segment::for_each_sealed_event(seg, |e| {
                         // A segment is at most MAX_SEGMENT_BYTES (1 GiB): offsets fit.
                         let at = (e.as_ptr() as usize - base) as u32;
                         events.push((k as u32, at, at + e.len() as u32));
