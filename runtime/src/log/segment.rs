@@ -430,10 +430,11 @@ mod tests {
         b.seal(VnodeId(3), 7, 11)
     }
 
-    fn walk(
-        bytes: &[u8],
-        f: fn(&[u8], &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), SegmentError>,
-    ) -> Result<Vec<Vec<u8>>, SegmentError> {
+    /// A walk over a segment's events ([`for_each_encoded_event`] or [`for_each_sealed_event`]).
+    type Walker =
+        fn(&[u8], &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), SegmentError>;
+
+    fn walk(bytes: &[u8], f: Walker) -> Result<Vec<Vec<u8>>, SegmentError> {
         let mut out = Vec::new();
         f(bytes, &mut |e| {
             out.push(e.to_vec());
