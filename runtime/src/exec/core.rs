@@ -41,7 +41,7 @@ use super::shared::RunShared;
 use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, IdHasher, IdMap, IdSet, TaskId, VnodeId};
-use crate::log::{Declared, Event, Output, Payload, VnodeLog};
+use crate::log::{Declared, DeclaredRef, Event, Output, Payload, PayloadView, VnodeLog};
 use crate::task::value::Value;
 use crate::task::{ErasedTask, IdList, Registry, Task};
 
@@ -396,10 +396,24 @@ impl Core {
         }
         if self.log.is_some() {
             let args = spec.take_args()?;
-            let event = Event::Declared(spec.record(args));
-            self.append(&event)?;
-            if let Event::Declared(d) = event {
-                spec.decl.args = d.args.into_inline();
+            let d = &spec.decl;
+            let record = DeclaredRef {
+                task: spec.id,
+                parent: d.parent,
+                index: d.index,
+                name: d.body.name(),
+                args: PayloadView::Inline(&args),
+                inputs: &d.inputs,
+                outputs: &d.outputs,
+            };
+            let stored = match &mut self.log {
+                Some(log) => log.append_declared(&record)?.1,
+                None => false,
+            };
+            // Arguments that went to the value store are not kept in memory (rule 10 of
+            // `log/mod.rs`).
+            if !stored {
+                spec.decl.args = Some(args);
             }
         }
         self.wire(spec)

@@ -13,15 +13,57 @@
 //!    fixed-size id one byte at a time (a call and a capacity check per byte), which made the
 //!    ids and digests the largest part of a logged task's encoding; here each is one copy.
 //! 3. An output value, or a declared task's arguments, of at least `stored_from` bytes is
-//!    written as [`Payload::Stored`] (its digest and length) and its bytes are handed back for
-//!    the value store (rule 10 of `log/mod.rs`): the same bytes postcard writes for the event
-//!    with that value stored.
+//!    written as [`Payload::Stored`](super::Payload::Stored) (its digest and length) and its
+//!    bytes are handed back for the value store (rule 10 of `log/mod.rs`): the same bytes
+//!    postcard writes for the event with that value stored.
+//! 4. A declaration is encoded from borrowed fields ([`DeclaredRef`], [`encode_declared`]):
+//!    a vnode logs each task it declares from the task's own block, without first copying
+//!    its input and output lists into a [`Declared`] (two allocations a task, and their
+//!    frees); the bytes are those of `Event::Declared` of the same fields.
 
 use crate::codec::Digest;
 use crate::ids::{DataId, TaskId};
 
-use super::event::{Declared, Event, Output, Payload};
+use super::decode::PayloadView;
+use super::event::{Declared, Event, Output};
 use super::segment::SegmentValues;
+
+/// A [`Declared`] of borrowed fields (rule 4).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeclaredRef<'a> {
+    pub(crate) task: TaskId,
+    pub(crate) parent: Option<TaskId>,
+    pub(crate) index: u32,
+    pub(crate) name: &'a str,
+    pub(crate) args: PayloadView<'a>,
+    pub(crate) inputs: &'a [DataId],
+    pub(crate) outputs: &'a [DataId],
+}
+
+impl<'a> From<&'a Declared> for DeclaredRef<'a> {
+    fn from(d: &'a Declared) -> Self {
+        DeclaredRef {
+            task: d.task,
+            parent: d.parent,
+            index: d.index,
+            name: &d.name,
+            args: PayloadView::from(&d.args),
+            inputs: &d.inputs,
+            outputs: &d.outputs,
+        }
+    }
+}
+
+/// Appends `Event::Declared` of `d`'s fields to `buf`, as [`encode_event`] would (rule 4).
+pub(crate) fn encode_declared(
+    buf: &mut Vec<u8>,
+    d: &DeclaredRef<'_>,
+    stored_from: usize,
+    values: &mut SegmentValues,
+) {
+    varint(buf, u64::from(DECLARED));
+    declared(buf, d, stored_from, values);
+}
 
 /// Variant indices of [`Event`] (declaration order, as serde numbers them).
 const DECLARED: u32 = 0;
@@ -38,10 +80,7 @@ pub(crate) fn encode_event(
     values: &mut SegmentValues,
 ) -> bool {
     match event {
-        Event::Declared(d) => {
-            varint(buf, u64::from(DECLARED));
-            declared(buf, d, stored_from, values);
-        }
+        Event::Declared(d) => encode_declared(buf, &d.into(), stored_from, values),
         Event::Started { task, inputs } => {
             varint(buf, u64::from(STARTED));
             task_id(buf, *task);
@@ -71,7 +110,12 @@ pub(crate) fn encode_event(
     true
 }
 
-fn declared(buf: &mut Vec<u8>, d: &Declared, stored_from: usize, values: &mut SegmentValues) {
+fn declared(
+    buf: &mut Vec<u8>,
+    d: &DeclaredRef<'_>,
+    stored_from: usize,
+    values: &mut SegmentValues,
+) {
     task_id(buf, d.task);
     match d.parent {
         None => buf.push(0),
@@ -82,8 +126,8 @@ fn declared(buf: &mut Vec<u8>, d: &Declared, stored_from: usize, values: &mut Se
     }
     varint(buf, u64::from(d.index));
     bytes(buf, d.name.as_bytes());
-    payload(buf, &d.args, None, stored_from, values);
-    for ids in [&d.inputs, &d.outputs] {
+    payload(buf, d.args, None, stored_from, values);
+    for ids in [d.inputs, d.outputs] {
         len(buf, ids.len());
         for &id in ids {
             data_id(buf, id);
@@ -91,40 +135,40 @@ fn declared(buf: &mut Vec<u8>, d: &Declared, stored_from: usize, values: &mut Se
     }
 }
 
-/// Variant indices of [`Payload`].
+/// Variant indices of [`Payload`](super::Payload).
 const INLINE: u32 = 0;
 const STORED: u32 = 1;
 
 fn output(buf: &mut Vec<u8>, o: &Output, stored_from: usize, values: &mut SegmentValues) {
     data_id(buf, o.data);
-    payload(buf, &o.value, Some(o.digest), stored_from, values);
+    payload(buf, (&o.value).into(), Some(o.digest), stored_from, values);
     digest(buf, &o.digest);
 }
 
 /// A payload (rule 3), `known` its digest when the event carries it already.
 fn payload(
     buf: &mut Vec<u8>,
-    p: &Payload,
+    p: PayloadView<'_>,
     known: Option<Digest>,
     stored_from: usize,
     values: &mut SegmentValues,
 ) {
     match p {
-        Payload::Inline(b) if b.len() >= stored_from => {
+        PayloadView::Inline(b) if b.len() >= stored_from => {
             let d = known.unwrap_or_else(|| Digest::of(b));
-            values.push((d, b.clone()));
+            values.push((d, b.to_vec()));
             varint(buf, u64::from(STORED));
             digest(buf, &d);
             varint(buf, b.len() as u64);
         }
-        Payload::Inline(b) => {
+        PayloadView::Inline(b) => {
             varint(buf, u64::from(INLINE));
             bytes(buf, b);
         }
-        Payload::Stored { digest: d, len } => {
+        PayloadView::Stored { digest: d, len } => {
             varint(buf, u64::from(STORED));
-            digest(buf, d);
-            varint(buf, *len);
+            digest(buf, &d);
+            varint(buf, len);
         }
     }
 }
@@ -169,6 +213,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::ids::VnodeId;
+    use crate::log::Payload;
 
     fn digests() -> impl Strategy<Value = Vec<Digest>> {
         proptest::collection::vec(any::<[u8; 32]>().prop_map(Digest), 0..4)
@@ -286,6 +331,34 @@ pub(crate) mod tests {
             }
             prop_assert_eq!(buf, postcard::to_stdvec(&want).unwrap());
             prop_assert_eq!(values, expected);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Rule 4: a declaration from borrowed fields is the bytes, and the stored values, of
+        /// its event; in a segment, the same segment, and whether its arguments went out of
+        /// line.
+        #[test]
+        fn a_borrowed_declaration_encodes_as_its_event(e in events(false), from in prop_oneof![Just(200usize), Just(usize::MAX)]) {
+            let Event::Declared(d) = &e else { return Ok(()) };
+            let (mut mine, mut theirs) = (vec![9], vec![9]);
+            let (mut my_values, mut their_values) = (Vec::new(), Vec::new());
+            encode_declared(&mut mine, &DeclaredRef::from(d), from, &mut my_values);
+            prop_assert!(encode_event(&e, &mut theirs, from, &mut their_values));
+            prop_assert_eq!(&mine, &theirs);
+            prop_assert_eq!(&my_values, &their_values);
+            let mut a = crate::log::segment::SegmentBuilder::storing_from(64, from);
+            let mut b = crate::log::segment::SegmentBuilder::storing_from(64, from);
+            let stored = a.push_declared(&DeclaredRef::from(d)).unwrap();
+            b.push(&e).unwrap();
+            prop_assert_eq!(stored, d.args.len() >= from as u64);
+            prop_assert_eq!(a.value_bytes(), b.value_bytes());
+            prop_assert_eq!(
+                a.seal_with_values(VnodeId(1), 2, 3),
+                b.seal_with_values(VnodeId(1), 2, 3)
+            );
         }
     }
 

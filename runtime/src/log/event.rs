@@ -187,7 +187,7 @@ pub enum Event {
 }
 
 /// The kind of an event: with an id, the key of the log's set semantics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum EventKind {
     /// [`Event::Declared`]
     Declared,
@@ -203,6 +203,15 @@ pub enum EventKind {
     Returned,
     /// [`Event::Input`]
     Input,
+}
+
+/// Hashed as one byte: the derived hash writes the variant as an `isize`, which the id hasher
+/// (`ids.rs`) mixes in a byte at a time, and every event a vnode logs is hashed once (the
+/// open batch's duplicate check, rule 1 of `log/mod.rs`).
+impl std::hash::Hash for EventKind {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u8(*self as u8);
+    }
 }
 
 /// The key of an event: (task or data id, kind).

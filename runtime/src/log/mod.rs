@@ -53,6 +53,9 @@
 //!    [`LogState::fold_window`], `window.rs`), so that a task declared, run and completed
 //!    inside one window, which compaction would drop at once, is never built; the other events
 //!    are read straight from their encoding by the task path's own decoder (`decode.rs`).
+//!    Which task each event is of, the fold learns from notes its vnode took as it appended
+//!    it (`window.rs` rule 4), not by reading the bytes again; a stored segment is kept for
+//!    its window in its own buffer, not copied.
 //!    Every [`LogWriter::set_checkpoint_every`] bytes of segments
 //!    (default [`DEFAULT_CHECKPOINT_BYTES`]) stores it as the vnode's checkpoint
 //!    (`checkpoint.rs`) in the same store batch as the last segment it covers and that
@@ -112,6 +115,7 @@ mod writer;
 pub use decode::{
     view_event, DeclaredView, Digests, EventView, Fixed, Ids, OutputView, Outputs, PayloadView,
 };
+pub(crate) use encode::DeclaredRef;
 pub use event::{Declared, Event, EventKey, EventKind, Output, Payload};
 pub use generation::write_generation;
 pub use manifest::{Manifest, RunStatus, MANIFEST_KEY};

@@ -16,6 +16,7 @@ use super::segment::{self, SegmentBuilder, SegmentValues};
 use super::state::LogState;
 use super::values::{value_key, STORED_FROM};
 use super::watermark::{watermark_prefix, LastSegment, Watermark};
+use super::window::{Peeks, Scratch};
 use super::{Event, EventKey, LogError, Payload};
 use crate::codec::Digest;
 use crate::ids::{DataId, IdHasher, IdMap, VnodeId};
@@ -75,6 +76,8 @@ struct Sealed {
     bytes: Vec<u8>,
     /// The large values it names (rule 10), stored before it.
     values: SegmentValues,
+    /// Its events' kinds and ids, noted as they were appended (rule 9, `window.rs` rule 4).
+    peeks: Peeks,
 }
 
 impl Sealed {
@@ -147,14 +150,22 @@ struct Compactor {
     segments: u64,
     /// Bytes of segments taken in since the last checkpoint.
     since: u64,
-    /// Stored segments not folded yet, in log order, one after another in one buffer (a
-    /// sealed segment's own buffer has the batch's whole capacity, 64 KiB, however little it
+    /// Stored segments not folded yet, in log order, folded together once they reach
+    /// [`FOLD_WINDOW_BYTES`] or a checkpoint is due. Each is the sealed segment's own buffer,
+    /// moved here once stored, unless it holds less than half its capacity: then a copy of
+    /// its bytes (a sealed segment's buffer has the batch's whole capacity however little it
     /// holds: CG's segments, whose values go to the value store, held ~1 KiB each, and a 4 MiB
-    /// window of them kept some 250 MB), folded together once they reach
-    /// [`FOLD_WINDOW_BYTES`] or a checkpoint is due.
-    pending: Vec<u8>,
-    /// Where each kept segment ends in `pending`.
-    ends: Vec<usize>,
+    /// window of them kept some 250 MB).
+    kept: Vec<Vec<u8>>,
+    /// Bytes of `kept`.
+    kept_bytes: u64,
+    /// The kept segments' notes (`window.rs` rule 4), one per event, in order.
+    peeks: Peeks,
+    /// Where each event of `kept` is (segment, start, end), reused from one fold to the next
+    /// (as `scratch`).
+    events: Vec<(u32, u32, u32)>,
+    /// The fold's tables (`window.rs` rule 5).
+    scratch: Scratch,
     /// The log could not be read back when the vnode's log was opened, or a segment did not
     /// fold: no checkpoint is written (recovery reads the whole log, and reports what is wrong
     /// with it).
@@ -181,8 +192,11 @@ impl Compactor {
             upto,
             segments,
             since: 0,
-            pending: Vec::new(),
-            ends: Vec::new(),
+            kept: Vec::new(),
+            kept_bytes: 0,
+            peeks: Peeks::default(),
+            events: Vec::new(),
+            scratch: Scratch::default(),
             broken: false,
         }
     }
@@ -206,47 +220,66 @@ impl Compactor {
 
     /// Bytes of the kept segments.
     fn pending_bytes(&self) -> u64 {
-        self.pending.len() as u64
+        self.kept_bytes
     }
 
-    /// Keeps an accepted segment's bytes once stored, to fold with its window.
-    fn keep(&mut self, bytes: &[u8]) {
+    /// Keeps an accepted segment once stored, and the notes of its events, to fold with its
+    /// window.
+    fn keep(&mut self, mut bytes: Vec<u8>, peeks: &Peeks) {
         if self.broken {
             return;
         }
-        self.pending.extend_from_slice(bytes);
-        self.ends.push(self.pending.len());
+        if bytes.len() < bytes.capacity() / 2 {
+            bytes.shrink_to_fit();
+        }
+        self.kept_bytes += bytes.len() as u64;
+        self.kept.push(bytes);
+        self.peeks.extend(peeks);
     }
 
-    /// Folds the kept segments, then `more` (accepted, not stored yet), and compacts.
-    fn fold(&mut self, vnode: VnodeId, more: &[&[u8]]) {
-        if !self.broken && (!self.ends.is_empty() || !more.is_empty()) {
-            // Some 100 bytes an event (knary's three a task take 90-130).
-            let bytes: u64 =
-                self.pending_bytes() + more.iter().map(|m| m.len() as u64).sum::<u64>();
-            let mut events: Vec<&[u8]> =
-                Vec::with_capacity(usize::try_from(bytes / 100).unwrap_or(0));
-            let starts = std::iter::once(0).chain(self.ends.iter().copied());
-            let folded = starts
-                .zip(self.ends.iter().copied())
-                .map(|(a, b)| &self.pending[a..b])
-                .chain(more.iter().copied())
-                .try_for_each(|seg| {
-                    segment::for_each_encoded_event(seg, |e| {
-                        events.push(e);
+    /// Folds the kept segments, then `more` (accepted, not stored yet, with their notes), and
+    /// compacts.
+    fn fold(&mut self, vnode: VnodeId, more: &[(&[u8], &Peeks)]) {
+        for (bytes, peeks) in more {
+            self.keep(bytes.to_vec(), peeks);
+        }
+        if !self.broken && !self.kept.is_empty() {
+            let Compactor {
+                kept,
+                peeks,
+                events,
+                scratch,
+                state,
+                ..
+            } = self;
+            events.clear();
+            let folded = kept
+                .iter()
+                .enumerate()
+                .try_for_each(|(k, seg)| {
+                    let base = seg.as_ptr() as usize;
+                    segment::for_each_sealed_event(seg, |e| {
+                        // A segment is at most MAX_SEGMENT_BYTES (1 GiB): offsets fit.
+                        let at = (e.as_ptr() as usize - base) as u32;
+                        events.push((k as u32, at, at + e.len() as u32));
                         Ok(())
                     })
                 })
                 .map_err(|e| format!("{e:?}"))
-                .and_then(|()| self.state.fold_window(&events).map_err(|e| e.to_string()));
+                .and_then(|()| {
+                    state
+                        .fold_window_peeked(kept, events, Some(peeks), scratch)
+                        .map_err(|e| e.to_string())
+                });
             if let Err(e) = folded {
                 // The state may hold part of the window: no checkpoint is written from it.
                 tracing::error!("log of {vnode}: cannot fold its segments: {e}");
                 self.broken = true;
             }
         }
-        self.pending.clear();
-        self.ends.clear();
+        self.kept.clear();
+        self.kept_bytes = 0;
+        self.peeks.clear();
     }
 
     /// The checkpoint record, if one is due, after folding what was kept and `more` (the
@@ -255,7 +288,7 @@ impl Compactor {
         &mut self,
         vnode: VnodeId,
         every: u64,
-        more: &[&[u8]],
+        more: &[(&[u8], &Peeks)],
     ) -> Option<(Vec<u8>, Vec<u8>)> {
         if self.broken || every == 0 || self.since < every {
             return None;
@@ -541,6 +574,7 @@ impl LogWriter {
             next_seq,
             next_segno,
             keys: Default::default(),
+            peeks: Peeks::default(),
             opened_at: None,
             policy: self.policy,
             tx,
@@ -681,7 +715,7 @@ impl LogWriter {
         compactors.get(&vnode).map_or((0, 0, 0), |c| {
             (
                 c.pending_bytes(),
-                c.pending.capacity() as u64,
+                c.kept.iter().map(|k| k.capacity() as u64).sum(),
                 c.state.tasks.len(),
             )
         })
@@ -767,8 +801,9 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
     let mut segments = batch.into_iter().peekable();
     while segments.peek().is_some() && result.is_ok() {
         let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        // Rule 9: (vnode, index in `chunk`) of the segments to fold once stored.
-        let mut accepted: Vec<(VnodeId, usize)> = Vec::new();
+        // Rule 9: (vnode, index in `chunk`, its events' notes) of the segments to fold once
+        // stored.
+        let mut accepted: Vec<(VnodeId, usize, Peeks)> = Vec::new();
         let mut last: Vec<(VnodeId, LastSegment)> = Vec::new();
         let mut bytes = 0usize;
         // Rule 10: values go in the chunk before the segments that name them, written as
@@ -796,7 +831,7 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
             }
             // Rule 9: taken in now, its bytes folded once stored (or by a checkpoint).
             if every > 0 && compactors.get_mut(&s.vnode).is_some_and(|c| c.accept(&s)) {
-                accepted.push((s.vnode, chunk.len()));
+                accepted.push((s.vnode, chunk.len(), std::mem::take(&mut s.peeks)));
             }
             chunk.push((segment::segment_key(s.vnode, s.segno), s.bytes));
         }
@@ -808,14 +843,14 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
                 let Some(c) = compactors.get_mut(vnode) else {
                     continue;
                 };
-                let more: Vec<&[u8]> = accepted
+                let more: Vec<(&[u8], &Peeks)> = accepted
                     .iter()
-                    .filter(|(v, _)| v == vnode)
-                    .map(|&(_, i)| chunk[i].1.as_slice())
+                    .filter(|(v, _, _)| v == vnode)
+                    .map(|(_, i, p)| (chunk[*i].1.as_slice(), p))
                     .collect();
                 if let Some(pair) = c.checkpoint(*vnode, every, &more) {
                     checkpoints.push(pair);
-                    accepted.retain(|(v, _)| v != vnode);
+                    accepted.retain(|(v, _, _)| v != vnode);
                 }
             }
             chunk.append(&mut checkpoints);
@@ -844,9 +879,9 @@ fn store_batch(store: &dyn Store, shared: &Shared, batch: Vec<Sealed>) -> bool {
         }
         if result.is_ok() {
             // Rule 9: the stored segments' bytes, kept to fold.
-            for (vnode, i) in accepted {
+            for (vnode, i, peeks) in accepted {
                 if let Some(c) = compactors.get_mut(&vnode) {
-                    c.keep(&values[content + i].1);
+                    c.keep(std::mem::take(&mut values[content + i].1), &peeks);
                 }
             }
         }
@@ -941,6 +976,8 @@ pub struct VnodeLog {
     next_seq: u64,
     next_segno: u64,
     keys: std::collections::HashSet<EventKey, std::hash::BuildHasherDefault<IdHasher>>,
+    /// The open batch's events' kinds and ids, for the writer's fold (`window.rs` rule 4).
+    peeks: Peeks,
     opened_at: Option<Duration>,
     policy: CommitPolicy,
     tx: Sender<ToWriter>,
@@ -1009,12 +1046,38 @@ impl VnodeLog {
         self.builder
             .push(event)
             .map_err(|e| LogError::Encode(e.to_string()))?;
+        self.peeks.push(event);
         self.next_seq += 1;
-        // Large values stream to the writer with the segment that names them (rule 10).
+        self.seal_if_full()?;
+        Ok(self.next_seq)
+    }
+
+    /// [`VnodeLog::append`] of `Event::Declared` of `d`'s fields, encoded from them
+    /// (`encode.rs` rule 4); also whether its arguments went to the value store (rule 10).
+    pub(crate) fn append_declared(
+        &mut self,
+        d: &super::encode::DeclaredRef<'_>,
+    ) -> Result<(u64, bool), LogError> {
+        if !self.keys.insert((d.task.0, super::EventKind::Declared)) {
+            return Ok((self.next_seq, false));
+        }
+        let stored = self
+            .builder
+            .push_declared(d)
+            .map_err(|e| LogError::Encode(e.to_string()))?;
+        self.peeks.push_declared(d.task, d.parent);
+        self.next_seq += 1;
+        self.seal_if_full()?;
+        Ok((self.next_seq, stored))
+    }
+
+    /// Seals once the batch holds [`CommitPolicy::max_bytes`]; large values stream to the
+    /// writer with the segment that names them (rule 10).
+    fn seal_if_full(&mut self) -> Result<(), LogError> {
         if self.builder.body_len() + self.builder.value_bytes() >= self.policy.max_bytes {
             self.seal()?;
         }
-        Ok(self.next_seq)
+        Ok(())
     }
 
     /// Notes the time for [`CommitPolicy::max_delay`]: call with the vnode's clock.
@@ -1047,6 +1110,11 @@ impl VnodeLog {
             last_seq: self.next_seq,
             bytes,
             values,
+            peeks: {
+                // The next batch takes about as many events as this one.
+                let room = Peeks::with_capacity(self.peeks.len());
+                std::mem::replace(&mut self.peeks, room)
+            },
         };
         self.wait_for_room();
         self.shared
