@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Every run is one `knary cluster ... --json` process (README.md "Run a cluster"): it starts a
-//! checkpoint server in its own process, a coordinator and `--workers` worker processes (plus
+//! checkpoint server inside itself (on fjall, `--server-engine`'s default), a coordinator and `--workers` worker processes (plus
 //! `--spares` idle spares) on loopback, runs the job, tears everything down and prints the
 //! summary, whose `elapsed_s` (the job's time as the coordinator measures it, from its start
 //! to the last member's report; process start-up and teardown excluded) is the time reported
@@ -482,7 +482,7 @@ impl Report {
             md,
             "knary depth {} fanout {} serial {} grain {} µs ({} nodes, {} tasks) in cluster \
              mode: `knary cluster` with {} worker process(es) × {} thread(s) (one vnode per \
-             thread) and {} idle spare(s), a central checkpoint server, all on loopback; \
+             thread) and {} idle spare(s), a central checkpoint server (fjall), all on loopback; \
              median of {} repetitions (S0, S1, S2 interleaved); times are the job's \
              `elapsed_s` as the coordinator measures it (process start-up and teardown \
              excluded). S0 = `--no-checkpoint`; S1 = events logged to the checkpoint server; \
@@ -614,7 +614,7 @@ impl Report {
                     "how": "knary cluster --kill-random 1: SIGKILL at the first progress \
                             report (every >= 200 ms) past the fraction",
                 })),
-                "store": "central checkpoint server (in the knary cluster process), sled",
+                "store": "central checkpoint server (in the knary cluster process), fjall",
                 "timing": "elapsed_s of the knary cluster --json summary: the job's time as \
                            the coordinator measures it",
                 "order": "S0, S1, S2, S0, S1, S2, ... (interleaved)",
