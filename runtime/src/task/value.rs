@@ -101,7 +101,7 @@ impl std::fmt::Debug for Value {
 
 fn encode_as<T: Data>(any: &(dyn Any + Send + Sync)) -> Result<Vec<u8>, CodecError> {
     match any.downcast_ref::<T>() {
-        Some(v) => codec::encode(v),
+        Some(v) => codec::encode_value(v),
         None => unreachable!("a Value's encoder is created with its own type"),
     }
 }
@@ -149,7 +149,7 @@ impl Value {
                 Ok(arc) => Ok(Arc::try_unwrap(arc).unwrap_or_else(|a| (*a).clone())),
                 Err(_) => Err(format!("value is not a {}", std::any::type_name::<T>())),
             },
-            Inner::Bytes { bytes, .. } => codec::decode::<T>(&bytes)
+            Inner::Bytes { bytes, .. } => codec::decode_value::<T>(&bytes)
                 .map_err(|e| format!("cannot decode a {}: {e}", std::any::type_name::<T>())),
             Inner::Word { word, kind } => {
                 let mut out: Option<T> = None;
