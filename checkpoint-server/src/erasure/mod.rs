@@ -114,6 +114,12 @@ pub fn coding_threads() -> usize {
     }
 }
 
+/// Whether a pass over `blocks` blocks that hashes `hashed` bytes goes to a pool (rule 2):
+/// one block, or at most [`STRIPE_BYTES`] hashed, costs less on the calling thread.
+fn on_pool(blocks: usize, hashed: usize) -> bool {
+    blocks > 1 && hashed > STRIPE_BYTES
+}
+
 /// Runs `f`, whose parallel iterators run on [`coding_threads`]' pool (rule 2).
 fn on_coding_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     #[cfg(test)]
@@ -330,7 +336,7 @@ impl Codec {
             col.iter().map(|p| block_digest(p, off, whole)).collect()
         };
         let hashed = (m + k) * s;
-        let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 && hashed > STRIPE_BYTES {
+        let digests: Vec<Vec<[u8; 32]>> = if on_pool(blocks, hashed) {
             on_coding_pool(|| {
                 columns
                     .into_par_iter()
@@ -637,7 +643,7 @@ impl Codec {
             (out, failed)
         };
         let hashed = present * s;
-        let digests: Vec<(Vec<Option<[u8; 32]>>, bool)> = if blocks > 1 && hashed > STRIPE_BYTES {
+        let digests: Vec<(Vec<Option<[u8; 32]>>, bool)> = if on_pool(blocks, hashed) {
             on_coding_pool(|| columns.into_par_iter().enumerate().map(block).collect())
         } else {
             columns.into_iter().enumerate().map(block).collect()
@@ -716,7 +722,7 @@ impl Codec {
                     .collect())
             };
         let hashed = (m + k) * s;
-        let digests: Vec<Vec<[u8; 32]>> = if blocks > 1 && hashed > STRIPE_BYTES {
+        let digests: Vec<Vec<[u8; 32]>> = if on_pool(blocks, hashed) {
             on_coding_pool(|| {
                 columns
                     .into_par_iter()
