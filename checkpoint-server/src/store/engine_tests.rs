@@ -340,3 +340,60 @@ fn a_spec_names_the_engine() {
     }
     assert!("redb:".parse::<StoreSpec>().is_err());
 }
+
+/// fjall_store.rs rule 5: the journal holds a flushed value uncompressed, and a journal that
+/// fjall wrote compressed (its default) still reads.
+#[test]
+fn fjall_journals_values_uncompressed_and_reads_compressed_ones() {
+    // 64 KiB that lz4 shrinks to almost nothing; the journal's files are preallocated (64
+    // MiB of zeros), so what counts is how many of the value's bytes they hold.
+    let value = vec![7u8; 64 << 10];
+    let journal_bytes = |dir: &Path| -> u64 {
+        let mut n = 0;
+        for e in std::fs::read_dir(dir.join(super::fjall_store::FJALL_DIR)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "jnl") {
+                n += std::fs::read(&p)
+                    .unwrap()
+                    .iter()
+                    .filter(|&&b| b == 7)
+                    .count() as u64;
+            }
+        }
+        n
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = FjallStore::open(dir.path()).unwrap();
+    s.put(b"seg", &value).unwrap();
+    s.flush().unwrap();
+    assert!(
+        journal_bytes(dir.path()) >= value.len() as u64,
+        "the journal holds {} of the value's {} bytes: compressed",
+        journal_bytes(dir.path()),
+        value.len()
+    );
+    drop(s);
+
+    // The same value written by fjall with its default (lz4) journal, never flushed into a
+    // table: reopening replays the compressed entry.
+    let old = tempfile::tempdir().unwrap();
+    {
+        let db = fjall::Database::builder(old.path().join(super::fjall_store::FJALL_DIR))
+            .manual_journal_persist(true)
+            .journal_compression(fjall::CompressionType::Lz4)
+            .open()
+            .unwrap();
+        let data = db
+            .keyspace(
+                super::fjall_store::DATA,
+                fjall::KeyspaceCreateOptions::default,
+            )
+            .unwrap();
+        data.insert(b"seg", &value[..]).unwrap();
+        db.persist(fjall::PersistMode::SyncAll).unwrap();
+        let n = journal_bytes(old.path());
+        assert!(n < value.len() as u64 / 4, "{n}");
+    }
+    let s = FjallStore::open(old.path()).unwrap();
+    assert_eq!(s.get(b"seg").unwrap().as_deref(), Some(&value[..]));
+}
