@@ -57,6 +57,9 @@ pub(crate) struct RunShared {
     work: Vec<Padded<AtomicU64>>,
     /// Current incarnation of each vnode: messages from an older one are dropped.
     epochs: Vec<Padded<AtomicU64>>,
+    /// How many times an epoch rose: a vnode that sees it change resends at once what its
+    /// peers have not acknowledged (`vnode.rs` rule 5).
+    epoch_changes: AtomicU64,
     /// Failures still to inject, sorted by `after`.
     kills: Mutex<Vec<Kill>>,
     completed: Vec<Padded<AtomicU64>>,
@@ -82,6 +85,7 @@ impl RunShared {
         RunShared {
             work: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             epochs: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
+            epoch_changes: AtomicU64::new(0),
             kills: Mutex::new(Vec::new()),
             completed: (0..vnodes).map(|_| Padded(AtomicU64::new(0))).collect(),
             stop: AtomicBool::new(false),
@@ -120,8 +124,15 @@ impl RunShared {
     /// Sets the incarnation of `v` (a member run: the coordinator numbers them).
     pub(crate) fn set_epoch(&self, v: VnodeId, epoch: u64) {
         if let Some(e) = self.epochs.get(v.0 as usize) {
-            e.0.fetch_max(epoch, Ordering::SeqCst);
+            if e.0.fetch_max(epoch, Ordering::SeqCst) < epoch {
+                self.epoch_changes.fetch_add(1, Ordering::SeqCst);
+            }
         }
+    }
+
+    /// How many times an epoch rose so far (a new incarnation of some vnode).
+    pub(crate) fn epoch_changes(&self) -> u64 {
+        self.epoch_changes.load(Ordering::Relaxed)
     }
 
     /// The work word (outstanding units, change count) of `v`.
@@ -197,7 +208,9 @@ impl RunShared {
         let _ = w.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |x| {
             Some((((x >> 32).wrapping_add(1) << 32) & !LOW) | 1)
         });
-        self.epochs[v.0 as usize].0.fetch_add(1, Ordering::SeqCst) + 1
+        let epoch = self.epochs[v.0 as usize].0.fetch_add(1, Ordering::SeqCst) + 1;
+        self.epoch_changes.fetch_add(1, Ordering::SeqCst);
+        epoch
     }
 
     pub(crate) fn set_completed(&self, v: VnodeId, total: u64) {

@@ -32,7 +32,10 @@
 //!    A grant for a task already adopted is only acknowledged again.
 //! 5. When a returned output is written, the thief sends `Returned`, resent until `ReturnAck`.
 //!    The victim logs `Returned` and writes the value into its graph, waking its readers; a
-//!    duplicate is only acknowledged again.
+//!    duplicate is only acknowledged again. Grants and returns not acknowledged are resent
+//!    every `resend_after`, and at once when some vnode's epoch rises: a peer that failed
+//!    lost what it had received and not made durable (a grant it asked for, a value it was
+//!    waiting for), and its new incarnation should not wait up to `resend_after` for it.
 //! 6. Output commit: a message caused by a logged event leaves only once that event is durable.
 //!    Then a receiver never holds something its sender could forget in a crash. Without a log,
 //!    messages leave at once. A message its receiver waits for (a grant, a returned value)
@@ -168,6 +171,8 @@ pub(crate) struct Vnode {
     /// Rule 6: when the acknowledgements held now seal the batch themselves (`None` while
     /// none is held).
     acks_due: Option<Duration>,
+    /// Rule 5: the epoch changes seen by the last [`Vnode::resend`].
+    epochs_seen: u64,
     /// Messages received while blocked in [`Vnode::wait`].
     stash: VecDeque<Envelope>,
     pub(crate) grants: IdMap<TaskId, Unacked>,
@@ -208,6 +213,7 @@ impl Vnode {
             timers,
             held: VecDeque::new(),
             acks_due: None,
+            epochs_seen: 0,
             stash: VecDeque::new(),
             grants: IdMap::default(),
             returns: Default::default(),
@@ -748,12 +754,16 @@ impl Vnode {
         Ok(sent)
     }
 
-    /// Rules 3 and 5: resend what was sent and not acknowledged.
+    /// Rules 3 and 5: resend what was sent and not acknowledged, when its time came or a peer
+    /// came back.
     fn resend(&mut self, now: Duration) -> Result<(), RunError> {
+        let changes = self.core.shared.epoch_changes();
+        let peer_back = changes != self.epochs_seen;
+        self.epochs_seen = changes;
         let durable = self.core.log.as_ref().map_or(u64::MAX, |l| l.durable());
         let mut out = Vec::new();
         for u in self.grants.values_mut().chain(self.returns.values_mut()) {
-            if u.seq <= durable && now >= u.resend_at {
+            if u.seq <= durable && (peer_back || now >= u.resend_at) {
                 u.resend_at = now + self.timers.resend_after;
                 out.push((u.to, u.msg.clone()));
             }
@@ -817,6 +827,72 @@ mod tests {
     }
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// Rule 5: a return not acknowledged goes again at once when a peer's epoch rises (a peer
+    /// came back and may have lost it), not only `resend_after` later; an epoch raised to what
+    /// it was changes nothing.
+    #[test]
+    fn unacknowledged_returns_go_again_at_once_when_a_peer_comes_back() {
+        use crate::transport::{InProcTransport, Transport};
+        use rand::SeedableRng;
+        let shared = Arc::new(super::super::shared::RunShared::new(2, None));
+        let registry = Arc::new(crate::task::Registry::new());
+        let transport = InProcTransport::new(2);
+        let mut thief_inbox = transport.endpoint(VnodeId(1)).unwrap();
+        let clock = Arc::new(crate::clock::ManualClock::default());
+        let mut v = Vnode::new(
+            Core::new(VnodeId(0), registry, None, shared.clone()),
+            transport.endpoint(VnodeId(0)).unwrap(),
+            clock.clone(),
+            ChaCha8Rng::seed_from_u64(1),
+            2,
+            Timers {
+                resend_after: Duration::from_secs(3600),
+                ..Timers::default()
+            },
+        );
+        let data = DataId::default();
+        let msg = Message::Returned {
+            data,
+            value: Value::typed(7u64),
+            digest: None,
+        };
+        v.returns.insert(
+            (data, VnodeId(1)),
+            Unacked {
+                to: VnodeId(1),
+                msg,
+                seq: 0,
+                resend_at: clock.now() + Duration::from_secs(3600),
+            },
+        );
+        let sent = |inbox: &mut Box<dyn crate::transport::Endpoint>| {
+            std::iter::from_fn(|| inbox.try_recv()).count()
+        };
+        v.resend(clock.now()).unwrap();
+        assert_eq!(sent(&mut thief_inbox), 0, "not due, no peer back");
+        shared.set_epoch(VnodeId(1), 1);
+        v.resend(clock.now()).unwrap();
+        assert_eq!(
+            sent(&mut thief_inbox),
+            1,
+            "the peer came back: sent at once"
+        );
+        v.resend(clock.now()).unwrap();
+        shared.set_epoch(VnodeId(1), 1);
+        v.resend(clock.now()).unwrap();
+        assert_eq!(sent(&mut thief_inbox), 0, "once per epoch change");
+        shared.reincarnate(VnodeId(0));
+        v.resend(clock.now()).unwrap();
+        assert_eq!(
+            sent(&mut thief_inbox),
+            1,
+            "a vnode rebuilt in this process counts too"
+        );
+        clock.advance(Duration::from_secs(3600));
+        v.resend(clock.now()).unwrap();
+        assert_eq!(sent(&mut thief_inbox), 1, "and when due, as before");
+    }
 
     #[test]
     fn acknowledgements_wait_for_the_next_seal_until_they_are_due() {
