@@ -489,6 +489,12 @@ impl SizeResult {
         ))
     }
 
+    /// The store's size in MB ("-" for a memory store).
+    fn store_mb(&self) -> String {
+        self.store_bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6))
+    }
+
     /// Peak memory over the store's size that the target is judged on: `knary certify`'s own
     /// process where it ran (rule 5), else this process's.
     fn peak_over_store(&self) -> Option<f64> {
@@ -497,6 +503,11 @@ impl SizeResult {
             None => self.against_floor()?.3,
         }
     }
+}
+
+/// A ratio to two decimals, "-" where there is none.
+fn ratio_text(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}"))
 }
 
 fn stats(values: &[f64]) -> Result<Stats> {
@@ -1358,12 +1369,11 @@ impl Report<'_> {
                 md,
                 "| {} | {} | {floor:.4} | {:.4} | {ratio:.1} | {peak:.0} | {:.0} | {:.0} | {} |",
                 thousands(s.tasks as f64),
-                s.store_bytes
-                    .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
+                s.store_mb(),
                 floor * ratio,
                 stats(&before).map_or(f64::NAN, |st| st.median),
                 stats(&added).map_or(f64::NAN, |st| st.median),
-                of_log.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+                ratio_text(of_log),
             );
         }
         md.push('\n');
@@ -1372,8 +1382,8 @@ impl Report<'_> {
                 "`knary certify` in a process of its own (medians), as a user runs it over the \
                  same store: from opening it (a copy of its sled files in the temporary \
                  directory, `sled_store.rs` rule 1) to the signed certificate; CPU is the \
-                 child's user + system time, peak its `VmHWM` read every 5 ms while it runs. The peak target is judged \
-                 on this peak.\n\n\
+                 child's user + system time, peak its `VmHWM` read every 5 ms while it runs. \
+                 The peak target is judged on this peak.\n\n\
                  | tasks n | store (MB) | certify (s) | CPU (s) | peak (MiB) | peak / store |\n\
                  |---:|---:|---:|---:|---:|---:|\n",
             );
@@ -1385,9 +1395,8 @@ impl Report<'_> {
                     md,
                     "| {} | {} | {wall:.4} | {cpu:.2} | {peak:.0} | {} |",
                     thousands(s.tasks as f64),
-                    s.store_bytes
-                        .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
-                    of_log.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+                    s.store_mb(),
+                    ratio_text(of_log),
                 );
             }
             md.push('\n');
