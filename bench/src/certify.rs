@@ -36,7 +36,14 @@
 //!    every certificate must ACCEPT (the runs are honest) and name n = the run's tasks. The
 //!    partial one is the end-to-end time set against the floor; its peak memory is this
 //!    process's `VmHWM` after a reset (`/proc/self/clear_refs`) just before it, set against the
-//!    store's size.
+//!    store's size (it counts what the process held before: the logs' runs, G of rule 3).
+//! 5. **`knary certify` in a process of its own** (sled stores only), `--runs` times,
+//!    interleaved with rule 4's partial runs: the CLI over the same store with the same ε, q
+//!    and seed, signing with a key made for this run (`--knary-bin`, or the `knary` beside this
+//!    binary, built first). Its wall time, its CPU (user + system of `wait4`) and its peak
+//!    resident memory (its `VmHWM`, read every 5 ms while it runs: its `ru_maxrss` would count
+//!    this process's memory at the fork): what a user's certification costs, opening the store
+//!    included. The peak target (≤ the store's size) is judged on this peak.
 //!
 //! Times are wall clock around the library call (`Instant`), with rayon's global pool (one
 //! thread per core) doing the parallel parts. Every timed call records the CPU time other
@@ -61,8 +68,8 @@ use veriflow::{certify, Decision, LogReader, MemoryStore, Program, Runtime, Sled
 use veriflow_checkpoint::PageLimit;
 
 use crate::harness::{
-    dir_bytes, peak_rss_mib, plot, require_runs, scratch_dir, status_mib, thousands, CpuSnapshot,
-    Disturbed, Figure, Plots, Quiet, Retries, Session, Stats, COLORS,
+    dir_bytes, knary_binary, peak_rss_mib, plot, require_runs, scratch_dir, status_mib, thousands,
+    CpuSnapshot, Disturbed, Figure, Plots, Quiet, Retries, Session, Stats, COLORS,
 };
 use crate::{knary_registry, Shape};
 
@@ -149,6 +156,11 @@ pub struct CertifyArgs {
     /// memory (no full duplication, no plots; default depths 6,7); writes certify-linear.*.
     #[arg(long)]
     linear: bool,
+    /// The `knary` binary whose `certify` runs in a process of its own over each sled log
+    /// [default: beside this binary, built first with `cargo build -p knary` in this binary's
+    /// profile].
+    #[arg(long, value_name = "PATH")]
+    knary_bin: Option<PathBuf>,
 }
 
 /// Runs `paper certify` (module docs) and writes its results.
@@ -176,6 +188,21 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
         ([], false, false) => DEPTHS.collect(),
         (given, _, _) => given.to_vec(),
     };
+    // Rule 5: `knary certify` runs over each sled log in a process of its own, signing with a
+    // key of this run's (never the user's).
+    let keys = tempfile::Builder::new()
+        .prefix("veriflow-bench-certify-key-")
+        .tempdir_in(&scratch)
+        .with_context(|| format!("cannot create a key directory in {}", scratch.display()))?;
+    let child = match args.store {
+        StoreKind::Sled => {
+            let key = keys.path().join("oracle.key");
+            veriflow_checkpoint::Key::create(&key)
+                .map_err(|e| anyhow::anyhow!("cannot create an oracle key: {e}"))?;
+            Some((knary_binary(args.knary_bin.as_deref())?, key))
+        }
+        StoreKind::Memory => None,
+    };
     let mut sizes = Vec::new();
     for depth in depths {
         let shape = Shape {
@@ -188,7 +215,8 @@ pub fn run(args: &CertifyArgs) -> Result<()> {
             "knary depth {depth} fanout {FANOUT}: {} tasks",
             shape.tasks()?
         );
-        sizes.push(measure_size(args, shape, &scratch)?);
+        let child = child.as_ref().map(|(k, key)| (k.as_path(), key.as_path()));
+        sizes.push(measure_size(args, shape, &scratch, child)?);
     }
     let fig7_plots = if args.linear {
         Plots::default()
@@ -411,6 +439,8 @@ struct SizeResult {
     /// Peak resident memory (MiB) during each partial certification, and the resident memory
     /// just before it.
     partial_peak_mib: Vec<(f64, f64)>,
+    /// `knary certify` in a process of its own (rule 5; sled stores only).
+    child: Vec<ChildRun>,
     full: Vec<Timed>,
     /// Calls that were disturbed and run again / kept.
     rerun: u32,
@@ -441,6 +471,43 @@ impl SizeResult {
         let of_log = self.store_bytes.map(|b| peak * 1048576.0 / b as f64);
         Some((floor, e2e / floor, peak, of_log))
     }
+
+    /// Medians of `knary certify` in a process of its own (rule 5): wall time, CPU, peak
+    /// memory (MiB) and that peak over the store's size.
+    fn child_medians(&self) -> Option<(f64, f64, f64, Option<f64>)> {
+        let med = |f: &dyn Fn(&ChildRun) -> f64| {
+            stats(&self.child.iter().map(f).collect::<Vec<_>>())
+                .ok()
+                .map(|s| s.median)
+        };
+        let peak = med(&|c| c.peak_mib)?;
+        Some((
+            med(&|c| c.timed.seconds)?,
+            med(&|c| c.timed.own_cpu_s.unwrap_or(f64::NAN))?,
+            peak,
+            self.store_bytes.map(|b| peak * 1048576.0 / b as f64),
+        ))
+    }
+
+    /// The store's size in MB ("-" for a memory store).
+    fn store_mb(&self) -> String {
+        self.store_bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6))
+    }
+
+    /// Peak memory over the store's size that the target is judged on: `knary certify`'s own
+    /// process where it ran (rule 5), else this process's.
+    fn peak_over_store(&self) -> Option<f64> {
+        match self.child_medians() {
+            Some((_, _, _, of_log)) => of_log,
+            None => self.against_floor()?.3,
+        }
+    }
+}
+
+/// A ratio to two decimals, "-" where there is none.
+fn ratio_text(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}"))
 }
 
 fn stats(values: &[f64]) -> Result<Stats> {
@@ -464,7 +531,14 @@ fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn Store>> {
 }
 
 /// Rules 2-4 of the module docs on one tree.
-fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<SizeResult> {
+/// `child`: the `knary` binary and the oracle key of rule 5 (a sled store only).
+fn measure_size(
+    args: &CertifyArgs,
+    shape: Shape,
+    scratch: &Path,
+    child: Option<(&Path, &Path)>,
+) -> Result<SizeResult> {
+    let child = child.filter(|_| args.store == StoreKind::Sled);
     let dir = tempfile::Builder::new()
         .prefix("veriflow-bench-certify-")
         .tempdir_in(scratch)
@@ -516,6 +590,7 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
         phases: Vec::new(),
         partial: Vec::new(),
         partial_peak_mib: Vec::new(),
+        child: Vec::new(),
         full: Vec::new(),
         rerun: 0,
         kept_disturbed: 0,
@@ -566,10 +641,27 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
             size.phases.push(p);
         }
     }
-    // Fig. 7: partial and full interleaved, a different draw seed per run.
+    // Fig. 7: partial and full interleaved, a different draw seed per run; then (rule 5) the
+    // same partial certification by `knary certify` in a process of its own.
     let mut seed = 0u64;
     let full_runs = if args.linear { 0 } else { runs };
-    while size.partial.len() < runs || size.full.len() < full_runs {
+    let child_runs = if child.is_some() { runs } else { 0 };
+    while size.partial.len() < runs || size.full.len() < full_runs || size.child.len() < child_runs
+    {
+        if let Some((knary, key)) = child.filter(|_| size.child.len() < child_runs) {
+            let c = certify_child(knary, dir.path(), key, seed + 1, report.tasks)?;
+            let bad = disturbed(c.timed.foreign_cpu_s, c.timed.seconds);
+            eprintln!(
+                "  knary certify (own process): {:.4} s, CPU {:.2} s, peak {:.0} MiB{}",
+                c.timed.seconds,
+                c.timed.own_cpu_s.unwrap_or(f64::NAN),
+                c.peak_mib,
+                retries.note(bad)
+            );
+            if keep(&mut retries, bad) {
+                size.child.push(c);
+            }
+        }
         for full in [false, true] {
             let done = if full { &size.full } else { &size.partial };
             if done.len() >= if full { full_runs } else { runs } {
@@ -618,6 +710,120 @@ fn measure_size(args: &CertifyArgs, shape: Shape, scratch: &Path) -> Result<Size
     dir.close()
         .with_context(|| format!("cannot remove the log directory {}", path.display()))?;
     Ok(size)
+}
+
+/// One `knary certify` in a process of its own (rule 5 of the module docs).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct ChildRun {
+    /// Wall time, the child's CPU (user + system, from `wait4`) and what other processes
+    /// took meanwhile.
+    timed: Timed,
+    /// The child's peak resident memory (its `VmHWM`, read while it runs), MiB.
+    peak_mib: f64,
+}
+
+/// Runs `knary certify` over the sled log in `dir` at Fig. 7's ε and q with draw seed `seed`,
+/// signing with the oracle key `key`, in a process of its own: what a user's `knary certify`
+/// costs, from opening the store (a copy, `sled_store.rs` rule 1) to the signed certificate.
+/// Its certificate must ACCEPT and name `tasks` tasks.
+fn certify_child(knary: &Path, dir: &Path, key: &Path, seed: u64, tasks: u64) -> Result<ChildRun> {
+    let out = tempfile::NamedTempFile::new().context("a temporary file for certify's output")?;
+    let err = tempfile::NamedTempFile::new().context("a temporary file for certify's errors")?;
+    let mut cmd = std::process::Command::new(knary);
+    cmd.arg("certify")
+        .arg("--log-dir")
+        .arg(dir)
+        .args([
+            "--epsilon",
+            &FIG7_EPSILON.to_string(),
+            "--q",
+            &FIG7_Q.to_string(),
+        ])
+        .args(["--seed", &seed.to_string(), "--json", "--oracle-key"])
+        .arg(key)
+        .stdout(out.reopen()?)
+        .stderr(err.reopen()?);
+    let (status, run) = run_measured(&mut cmd)?;
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        let text = std::fs::read_to_string(err.path()).unwrap_or_default();
+        bail!(
+            "knary certify failed (status {status}) on an honest run: {}",
+            text.trim()
+        );
+    }
+    let text = std::fs::read_to_string(out.path())?;
+    let cert = veriflow::certifier::Certificate::from_json(&text)
+        .map_err(|e| anyhow::anyhow!("knary certify's certificate: {e:?}"))?;
+    if cert.decision != Decision::Accept || cert.n != tasks {
+        bail!(
+            "knary certify: {:?} with n = {}, the run has {tasks} tasks",
+            cert.decision,
+            cert.n
+        );
+    }
+    Ok(run)
+}
+
+/// Runs `cmd` to its end: its wait status, and its wall time, CPU (user + system, from
+/// `wait4`), the CPU other processes took meanwhile and its own peak resident memory.
+fn run_measured(cmd: &mut std::process::Command) -> Result<(i32, ChildRun)> {
+    let before = CpuSnapshot::with_children();
+    let t0 = Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let pid = libc::pid_t::try_from(child.id()).context("a pid out of range")?;
+    let status_file = format!("/proc/{pid}/status");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut peak_kib = 0u64;
+    let r = loop {
+        // The child's VmHWM, read while it runs: its `ru_maxrss` would count this process's
+        // resident memory at the fork (Linux takes the old address space's peak at exec).
+        if let Some(kib) = std::fs::read_to_string(&status_file)
+            .ok()
+            .and_then(|text| status_kib(&text, "VmHWM:"))
+        {
+            peak_kib = peak_kib.max(kib);
+        }
+        // SAFETY: `pid` is our child, not yet reaped (std's `Child` is never waited on here);
+        // `status` and `usage` are valid for writes.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r != 0 {
+            break r;
+        }
+        std::thread::sleep(PEAK_POLL);
+    };
+    let seconds = t0.elapsed().as_secs_f64();
+    if r != pid {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    let run = ChildRun {
+        timed: Timed {
+            seconds,
+            own_cpu_s: Some(tv(usage.ru_utime) + tv(usage.ru_stime)),
+            foreign_cpu_s: CpuSnapshot::foreign_since(before),
+        },
+        peak_mib: peak_kib as f64 / 1024.0,
+    };
+    Ok((status, run))
+}
+
+/// How often [`certify_child`] reads the child's peak resident memory (`VmHWM` only grows, so
+/// only growth in the child's last interval before it exits is missed).
+const PEAK_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Field `field` (given in kB) of a `/proc/<pid>/status` text.
+fn status_kib(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Times `f`, with the CPU this process and other processes took meanwhile.
@@ -1163,15 +1369,38 @@ impl Report<'_> {
                 md,
                 "| {} | {} | {floor:.4} | {:.4} | {ratio:.1} | {peak:.0} | {:.0} | {:.0} | {} |",
                 thousands(s.tasks as f64),
-                s.store_bytes
-                    .map_or_else(|| "-".to_string(), |b| format!("{:.0}", b as f64 / 1e6)),
+                s.store_mb(),
                 floor * ratio,
                 stats(&before).map_or(f64::NAN, |st| st.median),
                 stats(&added).map_or(f64::NAN, |st| st.median),
-                of_log.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+                ratio_text(of_log),
             );
         }
         md.push('\n');
+        if self.sizes.iter().any(|s| !s.child.is_empty()) {
+            md.push_str(
+                "`knary certify` in a process of its own (medians), as a user runs it over the \
+                 same store: from opening it (a copy of its sled files in the temporary \
+                 directory, `sled_store.rs` rule 1) to the signed certificate; CPU is the \
+                 child's user + system time, peak its `VmHWM` read every 5 ms while it runs. \
+                 The peak target is judged on this peak.\n\n\
+                 | tasks n | store (MB) | certify (s) | CPU (s) | peak (MiB) | peak / store |\n\
+                 |---:|---:|---:|---:|---:|---:|\n",
+            );
+            for s in &self.sizes {
+                let Some((wall, cpu, peak, of_log)) = s.child_medians() else {
+                    continue;
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {wall:.4} | {cpu:.2} | {peak:.0} | {} |",
+                    thousands(s.tasks as f64),
+                    s.store_mb(),
+                    ratio_text(of_log),
+                );
+            }
+            md.push('\n');
+        }
         let disturbed: u32 = self.sizes.iter().map(|s| s.rerun).sum();
         let kept: u32 = self.sizes.iter().map(|s| s.kept_disturbed).sum();
         let busy = self.sizes.iter().filter(|s| s.not_quiet).count();
@@ -1190,17 +1419,18 @@ impl Report<'_> {
                 thousands(rate),
                 if met { "yes" } else { "**no**" }
             );
-            if let Some((_, ratio, _, of_log)) = s.against_floor() {
+            if let Some((_, ratio, _, _)) = s.against_floor() {
                 let yes = |met: bool| if met { "yes" } else { "**no**" };
                 let _ = writeln!(
                     md,
                     "| end-to-end certify ≤ {TARGET_FLOOR_RATIO}× the floor | {ratio:.1}× | {} |",
                     yes(ratio <= TARGET_FLOOR_RATIO)
                 );
-                if let Some(r) = of_log {
+                if let Some(r) = s.peak_over_store() {
                     let _ = writeln!(
                         md,
-                        "| peak memory ≤ {TARGET_MEMORY_RATIO}× the store's size | {r:.2}× | {} |",
+                        "| peak memory ≤ {TARGET_MEMORY_RATIO}× the store's size ({}) | {r:.2}× | {} |",
+                        if s.child.is_empty() { "this process" } else { "knary certify's process" },
                         yes(r <= TARGET_MEMORY_RATIO)
                     );
                 }
@@ -1250,6 +1480,16 @@ impl Report<'_> {
                         "peak_mib": peak,
                         "peak_over_store": of_log,
                     })),
+                    "own_process": {
+                        "runs": s.child,
+                        "medians": s.child_medians().map(|(wall, cpu, peak, of_log)| json!({
+                            "seconds": wall,
+                            "cpu_seconds": cpu,
+                            "peak_mib": peak,
+                            "peak_over_store": of_log,
+                        })),
+                    },
+                    "peak_over_store": s.peak_over_store(),
                     "full": { "runs": s.full, "seconds": s.full_stats().ok() },
                     "phases": {
                         "runs": s.phases,
@@ -1353,6 +1593,7 @@ mod tests {
             retries: 0,
             depths: Vec::new(),
             linear: false,
+            knary_bin: None,
         };
         let shape = Shape {
             depth: 3,
@@ -1360,7 +1601,7 @@ mod tests {
             serial: 0,
             grain_us: 0,
         };
-        let s = measure_size(&args, shape, scratch.path()).unwrap();
+        let s = measure_size(&args, shape, scratch.path(), None).unwrap();
         assert_eq!(s.tasks, 122);
         assert_eq!(s.n, 122);
         assert_eq!(s.k, sample::sample_size(FIG7_EPSILON, FIG7_Q, 122).unwrap());
@@ -1371,5 +1612,26 @@ mod tests {
         assert!(s.phases[0].scan_frame > 0.0 && s.phases[0].decode_events > 0.0);
         assert!(s.phases[0].load_gs_structural_cpu.is_some());
         assert!(s.against_floor().is_some());
+    }
+
+    #[test]
+    fn a_childs_peak_is_its_own() {
+        // This process holds 256 MiB, touched; a child that holds little must not report it
+        // (its ru_maxrss would: Linux counts the parent's pages at the fork).
+        let held = vec![1u8; 256 << 20];
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "sleep 0.2"]);
+        let (status, run) = run_measured(&mut cmd).unwrap();
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(
+            run.peak_mib > 0.0 && run.peak_mib < 64.0,
+            "{}",
+            run.peak_mib
+        );
+        assert!(run.timed.seconds >= 0.2 && run.timed.own_cpu_s.is_some());
+        std::hint::black_box(held);
+        let status = "Name:\tx\nVmHWM:\t  123456 kB\nVmRSS:\t 42 kB\n";
+        assert_eq!(status_kib(status, "VmHWM:"), Some(123456));
+        assert_eq!(status_kib(status, "VmSwap:"), None);
     }
 }

@@ -39,6 +39,12 @@
 //!    and the copies returned to victims. [`Track::value`] is a datum's logged value: its
 //!    writer's (the first output naming it), else the program input's. Records, outputs and
 //!    children are handed out as views built on demand ([`Track::task`], [`Track::record`]).
+//! 6. A loaded track holds little per task (its peak memory against the store's size, issue 17
+//!    target 1): a record keeps no copy of its task's id (the track's id of the index it is
+//!    applied to) and its parent's id as two words and a flag (64 bytes, not 96); an event's
+//!    kind is a column of its own beside its id and place (25 bytes, not 32); each part's ids
+//!    are sorted and made distinct before they are merged, so no list of every event's id is
+//!    held at once.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -162,11 +168,13 @@ struct Val {
     len: u32,
 }
 
-/// A record (`Declared` or `Adopted`), in its part's columns.
+/// A record (`Declared` or `Adopted`), in its part's columns. Its task's id is the id of the
+/// task it is the record of (the track's `ids`), not kept again; its parent's id is two words
+/// and a flag rather than an `Option<u128>` (64 bytes a record, not 96: rule 6).
 #[derive(Clone, Copy, Debug)]
 struct Rec {
-    task: u128,
-    parent: Option<u128>,
+    parent: [u64; 2],
+    has_parent: bool,
     index: u32,
     name: u32,
     args: Val,
@@ -176,6 +184,13 @@ struct Rec {
     outputs: u32,
     /// The parent's index, resolved at load ([`NONE`]: look it up).
     parent_ix: u32,
+}
+
+impl Rec {
+    fn parent(&self) -> Option<u128> {
+        self.has_parent
+            .then(|| (u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]))
+    }
 }
 
 /// A written value, in its part's columns.
@@ -193,14 +208,28 @@ fn bit(kind: Kind) -> u8 {
 }
 
 /// One event of a part, in log order: its id (a task's, or a datum's for `Returned` and
-/// `Input`), its kind and where its content is in the part's list of that kind.
+/// `Input`) and where its content is in the part's list of its kind (the kind is in a column
+/// of its own, [`Part::kinds`]: 24 + 1 bytes an event rather than 32, rule 6).
 #[derive(Clone, Copy, Debug)]
 struct Ev {
-    id: u128,
-    kind: Kind,
+    id: [u64; 2],
     at: u32,
     /// The index of `id` (a task's, or a datum's), resolved at load ([`NONE`]: look it up).
     ix: u32,
+}
+
+impl Ev {
+    fn new(id: u128, at: u32) -> Ev {
+        Ev {
+            id: [(id >> 64) as u64, id as u64],
+            at,
+            ix: NONE,
+        }
+    }
+
+    fn id(&self) -> u128 {
+        (u128::from(self.id[0]) << 64) | u128::from(self.id[1])
+    }
 }
 
 /// What one vnode's log holds, in flat columns (rule 1).
@@ -238,8 +267,9 @@ struct Part {
     returns: Vec<Digest>,
     /// `Input`: value and digest.
     inputs: Vec<(Val, Digest)>,
-    /// Its events in log order (while loading).
+    /// Its events in log order (while loading), and their kinds.
     events: Vec<Ev>,
+    kinds: Vec<Kind>,
 }
 
 impl Part {
@@ -293,7 +323,6 @@ impl Part {
     #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
-        task: TaskId,
         parent: Option<TaskId>,
         index: u32,
         name: &str,
@@ -306,9 +335,10 @@ impl Part {
         let n_in = self.ids.len() as u32 - ids;
         self.ids.extend(outputs);
         let n_out = self.ids.len() as u32 - ids - n_in;
+        let p = parent.map_or(0, |p| p.0);
         let rec = Rec {
-            task: task.0,
-            parent: parent.map(|p| p.0),
+            parent: [(p >> 64) as u64, p as u64],
+            has_parent: parent.is_some(),
             index,
             name: self.name(name),
             args: self.val(args),
@@ -359,16 +389,18 @@ impl Part {
         self.ids_ix = di.get_all(dids, &self.ids, |&d| Some(d));
         self.kids_ix = ti.get_all(tids, &self.kids, |&c| Some(c));
         self.outs_ix = di.get_all(dids, &self.outs, |o| Some(o.data));
-        let parents = ti.get_all(tids, &self.records, |r| r.parent);
+        let parents = ti.get_all(tids, &self.records, Rec::parent);
         for (r, p) in self.records.iter_mut().zip(parents) {
             r.parent_ix = p;
         }
         let is_data = |kind: Kind| matches!(kind, Kind::Returned | Kind::Input);
-        let evs = ti.get_all(tids, &self.events, |e| (!is_data(e.kind)).then_some(e.id));
-        for (e, x) in self.events.iter_mut().zip(evs) {
+        let kinds = &self.kinds;
+        let task_of = |k: usize| (!is_data(kinds[k])).then(|| self.events[k].id());
+        let evs = ti.get_each(tids, self.events.len(), task_of);
+        for ((e, x), &kind) in self.events.iter_mut().zip(evs).zip(kinds) {
             // Few events are about data: looked up one by one.
-            e.ix = match is_data(e.kind) {
-                true => di.get(dids, e.id).unwrap_or(NONE),
+            e.ix = match is_data(kind) {
+                true => di.get(dids, e.id()).unwrap_or(NONE),
                 false => x,
             };
         }
@@ -376,44 +408,35 @@ impl Part {
 
     /// Adds one event read in place (rule 1); `Err`: it does not decode (postcard's words).
     fn push_encoded(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let ev = match view_event(bytes) {
-            Some(EventView::Declared(d)) => Ev {
-                id: d.task.0,
-                kind: Kind::Declared,
-                ix: NONE,
-                at: self.record(
-                    d.task,
+        let (kind, ev) = match view_event(bytes) {
+            Some(EventView::Declared(d)) => {
+                let at = self.record(
                     d.parent,
                     d.index,
                     d.name,
                     d.args,
                     d.inputs.iter(),
                     d.outputs.iter(),
-                ),
-            },
+                );
+                (Kind::Declared, Ev::new(d.task.0, at))
+            }
             Some(EventView::Started { task, inputs }) => {
                 let d = self.digests(inputs.iter());
                 self.starts.push(d);
-                Ev {
-                    id: task.0,
-                    kind: Kind::Started,
-                    ix: NONE,
-                    at: self.starts.len() as u32 - 1,
-                }
+                let at = self.starts.len() as u32 - 1;
+                (Kind::Started, Ev::new(task.0, at))
             }
             Some(EventView::Completed {
                 task,
                 outputs,
                 children,
-            }) => Ev {
-                id: task.0,
-                kind: Kind::Completed,
-                ix: NONE,
-                at: self.completion(
+            }) => {
+                let at = self.completion(
                     outputs.iter().map(|o| (o.data, o.value, o.digest)),
                     children.iter(),
-                ),
-            },
+                );
+                (Kind::Completed, Ev::new(task.0, at))
+            }
             None => {
                 let event: Event =
                     veriflow_runtime::codec::decode(bytes).map_err(|e| e.to_string())?;
@@ -421,14 +444,14 @@ impl Part {
             }
         };
         self.events.push(ev);
+        self.kinds.push(kind);
         Ok(())
     }
 
     /// Adds one decoded event (rule 1).
-    fn push_event(&mut self, event: &Event) -> Ev {
+    fn push_event(&mut self, event: &Event) -> (Kind, Ev) {
         let record = |part: &mut Part, d: &Declared| {
             part.record(
-                d.task,
                 d.parent,
                 d.index,
                 &d.name,
@@ -476,12 +499,7 @@ impl Part {
                 (output.data.0, Kind::Input, self.inputs.len() as u32 - 1)
             }
         };
-        Ev {
-            id,
-            kind,
-            at,
-            ix: NONE,
-        }
+        (kind, Ev::new(id, at))
     }
 }
 
@@ -556,35 +574,46 @@ impl Index {
         items: &[T],
         key: impl Fn(&T) -> Option<u128> + Sync,
     ) -> Vec<u32> {
+        self.get_each(ids, items.len(), |k| key(&items[k]))
+    }
+
+    /// [`Index::get_all`] of the ids `key` gives of item numbers `0..n`.
+    fn get_each(
+        &self,
+        ids: &[u128],
+        n: usize,
+        key: impl Fn(usize) -> Option<u128> + Sync,
+    ) -> Vec<u32> {
         const CHUNK: usize = 1 << 14;
         const GROUP: usize = 16;
-        let mut out = vec![NONE; items.len()];
-        items
-            .par_chunks(CHUNK)
-            .zip(out.par_chunks_mut(CHUNK))
-            .for_each(|(items, out)| {
-                if self.map.is_some() {
-                    for (o, item) in out.iter_mut().zip(items) {
-                        *o = key(item).and_then(|id| self.get(ids, id)).unwrap_or(NONE);
-                    }
-                    return;
+        let mut out = vec![NONE; n];
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+            let base = c * CHUNK;
+            if self.map.is_some() {
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = key(base + k)
+                        .and_then(|id| self.get(ids, id))
+                        .unwrap_or(NONE);
                 }
-                for (items, out) in items.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
-                    let mut spans = [(0u128, 0u32, 0u32); GROUP];
-                    for (span, item) in spans.iter_mut().zip(items) {
-                        if let Some(id) = key(item) {
-                            let b = (id >> self.shift) as usize;
-                            *span = (id, self.buckets[b], self.buckets[b + 1]);
-                        }
-                    }
-                    for (o, &(id, from, to)) in out.iter_mut().zip(&spans) {
-                        *o = ids[from as usize..to as usize]
-                            .iter()
-                            .position(|&x| x == id)
-                            .map_or(NONE, |i| from + i as u32);
+                return;
+            }
+            for (g, out) in out.chunks_mut(GROUP).enumerate() {
+                let first = base + g * GROUP;
+                let mut spans = [(0u128, 0u32, 0u32); GROUP];
+                for (k, span) in spans.iter_mut().take(out.len()).enumerate() {
+                    if let Some(id) = key(first + k) {
+                        let b = (id >> self.shift) as usize;
+                        *span = (id, self.buckets[b], self.buckets[b + 1]);
                     }
                 }
-            });
+                for (o, &(id, from, to)) in out.iter_mut().zip(&spans) {
+                    *o = ids[from as usize..to as usize]
+                        .iter()
+                        .position(|&x| x == id)
+                        .map_or(NONE, |i| from + i as u32);
+                }
+            }
+        });
         out
     }
 
@@ -712,29 +741,35 @@ impl Track {
             }
             t.parts.push(part);
         }
-        // Indexes are ranks of the sorted ids.
-        let mut ids: Vec<u128> = t
+        // Indexes are ranks of the sorted ids. Each part's ids are sorted and made distinct
+        // first, in parallel, so that no list of every event's id is held at once (rule 6).
+        let distinct = |mut v: Vec<u128>| {
+            v.par_sort_unstable();
+            v.dedup();
+            v.shrink_to_fit();
+            v
+        };
+        let per_part: Vec<(Vec<u128>, Vec<u128>)> = t
             .parts
-            .iter()
-            .flat_map(|p| p.events.iter())
-            .filter(|e| !matches!(e.kind, Kind::Returned | Kind::Input | Kind::Stolen))
-            .map(|e| e.id)
-            .collect();
-        ids.par_sort_unstable();
-        ids.dedup();
-        let mut data: Vec<u128> = t
-            .parts
-            .iter()
-            .flat_map(|p| {
-                let returned = p
-                    .events
+            .par_iter()
+            .map(|p| {
+                let evs = || p.events.iter().zip(&p.kinds);
+                let ids = evs()
+                    .filter(|(_, k)| !matches!(k, Kind::Returned | Kind::Input | Kind::Stolen))
+                    .map(|(e, _)| e.id())
+                    .collect();
+                let returned = evs().filter(|(_, k)| matches!(k, Kind::Returned | Kind::Input));
+                let data = p
+                    .outs
                     .iter()
-                    .filter(|e| matches!(e.kind, Kind::Returned | Kind::Input));
-                p.outs.iter().map(|o| o.data).chain(returned.map(|e| e.id))
+                    .map(|o| o.data)
+                    .chain(returned.map(|(e, _)| e.id()));
+                (distinct(ids), distinct(data.collect()))
             })
             .collect();
-        data.par_sort_unstable();
-        data.dedup();
+        let (ids, data): (Vec<Vec<u128>>, Vec<Vec<u128>>) = per_part.into_iter().unzip();
+        let ids = distinct(ids.concat());
+        let data = distinct(data.concat());
         let n = ids.len();
         t.index = Index::sorted(&ids);
         t.ids = ids;
@@ -763,8 +798,9 @@ impl Track {
         };
         for p in 0..t.parts.len() {
             let events = std::mem::take(&mut t.parts[p].events);
-            for ev in events {
-                t.apply(p as u32, ev, Some(&mut once));
+            let kinds = std::mem::take(&mut t.parts[p].kinds);
+            for (ev, kind) in events.into_iter().zip(kinds) {
+                t.apply(p as u32, ev, kind, Some(&mut once));
             }
         }
         Ok(t)
@@ -812,8 +848,8 @@ impl Track {
                 p
             }
         };
-        let ev = self.parts[p as usize].push_event(&event);
-        self.apply(p, ev, None);
+        let (kind, ev) = self.parts[p as usize].push_event(&event);
+        self.apply(p, ev, kind, None);
     }
 
     /// The index of task `id`, a new one if the track has not met it yet.
@@ -852,27 +888,28 @@ impl Track {
     }
 
     /// Applies event `ev` of part `p` (rule 1); `once`: drop what its vnode logged before.
-    fn apply(&mut self, p: u32, ev: Ev, once: Option<&mut Once>) {
-        let t = match ev.kind {
+    fn apply(&mut self, p: u32, ev: Ev, kind: Kind, once: Option<&mut Once>) {
+        let id = ev.id();
+        let t = match kind {
             Kind::Returned | Kind::Input => None,
             _ if ev.ix != NONE => Some(ev.ix),
-            Kind::Stolen => self.index.get(&self.ids, ev.id),
-            _ => Some(self.ix(ev.id)),
+            Kind::Stolen => self.index.get(&self.ids, id),
+            _ => Some(self.ix(id)),
         };
         if let Some(once) = once {
-            if !once.first(p, t, ev.id, ev.kind) {
+            if !once.first(p, t, id, kind) {
                 return;
             }
         }
         self.events += 1;
         let v = self.parts[p as usize].vnode;
-        let task = TaskId(ev.id);
+        let task = TaskId(id);
         let span = |start: u32, len: u32| Span {
             part: p,
             start,
             len,
         };
-        match (ev.kind, t) {
+        match (kind, t) {
             (Kind::Declared, Some(i)) => self.set_record(v, i, (p, ev.at), true),
             (Kind::Adopted, Some(i)) => {
                 let (rec, start, len) = self.parts[p as usize].adoptions[ev.at as usize];
@@ -935,14 +972,14 @@ impl Track {
             (Kind::Returned, _) => {
                 let digest = self.parts[p as usize].returns[ev.at as usize];
                 if ev.ix == NONE {
-                    self.dix(ev.id);
+                    self.dix(id);
                 }
-                self.returned.entry(ev.id).or_default().push((v, digest));
+                self.returned.entry(id).or_default().push((v, digest));
             }
             (Kind::Input, _) => {
                 let (value, digest) = self.parts[p as usize].inputs[ev.at as usize];
                 let d = match ev.ix {
-                    NONE => self.dix(ev.id),
+                    NONE => self.dix(id),
                     x => x,
                 };
                 if self.writer[d as usize] == NONE {
@@ -974,8 +1011,8 @@ impl Track {
         fn ids(part: &Part, r: Rec) -> &[u128] {
             &part.ids[r.ids as usize..(r.ids + r.inputs + r.outputs) as usize]
         }
-        ra.task == rb.task
-            && ra.parent == rb.parent
+        // Both are records of one task (the index they were applied to): its id is equal.
+        ra.parent() == rb.parent()
             && ra.index == rb.index
             && ra.inputs == rb.inputs
             && ids(x, ra) == ids(y, rb)
@@ -1088,8 +1125,8 @@ impl Track {
                 .collect()
         };
         Some(Declared {
-            task: TaskId(r.task),
-            parent: r.parent.map(TaskId),
+            task: TaskId(self.ids[t as usize]),
+            parent: r.parent().map(TaskId),
             index: r.index,
             name: Cow::Owned(part.names[r.name as usize].to_string()),
             args: part.payload(r.args).to_payload(),
@@ -1253,7 +1290,7 @@ impl Track {
                 need(DataId(part.ids[k]), x, Some(t), &mut stack, &mut seen);
             }
             let parent = match r.parent_ix {
-                NONE => r.parent.and_then(|p| self.index_of(TaskId(p))),
+                NONE => r.parent().and_then(|p| self.index_of(TaskId(p))),
                 p => Some(p),
             };
             if let Some(p) = parent {
@@ -1412,7 +1449,7 @@ impl Track {
             };
             let ok = child
                 .and_then(|ci| self.rec_of(ci))
-                .is_some_and(|(_, cr)| cr.parent == Some(id) && cr.index as usize == i);
+                .is_some_and(|(_, cr)| cr.parent() == Some(id) && cr.index as usize == i);
             if !ok {
                 out.push(self.error(
                     Some(t),
@@ -1696,6 +1733,30 @@ pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_and_an_event_are_small() {
+        // Rule 6: 3.67 M events and 1.22 M records of a 1.2 M-task log.
+        assert_eq!(std::mem::size_of::<Rec>(), 64);
+        assert_eq!(std::mem::size_of::<Ev>(), 24);
+        let mut r = Rec {
+            parent: [0; 2],
+            has_parent: false,
+            index: 0,
+            name: 0,
+            args: Val { start: 0, len: 0 },
+            ids: 0,
+            inputs: 0,
+            outputs: 0,
+            parent_ix: NONE,
+        };
+        assert_eq!(r.parent(), None);
+        let id = (7u128 << 100) | (3 << 64) | 0xdead_beef;
+        r.parent = [(id >> 64) as u64, id as u64];
+        r.has_parent = true;
+        assert_eq!(r.parent(), Some(id));
+        assert_eq!(Ev::new(u128::MAX - 5, 9).id(), u128::MAX - 5);
+    }
 
     /// Rule 4's tree as first written: a new vector per level, keys derived for every node.
     fn merkle_by_levels(mut level: Vec<[u8; 32]>) -> [u8; 32] {
