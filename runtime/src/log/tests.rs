@@ -389,11 +389,16 @@ proptest! {
 }
 
 /// A store that refuses a batch above 20 MiB (as a checkpoint server refuses a frame above its
-/// maximum) and remembers the largest batch it was given.
+/// maximum) and remembers the largest batch it was given, and the order of the keys it
+/// stored; its batches, and its value puts, may be slow, and it may refuse values.
+#[derive(Default)]
 struct BoundedStore {
     inner: MemoryStore,
     largest: std::sync::atomic::AtomicUsize,
     slow: std::time::Duration,
+    slow_values: std::time::Duration,
+    refuse_values: bool,
+    order: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 impl Store for BoundedStore {
@@ -412,7 +417,18 @@ impl Store for BoundedStore {
                 "batch of {bytes} bytes"
             )));
         }
+        if pairs
+            .iter()
+            .any(|(k, _)| k.starts_with(values::VALUE_PREFIX))
+        {
+            std::thread::sleep(self.slow_values);
+            if self.refuse_values {
+                return Err(veriflow_checkpoint::StoreError::Io("value refused".into()));
+            }
+        }
         std::thread::sleep(self.slow); // let segments pile up behind a slow store
+        let mut order = self.order.lock().unwrap();
+        order.extend(pairs.iter().map(|(k, _)| k.clone()));
         self.inner.put_batch(pairs)
     }
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
@@ -440,9 +456,8 @@ impl Store for BoundedStore {
 #[test]
 fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
     let store = Arc::new(BoundedStore {
-        inner: MemoryStore::default(),
-        largest: Default::default(),
         slow: std::time::Duration::from_millis(200),
+        ..BoundedStore::default()
     });
     // Values inline (rule 10's value threads store large ones each on its own): 1 MiB segments.
     let policy = CommitPolicy {
@@ -1187,54 +1202,6 @@ fn a_value_handed_once_is_not_copied_or_stored_again() {
     assert_eq!(named, 4);
 }
 
-/// A store whose value puts are slow (or refused), and that records the order of its keys.
-struct SlowValues {
-    inner: MemoryStore,
-    order: std::sync::Mutex<Vec<Vec<u8>>>,
-    refuse: bool,
-}
-
-impl Store for SlowValues {
-    fn put(&self, key: &[u8], value: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.put_batch(&[(key.to_vec(), value.to_vec())])
-    }
-    fn put_batch(
-        &self,
-        pairs: &[(Vec<u8>, Vec<u8>)],
-    ) -> Result<(), veriflow_checkpoint::StoreError> {
-        if pairs
-            .iter()
-            .any(|(k, _)| k.starts_with(values::VALUE_PREFIX))
-        {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            if self.refuse {
-                return Err(veriflow_checkpoint::StoreError::Io("value refused".into()));
-            }
-        }
-        let mut order = self.order.lock().unwrap();
-        order.extend(pairs.iter().map(|(k, _)| k.clone()));
-        self.inner.put_batch(pairs)
-    }
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
-        self.inner.get(key)
-    }
-    fn scan_prefix(
-        &self,
-        prefix: &[u8],
-    ) -> Result<veriflow_checkpoint::Pairs, veriflow_checkpoint::StoreError> {
-        self.inner.scan_prefix(prefix)
-    }
-    fn delete(&self, key: &[u8]) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.delete(key)
-    }
-    fn flush(&self) -> Result<(), veriflow_checkpoint::StoreError> {
-        self.inner.flush()
-    }
-    fn describe(&self) -> String {
-        "slow values".to_string()
-    }
-}
-
 /// Rule 10: the value threads store each value as its segment is sealed, several at once; a
 /// segment reaches the store only after every value it first names, however slow they are; a
 /// value the store refuses stops the log (rule 6) with the store's error, and no segment
@@ -1242,10 +1209,10 @@ impl Store for SlowValues {
 #[test]
 fn values_are_stored_apart_and_always_before_the_segments_naming_them() {
     for refuse in [false, true] {
-        let store = Arc::new(SlowValues {
-            inner: MemoryStore::default(),
-            order: Default::default(),
-            refuse,
+        let store = Arc::new(BoundedStore {
+            slow_values: std::time::Duration::from_millis(20),
+            refuse_values: refuse,
+            ..BoundedStore::default()
         });
         let writer = LogWriter::start(store.clone(), 2, CommitPolicy::default()).unwrap();
         let mut logs: Vec<VnodeLog> = (0..2)

@@ -185,8 +185,17 @@ impl ValueThreads {
                         let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                         let Ok((digest, bytes)) = job else { return };
                         let len = bytes.len() as u64;
-                        let r =
-                            store.put_batch_fenced_content(&[], &[(value_key(&digest), bytes)], 1);
+                        let pair = [(value_key(&digest), bytes)];
+                        // A store that panics fails the log (rule 6), never leaves it waiting.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            store.put_batch_fenced_content(&[], &pair, 1)
+                        }))
+                        .unwrap_or_else(|_| {
+                            Err(veriflow_checkpoint::StoreError::Io(
+                                "the store panicked".to_string(),
+                            ))
+                        });
+                        drop(pair);
                         let me = shared.values.as_ref().expect("value threads");
                         let mut done = me.done.lock().unwrap_or_else(|p| p.into_inner());
                         match r {
