@@ -260,6 +260,16 @@ pub fn encode_value<T: Serialize + 'static>(value: &T) -> Result<Vec<u8>, CodecE
     Ok(out)
 }
 
+/// The length of [`encode_value`]'s bytes when it is known without encoding: a `Vec<f64>`'s
+/// (rule 3: its length's varint, then 8 bytes a number); `None` for other types.
+pub fn encoded_value_len<T: 'static>(value: &T) -> Option<u64> {
+    let v = (value as &dyn std::any::Any).downcast_ref::<Vec<f64>>()?;
+    let n = v.len() as u64;
+    // A postcard varint carries 7 bits a byte.
+    let varint = (64 - n.leading_zeros()).div_ceil(7).max(1);
+    Some(u64::from(varint) + 8 * n)
+}
+
 /// [`decode`] of a task's value, a `Vec<f64>` in bulk (rule 3).
 pub fn decode_value<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<T, CodecError> {
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<Vec<f64>>() {

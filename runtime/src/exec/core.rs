@@ -41,6 +41,7 @@ use super::shared::RunShared;
 use crate::codec::Digest;
 use crate::error::RunError;
 use crate::ids::{DataId, IdHasher, IdMap, IdSet, TaskId, VnodeId};
+use crate::log::segment::SegmentValues;
 use crate::log::{Declared, DeclaredRef, Event, Output, Payload, PayloadView, VnodeLog};
 use crate::task::value::Value;
 use crate::task::{ErasedTask, IdList, Registry, Task};
@@ -640,8 +641,12 @@ impl Core {
         {
             self.forge(id, name, &mut writes, &mut log_only)?;
         }
-        if self.log.is_some() {
+        if let Some(log) = &self.log {
+            let stored_from = log.stored_from();
             let mut logged = Vec::with_capacity(writes.len());
+            // Rule 10 of `log/mod.rs`: a large output's bytes move into the log's value list
+            // (encoded once, hashed once, never copied) unless they go home to a victim too.
+            let mut moved = SegmentValues::new();
             for (i, value) in &writes {
                 let forged = log_only
                     .iter()
@@ -655,9 +660,21 @@ impl Core {
                     })?,
                 };
                 let digest = Digest::of(&bytes);
+                let data = outputs[*i];
+                let returning = self
+                    .data
+                    .get(&data)
+                    .is_some_and(|e| !e.return_to.is_empty());
+                let value = if bytes.len() >= stored_from && !returning {
+                    let len = bytes.len() as u64;
+                    moved.push((digest, bytes));
+                    Payload::Stored { digest, len }
+                } else {
+                    bytes.into()
+                };
                 logged.push(Output {
-                    data: outputs[*i],
-                    value: bytes.into(),
+                    data,
+                    value,
                     digest,
                 });
             }
@@ -666,7 +683,10 @@ impl Core {
                 outputs: logged,
                 children,
             };
-            let seq = self.append(&event)?;
+            let seq = match &mut self.log {
+                Some(log) => log.append_outlined(&event, moved)?,
+                None => 0,
+            };
             let Event::Completed {
                 outputs: logged, ..
             } = event

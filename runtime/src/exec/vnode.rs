@@ -564,28 +564,34 @@ impl Vnode {
                 ),
             });
         }
-        // Rule 4: the log gets the record and the inputs' bytes (moved back out after).
+        // Rule 4: the log gets the record and the inputs' bytes (moved back out after), or,
+        // for an input its log holds by digest already, the digest and length alone.
         let (seq, digests, record) = if self.core.logging() {
-            let bytes = inputs
-                .iter()
-                .map(Value::encode)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| RunError::Encode {
+            let mut digests = Vec::with_capacity(inputs.len());
+            let mut payloads = Vec::with_capacity(inputs.len());
+            for (i, input) in inputs.iter().enumerate() {
+                let known = sent
+                    .get(i)
+                    .copied()
+                    .filter(|_| input.wire_bytes().is_none());
+                if let Some((d, stored)) =
+                    known.and_then(|d| Some((d, self.already_stored(input, d)?)))
+                {
+                    digests.push(d);
+                    payloads.push(stored);
+                    continue;
+                }
+                let b = input.encode().map_err(|e| RunError::Encode {
                     what: format!("inputs of task {task}"),
                     reason: e.to_string(),
                 })?;
-            let digests = bytes
-                .iter()
-                .enumerate()
-                .map(|(i, b)| match sent.get(i) {
-                    Some(&d) if inputs[i].wire_bytes().is_none() => d,
-                    _ => Digest::of(b),
-                })
-                .collect();
+                digests.push(known.unwrap_or_else(|| Digest::of(&b)));
+                payloads.push(Payload::from(b));
+            }
             let event = Event::Adopted {
                 victim,
                 record,
-                inputs: bytes.into_iter().map(Payload::from).collect(),
+                inputs: payloads,
             };
             let seq = self.core.append(&event)?;
             let Event::Adopted { record, .. } = event else {
@@ -643,16 +649,24 @@ impl Vnode {
         // An expected value may already be here, written by a task we stole back (see
         // `Core::create_return`); its entry may even be gone (dropped once written).
         if expected && self.core.awaits(data) {
-            // The log needs the bytes and a digest; a duplicate is never encoded.
+            // The log needs the bytes and a digest (the thief's log has stored them already
+            // in this process: their digest and length); a duplicate is never encoded.
             let (seq, digest) = if self.core.logging() {
-                let bytes = value.encode().map_err(|e| RunError::Encode {
-                    what: format!("returned value of {data}"),
-                    reason: e.to_string(),
-                })?;
-                let digest = digest.unwrap_or_else(|| Digest::of(&bytes));
+                let stored = digest.and_then(|d| Some((d, self.already_stored(&value, d)?)));
+                let (payload, digest) = match stored {
+                    Some((d, p)) => (p, d),
+                    None => {
+                        let bytes = value.encode().map_err(|e| RunError::Encode {
+                            what: format!("returned value of {data}"),
+                            reason: e.to_string(),
+                        })?;
+                        let digest = digest.unwrap_or_else(|| Digest::of(&bytes));
+                        (Payload::from(bytes), digest)
+                    }
+                };
                 let output = Output {
                     data,
-                    value: bytes.into(),
+                    value: payload,
                     digest,
                 };
                 (self.core.append(&Event::Returned { output })?, Some(digest))
@@ -671,6 +685,16 @@ impl Vnode {
             self.core.shared.work_done(self.id());
         }
         Ok(())
+    }
+
+    /// `value` as a reference to its copy in the value store, when its digest `d` (known, not
+    /// computed here) was handed to this process's log writer already and its length is
+    /// known without encoding it (`log/mod.rs` rule 10): no copy of it is made again.
+    fn already_stored(&self, value: &Value, d: Digest) -> Option<Payload> {
+        let log = self.core.log.as_ref()?;
+        let len = value.encoded_len()?;
+        (usize::try_from(len).is_ok_and(|l| l >= log.stored_from()) && log.handed(&d))
+            .then_some(Payload::Stored { digest: d, len })
     }
 
     /// Rule 5, thief side: values written here that go home.

@@ -68,9 +68,21 @@
 //!     adopted task's input, a declared task's arguments) of at least [`CommitPolicy::stored_from`] encoded bytes (default
 //!     [`STORED_FROM`], 4 KiB) is not copied into its event: the segment holds its digest and
 //!     length ([`Payload::Stored`]) and the bytes go once, keyed by their blake3 digest, to the
-//!     value store `val/<digest>` of the same store, in the same store batch as the segment and
-//!     before it, so a durable segment never names a value that is not durable. The batch
-//!     marks them content-addressed ([`veriflow_checkpoint::Store::put_batch_fenced_content`]):
+//!     value store `val/<digest>` of the same store, before the segment, so a durable segment
+//!     never names a value that is not durable. A thread's writer streams them: when a vnode
+//!     seals the segment that first names a value, the value goes to the writer's value
+//!     threads (`writer.rs`, [`VnodeLog::append`]), which store each on its own, several at
+//!     once, while vnodes compute and the writer stores and flushes segments; the writer puts
+//!     a segment's batch only once the values it awaits are stored (a value file is durable
+//!     then, `value_files.rs` rule 2; in any other store, by that batch's flush), and a value
+//!     the store refuses stops the log (rule 6). A manual writer stores them in the segment's
+//!     own batch, before it. Each value is handed once per process: a vnode that logs a value
+//!     handed already (a victim logging what its thief returned, a thief the inputs it
+//!     adopted, the same vector written again) names it by digest and length without copying
+//!     it, and its segment, sealed later, is stored after it. A task's outputs are encoded and
+//!     hashed once, and their bytes moved, not copied, into the log
+//!     ([`VnodeLog::append_outlined`]). Values are
+//!     put content-addressed ([`veriflow_checkpoint::Store::put_batch_fenced_content`]):
 //!     a writer that stores one again (another worker re-running a task) and dies half-way
 //!     cannot make the copy already stored unreadable. Smaller values
 //!     stay inline ([`Payload::Inline`]). Recovery state, checkpoints and the certifier's track

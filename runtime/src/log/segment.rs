@@ -135,6 +135,19 @@ impl SegmentBuilder {
         Ok(self.values.len() > before)
     }
 
+    /// [`SegmentBuilder::push`] of an event whose large values its caller took out already
+    /// (their payloads are [`Payload::Stored`]): `values` are their bytes, moved in, not copied.
+    pub fn push_outlined(
+        &mut self,
+        event: &Event,
+        values: SegmentValues,
+    ) -> Result<(), codec::CodecError> {
+        self.push(event)?;
+        self.value_bytes += values.iter().map(|(_, b)| b.len()).sum::<usize>();
+        self.values.extend(values);
+        Ok(())
+    }
+
     /// Appends one event that `encode` writes (its large values to the list it is given).
     fn push_with(
         &mut self,

@@ -389,11 +389,16 @@ proptest! {
 }
 
 /// A store that refuses a batch above 20 MiB (as a checkpoint server refuses a frame above its
-/// maximum) and remembers the largest batch it was given.
+/// maximum) and remembers the largest batch it was given, and the order of the keys it
+/// stored; its batches, and its value puts, may be slow, and it may refuse values.
+#[derive(Default)]
 struct BoundedStore {
     inner: MemoryStore,
     largest: std::sync::atomic::AtomicUsize,
     slow: std::time::Duration,
+    slow_values: std::time::Duration,
+    refuse_values: bool,
+    order: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 impl Store for BoundedStore {
@@ -412,7 +417,18 @@ impl Store for BoundedStore {
                 "batch of {bytes} bytes"
             )));
         }
+        if pairs
+            .iter()
+            .any(|(k, _)| k.starts_with(values::VALUE_PREFIX))
+        {
+            std::thread::sleep(self.slow_values);
+            if self.refuse_values {
+                return Err(veriflow_checkpoint::StoreError::Io("value refused".into()));
+            }
+        }
         std::thread::sleep(self.slow); // let segments pile up behind a slow store
+        let mut order = self.order.lock().unwrap();
+        order.extend(pairs.iter().map(|(k, _)| k.clone()));
         self.inner.put_batch(pairs)
     }
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, veriflow_checkpoint::StoreError> {
@@ -440,14 +456,17 @@ impl Store for BoundedStore {
 #[test]
 fn big_piles_of_segments_go_to_the_store_in_bounded_chunks() {
     let store = Arc::new(BoundedStore {
-        inner: MemoryStore::default(),
-        largest: Default::default(),
         slow: std::time::Duration::from_millis(200),
+        ..BoundedStore::default()
     });
-    let writer = LogWriter::start(store.clone(), 1, CommitPolicy::default()).unwrap();
+    // Values inline (rule 10's value threads store large ones each on its own): 1 MiB segments.
+    let policy = CommitPolicy {
+        stored_from: usize::MAX,
+        ..CommitPolicy::default()
+    };
+    let writer = LogWriter::start(store.clone(), 1, policy).unwrap();
     let mut log = writer.vnode_log(VnodeId(0)).unwrap();
     for i in 0..48u128 {
-        // Distinct values (one of the value store's blobs each, rule 10), in the same chunks.
         let mut value = vec![7u8; 1 << 20];
         value[0] = i as u8;
         let digest = Digest::of(&value);
@@ -1091,6 +1110,151 @@ fn large_values_go_to_the_value_store_once_and_never_into_segments() {
         assert_eq!(o.value.is_stored(), o.data.0 != 200, "{:#}", o.data);
         assert_eq!(o.digest, Digest::of(want));
         assert_eq!(&values::resolve(store.as_ref(), o.value).unwrap(), want);
+    }
+}
+
+/// Rule 10: a value handed to the writer once (sealed with the segment that first names it)
+/// is neither copied, counted in flight, nor stored again by another vnode that logs it (a
+/// victim logging the output a thief returned, a thief logging the inputs it adopted), nor by
+/// an event whose caller moved its values in ([`VnodeLog::append_outlined`]); every event
+/// still reads back naming it, and it resolves.
+#[test]
+fn a_value_handed_once_is_not_copied_or_stored_again() {
+    let store = Arc::new(MemoryStore::default());
+    let writer = LogWriter::manual(store.clone(), 2, CommitPolicy::default());
+    let mut thief = writer.vnode_log(VnodeId(0)).unwrap();
+    let mut victim = writer.vnode_log(VnodeId(1)).unwrap();
+    let big = big_value(7, 1 << 20);
+    let digest = Digest::of(&big);
+    assert!(!victim.handed(&digest));
+    thief.append(&completed_with(1, 1, big.clone())).unwrap();
+    thief.seal().unwrap();
+    let first = writer.in_flight();
+    assert!(
+        first > big.len() as u64,
+        "the value travels with its segment"
+    );
+    assert!(victim.handed(&digest), "handed once sealed");
+    // The victim logs it inline: its segment goes without it.
+    victim
+        .append(&Event::Returned {
+            output: Output {
+                data: DataId(1),
+                value: big.clone().into(),
+                digest,
+            },
+        })
+        .unwrap();
+    victim.seal().unwrap();
+    let second = writer.in_flight() - first;
+    assert!(second < 4096, "{second} more bytes in flight");
+    // Moved in: a new value is kept, one handed already is dropped.
+    let other = big_value(8, 1 << 20);
+    let moved = |task: u128, data: u128, v: &[u8]| Event::Completed {
+        task: TaskId(task),
+        outputs: vec![Output {
+            data: DataId(data),
+            value: Payload::Stored {
+                digest: Digest::of(v),
+                len: v.len() as u64,
+            },
+            digest: Digest::of(v),
+        }],
+        children: vec![],
+    };
+    victim
+        .append_outlined(&moved(2, 2, &big), vec![(digest, big.clone())])
+        .unwrap();
+    victim
+        .append_outlined(
+            &moved(3, 3, &other),
+            vec![(Digest::of(&other), other.clone())],
+        )
+        .unwrap();
+    victim.seal().unwrap();
+    let third = writer.in_flight() - first - second;
+    assert!(
+        third > other.len() as u64 && third < (other.len() + big.len()) as u64,
+        "{third} bytes in flight: the new value only"
+    );
+    thief.sync().unwrap();
+    victim.sync().unwrap();
+    writer.shutdown().unwrap();
+    let blobs = store.scan_prefix(values::VALUE_PREFIX).unwrap();
+    assert_eq!(blobs.len(), 2, "one blob per distinct value");
+    let reader = LogReader::new(store.clone() as Arc<dyn Store>);
+    let mut named = 0;
+    for v in [0, 1] {
+        for e in reader.read_vnode(VnodeId(v)).unwrap().events {
+            let outputs = match e.event {
+                Event::Completed { outputs, .. } => outputs,
+                Event::Returned { output } => vec![output],
+                _ => continue,
+            };
+            for o in outputs {
+                assert!(o.value.is_stored());
+                let want = if o.data.0 == 3 { &other } else { &big };
+                assert_eq!(&values::resolve(store.as_ref(), o.value).unwrap(), want);
+                named += 1;
+            }
+        }
+    }
+    assert_eq!(named, 4);
+}
+
+/// Rule 10: the value threads store each value as its segment is sealed, several at once; a
+/// segment reaches the store only after every value it first names, however slow they are; a
+/// value the store refuses stops the log (rule 6) with the store's error, and no segment
+/// naming it is stored: what a crash between the two leaves is a log without that segment.
+#[test]
+fn values_are_stored_apart_and_always_before_the_segments_naming_them() {
+    for refuse in [false, true] {
+        let store = Arc::new(BoundedStore {
+            slow_values: std::time::Duration::from_millis(20),
+            refuse_values: refuse,
+            ..BoundedStore::default()
+        });
+        let writer = LogWriter::start(store.clone(), 2, CommitPolicy::default()).unwrap();
+        let mut logs: Vec<VnodeLog> = (0..2)
+            .map(|v| writer.vnode_log(VnodeId(v)).unwrap())
+            .collect();
+        for i in 0..6u128 {
+            for (v, log) in logs.iter_mut().enumerate() {
+                let task = 100 * v as u128 + i;
+                log.append(&completed_with(task, task, big_value(task, 64 << 10)))
+                    .unwrap();
+                log.seal().unwrap();
+            }
+        }
+        for log in &mut logs {
+            let synced = log.sync();
+            match (refuse, synced) {
+                (false, Ok(())) => {}
+                (true, Err(LogError::Store(e))) => assert!(e.contains("value refused"), "{e}"),
+                (_, other) => panic!("refuse {refuse}: {other:?}"),
+            }
+        }
+        drop(logs);
+        let _ = writer.shutdown();
+        let order = store.order.lock().unwrap().clone();
+        let at = |k: &[u8]| order.iter().position(|o| o == k);
+        let segments = order.iter().filter(|k| k.starts_with(b"seg/")).count();
+        if refuse {
+            assert_eq!(segments, 0, "a segment stored without its value");
+            continue;
+        }
+        assert_eq!(segments, 12);
+        for v in 0..2u32 {
+            for i in 0..6u64 {
+                let task = 100 * u128::from(v) + u128::from(i);
+                let value = at(&values::value_key(&Digest::of(&big_value(task, 64 << 10))));
+                let segment = at(&segment_key(VnodeId(v), i));
+                assert!(
+                    value.is_some() && value < segment,
+                    "value of task {task} at {value:?}, its segment at {segment:?}"
+                );
+            }
+        }
     }
 }
 

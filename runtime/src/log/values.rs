@@ -3,12 +3,12 @@
 //!
 //! A value whose encoded bytes are at least [`STORED_FROM`] bytes long is not copied into its
 //! event: the segment holds [`Payload::Stored`] (digest and length) and the bytes go, raw, under
-//! `val/<blake3 digest, 32 bytes>` in the same store, in the same store batch as (and before)
-//! the segment that names them. The key is the check: a reader hashes what it gets back and
+//! `val/<blake3 digest, 32 bytes>` in the same store, stored before the segment that names
+//! them (by the writer's value threads as soon as that segment is sealed, `writer.rs`). The key is the check: a reader hashes what it gets back and
 //! refuses a blob whose digest or length differs, or that is not there, with
 //! [`LogError::Value`] naming the digest ([`load`]). A value written twice (the same vector
-//! re-logged, or returned by a thief and logged by its victim) is one blob: the writer skips a
-//! digest it has stored already.
+//! re-logged, or returned by a thief and logged by its victim) is one blob, handed to the
+//! writer once: a log naming a digest handed already neither copies nor stores it again.
 
 use veriflow_checkpoint::Store;
 

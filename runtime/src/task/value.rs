@@ -25,6 +25,23 @@ use crate::task::Data;
 
 type Encoder = fn(&(dyn Any + Send + Sync)) -> Result<Vec<u8>, CodecError>;
 
+/// How a typed value is encoded, and the length of its encoding when that is known without
+/// encoding (`codec::encoded_value_len`): one static per type, so a typed value stays two
+/// words and a pointer.
+struct Codec {
+    encode: Encoder,
+    len: fn(&(dyn Any + Send + Sync)) -> Option<u64>,
+}
+
+struct CodecOf<T>(std::marker::PhantomData<T>);
+
+impl<T: Data> CodecOf<T> {
+    const CODEC: Codec = Codec {
+        encode: encode_as::<T>,
+        len: len_as::<T>,
+    };
+}
+
 /// A data object's value, typed or encoded (opaque outside the runtime).
 #[derive(Clone)]
 pub struct Value(Inner);
@@ -33,7 +50,7 @@ pub struct Value(Inner);
 enum Inner {
     Typed {
         any: Arc<dyn Any + Send + Sync>,
-        encode: Encoder,
+        codec: &'static Codec,
     },
     /// `Arc<Vec<u8>>`, not `Arc<[u8]>`: a received buffer becomes a value without a copy.
     /// `wire`: the bytes came over a wire (deserialized), not from this process's own log or
@@ -106,6 +123,10 @@ fn encode_as<T: Data>(any: &(dyn Any + Send + Sync)) -> Result<Vec<u8>, CodecErr
     }
 }
 
+fn len_as<T: Data>(any: &(dyn Any + Send + Sync)) -> Option<u64> {
+    codec::encoded_value_len(any.downcast_ref::<T>()?)
+}
+
 impl Value {
     pub(crate) fn typed<T: Data>(v: T) -> Value {
         if let Some((word, kind)) = word_of(&v) {
@@ -113,7 +134,7 @@ impl Value {
         }
         Value(Inner::Typed {
             any: Arc::new(v),
-            encode: encode_as::<T>,
+            codec: &CodecOf::<T>::CODEC,
         })
     }
 
@@ -127,9 +148,20 @@ impl Value {
     /// The encoded bytes of the value.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, CodecError> {
         match &self.0 {
-            Inner::Typed { any, encode } => encode(&**any),
+            Inner::Typed { any, codec } => (codec.encode)(&**any),
             Inner::Bytes { bytes, .. } => Ok(bytes.as_ref().clone()),
             Inner::Word { word, kind } => (kind.encode)(*word),
+        }
+    }
+
+    /// The length of [`Value::encode`]'s bytes when it is known without encoding (bytes, or
+    /// a type whose length `codec::encoded_value_len` knows): a log that holds the value by
+    /// digest already names it again by digest and length, without a copy.
+    pub(crate) fn encoded_len(&self) -> Option<u64> {
+        match &self.0 {
+            Inner::Typed { any, codec } => (codec.len)(&**any),
+            Inner::Bytes { bytes, .. } => Some(bytes.len() as u64),
+            Inner::Word { .. } => None,
         }
     }
 
@@ -166,8 +198,8 @@ impl Value {
 impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match &self.0 {
-            Inner::Typed { any, encode } => {
-                let bytes = encode(&**any).map_err(serde::ser::Error::custom)?;
+            Inner::Typed { any, codec } => {
+                let bytes = (codec.encode)(&**any).map_err(serde::ser::Error::custom)?;
                 s.serialize_bytes(&bytes)
             }
             Inner::Bytes { bytes, .. } => s.serialize_bytes(bytes),
@@ -223,6 +255,24 @@ mod tests {
         let moved = v.clone();
         assert!(moved.wire_bytes().is_none());
         assert_eq!(moved.take::<Vec<f64>>().unwrap(), vec![1.5, -2.0, 3.25]);
+    }
+
+    /// The length of a value's encoding is known without encoding it for bytes and for a
+    /// `Vec<f64>` (every varint width of its length), and is then exactly the encoding's.
+    #[test]
+    fn an_encoded_length_known_in_advance_is_the_encodings() {
+        for n in [0usize, 1, 127, 128, 16_383, 16_384, 300_000] {
+            let v = Value::typed(vec![0.5f64; n]);
+            assert_eq!(
+                v.encoded_len(),
+                Some(v.encode().unwrap().len() as u64),
+                "{n}"
+            );
+        }
+        assert_eq!(Value::bytes(vec![3; 17]).encoded_len(), Some(17));
+        assert_eq!(Value::typed("text".to_string()).encoded_len(), None);
+        assert_eq!(Value::typed(vec![1u8, 2]).encoded_len(), None);
+        assert_eq!(Value::typed(7u64).encoded_len(), None);
     }
 
     /// Scalars live in the word (no `Arc`), and read back, encode, cross a wire and refuse
