@@ -785,8 +785,18 @@ impl Vnode {
         let peer_back = changes != self.epochs_seen;
         self.epochs_seen = changes;
         let durable = self.core.log.as_ref().map_or(u64::MAX, |l| l.durable());
+        // In a fixed order (grants by their id map, returns sorted by key; the return map's
+        // own order is random per process), so that a seeded simulation sends the same
+        // messages in the same order however it is run: a peer coming back sends them all at
+        // once.
+        let mut returns: Vec<_> = self.returns.iter_mut().collect();
+        returns.sort_unstable_by_key(|(k, _)| **k);
         let mut out = Vec::new();
-        for u in self.grants.values_mut().chain(self.returns.values_mut()) {
+        for u in self
+            .grants
+            .values_mut()
+            .chain(returns.into_iter().map(|(_, u)| u))
+        {
             if u.seq <= durable && (peer_back || now >= u.resend_at) {
                 u.resend_at = now + self.timers.resend_after;
                 out.push((u.to, u.msg.clone()));
