@@ -785,6 +785,10 @@ impl Vnode {
         let peer_back = changes != self.epochs_seen;
         self.epochs_seen = changes;
         let durable = self.core.log.as_ref().map_or(u64::MAX, |l| l.durable());
+        let due = |u: &Unacked| u.seq <= durable && (peer_back || now >= u.resend_at);
+        if !self.grants.values().any(due) && !self.returns.values().any(due) {
+            return Ok(()); // the common case, every step: nothing allocated
+        }
         // In a fixed order (grants by their id map, returns sorted by key; the return map's
         // own order is random per process), so that a seeded simulation sends the same
         // messages in the same order however it is run: a peer coming back sends them all at
@@ -797,7 +801,7 @@ impl Vnode {
             .values_mut()
             .chain(returns.into_iter().map(|(_, u)| u))
         {
-            if u.seq <= durable && (peer_back || now >= u.resend_at) {
+            if due(u) {
                 u.resend_at = now + self.timers.resend_after;
                 out.push((u.to, u.msg.clone()));
             }
