@@ -1198,16 +1198,7 @@ impl VnodeLog {
     /// before it counts as stable. A duplicate of an event in the open batch is dropped
     /// (rule 1).
     pub fn append(&mut self, event: &Event) -> Result<u64, LogError> {
-        if !self.keys.insert(event.key()) {
-            return Ok(self.next_seq);
-        }
-        self.builder
-            .push(event)
-            .map_err(|e| LogError::Encode(e.to_string()))?;
-        self.peeks.push(event);
-        self.next_seq += 1;
-        self.seal_if_full()?;
-        Ok(self.next_seq)
+        self.append_outlined(event, SegmentValues::new())
     }
 
     /// [`VnodeLog::append`] of an event whose large values the caller took out of it (its
