@@ -72,7 +72,11 @@
 //!     a crash's or a zombie's leftover, which rule 6 already reads as absent). It succeeds
 //!     when at least **K + 1** servers took the raise, answered the listing and took those
 //!     deletes (the *sealed* servers); else it is [`StoreError::Unavailable`] and the caller
-//!     retries when servers are back. For replication (M = 1) K + 1 is every server.
+//!     retries when servers are back. For replication (M = 1) K + 1 is every server, and
+//!     there is no seal: every fragment is a whole copy, so a write that reached any server
+//!     decodes, and a key whose every copy is damaged is no reader's to delete (reading it is
+//!     [`StoreError::Unrecoverable`], as before the raise). Listing the scope with its values
+//!     was a second read of a recovering vnode's whole log, for nothing.
 //! 11. **Fenced write.** [`Store::put_batch_fenced`] sends each server its fragments with the
 //!     fences; a server checks them and writes under one lock. If **any** server refuses with
 //!     `Fenced`, the write is [`StoreError::Fenced`] whatever the others did (the writer is a
@@ -1093,6 +1097,10 @@ impl RemoteStore {
             }
         }
         self.check_reachable(&op, &unreachable, need)?;
+        if self.m() == 1 {
+            // Rule 10: with M = 1 every fragment is a whole copy, so there is nothing to seal.
+            return Ok(());
+        }
         // The seal: keys under the scope that no reader can decode, deleted on the servers
         // that took the raise.
         let (keys, answered) = self.gather_answered(scope)?;
@@ -1521,6 +1529,7 @@ mod tests {
         store: MemoryStore,
         down: std::sync::atomic::AtomicBool,
         drop_raises: std::sync::atomic::AtomicBool,
+        scans: std::sync::atomic::AtomicUsize,
     }
 
     impl ServerLink for TestLink {
@@ -1533,6 +1542,9 @@ mod tests {
                     addr: "test".into(),
                     reason: "down".into(),
                 });
+            }
+            if matches!(call.0, Request::Scan { .. }) {
+                self.scans.fetch_add(1, Ordering::SeqCst);
             }
             Ok(crate::server::serve(&self.store, call))
         }
@@ -1588,6 +1600,31 @@ mod tests {
             } else {
                 assert_eq!(got.as_deref(), Some(&b"a stale segment"[..]), "unsealed");
             }
+        }
+    }
+
+    /// Rule 10 without a seal when M = 1: a raise over copies lists nothing (it used to read the
+    /// scope's every value back), and what was written before it stays readable. With M = 2
+    /// the seal lists the scope on every server.
+    #[test]
+    fn a_raise_over_copies_does_not_list_the_scope() {
+        let scope = b"seg/\x00\x00\x00\x02".to_vec();
+        let key = [&scope[..], b"/1"].concat();
+        for (layout, sealed) in [
+            (Layout::Central, false),
+            (Layout::Replicate { copies: 3 }, false),
+            (Layout::Ida { m: 2, k: 1 }, true),
+        ] {
+            let (store, links) = linked(layout, Ack::All);
+            store.put(&key, b"a segment").unwrap();
+            store.raise_fence(&scope, 1).unwrap();
+            let scans: usize = links.iter().map(|l| l.scans.load(Ordering::SeqCst)).sum();
+            if sealed {
+                assert!(scans >= layout.servers(), "{layout:?}: {scans} scans");
+            } else {
+                assert_eq!(scans, 0, "{layout:?}");
+            }
+            assert_eq!(store.get(&key).unwrap().as_deref(), Some(&b"a segment"[..]));
         }
     }
 
