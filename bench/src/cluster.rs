@@ -76,6 +76,11 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = DEFAULT_GRAIN_US,
           value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub grain_us: u64,
+    /// The grain's clock (knary's KNARY_GRAIN_CLOCK): `wall`, or `cpu` (every node spins that
+    /// much of its thread's CPU, so the cluster's CPU beyond the grains is the runtime's own;
+    /// writes cluster-cpu.* instead).
+    #[arg(long, default_value = "wall", value_parser = knary::GrainClock::parse)]
+    pub grain_clock: knary::GrainClock,
     /// The job's seed, which also draws S2's kill (see `KILL_SEED`; another seed kills at
     /// another point, or the spare).
     #[arg(long, default_value_t = KILL_SEED)]
@@ -148,6 +153,7 @@ pub(crate) struct Plan {
     pub(crate) spares: u32,
     pub(crate) threads: u32,
     pub(crate) seed: u64,
+    pub(crate) grain_clock: knary::GrainClock,
 }
 
 impl Plan {
@@ -174,6 +180,11 @@ impl Plan {
         }
         v.extend(extra.iter().cloned());
         v
+    }
+
+    /// The environment of every `knary cluster` run (its grain clock).
+    pub(crate) fn env(&self) -> [(&'static str, &'static str); 1] {
+        [(knary::GRAIN_CLOCK_ENV, self.grain_clock.name())]
     }
 
     /// The fraction of the tasks at which S2 kills, and the victim, unless it is a spare.
@@ -244,9 +255,15 @@ impl ClusterRun {
     }
 }
 
-/// Runs `knary <argv>` (a `cluster ... --json` command) to its end, at most `timeout`, and
-/// parses its summary. The command and every process it started are killed on timeout.
-pub(crate) fn cluster_run(knary: &Path, argv: &[String], timeout: Duration) -> Result<ClusterRun> {
+/// Runs `knary <argv>` (a `cluster ... --json` command) with `env` added to its environment to
+/// its end, at most `timeout`, and parses its summary. The command and every process it started
+/// are killed on timeout.
+pub(crate) fn cluster_run(
+    knary: &Path,
+    argv: &[String],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<ClusterRun> {
     let logs = tempfile::Builder::new()
         .prefix("veriflow-bench-cluster-")
         .tempdir()
@@ -259,6 +276,7 @@ pub(crate) fn cluster_run(knary: &Path, argv: &[String], timeout: Duration) -> R
         .with_context(|| format!("cannot create {}", err_path.display()))?;
     let mut cmd = Command::new(knary);
     cmd.args(argv)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr);
@@ -341,6 +359,7 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
         spares: args.spares,
         threads: args.threads,
         seed: args.seed,
+        grain_clock: args.grain_clock,
     };
     let runs = if args.quick {
         args.runs.min(2)
@@ -368,7 +387,7 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
         }
     );
     // Warm-up (binary and libraries in the page cache): not counted.
-    cluster_run(&knary, &plan.argv(Setting::S0, &[]), timeout)?
+    cluster_run(&knary, &plan.argv(Setting::S0, &[]), &plan.env(), timeout)?
         .check(plan.shape, Setting::S0)
         .context("warm-up run")?;
 
@@ -377,7 +396,7 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
     let series = rounds.run(
         settings.len(),
         |_, i| {
-            let r = cluster_run(&knary, &plan.argv(settings[i], &[]), timeout)?;
+            let r = cluster_run(&knary, &plan.argv(settings[i], &[]), &plan.env(), timeout)?;
             r.check(plan.shape, settings[i])?;
             Ok(r)
         },
@@ -400,7 +419,10 @@ pub fn run(args: &ClusterArgs) -> Result<()> {
         series,
         rounds,
     };
-    let stem = session.stem("cluster");
+    let stem = session.stem(match plan.grain_clock {
+        knary::GrainClock::Wall => "cluster",
+        knary::GrainClock::Cpu => "cluster-cpu",
+    });
     let plots = session.plot(&stem, &RunsFigure::of(&report));
     session.write(
         "cluster",
@@ -480,8 +502,8 @@ impl Report {
         let mut md = String::new();
         let _ = writeln!(
             md,
-            "knary depth {} fanout {} serial {} grain {} µs ({} nodes, {} tasks) in cluster \
-             mode: `knary cluster` with {} worker process(es) × {} thread(s) (one vnode per \
+            "knary depth {} fanout {} serial {} grain {} µs on the {} clock ({} nodes, {} \
+             tasks) in cluster mode: `knary cluster` with {} worker process(es) × {} thread(s) (one vnode per \
              thread) and {} idle spare(s), a central checkpoint server (fjall), all on loopback; \
              median of {} repetitions (S0, S1, S2 interleaved); times are the job's \
              `elapsed_s` as the coordinator measures it (process start-up and teardown \
@@ -492,6 +514,10 @@ impl Report {
             s.fanout,
             s.serial,
             s.grain_us,
+            match p.grain_clock {
+                knary::GrainClock::Wall => "wall",
+                knary::GrainClock::Cpu => "thread's CPU",
+            },
             s.nodes().unwrap_or(0),
             s.tasks().unwrap_or(0),
             p.workers,
@@ -566,13 +592,23 @@ impl Report {
         let _ = writeln!(
             md,
             "CPU of the cluster for logging: {} µs per task (median CPU of S1 minus that of \
-             S0, over the {} tasks). The grain is a busy loop on the clock and the workers \
-             outnumber the cores, so a run keeps every core busy: CPU taken by logging \
-             (writers, checkpoint server) is CPU the compute threads do not get, and shows \
-             as time.\n",
+             S0, over the {} tasks). The workers outnumber the cores, so a run keeps every \
+             core busy: CPU taken by logging (writers, checkpoint server) is CPU the compute \
+             threads do not get, and shows as time. {}\n",
             self.log_cpu_us_per_task()
                 .map_or_else(|| "unmeasured".to_string(), |l| format!("{l:.1}")),
             p.shape.tasks().unwrap_or(0),
+            match p.grain_clock {
+                knary::GrainClock::Wall => {
+                    "The grain is a busy loop on the wall clock: a node preempted while it \
+                     spins does less work, so CPU that logging takes from the spinning nodes \
+                     does not show in this difference (`--grain-clock cpu` measures it)."
+                }
+                knary::GrainClock::Cpu => {
+                    "The grain is a busy loop on the node thread's CPU clock: every node spins \
+                     the same CPU in S0 and S1, so this difference is the log's CPU alone."
+                }
+            },
         );
         md.push_str("| target | measured | met |\n|---|---:|---|\n");
         for (_, goal, measured, met) in self.targets() {
@@ -608,6 +644,7 @@ impl Report {
                 "spares": p.spares,
                 "threads_per_worker": p.threads,
                 "seed": p.seed,
+                "grain_clock": p.grain_clock.name(),
                 "kill": p.kill_point().map(|(at, v)| json!({
                     "fraction_of_tasks": at,
                     "victim_worker_index": v,
@@ -805,6 +842,7 @@ mod tests {
             spares: 1,
             threads: 1,
             seed: KILL_SEED,
+            grain_clock: knary::GrainClock::Wall,
         }
     }
 
@@ -826,6 +864,12 @@ mod tests {
         // Seed 82 (rand 0.8's choice) now draws the spare: no kill point to state.
         let other = Plan { seed: 82, ..p };
         assert_eq!(other.kill_point(), None);
+        assert_eq!(p.env(), [("KNARY_GRAIN_CLOCK", "wall")]);
+        let cpu = Plan {
+            grain_clock: knary::GrainClock::Cpu,
+            ..p
+        };
+        assert_eq!(cpu.env(), [("KNARY_GRAIN_CLOCK", "cpu")]);
     }
 
     #[test]

@@ -1055,6 +1055,7 @@ fn slowdown_series(args: &DetectorArgs, knary: &Path, runs: usize) -> Result<Slo
         spares: 0,
         threads: 1,
         seed: args.seed,
+        grain_clock: knary::GrainClock::Wall,
     };
     let settings = slowdown_settings();
     let timeout = Duration::from_secs(args.timeout);
@@ -1065,14 +1066,14 @@ fn slowdown_series(args: &DetectorArgs, knary: &Path, runs: usize) -> Result<Slo
         settings.map(|s| s.0).join(" / ")
     );
     let argv = |p: &FdParams| plan.argv(Setting::S0, &fd_argv(p));
-    cluster_run(knary, &argv(&settings[0].1), timeout)?
+    cluster_run(knary, &argv(&settings[0].1), &plan.env(), timeout)?
         .check(plan.shape, Setting::S0)
         .context("warm-up run")?;
     let rounds = rounds(runs, args.quiet_wait, args.retries);
     let series = rounds.run(
         settings.len(),
         |_, i| {
-            let r = cluster_run(knary, &argv(&settings[i].1), timeout)?;
+            let r = cluster_run(knary, &argv(&settings[i].1), &plan.env(), timeout)?;
             r.check(plan.shape, Setting::S0)?;
             Ok(r)
         },

@@ -231,7 +231,7 @@ fn ft_argv(n: u32, p: u32) -> Vec<String> {
 }
 
 fn run_ft(bin: &Path, n: u32, p: u32, timeout: Duration) -> Result<Run> {
-    let r = cluster_run(bin, &ft_argv(n, p), timeout)?;
+    let r = cluster_run(bin, &ft_argv(n, p), &[], timeout)?;
     let want_tasks = program(n, p).expected_tasks().context("task count")?;
     if !r.correct || r.tasks != want_tasks || r.events == 0 || r.failures != 0 {
         bail!(

@@ -80,16 +80,115 @@ impl Task for Sum {
     }
 }
 
-/// Busy-waits for `grain` (the Cilk original spins a fixed loop; a time grain keeps the task
-/// size the same across machines).
+/// The environment variable that chooses [`spin`]'s clock: `wall` (the default) or `cpu`.
+pub const GRAIN_CLOCK_ENV: &str = "KNARY_GRAIN_CLOCK";
+
+/// The clock a node's grain is measured on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrainClock {
+    /// The grain ends when that much time has passed, however much of it the node ran: with
+    /// more runnable threads than cores, a preempted node does less work, and work the log
+    /// takes from the nodes does not show as CPU.
+    Wall,
+    /// The grain ends when the node's thread has run that long (its CPU clock): every node
+    /// does the same work whatever else runs, as the Cilk original's fixed loop, so a run's CPU
+    /// beyond its grains is exactly the runtime's (and the log's).
+    Cpu,
+}
+
+impl GrainClock {
+    /// The clock [`GRAIN_CLOCK_ENV`] names (unset: [`GrainClock::Wall`]), or what is wrong with
+    /// it.
+    pub fn from_env() -> Result<GrainClock, String> {
+        match std::env::var(GRAIN_CLOCK_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(GrainClock::Wall),
+            Ok(v) => GrainClock::parse(&v),
+            Err(e) => Err(format!("{GRAIN_CLOCK_ENV}: {e}")),
+        }
+    }
+
+    /// `wall` or `cpu`.
+    pub fn parse(name: &str) -> Result<GrainClock, String> {
+        match name {
+            "wall" => Ok(GrainClock::Wall),
+            "cpu" => Ok(GrainClock::Cpu),
+            other => Err(format!("{GRAIN_CLOCK_ENV}={other:?}: expected wall or cpu")),
+        }
+    }
+
+    /// The name [`GrainClock::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrainClock::Wall => "wall",
+            GrainClock::Cpu => "cpu",
+        }
+    }
+}
+
+/// This process's grain clock, read from [`GRAIN_CLOCK_ENV`] once (a wrong value was refused
+/// by [`Knary::validate`] before any node ran; here it falls back to the wall clock).
+fn grain_clock() -> GrainClock {
+    static CLOCK: std::sync::OnceLock<GrainClock> = std::sync::OnceLock::new();
+    *CLOCK.get_or_init(|| GrainClock::from_env().unwrap_or(GrainClock::Wall))
+}
+
+/// Busy-waits for `grain` on this process's [`GrainClock`] (the Cilk original spins a fixed
+/// loop; a time grain keeps the task size the same across machines).
 pub fn spin(grain: Duration) {
+    spin_on(grain_clock(), grain);
+}
+
+/// Busy-waits for `grain` on `clock`.
+pub fn spin_on(clock: GrainClock, grain: Duration) {
     if grain.is_zero() {
         return;
     }
-    let t0 = Instant::now();
-    while t0.elapsed() < grain {
-        std::hint::spin_loop();
+    match clock {
+        GrainClock::Wall => {
+            let t0 = Instant::now();
+            while t0.elapsed() < grain {
+                std::hint::spin_loop();
+            }
+        }
+        GrainClock::Cpu => {
+            // The thread's clock is a system call (the wall clock is not): spin on the wall
+            // clock for what is left, at most CPU_SLICE at a time, then ask the thread's clock
+            // how much of it ran. Unpreempted, the two agree and the grain ends on time.
+            // Without a thread clock (never on Linux), what is left is spun on the wall clock.
+            let Some(t0) = thread_cpu_time() else {
+                return spin_on(GrainClock::Wall, grain);
+            };
+            let mut ran = Duration::ZERO;
+            while ran < grain {
+                spin_on(GrainClock::Wall, (grain - ran).min(CPU_SLICE));
+                let Some(now) = thread_cpu_time() else {
+                    return spin_on(GrainClock::Wall, grain.saturating_sub(ran));
+                };
+                ran = now.saturating_sub(t0);
+            }
+        }
     }
+}
+
+/// The longest stretch a CPU grain spins on the wall clock between two reads of the thread's
+/// clock.
+const CPU_SLICE: Duration = Duration::from_micros(20);
+
+/// CPU time of the calling thread (`None` if the system cannot tell).
+pub fn thread_cpu_time() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
 }
 
 /// Nodes of a tree of depth `n` and fanout `k`: `(k^n - 1) / (k - 1)` (`n` when `k = 1`).
@@ -132,7 +231,8 @@ pub struct Knary {
     /// Number r of children of every node that run one after the other (0..=k).
     #[arg(long, short = 'r', default_value_t = 0)]
     pub serial: u32,
-    /// Busy-loop of every node, in µs.
+    /// Busy-loop of every node, in µs (on the wall clock; KNARY_GRAIN_CLOCK=cpu measures it on
+    /// the node's thread's CPU clock instead, so that every node does the same work)
     #[arg(long, short = 'g', default_value_t = 0)]
     pub grain_us: u64,
 }
@@ -148,6 +248,7 @@ impl Program for Knary {
     }
 
     fn validate(&self) -> Result<(), InvalidArgs> {
+        GrainClock::from_env().map_err(InvalidArgs)?;
         if self.serial > self.fanout {
             return Err(InvalidArgs(format!(
                 "--serial ({}) cannot exceed --fanout ({})",
@@ -193,6 +294,48 @@ impl Program for Knary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grain_clocks_parse_by_name() {
+        for c in [GrainClock::Wall, GrainClock::Cpu] {
+            assert_eq!(GrainClock::parse(c.name()), Ok(c));
+        }
+        let err = GrainClock::parse("CPU").unwrap_err();
+        assert!(
+            err.contains("KNARY_GRAIN_CLOCK") && err.contains("wall or cpu"),
+            "{err}"
+        );
+    }
+
+    /// A CPU grain is that much of the thread's CPU even when three spinners share one core,
+    /// where a wall grain gives each about a third of it.
+    #[test]
+    fn a_cpu_grain_runs_its_whole_grain_on_a_shared_core() {
+        let grain = Duration::from_millis(30);
+        // SAFETY: sched_getcpu has no arguments; it names a CPU this thread may run on.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
+        let spinners: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it, and
+                    // sched_setaffinity(0) pins only the calling thread.
+                    let pinned = unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu, &mut set);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                    };
+                    assert_eq!(pinned, 0, "sched_setaffinity");
+                    let before = thread_cpu_time().expect("a thread clock");
+                    spin_on(GrainClock::Cpu, grain);
+                    thread_cpu_time().expect("a thread clock") - before
+                })
+            })
+            .collect();
+        for s in spinners {
+            let ran = s.join().unwrap();
+            assert!(ran >= grain, "a CPU grain of {grain:?} ran {ran:?}");
+        }
+    }
 
     #[test]
     fn counts_match_the_closed_form() {

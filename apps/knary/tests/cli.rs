@@ -1040,3 +1040,25 @@ fn every_binary_has_a_version_and_usage_errors_exit_2() {
     assert_eq!(server.status.code(), Some(2), "{server:?}");
     assert!(String::from_utf8_lossy(&server.stderr).contains("--data DIR is required"));
 }
+
+/// KNARY_GRAIN_CLOCK chooses the grain's clock: `cpu` runs, anything but `wall` or `cpu` is a
+/// usage error before any task runs.
+#[test]
+fn the_grain_clock_is_wall_or_cpu() {
+    let run = |clock: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_knary"))
+            .args(["run", "-n", "3", "-k", "2", "-g", "200", "--no-checkpoint"])
+            .env("KNARY_GRAIN_CLOCK", clock)
+            .output()
+            .expect("knary runs")
+    };
+    let ok = run("cpu");
+    assert!(ok.status.success(), "{ok:?}");
+    let bad = run("sundial");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("KNARY_GRAIN_CLOCK=\"sundial\": expected wall or cpu"),
+        "{stderr}"
+    );
+}
