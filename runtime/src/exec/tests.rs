@@ -1385,7 +1385,7 @@ impl Task for Const {
 /// task stays worth moving (the fib tests above).
 #[test]
 fn a_logged_victim_keeps_leaves_shorter_than_a_move() {
-    let rounds = 15;
+    let rounds = 20;
     let store = Arc::new(SlowStore::default());
     let registry = Registry::new()
         .with::<Rounds>()
