@@ -20,9 +20,9 @@
 //!    second, and the heartbeats starved).
 //! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
-//!    task) and that is worth moving (with a log, a short task that never spawns stays when
-//!    the victim would run all its ready work before a move's two durable waits are over:
-//!    `worth.rs`; none worth moving: `StealNone`): it logs `Stolen`, and sends
+//!    task) and that is worth moving (with a log, its last ready task stays, and so does a
+//!    short task that never spawns when the victim would run all its ready work before a
+//!    move's two durable waits are over: `worth.rs`; none worth moving: `StealNone`): it logs `Stolen`, and sends
 //!    `StealGrant` with the task's record and input values, resent every `resend_after`
 //!    until `AdoptAck`. It then expects each output of the task back, once per (output,
 //!    thief): when a task given away delegated an output down a chain, a chain task came
@@ -477,10 +477,11 @@ impl Vnode {
         let (adopted, keep, worth) = (&self.adopted, &self.keep, &self.worth);
         // ... and only a task worth moving (`worth.rs` rule 2).
         let (logging, others) = (self.core.logging(), self.core.ready_len().saturating_sub(1));
+        let alone = self.steal_ok; // its thread has nothing else to run (rule 2)
         let task = self.core.take_oldest_ready(|id, name| {
             !adopted.contains(&id)
                 && !keep.contains(&id)
-                && worth.worth_moving(logging, name, others)
+                && worth.worth_moving(logging, name, others, alone)
         });
         let Some(task) = task else {
             return self.send(thief, Message::StealNone);
