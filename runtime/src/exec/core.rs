@@ -262,16 +262,17 @@ impl Core {
         self.release(i)
     }
 
-    /// The oldest ready task whose id `give` accepts (`vnode.rs` rule 3), out of the arena.
+    /// The oldest ready task whose id and kind `give` accepts (`vnode.rs` rule 3), out of the
+    /// arena.
     pub(crate) fn take_oldest_ready(
         &mut self,
-        mut give: impl FnMut(TaskId) -> bool,
+        mut give: impl FnMut(TaskId, &'static str) -> bool,
     ) -> Option<ReadyTask> {
         let tasks = &self.tasks;
         let pos = self.ready.iter().position(|&i| {
             tasks[i as usize]
                 .as_ref()
-                .is_some_and(|s| give(s.task.spec.id))
+                .is_some_and(|s| give(s.task.spec.id, s.task.spec.decl.body.name()))
         })?;
         let i = self.ready.remove(pos)?;
         self.release(i)

@@ -38,6 +38,7 @@ mod recover;
 mod shared;
 mod vnode;
 mod waits;
+mod worth;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

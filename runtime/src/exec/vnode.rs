@@ -20,7 +20,9 @@
 //!    second, and the heartbeats starved).
 //! 3. A victim gives its *oldest* ready task (the biggest subtree) that it did not itself adopt
 //!    (a task moves at most once, so `Stolen` and `Adopted` are each logged at most once per
-//!    task): it logs `Stolen`, and sends
+//!    task) and that is worth moving (with a log, its last ready task stays, and so does a
+//!    short task that never spawns when the victim would run all its ready work before a
+//!    move's two durable waits are over: `worth.rs`; none worth moving: `StealNone`): it logs `Stolen`, and sends
 //!    `StealGrant` with the task's record and input values, resent every `resend_after`
 //!    until `AdoptAck`. It then expects each output of the task back, once per (output,
 //!    thief): when a task given away delegated an output down a chain, a chain task came
@@ -56,6 +58,7 @@ use rand::RngExt;
 
 use super::core::{Core, ReadyTask, TaskSpec};
 use super::waits::{sample, VnodeWaits};
+use super::worth::Worth;
 use crate::clock::Clock;
 use crate::codec::Digest;
 use crate::error::{panic_message, RunError};
@@ -171,6 +174,11 @@ pub(crate) struct Vnode {
     /// Rule 6: when the acknowledgements held now seal the batch themselves (`None` while
     /// none is held).
     acks_due: Option<Duration>,
+    /// Rule 3: the held messages someone waits for (grants, returns), by sequence number, with
+    /// when they were held: how long a move waits for durability here (`worth.rs` rule 1).
+    waiting: VecDeque<(u64, Duration)>,
+    /// Rule 3: what moves cost here and what tasks take (`worth.rs`).
+    worth: Worth,
     /// Rule 5: the epoch changes seen by the last [`Vnode::resend`].
     epochs_seen: u64,
     /// Messages received while blocked in [`Vnode::wait`].
@@ -213,6 +221,8 @@ impl Vnode {
             timers,
             held: VecDeque::new(),
             acks_due: None,
+            waiting: VecDeque::new(),
+            worth: Worth::default(),
             epochs_seen: 0,
             stash: VecDeque::new(),
             grants: IdMap::default(),
@@ -233,6 +243,8 @@ impl Vnode {
         self.endpoint.set_epoch(epoch);
         self.held.clear();
         self.acks_due = None;
+        self.waiting.clear();
+        self.worth = Worth::default();
         self.stash.clear();
         self.grants.clear();
         self.returns.clear();
@@ -377,6 +389,7 @@ impl Vnode {
                 inputs: digests,
             })?;
         }
+        let began = self.clock.now();
         let decl = &mut *decl;
         let (outputs, body) = (&decl.outputs, &mut decl.body);
         let mut ctx = Ctx::new(Host::Vnode(&mut self.core), id, name, outputs);
@@ -399,8 +412,12 @@ impl Vnode {
             created,
             ..
         } = ctx;
+        let spawned = !children.is_empty();
         self.core
             .complete(id, name, outputs, writes, children, &created)?;
+        // Rule 3: what a task of this kind takes here (`worth.rs` rule 1).
+        let took = self.clock.now().saturating_sub(began);
+        self.worth.ran(name, took, spawned);
         tracing::trace!(vnode = %self.id(), task = %id, name, "task completed");
         self.stats.tasks += 1;
         Ok(())
@@ -457,10 +474,15 @@ impl Vnode {
     fn on_steal_request(&mut self, thief: VnodeId) -> Result<(), RunError> {
         // Rule 3: a task moves at most once, so an adopted task is never given away again;
         // nor is a restarted task with children already in our log (recover.rs rule 3).
-        let (adopted, keep) = (&self.adopted, &self.keep);
-        let task = self
-            .core
-            .take_oldest_ready(|id| !adopted.contains(&id) && !keep.contains(&id));
+        let (adopted, keep, worth) = (&self.adopted, &self.keep, &self.worth);
+        // ... and only a task worth moving (`worth.rs` rule 2).
+        let (logging, others) = (self.core.logging(), self.core.ready_len().saturating_sub(1));
+        let alone = self.steal_ok; // its thread has nothing else to run (rule 2)
+        let task = self.core.take_oldest_ready(|id, name| {
+            !adopted.contains(&id)
+                && !keep.contains(&id)
+                && worth.worth_moving(logging, name, others, alone)
+        });
         let Some(task) = task else {
             return self.send(thief, Message::StealNone);
         };
@@ -504,6 +526,7 @@ impl Vnode {
             },
         );
         self.held.push_back((seq, thief, msg));
+        self.waiting.push_back((seq, self.clock.now()));
         self.stats.stolen += 1;
         crate::metrics::stolen();
         tracing::debug!(victim = %me, thief = %thief, task = %spec.id, "steal granted");
@@ -717,6 +740,7 @@ impl Vnode {
                 },
             );
             self.held.push_back((seq, to, msg));
+            self.waiting.push_back((seq, now));
         }
     }
 
@@ -765,6 +789,11 @@ impl Vnode {
             }
             None => u64::MAX,
         };
+        let now = self.clock.now();
+        while let Some(&(_, since)) = self.waiting.front().filter(|(seq, _)| *seq <= durable) {
+            self.waiting.pop_front();
+            self.worth.waited(now.saturating_sub(since)); // worth.rs rule 1
+        }
         let mut sent = false;
         while self.held.front().is_some_and(|(seq, _, _)| *seq <= durable) {
             if let Some((_, to, msg)) = self.held.pop_front() {
