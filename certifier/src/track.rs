@@ -51,7 +51,8 @@
 //!    vnode being applied logged of it) is one 64-byte row, one cache line, rather than a
 //!    column each: applying an event misses the cache once, not once a column. The parts
 //!    that declared and ran it stand for their vnodes (a part is a vnode's log), so that no
-//!    vnode id, the oracle's included, needs to stand for "none".
+//!    vnode id, the oracle's included, needs to stand for "none". A datum's writer and
+//!    digest are side by side too.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -318,6 +319,10 @@ impl Part {
     }
 
     fn name(&mut self, name: &str) -> u32 {
+        // A program has few task names: the first ones are compared before any is hashed.
+        if let Some(i) = self.names.iter().take(4).position(|n| **n == *name) {
+            return i as u32;
+        }
         if let Some(&i) = self.name_ix.get(name) {
             return i;
         }
@@ -734,6 +739,21 @@ impl Once {
     }
 }
 
+/// A datum's writer ([`NONE`]: none) and the digest of its logged value, side by side (rule
+/// 7).
+#[derive(Clone, Copy, Debug)]
+struct Datum {
+    writer: u32,
+    digest: Option<Digest>,
+}
+
+impl Datum {
+    const EMPTY: Datum = Datum {
+        writer: NONE,
+        digest: None,
+    };
+}
+
 /// What a task's events set, side by side in one cache line (rule 7).
 #[derive(Clone, Copy, Debug)]
 #[repr(align(64))]
@@ -808,8 +828,7 @@ pub struct Track {
     // Data, by index.
     data_ids: Vec<u128>,
     data_index: Index,
-    writer: Vec<u32>,
-    digest: Vec<Option<Digest>>,
+    datums: Vec<Datum>,
     /// Program inputs' values (few): (part, value, digest).
     input: HashMap<u32, (u32, Val, Digest)>,
     /// Copies returned to victims (few), by datum id: the structural check looks a written
@@ -869,8 +888,7 @@ impl Track {
         t.sorted = true;
         t.rows = vec![Row::EMPTY; n];
         t.data_index = Index::sorted(&data);
-        t.writer = vec![NONE; data.len()];
-        t.digest = vec![None; data.len()];
+        t.datums = vec![Datum::EMPTY; data.len()];
         t.data_ids = data;
         // Every id each part names resolved to its index at once, in parallel: applying the
         // events, G_S and the structural check then look up no id.
@@ -910,8 +928,7 @@ impl Track {
             adopted: HashMap::new(),
             data_ids: Vec::new(),
             data_index: Index::live(),
-            writer: Vec::new(),
-            digest: Vec::new(),
+            datums: Vec::new(),
             input: HashMap::new(),
             returned: IdMap::default(),
         }
@@ -951,8 +968,7 @@ impl Track {
         if !new {
             return i;
         }
-        self.writer.push(NONE);
-        self.digest.push(None);
+        self.datums.push(Datum::EMPTY);
         i
     }
 
@@ -1032,10 +1048,10 @@ impl Track {
                         NONE => self.dix(o.data) as usize,
                         x => x as usize,
                     };
-                    match self.writer[d] {
+                    match self.datums[d].writer {
                         w if w == NONE => {
-                            self.writer[d] = i;
-                            self.digest[d] = Some(o.digest);
+                            self.datums[d].writer = i;
+                            self.datums[d].digest = Some(o.digest);
                         }
                         // Written twice in one completion: the first is its value (rule 5).
                         w if w == i => {}
@@ -1064,8 +1080,8 @@ impl Track {
                     NONE => self.dix(id),
                     x => x,
                 };
-                if self.writer[d as usize] == NONE {
-                    self.digest[d as usize] = Some(digest);
+                if self.datums[d as usize].writer == NONE {
+                    self.datums[d as usize].digest = Some(digest);
                 }
                 self.input.insert(d, (p, value, digest));
             }
@@ -1264,8 +1280,9 @@ impl Track {
     pub fn data(&self, d: DataId) -> Option<DataRec> {
         let x = self.data_ix(d)?;
         Some(DataRec {
-            writer: (self.writer[x as usize] != NONE).then_some(self.writer[x as usize]),
-            digest: self.digest[x as usize],
+            writer: (self.datums[x as usize].writer != NONE)
+                .then_some(self.datums[x as usize].writer),
+            digest: self.datums[x as usize].digest,
             input: self
                 .input
                 .get(&x)
@@ -1278,8 +1295,8 @@ impl Track {
     pub fn data_ids(&self) -> impl Iterator<Item = DataId> + '_ {
         (0..self.data_ids.len() as u32)
             .filter(|x| {
-                self.digest[*x as usize].is_some()
-                    || self.writer[*x as usize] != NONE
+                self.datums[*x as usize].digest.is_some()
+                    || self.datums[*x as usize].writer != NONE
                     || self.returned.contains_key(&self.data_ids[*x as usize])
             })
             .map(|x| DataId(self.data_ids[x as usize]))
@@ -1349,8 +1366,8 @@ impl Track {
         let mut need =
             |d: DataId, x: u32, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| {
                 match self.data_ix_or(d, x) {
-                    Some(x) if self.writer[x as usize] != NONE => {
-                        let w = self.writer[x as usize];
+                    Some(x) if self.datums[x as usize].writer != NONE => {
+                        let w = self.datums[x as usize].writer;
                         if !seen[w as usize] {
                             seen[w as usize] = true;
                             stack.push(w);
@@ -1451,7 +1468,7 @@ impl Track {
         // mismatch) who it is.
         let producer = |d: u128, x: u32| -> Option<(Digest, u32)> {
             let x = self.data_ix_or(DataId(d), x)? as usize;
-            Some((self.digest[x]?, self.writer[x]))
+            Some((self.datums[x].digest?, self.datums[x].writer))
         };
         let who = |writer: u32| match writer {
             NONE => "the program input".to_string(),
@@ -1659,7 +1676,7 @@ impl Track {
     /// `log/mod.rs`).
     pub fn value(&self, d: DataId) -> Option<(PayloadView<'_>, Digest)> {
         let x = self.data_ix(d)?;
-        let w = self.writer[x as usize];
+        let w = self.datums[x as usize].writer;
         if w != NONE {
             let s = self.rows[w as usize].wrote;
             if let Some(o) = self.outs_of(s).iter().find(|o| o.data == d.0) {
