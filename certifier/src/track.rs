@@ -42,9 +42,17 @@
 //! 6. A loaded track holds little per task (its peak memory against the store's size, issue 17
 //!    target 1): a record keeps no copy of its task's id (the track's id of the index it is
 //!    applied to) and its parent's id as two words and a flag (64 bytes, not 96); an event's
-//!    kind is a column of its own beside its id and place (25 bytes, not 32); each part's ids
-//!    are sorted and made distinct before they are merged, so no list of every event's id is
-//!    held at once.
+//!    kind is a column of its own beside its id and place (25 bytes, not 32). The sorted
+//!    distinct ids are made by a counting sort on the ids' top bits (they are random), then
+//!    each bucket sorted and made distinct: the one list of every event's id it holds (16
+//!    bytes an event) is freed before the track's columns are made.
+//! 7. What a task's events set (its record, the parts that declared it and ran it, the
+//!    digests it read, what it wrote, its children, and while loading the kinds of event the
+//!    vnode being applied logged of it) is one 64-byte row, one cache line, rather than a
+//!    column each: applying an event misses the cache once, not once a column. The parts
+//!    that declared and ran it stand for their vnodes (a part is a vnode's log), so that no
+//!    vnode id, the oracle's included, needs to stand for "none". A datum's writer and
+//!    digest are side by side too.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -311,6 +319,10 @@ impl Part {
     }
 
     fn name(&mut self, name: &str) -> u32 {
+        // A program has few task names: the first ones are compared before any is hashed.
+        if let Some(i) = self.names.iter().take(4).position(|n| **n == *name) {
+            return i as u32;
+        }
         if let Some(&i) = self.name_ix.get(name) {
             return i;
         }
@@ -508,6 +520,83 @@ fn resolved(column: &[u32], k: usize) -> u32 {
     column.get(k).copied().unwrap_or(NONE)
 }
 
+/// The distinct ids of `ids(s)` for every source `s` in `0..sources`, sorted (rules 1 and 6).
+/// Ids are random, so a counting sort by their top bits leaves about 32 ids a bucket (the
+/// counts stay in the cache): each bucket is then sorted and made distinct on its own, in
+/// parallel chunks. Linear, where sorting every event's id with comparisons took 2.3 times
+/// the CPU.
+fn distinct_sorted<I: Iterator<Item = u128>>(
+    sources: usize,
+    ids: impl Fn(usize) -> I,
+) -> Vec<u128> {
+    let n: usize = (0..sources).map(|s| ids(s).count()).sum();
+    // About 32 ids a bucket: the counts stay in the cache.
+    let bits = (usize::BITS - (n >> 5).leading_zeros()).clamp(1, 24);
+    let shift = 128 - bits;
+    // `ends[b]`: where bucket b ends once filled; it starts where bucket b - 1 ends.
+    let mut ends = vec![0u32; 1 << bits];
+    for s in 0..sources {
+        ids(s).for_each(|id| ends[(id >> shift) as usize] += 1);
+    }
+    let mut total = 0u32;
+    for e in &mut ends {
+        total += *e;
+        *e = total;
+    }
+    let mut all = vec![0u128; n];
+    let mut next: Vec<u32> = std::iter::once(0).chain(ends.iter().copied()).collect();
+    next.pop();
+    for s in 0..sources {
+        for id in ids(s) {
+            let b = (id >> shift) as usize;
+            all[next[b] as usize] = id;
+            next[b] += 1;
+        }
+    }
+    drop(next);
+    // Chunks of whole buckets, each sorted and made distinct at its front, in parallel.
+    const CHUNK: usize = 1 << 8;
+    let mut chunks: Vec<(&mut [u128], &[u32], u32)> = Vec::new();
+    let mut rest = &mut all[..];
+    let mut from = 0u32;
+    for bucket_ends in ends.chunks(CHUNK) {
+        let to = *bucket_ends.last().unwrap_or(&from);
+        let (chunk, tail) = std::mem::take(&mut rest).split_at_mut((to - from) as usize);
+        chunks.push((chunk, bucket_ends, from));
+        rest = tail;
+        from = to;
+    }
+    let kept: Vec<usize> = chunks
+        .into_par_iter()
+        .map(|(chunk, bucket_ends, base)| {
+            let (mut start, mut out) = (0usize, 0usize);
+            for &end in bucket_ends {
+                let end = (end - base) as usize;
+                let bucket = &mut chunk[start..end];
+                bucket.sort_unstable();
+                for k in start..end {
+                    if out == 0 || chunk[out - 1] != chunk[k] {
+                        chunk[out] = chunk[k];
+                        out += 1;
+                    }
+                }
+                start = end;
+            }
+            out
+        })
+        .collect();
+    // The chunks' distinct ids moved together.
+    let (mut out, mut from) = (0usize, 0usize);
+    for (bucket_ends, kept) in ends.chunks(CHUNK).zip(kept) {
+        all.copy_within(from..from + kept, out);
+        out += kept;
+        from = *bucket_ends.last().unwrap_or(&0) as usize;
+    }
+    all.truncate(out);
+    all.shrink_to_fit();
+    all
+}
+
 /// Ids to indexes (rule 1): the sorted ids of a loaded track searched from the bucket of
 /// their top bits, or a hash map for a track grown one event at a time.
 #[derive(Debug, Default)]
@@ -632,35 +721,81 @@ impl Index {
 }
 
 /// Each vnode's events counted once (rule 1), while a track is loaded: the kinds of event
-/// the vnode being applied logged of each task, and of the data it returned or got as input.
+/// the vnode being applied logged of the data it returned or got as input (a task's are in
+/// its [`Row`]).
 struct Once {
-    vnode: Vec<u32>,
-    kinds: Vec<u8>,
     data: HashSet<(u128, u8)>,
     part: u32,
 }
 
 impl Once {
-    /// Whether this is the first event of `kind` about task `t` (`Some`) or datum `id` of
-    /// part `p`.
-    fn first(&mut self, p: u32, t: Option<Ix>, id: u128, kind: Kind) -> bool {
+    /// Whether this is the first event of `kind` about datum `id` of part `p`.
+    fn first(&mut self, p: u32, id: u128, kind: Kind) -> bool {
         if self.part != p {
             self.part = p;
             self.data.clear();
         }
-        match t {
-            Some(t) => {
-                let t = t as usize;
-                if self.vnode[t] != p {
-                    self.vnode[t] = p;
-                    self.kinds[t] = 0;
-                }
-                let new = self.kinds[t] & bit(kind) == 0;
-                self.kinds[t] |= bit(kind);
-                new
-            }
-            None => self.data.insert((id, bit(kind))),
+        self.data.insert((id, bit(kind)))
+    }
+}
+
+/// A datum's writer ([`NONE`]: none) and the digest of its logged value, side by side (rule
+/// 7).
+#[derive(Clone, Copy, Debug)]
+struct Datum {
+    writer: u32,
+    digest: Option<Digest>,
+}
+
+impl Datum {
+    const EMPTY: Datum = Datum {
+        writer: NONE,
+        digest: None,
+    };
+}
+
+/// What a task's events set, side by side in one cache line (rule 7).
+#[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
+struct Row {
+    /// (part, record) of its record, `part` [`NONE`] if none.
+    rec: (u32, u32),
+    /// The parts whose vnodes declared it and where it ran ([`NONE`]: none).
+    declared_on: u32,
+    ran_on: u32,
+    /// Digests read, in its part's digests.
+    started: Span,
+    /// Outputs written, in its part's outputs.
+    wrote: Span,
+    /// Children, in its part's ids.
+    children: Span,
+    /// While a track is loaded (rule 1): the last part whose events about it were applied,
+    /// and the kinds of those events.
+    once_part: u32,
+    once_kinds: u8,
+}
+
+impl Row {
+    const EMPTY: Row = Row {
+        rec: (NONE, 0),
+        declared_on: NONE,
+        ran_on: NONE,
+        started: Span::ABSENT,
+        wrote: Span::ABSENT,
+        children: Span::ABSENT,
+        once_part: NONE,
+        once_kinds: 0,
+    };
+
+    /// Whether this is the first event of `kind` that part `p` logged about its task.
+    fn first(&mut self, p: u32, kind: Kind) -> bool {
+        if self.once_part != p {
+            self.once_part = p;
+            self.once_kinds = 0;
         }
+        let new = self.once_kinds & bit(kind) == 0;
+        self.once_kinds |= bit(kind);
+        new
     }
 }
 
@@ -687,23 +822,13 @@ pub struct Track {
     // Tasks, by index.
     ids: Vec<u128>,
     index: Index,
-    /// (part, record) of its record, `part` [`NONE`] if none.
-    rec: Vec<(u32, u32)>,
-    declared_on: Vec<Option<VnodeId>>,
-    ran_on: Vec<Option<VnodeId>>,
-    /// Digests read, in its part's digests.
-    started: Vec<Span>,
-    /// Outputs written, in its part's outputs.
-    wrote: Vec<Span>,
-    /// Children, in its part's ids.
-    children: Vec<Span>,
+    rows: Vec<Row>,
     /// The thief and the digests it adopted (few tasks are stolen).
     adopted: HashMap<Ix, (VnodeId, Span)>,
     // Data, by index.
     data_ids: Vec<u128>,
     data_index: Index,
-    writer: Vec<u32>,
-    digest: Vec<Option<Digest>>,
+    datums: Vec<Datum>,
     /// Program inputs' values (few): (part, value, digest).
     input: HashMap<u32, (u32, Val, Digest)>,
     /// Copies returned to victims (few), by datum id: the structural check looks a written
@@ -741,48 +866,29 @@ impl Track {
             }
             t.parts.push(part);
         }
-        // Indexes are ranks of the sorted ids. Each part's ids are sorted and made distinct
-        // first, in parallel, so that no list of every event's id is held at once (rule 6).
-        let distinct = |mut v: Vec<u128>| {
-            v.par_sort_unstable();
-            v.dedup();
-            v.shrink_to_fit();
-            v
-        };
-        let per_part: Vec<(Vec<u128>, Vec<u128>)> = t
-            .parts
-            .par_iter()
-            .map(|p| {
-                let evs = || p.events.iter().zip(&p.kinds);
-                let ids = evs()
-                    .filter(|(_, k)| !matches!(k, Kind::Returned | Kind::Input | Kind::Stolen))
-                    .map(|(e, _)| e.id())
-                    .collect();
-                let returned = evs().filter(|(_, k)| matches!(k, Kind::Returned | Kind::Input));
-                let data = p
-                    .outs
-                    .iter()
-                    .map(|o| o.data)
-                    .chain(returned.map(|(e, _)| e.id()));
-                (distinct(ids), distinct(data.collect()))
-            })
-            .collect();
-        let (ids, data): (Vec<Vec<u128>>, Vec<Vec<u128>>) = per_part.into_iter().unzip();
-        let ids = distinct(ids.concat());
-        let data = distinct(data.concat());
+        // Indexes are ranks of the sorted ids: every part's ids counted into buckets of their
+        // top bits, then sorted and made distinct bucket by bucket (rule 6).
+        let is_task = |k: &Kind| !matches!(k, Kind::Returned | Kind::Input | Kind::Stolen);
+        let is_data = |k: &Kind| matches!(k, Kind::Returned | Kind::Input);
+        let parts = &t.parts;
+        let ids = distinct_sorted(parts.len(), |p| {
+            let part = &parts[p];
+            let evs = part.events.iter().zip(&part.kinds);
+            evs.filter(|(_, k)| is_task(k)).map(|(e, _)| e.id())
+        });
+        let data = distinct_sorted(parts.len(), |p| {
+            let part = &parts[p];
+            let evs = part.events.iter().zip(&part.kinds);
+            let returned = evs.filter(|(_, k)| is_data(k)).map(|(e, _)| e.id());
+            part.outs.iter().map(|o| o.data).chain(returned)
+        });
         let n = ids.len();
         t.index = Index::sorted(&ids);
         t.ids = ids;
         t.sorted = true;
-        t.rec = vec![(NONE, 0); n];
-        t.declared_on = vec![None; n];
-        t.ran_on = vec![None; n];
-        t.started = vec![Span::ABSENT; n];
-        t.wrote = vec![Span::ABSENT; n];
-        t.children = vec![Span::ABSENT; n];
+        t.rows = vec![Row::EMPTY; n];
         t.data_index = Index::sorted(&data);
-        t.writer = vec![NONE; data.len()];
-        t.digest = vec![None; data.len()];
+        t.datums = vec![Datum::EMPTY; data.len()];
         t.data_ids = data;
         // Every id each part names resolved to its index at once, in parallel: applying the
         // events, G_S and the structural check then look up no id.
@@ -791,8 +897,6 @@ impl Track {
             .par_iter_mut()
             .for_each(|part| part.resolve(tasks, data));
         let mut once = Once {
-            vnode: vec![NONE; n],
-            kinds: vec![0; n],
             data: HashSet::new(),
             part: NONE,
         };
@@ -820,17 +924,11 @@ impl Track {
             sorted: false,
             ids: Vec::new(),
             index: Index::live(),
-            rec: Vec::new(),
-            declared_on: Vec::new(),
-            ran_on: Vec::new(),
-            started: Vec::new(),
-            wrote: Vec::new(),
-            children: Vec::new(),
+            rows: Vec::new(),
             adopted: HashMap::new(),
             data_ids: Vec::new(),
             data_index: Index::live(),
-            writer: Vec::new(),
-            digest: Vec::new(),
+            datums: Vec::new(),
             input: HashMap::new(),
             returned: IdMap::default(),
         }
@@ -860,12 +958,7 @@ impl Track {
         }
         // A loaded track grown further: indexes are no longer ranks.
         self.sorted &= self.index.map.is_none();
-        self.rec.push((NONE, 0));
-        self.declared_on.push(None);
-        self.ran_on.push(None);
-        self.started.push(Span::ABSENT);
-        self.wrote.push(Span::ABSENT);
-        self.children.push(Span::ABSENT);
+        self.rows.push(Row::EMPTY);
         i
     }
 
@@ -875,8 +968,7 @@ impl Track {
         if !new {
             return i;
         }
-        self.writer.push(NONE);
-        self.digest.push(None);
+        self.datums.push(Datum::EMPTY);
         i
     }
 
@@ -897,7 +989,11 @@ impl Track {
             _ => Some(self.ix(id)),
         };
         if let Some(once) = once {
-            if !once.first(p, t, id, kind) {
+            let first = match t {
+                Some(t) => self.rows[t as usize].first(p, kind),
+                None => once.first(p, id, kind),
+            };
+            if !first {
                 return;
             }
         }
@@ -919,17 +1015,18 @@ impl Track {
             (Kind::Started, Some(i)) => {
                 let (start, len) = self.parts[p as usize].starts[ev.at as usize];
                 let new = span(start, len);
-                let old = self.started[i as usize];
+                let old = self.rows[i as usize].started;
                 if old.is_some() && self.digests_of(old) != self.digests_of(new) {
                     self.conflict(task, format!("{v} logged another start for it"));
                 }
-                self.started[i as usize] = new;
-                self.ran_on[i as usize] = Some(v);
+                let row = &mut self.rows[i as usize];
+                row.started = new;
+                row.ran_on = p;
             }
             (Kind::Completed, Some(i)) => {
                 let [o, no, c, nc] = self.parts[p as usize].completions[ev.at as usize];
                 let (outs, kids) = (span(o, no), span(c, nc));
-                let old = self.wrote[i as usize];
+                let old = self.rows[i as usize].wrote;
                 if old.is_some() {
                     // Compared as (datum, digest), as the leaf hashes them.
                     let same = self.outs_of(old).len() == self.outs_of(outs).len()
@@ -938,7 +1035,7 @@ impl Track {
                             .iter()
                             .zip(self.outs_of(outs))
                             .all(|(a, b)| a.data == b.data && a.digest == b.digest)
-                        && self.kids_of(self.children[i as usize]) == self.kids_of(kids);
+                        && self.kids_of(self.rows[i as usize].children) == self.kids_of(kids);
                     if !same {
                         self.conflict(task, format!("{v} logged another completion for it"));
                     }
@@ -951,10 +1048,10 @@ impl Track {
                         NONE => self.dix(o.data) as usize,
                         x => x as usize,
                     };
-                    match self.writer[d] {
+                    match self.datums[d].writer {
                         w if w == NONE => {
-                            self.writer[d] = i;
-                            self.digest[d] = Some(o.digest);
+                            self.datums[d].writer = i;
+                            self.datums[d].digest = Some(o.digest);
                         }
                         // Written twice in one completion: the first is its value (rule 5).
                         w if w == i => {}
@@ -965,9 +1062,10 @@ impl Track {
                         }
                     }
                 }
-                self.wrote[i as usize] = outs;
-                self.children[i as usize] = kids;
-                self.ran_on[i as usize] = Some(v);
+                let row = &mut self.rows[i as usize];
+                row.wrote = outs;
+                row.children = kids;
+                row.ran_on = p;
             }
             (Kind::Returned, _) => {
                 let digest = self.parts[p as usize].returns[ev.at as usize];
@@ -982,8 +1080,8 @@ impl Track {
                     NONE => self.dix(id),
                     x => x,
                 };
-                if self.writer[d as usize] == NONE {
-                    self.digest[d as usize] = Some(digest);
+                if self.datums[d as usize].writer == NONE {
+                    self.datums[d as usize].digest = Some(digest);
                 }
                 self.input.insert(d, (p, value, digest));
             }
@@ -992,15 +1090,16 @@ impl Track {
     }
 
     fn set_record(&mut self, v: VnodeId, i: Ix, rec: (u32, u32), declared: bool) {
-        let old = self.rec[i as usize];
+        let row = &mut self.rows[i as usize];
+        if declared && row.declared_on == NONE {
+            row.declared_on = rec.0;
+        }
+        let old = row.rec;
         if old.0 == NONE {
-            self.rec[i as usize] = rec;
+            row.rec = rec;
         } else if !self.same_record(old, rec) {
             let task = TaskId(self.ids[i as usize]);
             self.conflict(task, format!("{v} logged another record for it"));
-        }
-        if declared && self.declared_on[i as usize].is_none() {
-            self.declared_on[i as usize] = Some(v);
         }
     }
 
@@ -1043,7 +1142,7 @@ impl Track {
 
     /// Task `t`'s record in its part, if any.
     fn rec_of(&self, t: Ix) -> Option<(&Part, Rec)> {
-        let (p, r) = self.rec[t as usize];
+        let (p, r) = self.rows[t as usize].rec;
         (p != NONE).then(|| {
             let part = &self.parts[p as usize];
             (part, part.records[r as usize])
@@ -1073,42 +1172,49 @@ impl Track {
 
     /// Whether a log declared task `t` (it has a record).
     pub fn has_record(&self, t: Ix) -> bool {
-        self.rec[t as usize].0 != NONE
+        self.rows[t as usize].rec.0 != NONE
     }
 
     /// Whether a log holds task `t`'s completion.
     pub fn is_completed(&self, t: Ix) -> bool {
-        self.wrote[t as usize].is_some()
+        self.rows[t as usize].wrote.is_some()
     }
 
     /// The vnode where task `t` ran, if a log holds its start or completion.
     pub fn ran_on(&self, t: Ix) -> Option<VnodeId> {
-        self.ran_on[t as usize]
+        self.vnode_of(self.rows[t as usize].ran_on)
+    }
+
+    /// The vnode of part `p`, `None` for [`NONE`].
+    fn vnode_of(&self, p: u32) -> Option<VnodeId> {
+        self.parts.get(p as usize).map(|part| part.vnode)
     }
 
     /// The vnode that logged task `t`: where it ran, else where it was declared.
     pub fn vnode(&self, t: Ix) -> Option<VnodeId> {
-        self.ran_on[t as usize].or(self.declared_on[t as usize])
+        let row = &self.rows[t as usize];
+        self.vnode_of(row.ran_on)
+            .or_else(|| self.vnode_of(row.declared_on))
     }
 
     /// The children task `t` declared, in spawn order (none if not completed).
     pub fn children(&self, t: Ix) -> impl Iterator<Item = TaskId> + '_ {
-        self.kids_of(self.children[t as usize])
+        self.kids_of(self.rows[t as usize].children)
             .iter()
             .map(|&c| TaskId(c))
     }
 
     /// The (datum, digest) pairs task `t` wrote, as logged (none if not completed).
     pub fn wrote(&self, t: Ix) -> impl Iterator<Item = (DataId, Digest)> + '_ {
-        self.outs_of(self.wrote[t as usize])
+        self.outs_of(self.rows[t as usize].wrote)
             .iter()
             .map(|o| (DataId(o.data), o.digest))
     }
 
     /// The tasks that wrote a value themselves, sorted by id.
     pub fn writers(&self) -> Vec<TaskId> {
-        let ids =
-            (0..self.len() as Ix).filter(|&t| !self.outs_of(self.wrote[t as usize]).is_empty());
+        let ids = (0..self.len() as Ix)
+            .filter(|&t| !self.outs_of(self.rows[t as usize].wrote).is_empty());
         self.sorted_by_id(ids)
             .into_iter()
             .map(|t| self.id(t))
@@ -1144,13 +1250,12 @@ impl Track {
     /// Task `t` whole (rule 5: a view built from the columns).
     pub fn task(&self, t: Ix) -> TaskRec {
         let i = t as usize;
-        let started = self.started[i];
-        let wrote = self.wrote[i];
+        let Row { started, wrote, .. } = self.rows[i];
         TaskRec {
             id: self.id(t),
             record: self.record(t),
-            declared_on: self.declared_on[i],
-            ran_on: self.ran_on[i],
+            declared_on: self.vnode_of(self.rows[i].declared_on),
+            ran_on: self.ran_on(t),
             started: started.is_some().then(|| self.digests_of(started).to_vec()),
             wrote: wrote.is_some().then(|| {
                 let part = &self.parts[wrote.part as usize];
@@ -1175,8 +1280,9 @@ impl Track {
     pub fn data(&self, d: DataId) -> Option<DataRec> {
         let x = self.data_ix(d)?;
         Some(DataRec {
-            writer: (self.writer[x as usize] != NONE).then_some(self.writer[x as usize]),
-            digest: self.digest[x as usize],
+            writer: (self.datums[x as usize].writer != NONE)
+                .then_some(self.datums[x as usize].writer),
+            digest: self.datums[x as usize].digest,
             input: self
                 .input
                 .get(&x)
@@ -1189,8 +1295,8 @@ impl Track {
     pub fn data_ids(&self) -> impl Iterator<Item = DataId> + '_ {
         (0..self.data_ids.len() as u32)
             .filter(|x| {
-                self.digest[*x as usize].is_some()
-                    || self.writer[*x as usize] != NONE
+                self.datums[*x as usize].digest.is_some()
+                    || self.datums[*x as usize].writer != NONE
                     || self.returned.contains_key(&self.data_ids[*x as usize])
             })
             .map(|x| DataId(self.data_ids[x as usize]))
@@ -1260,8 +1366,8 @@ impl Track {
         let mut need =
             |d: DataId, x: u32, reader: Option<Ix>, stack: &mut Vec<Ix>, seen: &mut [bool]| {
                 match self.data_ix_or(d, x) {
-                    Some(x) if self.writer[x as usize] != NONE => {
-                        let w = self.writer[x as usize];
+                    Some(x) if self.datums[x as usize].writer != NONE => {
+                        let w = self.datums[x as usize].writer;
                         if !seen[w as usize] {
                             seen[w as usize] = true;
                             stack.push(w);
@@ -1349,7 +1455,7 @@ impl Track {
             out.push(self.error(Some(t), None, "no log declared it".to_string()));
             return out;
         };
-        let (started, wrote) = (self.started[t as usize], self.wrote[t as usize]);
+        let Row { started, wrote, .. } = self.rows[t as usize];
         if !started.is_some() || !wrote.is_some() {
             out.push(self.error(Some(t), None, "declared but never completed".to_string()));
             return out;
@@ -1362,7 +1468,7 @@ impl Track {
         // mismatch) who it is.
         let producer = |d: u128, x: u32| -> Option<(Digest, u32)> {
             let x = self.data_ix_or(DataId(d), x)? as usize;
-            Some((self.digest[x]?, self.writer[x]))
+            Some((self.datums[x].digest?, self.datums[x].writer))
         };
         let who = |writer: u32| match writer {
             NONE => "the program input".to_string(),
@@ -1434,7 +1540,7 @@ impl Track {
             }
         }
         let id = self.ids[t as usize];
-        let kids = self.children[t as usize];
+        let kids = self.rows[t as usize].children;
         for (i, &c) in self.kids_of(kids).iter().enumerate() {
             let resolved = match kids.is_some() {
                 true => resolved(
@@ -1570,9 +1676,9 @@ impl Track {
     /// `log/mod.rs`).
     pub fn value(&self, d: DataId) -> Option<(PayloadView<'_>, Digest)> {
         let x = self.data_ix(d)?;
-        let w = self.writer[x as usize];
+        let w = self.datums[x as usize].writer;
         if w != NONE {
-            let s = self.wrote[w as usize];
+            let s = self.rows[w as usize].wrote;
             if let Some(o) = self.outs_of(s).iter().find(|o| o.data == d.0) {
                 return Some((self.parts[s.part as usize].payload(o.value), o.digest));
             }
@@ -1640,20 +1746,20 @@ impl LeafBatch {
             };
             buf.extend_from_slice(&digest.0);
             buf.extend_from_slice(&u64::from(r.inputs).to_le_bytes());
-            let started = track.digests_of(track.started[i]);
+            let started = track.digests_of(track.rows[i].started);
             let inputs = &part.ids[r.ids as usize..(r.ids + r.inputs) as usize];
             for (k, d) in inputs.iter().enumerate() {
                 buf.extend_from_slice(&d.to_le_bytes());
                 buf.extend_from_slice(&started.get(k).copied().unwrap_or_default().0);
             }
         }
-        let wrote = track.outs_of(track.wrote[i]);
+        let wrote = track.outs_of(track.rows[i].wrote);
         buf.extend_from_slice(&(wrote.len() as u64).to_le_bytes());
         for o in wrote {
             buf.extend_from_slice(&o.data.to_le_bytes());
             buf.extend_from_slice(&o.digest.0);
         }
-        let children = track.kids_of(track.children[i]);
+        let children = track.kids_of(track.rows[i].children);
         buf.extend_from_slice(&(children.len() as u64).to_le_bytes());
         for c in children {
             buf.extend_from_slice(&c.to_le_bytes());
@@ -1733,12 +1839,40 @@ pub(crate) fn merkle(mut level: Vec<[u8; 32]>) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Rule 6: the counting sort gives what sorting every id and dropping repeats gives,
+        /// with ids spread over the buckets or crowded into a few (their top bits equal).
+        #[test]
+        fn distinct_ids_are_every_id_sorted_once(
+            sources in prop::collection::vec(
+                prop::collection::vec((0..4u8, any::<u128>(), 0..3u8), 0..300), 0..4),
+        ) {
+            let id = |(top, x, small): (u8, u128, u8)| match top {
+                0 => x,
+                1 => u128::from(small),
+                2 => (u128::from(small) << 120) | 5,
+                _ => u128::MAX - u128::from(small),
+            };
+            let lists: Vec<Vec<u128>> =
+                sources.iter().map(|s| s.iter().copied().map(id).collect()).collect();
+            let mut want: Vec<u128> = lists.concat();
+            want.sort_unstable();
+            want.dedup();
+            let got = distinct_sorted(lists.len(), |s| lists[s].iter().copied());
+            prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn a_record_and_an_event_are_small() {
         // Rule 6: 3.67 M events and 1.22 M records of a 1.2 M-task log.
         assert_eq!(std::mem::size_of::<Rec>(), 64);
         assert_eq!(std::mem::size_of::<Ev>(), 24);
+        // Rule 7: a task's row is one cache line.
+        assert_eq!(std::mem::size_of::<Row>(), 64);
+        assert_eq!(std::mem::align_of::<Row>(), 64);
         let mut r = Rec {
             parent: [0; 2],
             has_parent: false,
