@@ -1414,3 +1414,54 @@ fn a_logged_victim_keeps_leaves_shorter_than_a_move() {
         "{moved_leaves} leaves moved in {rounds} rounds"
     );
 }
+
+/// `vnode.rs` rule 7: a member's work words say "no work" only once its log is durable, so a
+/// coordinator that sees them quiescent (two equal scans, all zero) and then loses the member
+/// finds the terminal outputs in the logs. On a store whose batches take 20 ms, the root's
+/// completion used to sit in the open batch while the words were already zero.
+#[test]
+fn a_members_work_words_are_quiescent_only_once_its_log_is_durable() {
+    use crate::exec::{Control, Member, MemberStatus};
+    use crate::transport::{InProcTransport, Transport};
+    let store = Arc::new(SlowStore::default());
+    let registry = Registry::new()
+        .with::<Fib>()
+        .unwrap()
+        .with::<Add>()
+        .unwrap();
+    let rt = Runtime::builder(registry)
+        .threads(1)
+        .vnodes(1)
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let (control, orders) = std::sync::mpsc::channel();
+    let status = MemberStatus::new();
+    let member = Member {
+        transport: Arc::new(InProcTransport::new(1)) as Arc<dyn Transport>,
+        hosted: vec![(crate::VnodeId(0), crate::Epoch(0))],
+        starts: true,
+        control: orders,
+        status: status.clone(),
+    };
+    let run = std::thread::spawn(move || rt.run_member(Fib(10), (), member));
+    let idle = |words: &[(crate::VnodeId, u64)]| words.iter().all(|(_, w)| w & 0xffff_ffff == 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "never quiescent");
+        let first = status.work();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        if let (Some(a), Some(b)) = (first, status.work()) {
+            if idle(&a) && a == b {
+                break;
+            }
+        }
+    }
+    let outputs = crate::log::terminal_outputs(&LogReader::latest(store).unwrap()).unwrap();
+    control.send(Control::Stop).unwrap();
+    let report = run.join().unwrap().unwrap();
+    assert_eq!(
+        outputs, report.outputs,
+        "the terminal outputs are in the log when the words say the run is over"
+    );
+}

@@ -47,6 +47,12 @@
 //!    once it has waited half of `resend_after` ([`Timers`]). In `paper cluster` (knary at
 //!    300 µs on 4 one-vnode workers) acknowledgements made half of the output-commit seals,
 //!    every one a flush over the network: two of the four per steal.
+//! 7. Termination implies durability: while its log holds events not durable yet, a vnode
+//!    keeps one unit of work (`exec/mod.rs` rule 4), so the run (or the coordinator's
+//!    termination test over the members' work words) ends only once every event is durable.
+//!    A coordinator that loses vnode 0's host after the end reads the terminal outputs from
+//!    the logs (coordinator rule 6): before this rule they could still sit in that host's open
+//!    batch (`chaos` met it: a CG job failed with "the logs do not hold the terminal outputs").
 
 use std::collections::{HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -174,6 +180,8 @@ pub(crate) struct Vnode {
     /// Rule 6: when the acknowledgements held now seal the batch themselves (`None` while
     /// none is held).
     acks_due: Option<Duration>,
+    /// Rule 7: this vnode holds a unit of work for events not durable yet.
+    undurable: bool,
     /// Rule 3: the held messages someone waits for (grants, returns), by sequence number, with
     /// when they were held: how long a move waits for durability here (`worth.rs` rule 1).
     waiting: VecDeque<(u64, Duration)>,
@@ -221,6 +229,7 @@ impl Vnode {
             timers,
             held: VecDeque::new(),
             acks_due: None,
+            undurable: false,
             waiting: VecDeque::new(),
             worth: Worth::default(),
             epochs_seen: 0,
@@ -243,6 +252,7 @@ impl Vnode {
         self.endpoint.set_epoch(epoch);
         self.held.clear();
         self.acks_due = None;
+        self.undurable = false; // the new incarnation's work starts afresh (`reincarnate`)
         self.waiting.clear();
         self.worth = Worth::default();
         self.stash.clear();
@@ -326,6 +336,7 @@ impl Vnode {
         }
         worked |= self.release_held()?;
         self.resend(now)?;
+        self.count_undurable();
         self.stats.peak_graph = self.stats.peak_graph.max(self.core.graph_size());
         Ok(worked)
     }
@@ -346,7 +357,7 @@ impl Vnode {
 
     /// Blocks up to `timeout` for a message (idle).
     pub(crate) fn wait(&mut self, timeout: Duration) {
-        let timeout = if self.held.is_empty() {
+        let timeout = if self.held.is_empty() && !self.undurable {
             timeout
         } else {
             timeout.min(HELD_POLL)
@@ -768,6 +779,23 @@ impl Vnode {
         self.steal_out = Some((victim, now + self.timers.steal_timeout));
         self.stats.steal_requests += 1;
         self.send(victim, Message::StealRequest)
+    }
+
+    /// Rule 7: holds a unit of work while the log has events not durable yet.
+    fn count_undurable(&mut self) {
+        let pending = self
+            .core
+            .log
+            .as_ref()
+            .is_some_and(|log| log.durable() < log.appended());
+        if pending != self.undurable {
+            self.undurable = pending;
+            if pending {
+                self.core.shared.work_add(self.id());
+            } else {
+                self.core.shared.work_done(self.id());
+            }
+        }
     }
 
     /// Rule 6. Returns whether something left.
