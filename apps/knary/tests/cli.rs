@@ -392,7 +392,9 @@ fn a_flipped_byte_is_reported_as_corruption_naming_vnode_and_segment() {
     for (vnode, which, byte) in cases {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("log");
-        logged_run(&dir, 5, 3, 2, &["--grain-us", "20", "--commit-kib", "2"]);
+        // 121 nodes of 200 µs: long enough that vnode 1 always gets work (at 20 µs the whole
+        // tree could run on vnode 0, which keeps its last ready task: `exec/worth.rs` rule 2).
+        logged_run(&dir, 5, 3, 2, &["--grain-us", "200", "--commit-kib", "2"]);
         let segs = segments(&dir, vnode);
         assert!(!segs.is_empty(), "v{vnode} has no segment");
         let (segno, mut bytes) = if which == "first" {
