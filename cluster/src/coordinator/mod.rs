@@ -63,7 +63,8 @@
 //!    as finished in the manifest ([`Action::RecordFinished`]) and sends the summary to the
 //!    client. If the member holding vnode 0 was lost after the run ended (or every member
 //!    was), the terminal outputs are read from the logs ([`Action::ReadOutputs`]):
-//!    termination means they are durable. An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
+//!    termination means they are durable (a vnode keeps work while its log is not:
+//!    `exec/vnode.rs` rule 7). An iterative job (`Program::iterative`, paper 000) keeps no log: its work words
 //!    say which vnodes have finished their last step, a moved vnode restores from its
 //!    neighbours' backups instead of a log, and its result is the final states all members
 //!    returned.

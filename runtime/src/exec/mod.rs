@@ -16,7 +16,8 @@
 //!    own seeded RNG (from the run seed and its id) and reads time from the run's
 //!    [`Clock`](crate::Clock).
 //! 4. The run ends when every task has completed: each vnode keeps a work counter (live tasks
-//!    plus obligations: grants not yet acknowledged, outputs not yet returned or acknowledged),
+//!    plus obligations: grants not yet acknowledged, outputs not yet returned or acknowledged,
+//!    events logged and not durable yet: `vnode.rs` rule 7),
 //!    raised before the matching decrease happens anywhere. An idle driver scans all counters
 //!    twice; all zero and unchanged means the run is over (`shared.rs`).
 //! 5. The first error (a task's, the log's, or an internal one) stops every driver; the run
