@@ -31,7 +31,6 @@
 //! 3 ms and each move wait about 7 ms (a 2 MB value made durable), so a victim with three SpMVs
 //! ready (9 ms) keeps them, where before every iteration moved three tasks and waited six times.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// Rule 1: the weight of a new sample in a mean is 1 / this.
@@ -60,15 +59,23 @@ struct Kind {
 /// A vnode's measures of what a move costs and what its tasks take (module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Worth {
-    /// Looked up by name only, never iterated (no order of it reaches a message).
-    kinds: HashMap<&'static str, Kind>,
+    /// By name, in the order first run (a program has a few kinds: a scan, cheaper on every
+    /// task than hashing the name; no order of it reaches a message).
+    kinds: Vec<(&'static str, Kind)>,
     move_wait: Mean,
 }
 
 impl Worth {
     /// Rule 1: a task of kind `name` ran here in `took`, and spawned children or not.
     pub(crate) fn ran(&mut self, name: &'static str, took: Duration, spawned: bool) {
-        let k = self.kinds.entry(name).or_default();
+        let at = match self.kinds.iter().position(|(n, _)| *n == name) {
+            Some(at) => at,
+            None => {
+                self.kinds.push((name, Kind::default()));
+                self.kinds.len() - 1
+            }
+        };
+        let k = &mut self.kinds[at].1;
         k.took.add(took);
         k.spawns |= spawned;
     }
@@ -94,7 +101,8 @@ impl Worth {
         if others == 0 && alone {
             return false;
         }
-        let (Some(kind), Mean(Some(wait))) = (self.kinds.get(name), self.move_wait) else {
+        let kind = self.kinds.iter().find(|(n, _)| *n == name).map(|(_, k)| k);
+        let (Some(kind), Mean(Some(wait))) = (kind, self.move_wait) else {
             return true;
         };
         let Mean(Some(took)) = kind.took else {
