@@ -125,7 +125,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use veriflow_runtime::detect::{Action as FdAction, Detector, FdParams, Status};
-use veriflow_runtime::exec::MAX_VNODES;
+use veriflow_runtime::exec::{work_units, MAX_VNODES};
 use veriflow_runtime::iterative::NodeStats;
 
 pub(crate) use driver::{read_outputs, record_finished};
@@ -2157,10 +2157,10 @@ impl Coordinator {
             j.probe_period = self.cfg.probe_every;
             return;
         };
-        let idle = words.iter().all(|w| w & 0xffff_ffff == 0);
+        let idle = words.iter().all(|&w| work_units(w) == 0);
         // Rule 3: rounds slow down while every vnode is busy, and go back to the fastest
         // pace as soon as one is idle (the end is near) or a word is missing.
-        j.probe_period = if words.iter().all(|w| w & 0xffff_ffff != 0) {
+        j.probe_period = if words.iter().all(|&w| work_units(w) != 0) {
             (j.probe_period * 2).clamp(
                 self.cfg.probe_every,
                 self.cfg.probe_max.max(self.cfg.probe_every),

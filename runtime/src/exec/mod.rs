@@ -54,7 +54,7 @@ pub use self::forge::{Forge, ForgeMode};
 pub use self::member::{Control, Member, MemberReport, MemberStatus, SteppedMember};
 use self::recover::{plant_root, RecoveryContext, RootSetup};
 use self::shared::RunShared;
-pub use self::shared::{Kill, StopToken};
+pub use self::shared::{work_units, Kill, StopToken};
 use self::vnode::Vnode;
 pub use self::vnode::{Timers, VnodeStats, STEAL_BACKOFF_SCALE_MAX};
 pub use self::waits::{Stall, VnodeWaits};

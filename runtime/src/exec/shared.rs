@@ -16,6 +16,11 @@ const UP: u64 = (1 << 32) + 1;
 const DOWN: u64 = (1 << 32) - 1;
 const LOW: u64 = 0xffff_ffff;
 
+/// The outstanding work units of a work word (its low half): zero when the vnode is idle.
+pub fn work_units(word: u64) -> u64 {
+    word & LOW
+}
+
 /// A planned failure (fault injection): `vnode` fails once `after` tasks have completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kill {
@@ -166,7 +171,7 @@ impl RunShared {
         }
         let done = self.completed();
         let n = self.work.len();
-        let busy = |v: usize| self.work[v].0.load(Ordering::SeqCst) & LOW != 0;
+        let busy = |v: usize| work_units(self.work[v].0.load(Ordering::SeqCst)) != 0;
         for k in kills.iter_mut().filter(|k| k.after <= done && k.retarget) {
             // Settled once: the vnode it lands on is chosen when it becomes due.
             k.retarget = false;
@@ -254,7 +259,7 @@ impl RunShared {
                 .collect::<Vec<u64>>()
         };
         let first = scan();
-        if first.iter().any(|w| w & LOW != 0) {
+        if first.iter().any(|&w| work_units(w) != 0) {
             return false;
         }
         first == scan()

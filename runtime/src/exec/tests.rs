@@ -1445,7 +1445,9 @@ fn a_members_work_words_are_quiescent_only_once_its_log_is_durable() {
         status: status.clone(),
     };
     let run = std::thread::spawn(move || rt.run_member(Fib(10), (), member));
-    let idle = |words: &[(crate::VnodeId, u64)]| words.iter().all(|(_, w)| w & 0xffff_ffff == 0);
+    let idle = |words: &[(crate::VnodeId, u64)]| {
+        words.iter().all(|&(_, w)| crate::exec::work_units(w) == 0)
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         assert!(std::time::Instant::now() < deadline, "never quiescent");

@@ -102,7 +102,7 @@ impl fmt::Display for VnodeWaits {
             "{} (epoch {}): {} work units, {} ready",
             self.vnode,
             self.epoch,
-            self.work & 0xffff_ffff,
+            super::shared::work_units(self.work),
             self.ready
         )?;
         list(f, "blocked on inputs", &self.blocked, |(t, d)| {
