@@ -179,12 +179,16 @@ fn a_lying_vnode_is_caught_by_sampling() {
     let k = key(tmp.path());
     let log = tmp.path().join("log");
     // q = 0.3 on vnode 1 of 2: about 15% of the tasks lie; eps 1e-3, q 0.05 checks ~135.
+    // Nodes of 200 µs, so that vnode 1 always runs some: a tree of empty nodes may run whole on
+    // vnode 0, which keeps its last ready task when it logs (`exec/worth.rs` rule 2).
     let out = knary(&[
         "run",
         "--depth",
         "5",
         "--fanout",
         "3",
+        "--grain-us",
+        "200",
         "--threads",
         "2",
         "--vnodes",
