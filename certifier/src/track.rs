@@ -53,6 +53,15 @@
 //!    that declared and ran it stand for their vnodes (a part is a vnode's log), so that no
 //!    vnode id, the oracle's included, needs to stand for "none". A datum's writer and
 //!    digest are side by side too.
+//! 8. **Fetched ahead.** The linear passes over a loaded track (resolving ids, applying the
+//!    events, the structural check, the leaves) read, for each item, a few places chosen by
+//!    the item (a task's row, its record, the datums it read, its children's rows), each a
+//!    cache miss in a track larger than the cache, and each known only once the one before
+//!    was read. So every such pass is a software pipeline: while item `i` is worked on, the
+//!    places of item `i + d` are asked for ([`prefetch`]: a hint that reads nothing), one
+//!    level of indirection a stage, the farthest stage first ([`FOUR_STAGES`], [`TWO_STAGES`]). The misses
+//!    of several items then overlap instead of following each other. What a pass computes
+//!    is unchanged (the certificates of `certify_pinned` are byte-identical).
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -73,6 +82,36 @@ pub type Ix = u32;
 
 /// No index, no part.
 const NONE: u32 = u32::MAX;
+
+/// Rule 8: how many items ahead of the one worked on each stage of a pass's prefetch runs,
+/// farthest first: the structural check's four ([`Track::prefetch_check`]), and the two of
+/// applying events and of the leaves.
+const FOUR_STAGES: [usize; 4] = [16, 12, 8, 4];
+const TWO_STAGES: [usize; 2] = [8, 4];
+
+/// Rule 8: [`prefetch`] of the first of `items`, if any.
+#[inline(always)]
+fn prefetch_first<T>(items: &[T]) {
+    if let Some(x) = items.first() {
+        prefetch(x);
+    }
+}
+
+/// Rule 8: asks the CPU to bring `x`'s cache line in (a hint: it reads nothing, and where
+/// there is no such instruction it does nothing).
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    // SAFETY: SSE is part of every x86_64 CPU, and a prefetch reads no memory (an address
+    // that is not mapped is ignored); `x` is a valid reference anyway.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
 
 /// One task of G, merged from every log that mentions it (rule 1): a view of the track's
 /// columns built by [`Track::task`].
@@ -655,8 +694,7 @@ impl Index {
     }
 
     /// The index of the id `key` gives of each of `items` ([`NONE`] where it is absent or
-    /// `key` gives none), in parallel chunks. Each group of lookups is made in two passes,
-    /// every bucket then every scan, so that their cache misses overlap.
+    /// `key` gives none), in parallel chunks, each a software pipeline (rule 8).
     fn get_all<T: Sync>(
         &self,
         ids: &[u128],
@@ -666,7 +704,10 @@ impl Index {
         self.get_each(ids, items.len(), |k| key(&items[k]))
     }
 
-    /// [`Index::get_all`] of the ids `key` gives of item numbers `0..n`.
+    /// [`Index::get_all`] of the ids `key` gives of item numbers `0..n`. Rule 8: a lookup
+    /// reads its bucket, then the ids the bucket spans, two cache misses apart; the bucket of
+    /// the item `2 * AHEAD` on is fetched, and the first id of the item `AHEAD` on, while
+    /// this one is looked up.
     fn get_each(
         &self,
         ids: &[u128],
@@ -674,7 +715,7 @@ impl Index {
         key: impl Fn(usize) -> Option<u128> + Sync,
     ) -> Vec<u32> {
         const CHUNK: usize = 1 << 14;
-        const GROUP: usize = 16;
+        const AHEAD: usize = 8;
         let mut out = vec![NONE; n];
         out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
             let base = c * CHUNK;
@@ -686,16 +727,22 @@ impl Index {
                 }
                 return;
             }
-            for (g, out) in out.chunks_mut(GROUP).enumerate() {
-                let first = base + g * GROUP;
-                let mut spans = [(0u128, 0u32, 0u32); GROUP];
-                for (k, span) in spans.iter_mut().take(out.len()).enumerate() {
-                    if let Some(id) = key(first + k) {
-                        let b = (id >> self.shift) as usize;
-                        *span = (id, self.buckets[b], self.buckets[b + 1]);
+            let n = out.len();
+            let bucket = |k: usize| match k < n {
+                true => key(base + k).map(|id| (id, (id >> self.shift) as usize)),
+                false => None,
+            };
+            for (k, o) in out.iter_mut().enumerate() {
+                if let Some((_, b)) = bucket(k + 2 * AHEAD) {
+                    prefetch(&self.buckets[b]);
+                }
+                if let Some((_, b)) = bucket(k + AHEAD) {
+                    if let Some(x) = ids.get(self.buckets[b] as usize) {
+                        prefetch(x);
                     }
                 }
-                for (o, &(id, from, to)) in out.iter_mut().zip(&spans) {
+                if let Some((id, b)) = bucket(k) {
+                    let (from, to) = (self.buckets[b], self.buckets[b + 1]);
                     *o = ids[from as usize..to as usize]
                         .iter()
                         .position(|&x| x == id)
@@ -903,7 +950,12 @@ impl Track {
         for p in 0..t.parts.len() {
             let events = std::mem::take(&mut t.parts[p].events);
             let kinds = std::mem::take(&mut t.parts[p].kinds);
-            for (ev, kind) in events.into_iter().zip(kinds) {
+            for (i, (&ev, &kind)) in events.iter().zip(&kinds).enumerate() {
+                for (stage, d) in TWO_STAGES.iter().enumerate() {
+                    if let (Some(a), Some(&k)) = (events.get(i + d), kinds.get(i + d)) {
+                        t.prefetch_apply(p, a, k, stage);
+                    }
+                }
                 t.apply(p as u32, ev, kind, Some(&mut once));
             }
         }
@@ -980,6 +1032,27 @@ impl Track {
     }
 
     /// Applies event `ev` of part `p` (rule 1); `once`: drop what its vnode logged before.
+    /// Rule 8: stage `stage` of fetching what [`Track::apply`] of event `ev` of part `p`
+    /// writes: its task's row, then the datums a completion writes.
+    fn prefetch_apply(&self, p: usize, ev: &Ev, kind: Kind, stage: usize) {
+        match (stage, kind) {
+            (0, _) => prefetch_first(self.rows.get(ev.ix as usize..).unwrap_or_default()),
+            (_, Kind::Completed) => {
+                let Some(part) = self.parts.get(p) else {
+                    return;
+                };
+                let Some(&[o, no, ..]) = part.completions.get(ev.at as usize) else {
+                    return;
+                };
+                let outs = o as usize..(o + no) as usize;
+                for &x in part.outs_ix.get(outs).unwrap_or_default() {
+                    prefetch_first(self.datums.get(x as usize..).unwrap_or_default());
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn apply(&mut self, p: u32, ev: Ev, kind: Kind, once: Option<&mut Once>) {
         let id = ev.id();
         let t = match kind {
@@ -1388,6 +1461,17 @@ impl Track {
             need(d, NONE, None, &mut stack, &mut seen);
         }
         while let Some(t) = stack.pop() {
+            // Rule 8: the tasks a few places down the stack are usually the next ones popped.
+            let below = |d: usize| stack.len().checked_sub(d).map(|k| stack[k]);
+            if let Some(a) = below(8) {
+                prefetch_first(self.rows.get(a as usize..).unwrap_or_default());
+            }
+            if let Some((_, rec)) = below(4).and_then(|a| self.rec_ref(a)) {
+                prefetch(rec);
+            }
+            if let Some((part, rec)) = below(2).and_then(|a| self.rec_ref(a)) {
+                prefetch_first(part.ids_ix.get(rec.ids as usize..).unwrap_or_default());
+            }
             let Some((part, r)) = self.rec_of(t) else {
                 continue;
             };
@@ -1431,11 +1515,25 @@ impl Track {
         }
     }
 
-    /// The structural check of rule 3 over the tasks `gs`.
+    /// The structural check of rule 3 over the tasks `gs`, in parallel chunks; within a
+    /// chunk, what each task's check reads is fetched into the cache a few tasks ahead, one
+    /// level of indirection a stage (rule 8).
     pub fn structural_check(&self, gs: &[Ix]) -> Vec<StructuralError> {
+        const CHUNK: usize = 1024;
         let mut errors: Vec<StructuralError> = gs
-            .par_iter()
-            .flat_map_iter(|&t| self.check_task(t))
+            .par_chunks(CHUNK)
+            .flat_map_iter(|chunk| {
+                let mut out = Vec::new();
+                for (i, &t) in chunk.iter().enumerate() {
+                    for (stage, d) in FOUR_STAGES.iter().enumerate() {
+                        if let Some(&a) = chunk.get(i + d) {
+                            self.prefetch_check(a, stage);
+                        }
+                    }
+                    out.extend(self.check_task(t));
+                }
+                out
+            })
             .collect();
         for c in &self.conflicts {
             errors.push(StructuralError {
@@ -1447,6 +1545,72 @@ impl Track {
             });
         }
         errors
+    }
+
+    /// Rule 8: the part and record of task `t`, as a prefetch reads them (out of range is
+    /// `None`, never a panic: a hint must not fail).
+    fn rec_ref(&self, t: Ix) -> Option<(&Part, &Rec)> {
+        let (p, r) = self.rows.get(t as usize)?.rec;
+        let part = self.parts.get(p as usize)?;
+        Some((part, part.records.get(r as usize)?))
+    }
+
+    /// Rule 8: the items of span `s` in a part's column `col` (none when out of range).
+    fn span_ref<'a, T>(&'a self, s: Span, col: impl Fn(&'a Part) -> &'a [T]) -> &'a [T] {
+        match s.is_some() {
+            true => self
+                .parts
+                .get(s.part as usize)
+                .and_then(|p| col(p).get(s.range()))
+                .unwrap_or_default(),
+            false => &[],
+        }
+    }
+
+    /// Rule 8: stage `stage` of fetching what [`Track::check_task`] of `t` reads. Stage 0
+    /// (farthest ahead) needs only `t`'s row; each later stage follows what the one before
+    /// fetched: the record, the digests read and the outputs written; then the resolved
+    /// indexes of its inputs and children; then the inputs' datums and the children's rows;
+    /// then the children's records.
+    fn prefetch_check(&self, t: Ix, stage: usize) {
+        let Some(row) = self.rows.get(t as usize) else {
+            return;
+        };
+        let kids_ix = || self.span_ref(row.children, |p| &p.kids_ix);
+        match stage {
+            0 => {
+                if let Some((_, rec)) = self.rec_ref(t) {
+                    prefetch(rec);
+                }
+                prefetch_first(self.span_ref(row.wrote, |p| &p.outs));
+                prefetch_first(self.span_ref(row.started, |p| &p.digests));
+            }
+            1 => {
+                if let Some((part, rec)) = self.rec_ref(t) {
+                    prefetch_first(part.ids_ix.get(rec.ids as usize..).unwrap_or_default());
+                    prefetch_first(part.ids.get(rec.ids as usize..).unwrap_or_default());
+                }
+                prefetch_first(kids_ix());
+            }
+            2 => {
+                if let Some((part, rec)) = self.rec_ref(t) {
+                    let inputs = rec.ids as usize..(rec.ids + rec.inputs) as usize;
+                    for &x in part.ids_ix.get(inputs).unwrap_or_default() {
+                        prefetch_first(self.datums.get(x as usize..).unwrap_or_default());
+                    }
+                }
+                for &c in kids_ix() {
+                    prefetch_first(self.rows.get(c as usize..).unwrap_or_default());
+                }
+            }
+            _ => {
+                for &c in kids_ix() {
+                    if let Some((_, rec)) = self.rec_ref(c) {
+                        prefetch(rec);
+                    }
+                }
+            }
+        }
     }
 
     fn check_task(&self, t: Ix) -> Vec<StructuralError> {
@@ -1570,6 +1734,36 @@ impl Track {
         out
     }
 
+    /// Rule 8: stage `stage` of fetching what [`LeafBatch::gather`] of `t` reads: from its
+    /// row, its record and the digests, outputs and children it logged; then, from its
+    /// record, its input ids and its arguments.
+    fn prefetch_leaf(&self, t: Ix, stage: usize) {
+        let Some(row) = self.rows.get(t as usize) else {
+            return;
+        };
+        match (stage, self.rec_ref(t)) {
+            (0, rec) => {
+                if let Some((_, rec)) = rec {
+                    prefetch(rec);
+                }
+                prefetch_first(self.span_ref(row.started, |p| &p.digests));
+                prefetch_first(self.span_ref(row.wrote, |p| &p.outs));
+                prefetch_first(self.span_ref(row.children, |p| &p.kids));
+            }
+            (_, Some((part, rec))) => {
+                prefetch_first(part.ids.get(rec.ids as usize..).unwrap_or_default());
+                if rec.args.len != NONE {
+                    prefetch_first(
+                        part.bytes
+                            .get(rec.args.start as usize..)
+                            .unwrap_or_default(),
+                    );
+                }
+            }
+            (_, None) => {}
+        }
+    }
+
     /// The leaf of task `t` (rule 4).
     pub fn leaf(&self, t: Ix) -> [u8; 32] {
         let mut batch = LeafBatch::default();
@@ -1588,7 +1782,12 @@ impl Track {
             .zip(out.par_chunks_mut(BATCH))
             .for_each_init(LeafBatch::default, |batch, (tasks, out)| {
                 batch.clear();
-                for t in tasks {
+                for (i, &t) in tasks.iter().enumerate() {
+                    for (stage, d) in TWO_STAGES.iter().enumerate() {
+                        if let Some(&a) = tasks.get(i + d) {
+                            self.prefetch_leaf(a, stage);
+                        }
+                    }
                     batch.gather(self, t);
                 }
                 batch.hash_into(out);
