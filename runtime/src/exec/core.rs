@@ -10,6 +10,12 @@
 //! 3. A data entry is dropped once it is written, no task waits for it, no declared reader is
 //!    left, and the scope that declared it has ended (`open` false); terminal outputs are
 //!    pinned and never dropped. A completed task's record lives on in the log, not in memory.
+//!    A spawn creates its outputs closed unless this vnode was rebuilt from its log (`known`
+//!    not empty): until the spawning task has completed, no task here can write or read them
+//!    (a vnode runs one task at a time, and handles a steal or a returned value only between
+//!    two tasks), so its scope's end would change nothing, and the task keeps no list of them
+//!    to close. After a recovery a scope that runs again may find its outputs restored with
+//!    their values, so it holds them open until it ends, as every spawn did before.
 //! 4. `work` (see `exec/mod.rs` rule 4) counts each live task and each obligation (a value to
 //!    return, an acknowledgement awaited) and is raised *before* it is lowered elsewhere, so
 //!    the sum over vnodes is zero only when the run is over.
@@ -349,10 +355,16 @@ impl Core {
         }
     }
 
-    /// A new data object declared by a running task's scope (rule 3). After a recovery the
-    /// entry may exist already (rebuilt from the log): its scope is open again.
-    pub(crate) fn create_data(&mut self, id: DataId) {
-        self.data.entry(id).or_default().open = true;
+    /// A new data object declared by a running task's scope (rule 3); `true` if the scope
+    /// must close it when it ends (only after a recovery: the entry may exist already, rebuilt
+    /// from the log, and its scope is open again).
+    pub(crate) fn create_data(&mut self, id: DataId) -> bool {
+        let e = self.data.entry(id).or_default();
+        if self.known.is_empty() {
+            return false; // rule 3: created closed
+        }
+        e.open = true;
+        true
     }
 
     /// A terminal output: never dropped.
@@ -362,9 +374,11 @@ impl Core {
         e.open = true;
     }
 
-    /// Recovery: keeps `id` from being dropped while the live tasks are wired one by one (an
-    /// early reader that finds the value would otherwise drop it before a later reader is
-    /// wired); `true` if it was closed, and then [`Core::close`] must follow.
+    /// Keeps `id` from being dropped (rule 3) while its readers are wired: the program inputs
+    /// until the root is, and in a recovery the inputs of the live tasks until all of them are
+    /// (an early reader that finds the value would otherwise drop it before a later reader is
+    /// wired) and the outputs of a scope that runs again; `true` if it was closed, and then
+    /// [`Core::close`] must follow.
     pub(crate) fn hold(&mut self, id: DataId) -> bool {
         let e = self.data.entry(id).or_default();
         !std::mem::replace(&mut e.open, true)

@@ -1530,3 +1530,32 @@ fn a_completion_lowers_the_work_word_late_and_a_raise_takes_it_back() {
     assert_ne!(after >> 32, one_live >> 32, "the lower counts as a change");
     assert!(shared.quiescent());
 }
+
+/// Core rule 3: outside a recovery a spawn creates its outputs closed and its task keeps no
+/// list of them, so an output written and read by its last reader is dropped at once; after a
+/// recovery (`known` not empty) they are held open until the scope that created them ends.
+#[test]
+fn a_spawn_creates_its_outputs_closed_except_after_a_recovery() {
+    use super::core::Core;
+    use super::shared::RunShared;
+    use crate::ids::{DataId, TaskId, VnodeId};
+    use crate::task::value::Value;
+
+    let shared = Arc::new(RunShared::new(1, None));
+    let mut core = Core::new(VnodeId(0), Arc::new(fib_registry()), None, shared);
+    let d = DataId(5);
+    assert!(!core.create_data(d), "no scope to close it");
+    core.write(d, Value::typed(1u64), None, None, 0).unwrap();
+    assert!(
+        core.value(d).is_none(),
+        "written, no reader, closed: dropped"
+    );
+
+    core.known.insert(TaskId(1));
+    let d = DataId(6);
+    assert!(core.create_data(d), "after a recovery its scope closes it");
+    core.write(d, Value::typed(1u64), None, None, 0).unwrap();
+    assert!(core.value(d).is_some(), "held open while its scope runs");
+    core.close(&[d]);
+    assert!(core.value(d).is_none(), "dropped once its scope ended");
+}
