@@ -19,7 +19,9 @@
 //!    plus obligations: grants not yet acknowledged, outputs not yet returned or acknowledged,
 //!    events logged and not durable yet: `vnode.rs` rule 7),
 //!    raised before the matching decrease happens anywhere. An idle driver scans all counters
-//!    twice; all zero and unchanged means the run is over (`shared.rs`).
+//!    twice; all zero and unchanged means the run is over (`shared.rs`). A vnode lowers its
+//!    own completions late, never early: by the end of its step (`core.rs` rule 8), so a
+//!    counter is never below its vnode's work.
 //! 5. The first error (a task's, the log's, or an internal one) stops every driver; the run
 //!    returns it. A panic in a task is caught where it runs (rayon's pool stays healthy); a
 //!    panic in the runtime itself is caught per driver and reported as an internal error.

@@ -74,7 +74,7 @@ pub(crate) fn plant_root(core: &mut Core, root: &RootSetup) -> Result<(), RunErr
         if core.value(id).is_some() {
             continue; // recovery: its Input event was durable
         }
-        core.create_data(id);
+        core.hold(id); // open until the root is wired (closed below)
         let mut digest = None;
         if core.logging() {
             let bytes = value.encode().map_err(|e| RunError::Encode {
@@ -241,7 +241,7 @@ impl Vnode {
                     self.core.create_return(o, *victim);
                 }
                 if d.parent.is_some_and(|p| live(&p)) {
-                    self.core.create_data(o); // its scope will run again
+                    self.core.hold(o); // its scope will run again
                 }
             }
             if t.live() {

@@ -232,12 +232,11 @@ impl RunShared {
         self.work[v.0 as usize].0.fetch_add(DOWN, Ordering::SeqCst);
     }
 
-    /// A task completed on `v`, which has now completed `total`.
-    pub(crate) fn task_done(&self, v: VnodeId, total: u64) {
-        self.completed[v.0 as usize]
-            .0
-            .store(total, Ordering::Relaxed);
-        self.work_done(v);
+    /// Lowers the work of `v` by `n` units (at most its outstanding units) as one change.
+    pub(crate) fn work_done_n(&self, v: VnodeId, n: u32) {
+        // 2^32 - n: the low half falls by n, the carry raises the change count by one.
+        let delta = (1u64 << 32) - u64::from(n);
+        self.work[v.0 as usize].0.fetch_add(delta, Ordering::SeqCst);
     }
 
     /// Tasks completed so far, over all vnodes.

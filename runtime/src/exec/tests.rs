@@ -1467,3 +1467,95 @@ fn a_members_work_words_are_quiescent_only_once_its_log_is_durable() {
         "the terminal outputs are in the log when the words say the run is over"
     );
 }
+
+/// Core rule 8: a completion does not lower the shared work word at once; a raise that follows
+/// it in the same step takes its unit back and leaves the word exactly as it was (not even its
+/// change count moves), and `publish_work`, which ends every step, lowers what is left. The
+/// word is never below the live count on the way.
+#[test]
+fn a_completion_lowers_the_work_word_late_and_a_raise_takes_it_back() {
+    use super::core::{Core, TaskSpec};
+    use super::shared::{work_units, RunShared};
+    use crate::ids::{DataId, TaskId, VnodeId};
+    use crate::task::value::Value;
+    use crate::task::Boxed;
+
+    let v = VnodeId(0);
+    let shared = Arc::new(RunShared::new(1, None));
+    let mut core = Core::new(v, Arc::new(fib_registry()), None, shared.clone());
+    let leaf = |id: u128, out: DataId| {
+        TaskSpec::new(
+            TaskId(id),
+            None,
+            0,
+            Boxed::new(Fib(0)),
+            [].into_iter().collect(),
+            [out].into_iter().collect(),
+            None,
+        )
+    };
+    let (a, b) = (DataId(1), DataId(2));
+    core.pin(a);
+    core.declare(leaf(1, a)).unwrap();
+    let one_live = shared.work_word(v);
+    assert_eq!(work_units(one_live), 1);
+    let _ran = core.pop_ready().unwrap();
+    let wrote = [(0, Value::typed(0u64))].into_iter().collect();
+    core.complete(TaskId(1), "fib", &[a], wrote, Vec::new(), &[])
+        .unwrap();
+    assert_eq!(
+        shared.work_word(v),
+        one_live,
+        "the completion's unit is deferred"
+    );
+    core.pin(b);
+    core.declare(leaf(2, b)).unwrap();
+    assert_eq!(
+        shared.work_word(v),
+        one_live,
+        "a raise took the deferred unit back: the word did not change"
+    );
+    let _ran = core.pop_ready().unwrap();
+    let wrote = [(0, Value::typed(0u64))].into_iter().collect();
+    core.complete(TaskId(2), "fib", &[b], wrote, Vec::new(), &[])
+        .unwrap();
+    assert_eq!(
+        work_units(shared.work_word(v)),
+        1,
+        "never below the live count"
+    );
+    core.publish_work();
+    let after = shared.work_word(v);
+    assert_eq!(work_units(after), 0, "exact once published");
+    assert_ne!(after >> 32, one_live >> 32, "the lower counts as a change");
+    assert!(shared.quiescent());
+}
+
+/// Core rule 3: outside a recovery a spawn creates its outputs closed and its task keeps no
+/// list of them, so an output written and read by its last reader is dropped at once; after a
+/// recovery (`known` not empty) they are held open until the scope that created them ends.
+#[test]
+fn a_spawn_creates_its_outputs_closed_except_after_a_recovery() {
+    use super::core::Core;
+    use super::shared::RunShared;
+    use crate::ids::{DataId, TaskId, VnodeId};
+    use crate::task::value::Value;
+
+    let shared = Arc::new(RunShared::new(1, None));
+    let mut core = Core::new(VnodeId(0), Arc::new(fib_registry()), None, shared);
+    let d = DataId(5);
+    assert!(!core.create_data(d), "no scope to close it");
+    core.write(d, Value::typed(1u64), None, None, 0).unwrap();
+    assert!(
+        core.value(d).is_none(),
+        "written, no reader, closed: dropped"
+    );
+
+    core.known.insert(TaskId(1));
+    let d = DataId(6);
+    assert!(core.create_data(d), "after a recovery its scope closes it");
+    core.write(d, Value::typed(1u64), None, None, 0).unwrap();
+    assert!(core.value(d).is_some(), "held open while its scope runs");
+    core.close(&[d]);
+    assert!(core.value(d).is_none(), "dropped once its scope ended");
+}

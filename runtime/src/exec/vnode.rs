@@ -338,6 +338,7 @@ impl Vnode {
         self.resend(now)?;
         self.count_undurable();
         self.stats.peak_graph = self.stats.peak_graph.max(self.core.graph_size());
+        self.core.publish_work(); // core.rs rule 8: the word is exact between steps
         Ok(worked)
     }
 

@@ -27,6 +27,7 @@ pub struct Ctx<'a> {
     done: u64,
     pub(crate) writes: SmallVec<[(usize, Value); 2]>,
     pub(crate) children: Vec<TaskId>,
+    /// Data created by this task's spawns that its end must close (`exec/core.rs` rule 3).
     pub(crate) created: IdList,
     next_index: u32,
     /// Ids of the children, a pair per hash (`ids.rs` rule 2).
@@ -82,11 +83,13 @@ impl<'a> Ctx<'a> {
             });
         }
         let reads = T::Outputs::make_reads(&outs);
-        for &o in &outs {
-            if let Host::Vnode(core) = &mut self.host {
-                core.create_data(o);
+        if let Host::Vnode(core) = &mut self.host {
+            for &o in &outs {
+                // Closed at once outside a recovery (`exec/core.rs` rule 3).
+                if core.create_data(o) {
+                    self.created.push(o);
+                }
             }
-            self.created.push(o);
         }
         self.declare(task, id, index, &inputs, outs);
         reads

@@ -17,7 +17,7 @@
 //! every task of an empty-task tree. It reads back, encodes and compares exactly as the boxed
 //! value did.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::sync::Arc;
 
 use crate::codec::{self, CodecError};
@@ -60,34 +60,45 @@ enum Inner {
     Word { word: u64, kind: &'static WordKind },
 }
 
-/// How a scalar type lives in a word.
+/// How a scalar type lives in a word (one static per type: a kind is its type).
 struct WordKind {
-    type_id: fn() -> TypeId,
     encode: fn(u64) -> Result<Vec<u8>, CodecError>,
-    /// Puts the scalar into the `Option<its type>` behind the `dyn Any`.
-    put: fn(u64, &mut dyn Any),
 }
 
 /// The scalar types held in a word: name of their kind, type, to the word, from the word.
+///
+/// `word_of` and `from_word` are generic, so that each type test is a constant of the
+/// monomorphized function (a `dyn Any` made from a concrete type in place), not a chain of
+/// calls through vtables and function pointers on every value a task writes or reads.
 macro_rules! words {
     ($($kind:ident: $t:ty, $to:expr, $from:expr;)*) => {
         $(
             static $kind: WordKind = WordKind {
-                type_id: TypeId::of::<$t>,
                 encode: |w| codec::encode(&($from)(w)),
-                put: |w, out| {
-                    if let Some(out) = out.downcast_mut::<Option<$t>>() {
-                        *out = Some(($from)(w));
-                    }
-                },
             };
         )*
 
         /// The word and kind of `v` if it is one of the scalar types.
-        fn word_of(v: &dyn Any) -> Option<(u64, &'static WordKind)> {
+        fn word_of<T: 'static>(v: &T) -> Option<(u64, &'static WordKind)> {
+            let v: &dyn Any = v;
             $(
                 if let Some(&x) = v.downcast_ref::<$t>() {
                     return Some((($to)(x), &$kind));
+                }
+            )*
+            None
+        }
+
+        /// The `T` held in `word` of kind `kind`, if `T` is that kind's type.
+        fn from_word<T: 'static>(word: u64, kind: &'static WordKind) -> Option<T> {
+            let mut out: Option<T> = None;
+            let slot: &mut dyn Any = &mut out;
+            $(
+                if let Some(o) = slot.downcast_mut::<Option<$t>>() {
+                    if std::ptr::eq(kind, &$kind) {
+                        *o = Some(($from)(word));
+                    }
+                    return out;
                 }
             )*
             None
@@ -183,13 +194,8 @@ impl Value {
             },
             Inner::Bytes { bytes, .. } => codec::decode_value::<T>(&bytes)
                 .map_err(|e| format!("cannot decode a {}: {e}", std::any::type_name::<T>())),
-            Inner::Word { word, kind } => {
-                let mut out: Option<T> = None;
-                if (kind.type_id)() == TypeId::of::<T>() {
-                    (kind.put)(word, &mut out);
-                }
-                out.ok_or_else(|| format!("value is not a {}", std::any::type_name::<T>()))
-            }
+            Inner::Word { word, kind } => from_word::<T>(word, kind)
+                .ok_or_else(|| format!("value is not a {}", std::any::type_name::<T>())),
         }
     }
 }
