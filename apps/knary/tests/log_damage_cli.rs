@@ -270,12 +270,22 @@ fn readers_never_write_and_a_flipped_blob_bit_is_corruption() {
 /// superseded (they used to panic inside sled, exit 101, or exit 0 with a segment missing).
 #[test]
 fn a_deleted_blob_file_is_an_error_not_a_panic() {
-    // Which blob files are live depends on the run's timing: three runs give many chances.
-    let errors: u32 = ["11", "5", "3"]
+    // Which blob files are live depends on the run's timing: in about half the runs every
+    // blob file left is a node version sled has superseded (every deletion then gives the
+    // intact answer). So runs go on, each checked whole, until one deletion was of a live
+    // blob: three fixed runs left none live in about one test in eight (the test was wrong,
+    // not the system, which answered right every time).
+    let seeds = [
+        "11", "5", "3", "7", "13", "17", "19", "23", "29", "31", "37", "41",
+    ];
+    let live = seeds
         .into_iter()
-        .map(deleted_blobs_one_by_one)
-        .sum();
-    assert!(errors > 0, "some deleted blob was a live one");
+        .any(|seed| deleted_blobs_one_by_one(seed) > 0);
+    assert!(
+        live,
+        "some deleted blob was a live one in {} runs",
+        seeds.len()
+    );
 }
 
 /// Deletes each blob file of a fresh run in turn; returns how many deletions were reported.
