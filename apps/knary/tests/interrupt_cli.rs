@@ -255,7 +255,18 @@ fn inspect_reads_a_run_while_it_runs() {
             t0.elapsed() < Duration::from_secs(120),
             "the run's completed count did not grow twice: {seen:?}"
         );
-        let ins = inspect_dir(&dir);
+        // "log dir:" comes before the run stores its manifest (interrupt.rs rule 1: once the
+        // signal handler is in place); until then inspect finds no run there, and says so.
+        let (out, ins) = inspect_json(&dir);
+        let Some(ins) = ins else {
+            assert!(
+                seen.is_empty() && out.stderr.contains("holds no run manifest"),
+                "{}",
+                out.stderr
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
         assert_eq!(ins["status"], "Running", "{ins}");
         let done = ins["tasks"]["completed"].as_u64().unwrap();
         assert!(done < tasks, "read while running: {done} of {tasks}\n{ins}");
