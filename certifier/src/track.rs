@@ -54,14 +54,15 @@
 //!    vnode id, the oracle's included, needs to stand for "none". A datum's writer and
 //!    digest are side by side too.
 //! 8. **Fetched ahead.** The linear passes over a loaded track (resolving ids, applying the
-//!    events, the structural check, the leaves) read, for each item, a few places chosen by
-//!    the item (a task's row, its record, the datums it read, its children's rows), each a
+//!    events, G_S, the structural check, the leaves) read, for each item, a few places chosen
+//!    by the item (a task's row, its record, the datums it read, its children's rows), each a
 //!    cache miss in a track larger than the cache, and each known only once the one before
 //!    was read. So every such pass is a software pipeline: while item `i` is worked on, the
-//!    places of item `i + d` are asked for ([`prefetch`]: a hint that reads nothing), one
-//!    level of indirection a stage, the farthest stage first ([`FOUR_STAGES`], [`TWO_STAGES`]). The misses
-//!    of several items then overlap instead of following each other. What a pass computes
-//!    is unchanged (the certificates of `certify_pinned` are byte-identical).
+//!    places of item `i + d` are asked for (`prefetch`: a hint that reads nothing), one
+//!    level of indirection a stage, the farthest stage first (`FOUR_STAGES`,
+//!    `TWO_STAGES`; G_S, a depth-first walk, fetches for the tasks a few places down its
+//!    stack). The misses of several items then overlap instead of following each other. What
+//!    a pass computes is unchanged (the certificates of `certify_pinned` are byte-identical).
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
