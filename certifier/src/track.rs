@@ -90,6 +90,14 @@ const NONE: u32 = u32::MAX;
 const FOUR_STAGES: [usize; 4] = [16, 12, 8, 4];
 const TWO_STAGES: [usize; 2] = [8, 4];
 
+/// Rule 8: [`prefetch`] of `items[i]`, if there is one.
+#[inline(always)]
+fn prefetch_at<T>(items: &[T], i: usize) {
+    if let Some(x) = items.get(i) {
+        prefetch(x);
+    }
+}
+
 /// Rule 8: [`prefetch`] of the first of `items`, if any.
 #[inline(always)]
 fn prefetch_first<T>(items: &[T]) {
@@ -738,9 +746,7 @@ impl Index {
                     prefetch(&self.buckets[b]);
                 }
                 if let Some((_, b)) = bucket(k + AHEAD) {
-                    if let Some(x) = ids.get(self.buckets[b] as usize) {
-                        prefetch(x);
-                    }
+                    prefetch_at(ids, self.buckets[b] as usize);
                 }
                 if let Some((id, b)) = bucket(k) {
                     let (from, to) = (self.buckets[b], self.buckets[b + 1]);
@@ -1037,7 +1043,7 @@ impl Track {
     /// writes: its task's row, then the datums a completion writes.
     fn prefetch_apply(&self, p: usize, ev: &Ev, kind: Kind, stage: usize) {
         match (stage, kind) {
-            (0, _) => prefetch_first(self.rows.get(ev.ix as usize..).unwrap_or_default()),
+            (0, _) => prefetch_at(&self.rows, ev.ix as usize),
             (_, Kind::Completed) => {
                 let Some(part) = self.parts.get(p) else {
                     return;
@@ -1047,7 +1053,7 @@ impl Track {
                 };
                 let outs = o as usize..(o + no) as usize;
                 for &x in part.outs_ix.get(outs).unwrap_or_default() {
-                    prefetch_first(self.datums.get(x as usize..).unwrap_or_default());
+                    prefetch_at(&self.datums, x as usize);
                 }
             }
             _ => {}
@@ -1465,13 +1471,13 @@ impl Track {
             // Rule 8: the tasks a few places down the stack are usually the next ones popped.
             let below = |d: usize| stack.len().checked_sub(d).map(|k| stack[k]);
             if let Some(a) = below(8) {
-                prefetch_first(self.rows.get(a as usize..).unwrap_or_default());
+                prefetch_at(&self.rows, a as usize);
             }
             if let Some((_, rec)) = below(4).and_then(|a| self.rec_ref(a)) {
                 prefetch(rec);
             }
             if let Some((part, rec)) = below(2).and_then(|a| self.rec_ref(a)) {
-                prefetch_first(part.ids_ix.get(rec.ids as usize..).unwrap_or_default());
+                prefetch_at(&part.ids_ix, rec.ids as usize);
             }
             let Some((part, r)) = self.rec_of(t) else {
                 continue;
@@ -1588,8 +1594,8 @@ impl Track {
             }
             1 => {
                 if let Some((part, rec)) = self.rec_ref(t) {
-                    prefetch_first(part.ids_ix.get(rec.ids as usize..).unwrap_or_default());
-                    prefetch_first(part.ids.get(rec.ids as usize..).unwrap_or_default());
+                    prefetch_at(&part.ids_ix, rec.ids as usize);
+                    prefetch_at(&part.ids, rec.ids as usize);
                 }
                 prefetch_first(kids_ix());
             }
@@ -1597,11 +1603,11 @@ impl Track {
                 if let Some((part, rec)) = self.rec_ref(t) {
                     let inputs = rec.ids as usize..(rec.ids + rec.inputs) as usize;
                     for &x in part.ids_ix.get(inputs).unwrap_or_default() {
-                        prefetch_first(self.datums.get(x as usize..).unwrap_or_default());
+                        prefetch_at(&self.datums, x as usize);
                     }
                 }
                 for &c in kids_ix() {
-                    prefetch_first(self.rows.get(c as usize..).unwrap_or_default());
+                    prefetch_at(&self.rows, c as usize);
                 }
             }
             _ => {
@@ -1752,13 +1758,9 @@ impl Track {
                 prefetch_first(self.span_ref(row.children, |p| &p.kids));
             }
             (_, Some((part, rec))) => {
-                prefetch_first(part.ids.get(rec.ids as usize..).unwrap_or_default());
+                prefetch_at(&part.ids, rec.ids as usize);
                 if rec.args.len != NONE {
-                    prefetch_first(
-                        part.bytes
-                            .get(rec.args.start as usize..)
-                            .unwrap_or_default(),
-                    );
+                    prefetch_at(&part.bytes, rec.args.start as usize);
                 }
             }
             (_, None) => {}

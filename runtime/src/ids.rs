@@ -176,11 +176,15 @@ fn key_for(context: &'static str) -> [u32; 8] {
 
 /// The first 128 bits of the keyed blake3 hash of `a` then `b`, little-endian (rule 4).
 fn keyed(key: &[u32; 8], a: u128, b: u32) -> u128 {
-    let out = compress(key, a, b);
-    u128::from(out[0])
-        | u128::from(out[1]) << 32
-        | u128::from(out[2]) << 64
-        | u128::from(out[3]) << 96
+    id_at(&compress(key, a, b), 0)
+}
+
+/// The 128-bit id in words `at..at + 4` of an output block (little-endian).
+fn id_at(block: &[u32; 16], at: usize) -> u128 {
+    u128::from(block[at])
+        | u128::from(block[at + 1]) << 32
+        | u128::from(block[at + 2]) << 64
+        | u128::from(block[at + 3]) << 96
 }
 
 /// A derivation key as blake3 words (its chaining value for keyed hashing).
@@ -330,14 +334,10 @@ impl ChildIds {
             self.pair = Some(pair);
         }
         let at = 8 * (index % CHILDREN_PER_BLOCK) as usize;
-        let b = &self.block;
-        let id = |from: usize| {
-            u128::from(b[from])
-                | u128::from(b[from + 1]) << 32
-                | u128::from(b[from + 2]) << 64
-                | u128::from(b[from + 3]) << 96
-        };
-        (TaskId(id(at)), DataId(id(at + 4)))
+        (
+            TaskId(id_at(&self.block, at)),
+            DataId(id_at(&self.block, at + 4)),
+        )
     }
 }
 

@@ -10,10 +10,10 @@ use crate::ids::{TaskId, VnodeId};
 use crate::util::Padded;
 
 /// Low 32 bits: outstanding work units. High 32 bits: number of changes (wrapping).
-/// Adding `UP` raises both; adding `DOWN` (= 2^32 - 1) lowers the low half by one and, through
-/// the carry, still raises the change count by one: one atomic add per change.
+/// Adding `UP` raises both; adding `DOWN - n` (= 2^32 - n) lowers the low half by `n` and,
+/// through the carry, still raises the change count by one: one atomic add per change.
 const UP: u64 = (1 << 32) + 1;
-const DOWN: u64 = (1 << 32) - 1;
+const DOWN: u64 = 1 << 32;
 const LOW: u64 = 0xffff_ffff;
 
 /// The outstanding work units of a work word (its low half): zero when the vnode is idle.
@@ -229,13 +229,12 @@ impl RunShared {
     }
 
     pub(crate) fn work_done(&self, v: VnodeId) {
-        self.work[v.0 as usize].0.fetch_add(DOWN, Ordering::SeqCst);
+        self.work_done_n(v, 1);
     }
 
     /// Lowers the work of `v` by `n` units (at most its outstanding units) as one change.
     pub(crate) fn work_done_n(&self, v: VnodeId, n: u32) {
-        // 2^32 - n: the low half falls by n, the carry raises the change count by one.
-        let delta = (1u64 << 32) - u64::from(n);
+        let delta = DOWN - u64::from(n);
         self.work[v.0 as usize].0.fetch_add(delta, Ordering::SeqCst);
     }
 
