@@ -125,10 +125,12 @@ fn async_sync_and_dataflow_agree_with_the_sequential_solution() {
     }
 }
 
-/// [`small`] over 12 steps: long enough (tens of ms) for kills every millisecond to land.
+/// [`small`] over 48 steps: long enough (about 15 ms without kills on a fast machine, against 4
+/// ms over 12 steps, in which a loaded CI machine once let no kill land) for the first kill,
+/// 1 ms in, to land.
 fn longer(blocks: usize) -> Params {
     let mut p = small(blocks);
-    p.t_end = 1440.0;
+    p.t_end = 5760.0;
     p
 }
 
