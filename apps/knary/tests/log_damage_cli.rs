@@ -268,52 +268,49 @@ fn readers_never_write_and_a_flipped_blob_bit_is_corruption() {
 /// Issue 13.2: a deleted blob file makes `inspect`, `certify` and `run --resume` exit 1 with
 /// a message, or give exactly the intact answer when the blob held a node version sled had
 /// superseded (they used to panic inside sled, exit 101, or exit 0 with a segment missing).
+///
+/// Which single blob files are live depends on the run's timing: sled rewrites a node that
+/// holds a large value, and often every blob file left is a superseded version or has a
+/// newer copy (0 of 12 seeds had a single deletion that lost data in one run of the full
+/// suite, at 76d7590; the test then asked for one and was wrong, not the system). So every
+/// single deletion is checked to be either an error or the intact answer, and deleting every
+/// blob file, which always takes the newest version of the nodes too large for the `db`
+/// file, must be an error in `inspect` and `certify` (`run --resume` of a run whose manifest
+/// still reads Finished refuses before it reads the log).
 #[test]
 fn a_deleted_blob_file_is_an_error_not_a_panic() {
-    // Which blob files are live depends on the run's timing: in about half the runs every
-    // blob file left is a node version sled has superseded (every deletion then gives the
-    // intact answer). So runs go on, each checked whole, until one deletion was of a live
-    // blob: three fixed runs left none live in about one test in eight (the test was wrong,
-    // not the system, which answered right every time).
-    let seeds = [
-        "11", "5", "3", "7", "13", "17", "19", "23", "29", "31", "37", "41",
-    ];
-    let live = seeds
-        .into_iter()
-        .any(|seed| deleted_blobs_one_by_one(seed) > 0);
-    assert!(
-        live,
-        "some deleted blob was a live one in {} runs",
-        seeds.len()
-    );
-}
-
-/// Deletes each blob file of a fresh run in turn; returns how many deletions were reported.
-fn deleted_blobs_one_by_one(seed: &str) -> u32 {
     let tmp = tempfile::tempdir().unwrap();
     let intact = tmp.path().join("log");
     let mut args = RUN.to_vec();
     args[2] = "7";
-    args[10] = seed;
     args.extend(["--log-dir", intact.to_str().unwrap(), "--commit-kib", "256"]);
     knary(&args).expect_code(0);
     let i = intact.to_str().unwrap();
     let want = knary_limited(tmp.path(), &["inspect", "--log-dir", i, "--json"]);
     assert_eq!(want.code, Some(0), "{}", want.stderr);
     let want = essence(&want.json().unwrap());
-    let mut errors = 0;
-    for (n, blob) in blobs(&intact).iter().enumerate() {
+    let all = blobs(&intact);
+    let mut cases: Vec<(String, Vec<&Path>)> = all
+        .iter()
+        .map(|b| (format!("blob {} deleted", b.display()), vec![b.as_path()]))
+        .collect();
+    cases.push((
+        format!("all {} blob files deleted", all.len()),
+        all.iter().map(|b| b.as_path()).collect(),
+    ));
+    for (n, (what, gone)) in cases.iter().enumerate() {
+        let every = gone.len() == all.len();
         let dir = tmp.path().join(format!("copy{n}"));
         copy_dir(&intact, &dir).unwrap();
-        std::fs::remove_file(dir.join("blobs").join(blob.file_name().unwrap())).unwrap();
+        for blob in gone {
+            std::fs::remove_file(dir.join("blobs").join(blob.file_name().unwrap())).unwrap();
+        }
         let d = dir.to_str().unwrap();
-        let what = format!("blob {} deleted", blob.display());
         let ran = knary_limited(tmp.path(), &["inspect", "--log-dir", d, "--json"]);
-        let right = ran.code == Some(0);
+        let right = ran.code == Some(0) && !every;
         if right {
             assert_eq!(essence(&ran.json().unwrap()), want, "{what}: inspect");
         } else {
-            errors += 1;
             expect_corrupt(&ran, &format!("{what}: inspect"), &[]);
         }
         let ran = knary_limited(tmp.path(), &["certify", "--log-dir", d]);
@@ -322,13 +319,13 @@ fn deleted_blobs_one_by_one(seed: &str) -> u32 {
         }
         let mut args = RUN.to_vec();
         args[2] = "7";
-        args[10] = seed;
         args.extend(["--log-dir", d, "--resume", "--commit-kib", "256"]);
         let ran = knary_limited(tmp.path(), &args);
         if ran.code == Some(0) {
             assert_eq!(ran.json().unwrap()["correct"], true, "{what}: resume");
         } else if ran.code == Some(2) {
-            // The manifest still reads Finished: nothing to resume (a usage error).
+            // The manifest still reads Finished: nothing to resume (a usage error; resume
+            // reads nothing else then).
             assert!(
                 ran.stderr.contains("nothing to resume"),
                 "{what}: resume\n{}",
@@ -338,7 +335,6 @@ fn deleted_blobs_one_by_one(seed: &str) -> u32 {
             expect_corrupt(&ran, &format!("{what}: resume"), &[]);
         }
     }
-    errors
 }
 
 /// Issue 13.2: a truncated `db` file is corruption in `inspect` and `run --resume` (inspect
