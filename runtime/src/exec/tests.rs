@@ -1559,3 +1559,124 @@ fn a_spawn_creates_its_outputs_closed_except_after_a_recovery() {
     core.close(&[d]);
     assert!(core.value(d).is_none(), "dropped once its scope ended");
 }
+
+/// Set by the test acting as vnode 1 once it has received a grant.
+static GRANT_RECEIVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// [`Slow`] tasks started.
+static SLOW_STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// What a checking [`Slow`] saw: whether the grant came while it ran.
+static SAW_GRANT: std::sync::Mutex<Option<bool>> = std::sync::Mutex::new(None);
+
+/// Sleeps `sleep_ms`; a checking one first waits (up to 10 s) for [`GRANT_RECEIVED`].
+#[derive(Serialize, Deserialize)]
+struct Slow {
+    sleep_ms: u64,
+    check: bool,
+}
+
+impl Task for Slow {
+    const NAME: &'static str = "slow";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        use std::sync::atomic::Ordering::SeqCst;
+        SLOW_STARTED.fetch_add(1, SeqCst);
+        if self.check {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !GRANT_RECEIVED.load(SeqCst) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            *SAW_GRANT.lock().unwrap() = Some(GRANT_RECEIVED.load(SeqCst));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(self.sleep_ms));
+        ctx.write(out, self.sleep_ms);
+        Ok(())
+    }
+}
+
+/// Spawns a [`Const`] (the oldest ready task: what a thief gets), a checking [`Slow`], and a
+/// 300 ms [`Slow`] (the newest: run first).
+#[derive(Serialize, Deserialize)]
+struct Fork;
+
+impl Task for Fork {
+    const NAME: &'static str = "fork";
+    type Inputs = ();
+    type Outputs = (u64,);
+    fn run(self, ctx: &mut Ctx<'_>, (): (), (out,): Writes<Self>) -> TaskResult {
+        let (c,) = ctx.spawn(Const(1), ());
+        let (checks,) = ctx.spawn(
+            Slow {
+                sleep_ms: 0,
+                check: true,
+            },
+            (),
+        );
+        let (first,) = ctx.spawn(
+            Slow {
+                sleep_ms: 300,
+                check: false,
+            },
+            (),
+        );
+        let (both,) = ctx.spawn(Add, (c, checks));
+        ctx.spawn_delegate(Add, (both, first), (out,));
+        Ok(())
+    }
+}
+
+/// `vnode.rs` rule 6 and `worth.rs` rule 4: a victim that grants a task while its next task is
+/// of a kind that took 300 ms waits for the grant's flush first, so the grant leaves before
+/// that task runs, not after it. Vnode 0 runs alone in a member with a log (a thread's writer
+/// on a memory store); the test is vnode 1: once the 300 ms task runs it asks for work, and the
+/// next task of that kind waits (up to 10 s) for the grant to reach the test. Before, the grant
+/// left only after that task, which then waited its 10 s in vain.
+#[test]
+fn a_grant_leaves_before_a_long_next_task_not_after_it() {
+    use crate::exec::{Control, Member, MemberStatus};
+    use crate::transport::{InProcTransport, Message, Transport};
+    use std::sync::atomic::Ordering::SeqCst;
+    let registry = Registry::new()
+        .with::<Fork>()
+        .unwrap()
+        .with::<Slow>()
+        .unwrap()
+        .with::<Const>()
+        .unwrap()
+        .with::<Add>()
+        .unwrap();
+    let rt = Runtime::builder(registry)
+        .threads(1)
+        .vnodes(2)
+        .store(Arc::new(MemoryStore::default()))
+        .build()
+        .unwrap();
+    let transport = Arc::new(InProcTransport::new(2));
+    let mut thief = transport.endpoint(crate::VnodeId(1)).unwrap();
+    let (control, orders) = std::sync::mpsc::channel();
+    let member = Member {
+        transport: transport as Arc<dyn Transport>,
+        hosted: vec![(crate::VnodeId(0), crate::Epoch(0))],
+        starts: true,
+        control: orders,
+        status: MemberStatus::new(),
+    };
+    let run = std::thread::spawn(move || rt.run_member(Fork, (), member));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while SLOW_STARTED.load(SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the first task never ran");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    thief.send(crate::VnodeId(0), Message::StealRequest).unwrap();
+    while SAW_GRANT.lock().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the checking task never ran");
+        if let Some(env) = thief.recv_timeout(std::time::Duration::from_millis(1)) {
+            if matches!(env.msg, Message::StealGrant { .. }) {
+                GRANT_RECEIVED.store(true, SeqCst);
+            }
+        }
+    }
+    control.send(Control::Stop).unwrap();
+    let _ = run.join().unwrap();
+    assert_eq!(*SAW_GRANT.lock().unwrap(), Some(true));
+}

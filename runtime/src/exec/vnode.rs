@@ -46,7 +46,10 @@
 //!    (its age, its size, another message, the vnode going idle), and seals it itself only
 //!    once it has waited half of `resend_after` ([`Timers`]). In `paper cluster` (knary at
 //!    300 µs on 4 one-vnode workers) acknowledgements made half of the output-commit seals,
-//!    every one a flush over the network: two of the four per steal.
+//!    every one a flush over the network: two of the four per steal. And a vnode about to
+//!    run a task while such a message waits for a sealed batch waits for the batch first when
+//!    the task is long against a flush (`worth.rs` rule 4), rather than make the receiver
+//!    wait for the whole task too.
 //! 7. Termination implies durability: while its log holds events not durable yet, a vnode
 //!    keeps one unit of work (`exec/mod.rs` rule 4), so the run (or the coordinator's
 //!    termination test over the members' work words) ends only once every event is durable.
@@ -309,6 +312,7 @@ impl Vnode {
             let Some(task) = self.core.pop_ready() else {
                 break;
             };
+            self.flush_first(task.spec.decl.body.name())?;
             if self.core.no_ready() {
                 // Rule 2: ask for work before running the last ready task, so that the answer
                 // travels while it runs instead of after.
@@ -780,6 +784,38 @@ impl Vnode {
         self.steal_out = Some((victim, now + self.timers.steal_timeout));
         self.stats.steal_requests += 1;
         self.send(victim, Message::StealRequest)
+    }
+
+    /// Rule 6 (`worth.rs` rule 4): before a task of kind `name`, waits for the sealed batch
+    /// of a message someone waits for when that is worth it, and sends what became durable.
+    fn flush_first(&mut self, name: &str) -> Result<(), RunError> {
+        let Some(&(seq, ..)) = self.held.iter().rev().find(|h| !is_ack(&h.2)) else {
+            return Ok(());
+        };
+        let Some(bound) = self.worth.flush_first(name) else {
+            return Ok(());
+        };
+        let (unsealed, background) = match &self.core.log {
+            Some(log) => (seq > log.sealed(), log.flushes_in_background()),
+            None => return Ok(()),
+        };
+        if !background {
+            return Ok(());
+        }
+        if unsealed {
+            self.release_held()?; // seals the batch it waits for
+        }
+        let began = self.clock.now();
+        let durable = match &self.core.log {
+            Some(log) => log.wait_durable(seq, bound)?,
+            None => true,
+        };
+        let waited = self.clock.now().saturating_sub(began);
+        self.worth.flushed(if durable { waited } else { bound });
+        if durable {
+            self.release_held()?;
+        }
+        Ok(())
     }
 
     /// Rule 7: holds a unit of work while the log has events not durable yet.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use veriflow_checkpoint::Store;
 
@@ -1387,28 +1387,50 @@ impl VnodeLog {
         self.builder.count() > 0
     }
 
-    /// Seals and waits until everything appended is durable.
-    pub fn sync(&mut self) -> Result<(), LogError> {
-        self.seal()?;
-        self.shared.pump();
-        let target = self.next_seq;
+    /// Whether a thread of the writer makes sealed batches durable, so that
+    /// [`VnodeLog::wait_durable`] can see them become so: a manual writer's become durable
+    /// only when it is pumped.
+    pub fn flushes_in_background(&self) -> bool {
+        self.shared.manual.is_none()
+    }
+
+    /// Waits up to `timeout` until the events up to `seq` (sealed already) are durable, and
+    /// says whether they are.
+    pub fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<bool, LogError> {
+        let deadline = Instant::now().checked_add(timeout);
         let mut flushed = self
             .shared
             .flushed
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        while self.durable() < target {
+        loop {
+            if self.durable() >= seq {
+                return Ok(true);
+            }
             let closed = self.shared.closed.load(Ordering::SeqCst);
             if self.shared.error().is_some() || closed {
                 return Err(self.stopped("the log writer has shut down"));
             }
+            let now = Instant::now();
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(now));
+            if left.is_zero() {
+                return Ok(false);
+            }
             flushed = self
                 .shared
                 .flushed_cv
-                .wait_timeout(flushed, Duration::from_millis(50))
+                .wait_timeout(flushed, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+
+    /// Seals and waits until everything appended is durable.
+    pub fn sync(&mut self) -> Result<(), LogError> {
+        self.seal()?;
+        self.shared.pump();
+        let target = self.next_seq;
+        while !self.wait_durable(target, Duration::from_millis(50))? {}
         Ok(())
     }
 }
