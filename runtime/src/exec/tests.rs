@@ -1664,12 +1664,20 @@ fn a_grant_leaves_before_a_long_next_task_not_after_it() {
     let run = std::thread::spawn(move || rt.run_member(Fork, (), member));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while SLOW_STARTED.load(SeqCst) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the first task never ran");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first task never ran"
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    thief.send(crate::VnodeId(0), Message::StealRequest).unwrap();
+    thief
+        .send(crate::VnodeId(0), Message::StealRequest)
+        .unwrap();
     while SAW_GRANT.lock().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "the checking task never ran");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checking task never ran"
+        );
         if let Some(env) = thief.recv_timeout(std::time::Duration::from_millis(1)) {
             if matches!(env.msg, Message::StealGrant { .. }) {
                 GRANT_RECEIVED.store(true, SeqCst);

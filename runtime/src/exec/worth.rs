@@ -205,7 +205,11 @@ mod tests {
         assert_eq!(w.flush_first("leaf"), None, "a kind never run here");
         w.ran("leaf", 30 * MS, false);
         w.ran("tiny", MS / 10, false);
-        assert_eq!(w.flush_first("leaf"), Some(30 * MS), "no flush measured: it tries");
+        assert_eq!(
+            w.flush_first("leaf"),
+            Some(30 * MS),
+            "no flush measured: it tries"
+        );
         w.flushed(MS);
         assert_eq!(w.flush_first("leaf"), Some(30 * MS));
         assert_eq!(w.flush_first("tiny"), None, "0.1 ms < 2 x 1 ms");
