@@ -805,11 +805,11 @@ impl Vnode {
         if unsealed {
             self.release_held()?; // seals the batch it waits for
         }
-        let began = self.clock.now();
-        let durable = match &self.core.log {
-            Some(log) => log.wait_durable(seq, bound)?,
-            None => true,
+        let Some(log) = &self.core.log else {
+            return Ok(());
         };
+        let began = self.clock.now();
+        let durable = log.wait_durable(seq, bound)?;
         let waited = self.clock.now().saturating_sub(began);
         self.worth.flushed(if durable { waited } else { bound });
         if durable {

@@ -90,6 +90,11 @@ impl Worth {
         k.spawns |= spawned;
     }
 
+    /// Rule 1: what is known of kind `name`, if it ran here.
+    fn kind(&self, name: &str) -> Option<&Kind> {
+        self.kinds.iter().find(|(n, _)| *n == name).map(|(_, k)| k)
+    }
+
     /// Rule 1: a grant or a `Returned` was held `waited` until durable.
     pub(crate) fn waited(&mut self, waited: Duration) {
         self.move_wait.add(waited);
@@ -98,8 +103,7 @@ impl Worth {
     /// Rule 4: how long a vnode about to run a task of kind `name` waits first for a sealed
     /// message someone waits for to become durable (`None`: it does not wait).
     pub(crate) fn flush_first(&self, name: &str) -> Option<Duration> {
-        let (_, kind) = self.kinds.iter().find(|(n, _)| *n == name)?;
-        let took = kind.took.0?;
+        let took = self.kind(name)?.took.0?;
         match self.flush.0 {
             Some(flush) if flush.saturating_mul(2) >= took => None,
             _ => Some(took),
@@ -127,8 +131,7 @@ impl Worth {
         if others == 0 && alone {
             return false;
         }
-        let kind = self.kinds.iter().find(|(n, _)| *n == name).map(|(_, k)| k);
-        let (Some(kind), Mean(Some(wait))) = (kind, self.move_wait) else {
+        let (Some(kind), Mean(Some(wait))) = (self.kind(name), self.move_wait) else {
             return true;
         };
         let Mean(Some(took)) = kind.took else {
