@@ -16,6 +16,10 @@
 //!    the checkpoint servers and the clients (`submit`, [`Cluster::run`]) on host 0, the
 //!    coordinators on host 1, worker `i` on host `2 + i mod (hosts - 2)`; each listens on its
 //!    host's address. Without one, everything is on 127.0.0.1.
+//! 5. A [`Cluster`] dropped while its test panics prints the last [`LOG_TAIL`] lines of each
+//!    member's log (`coord<i>.log`, `w<i>.log`) to standard error before its directory goes:
+//!    a job that hung says what its members saw, in CI too (a transport3d job across hosts
+//!    once found no end within 180 s in a full run of the suite, and said nothing).
 
 pub mod browser;
 pub mod damage;
@@ -300,6 +304,44 @@ pub struct Cluster {
     worker_args: Vec<String>,
     /// The checkpoint servers (kill and restart them to take the store away for a while).
     pub servers: Vec<veriflow_checkpoint::launch::ServerProcess>,
+}
+
+/// Rule 5: lines of each member's log a failing test prints.
+pub const LOG_TAIL: usize = 40;
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprint!("{}", log_tails(self.dir.path(), LOG_TAIL));
+        }
+    }
+}
+
+/// Rule 5: the last `n` lines of each `*.log` file in `dir`, by name, each under a heading.
+pub fn log_tails(dir: &Path, n: usize) -> String {
+    use std::fmt::Write as _;
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    let mut out = String::new();
+    for path in logs {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(n);
+        let _ = writeln!(
+            out,
+            "--- {} (last {} of {} lines)",
+            path.display(),
+            lines.len() - from,
+            lines.len()
+        );
+        for line in &lines[from..] {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
 }
 
 /// Rule 4: where each kind of member runs.
@@ -622,4 +664,28 @@ pub fn wait_json_within(mut child: Child, limit: Duration, what: &str) -> (i32, 
     assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     let v = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
     (status.code().unwrap_or(-1), v, stderr)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Rule 5: each log's last lines, by file name, under a heading with the counts; other
+    /// files are left out.
+    #[test]
+    fn log_tails_gives_the_last_lines_of_each_log() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("w1.log"), "a\nb\nc\n").unwrap();
+        std::fs::write(dir.path().join("coord0.log"), "only\n").unwrap();
+        std::fs::write(dir.path().join("key"), "not a log\n").unwrap();
+        let out = super::log_tails(dir.path(), 2);
+        let c = dir.path().join("coord0.log");
+        let w = dir.path().join("w1.log");
+        assert_eq!(
+            out,
+            format!(
+                "--- {} (last 1 of 1 lines)\nonly\n--- {} (last 2 of 3 lines)\nb\nc\n",
+                c.display(),
+                w.display()
+            )
+        );
+    }
 }
